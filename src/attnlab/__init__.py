@@ -1,0 +1,8 @@
+"""attnlab: attention mechanisms and the models built on them, in PyTorch."""
+
+__version__ = "0.1.0"
+
+from . import attention, layers, models  # noqa: E402
+from .models import create_model, list_models  # noqa: E402
+
+__all__ = ["attention", "layers", "models", "create_model", "list_models", "__version__"]

@@ -1,0 +1,15 @@
+"""The attention mechanism: scaled dot-product attention, multi-head attention, caches."""
+
+from .cache import KVCache
+from .functional import causal_mask, merge_masks, scaled_dot_product_attention
+from .multihead import CrossAttention, MultiHeadAttention, SelfAttention
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "merge_masks",
+    "causal_mask",
+    "MultiHeadAttention",
+    "SelfAttention",
+    "CrossAttention",
+    "KVCache",
+]

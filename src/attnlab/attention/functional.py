@@ -1,0 +1,203 @@
+"""Scaled dot-product attention and the library's one mask convention.
+
+Mask convention (used everywhere in attnlab)
+--------------------------------------------
+* A **boolean** mask marks positions that are *blocked*: ``True`` means "this query
+  may not look at this key". This is the convention of ``torch.nn.MultiheadAttention``
+  and ``torch.nn.Transformer``; ``torch.nn.functional.scaled_dot_product_attention``
+  uses the opposite one, and this module converts at that boundary only.
+* A **floating** mask is *added* to the attention logits: ``0`` keeps a position,
+  ``-inf`` blocks it, anything in between biases it.
+* ``key_padding_mask`` has shape ``(B, Lk)`` and marks padded keys (``True`` = padding).
+* ``attn_mask`` has shape ``(Lq, Lk)`` or the full rank of the query, broadcastable to
+  ``(B, H, Lq, Lk)`` (``(B, Lq, Lk)`` for 3-D inputs).
+* ``is_causal`` blocks keys in the future. It is aligned to the *bottom right*: query
+  ``i`` may see key ``j`` when ``j <= i + (Lk - Lq)``. With ``Lq == Lk`` that is the
+  usual lower triangle; with a key/value cache (``Lk > Lq``) the new queries see the
+  whole prefix.
+* A query whose keys are *all* blocked gets an output of zeros and a zero gradient,
+  never NaN (a fully padded sequence is legal input).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["scaled_dot_product_attention", "merge_masks", "causal_mask"]
+
+
+def _shape(t: Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def causal_mask(lq: int, lk: int, device: torch.device | str | None = None) -> Tensor:
+    """Boolean ``(Lq, Lk)`` mask, ``True`` above the bottom-right-aligned diagonal."""
+    return torch.ones(lq, lk, dtype=torch.bool, device=device).triu(lk - lq + 1)
+
+
+def _check_mask_dtype(name: str, mask: Tensor) -> None:
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise ValueError(
+            f"{name} must be a torch.bool mask (True = blocked) or a floating additive mask; "
+            f"got dtype {mask.dtype}"
+        )
+
+
+def merge_masks(
+    attn_mask: Tensor | None,
+    key_padding_mask: Tensor | None,
+    is_causal: bool,
+    batch: int,
+    heads: int,
+    lq: int,
+    lk: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Tensor | None:
+    """Combine the three ways of masking into one 4-D mask broadcastable to (B, H, Lq, Lk).
+
+    The result is boolean (``True`` = blocked) when every input is boolean, else an
+    additive float mask of ``dtype``. ``None`` when nothing is masked. The attention
+    masks must already be validated (see :func:`scaled_dot_product_attention`).
+    """
+    parts: list[Tensor] = []
+    if attn_mask is not None:
+        parts.append(attn_mask if attn_mask.dim() == 4 else attn_mask.view(1, 1, lq, lk))
+    if key_padding_mask is not None:
+        parts.append(key_padding_mask.view(batch, 1, 1, lk))
+    if is_causal and lq > 1:  # a single query sees the whole (cached) prefix
+        parts.append(causal_mask(lq, lk, device).view(1, 1, lq, lk))
+    if not parts:
+        return None
+    if all(p.dtype == torch.bool for p in parts):
+        mask = parts[0]
+        for p in parts[1:]:
+            mask = mask | p
+        return mask
+    mask = None
+    for p in parts:
+        p = torch.zeros(p.shape, dtype=dtype, device=device).masked_fill(p, -math.inf) if p.dtype == torch.bool else p.to(dtype)
+        mask = p if mask is None else mask + p
+    return mask
+
+
+def _validate(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None) -> None:
+    if q.dim() not in (3, 4):
+        raise ValueError(f"q must be (B, Lq, D) or (B, H, Lq, D); got shape {_shape(q)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != q.dim():
+            raise ValueError(f"{name} must have the rank of q ({q.dim()}); got shape {_shape(t)}")
+        if t.shape[:-2] != q.shape[:-2]:
+            raise ValueError(
+                f"{name} must share the batch/head sizes {tuple(q.shape[:-2])} of q; got shape {_shape(t)}"
+            )
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k must have q's feature size {q.shape[-1]}; got shape {_shape(k)}")
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"v must have k's length {k.shape[-2]}; got shape {_shape(v)} for k {_shape(k)}")
+    lq, lk = q.shape[-2], k.shape[-2]
+    if key_padding_mask is not None:
+        _check_mask_dtype("key_padding_mask", key_padding_mask)
+        if tuple(key_padding_mask.shape) != (q.shape[0], lk):
+            raise ValueError(
+                f"key_padding_mask must have shape (B, Lk) = ({q.shape[0]}, {lk}); got {_shape(key_padding_mask)}"
+            )
+    if attn_mask is not None:
+        _check_mask_dtype("attn_mask", attn_mask)
+        full = tuple(q.shape[:-2]) + (lq, lk)
+        ok = attn_mask.dim() == 2 and tuple(attn_mask.shape) == (lq, lk)
+        ok = ok or (
+            attn_mask.dim() == q.dim()
+            and attn_mask.shape[-2:] == (lq, lk)
+            and all(m in (1, f) for m, f in zip(attn_mask.shape, full))
+        )
+        if not ok:
+            raise ValueError(
+                f"attn_mask must have shape (Lq, Lk) = ({lq}, {lk}) or be broadcastable to {full}; "
+                f"got {_shape(attn_mask)}"
+            )
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(q kᵀ · scale + mask) v, through torch's fused kernel unless weights are wanted.
+
+    Args:
+        q: ``(B, H, Lq, D)`` or ``(B, Lq, D)``.
+        k: ``(B, H, Lk, D)`` or ``(B, Lk, D)``.
+        v: ``(B, H, Lk, Dv)`` or ``(B, Lk, Dv)``.
+        attn_mask: ``(Lq, Lk)`` or broadcastable to ``(B, H, Lq, Lk)``; bool (``True`` =
+            blocked) or float (added to the logits). See the module docstring.
+        key_padding_mask: ``(B, Lk)``; bool (``True`` = padding) or float (added).
+        is_causal: block future keys, aligned bottom-right (see the module docstring).
+        dropout_p: dropout probability on the attention weights. Pass 0 in eval mode.
+        scale: logit scale; default ``1 / sqrt(D)``.
+        need_weights: also return the attention weights (disables the fused kernel).
+
+    Returns:
+        ``(output, weights)``: output ``(B, H, Lq, Dv)`` (or ``(B, Lq, Dv)``); weights
+        ``(B, H, Lq, Lk)`` (or ``(B, Lq, Lk)``) before dropout, or ``None`` when
+        ``need_weights`` is False. Rows whose keys are all blocked are zero.
+    """
+    _validate(q, k, v, attn_mask, key_padding_mask)
+    unbatched_heads = q.dim() == 3
+    if unbatched_heads:  # treat (B, L, D) as one head
+        q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+        if attn_mask is not None and attn_mask.dim() == 3:
+            attn_mask = attn_mask.unsqueeze(1)
+    batch, heads, lq, d = q.shape
+    lk = k.shape[-2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+
+    # Fast path for the most common causal case: let the kernel build the triangle.
+    fused_causal = is_causal and lq == lk and attn_mask is None and key_padding_mask is None and not need_weights
+    mask = None if fused_causal else merge_masks(
+        attn_mask, key_padding_mask, is_causal, batch, heads, lq, lk, q.dtype, q.device
+    )
+    # Rows with every key blocked: softmax would be 0/0. Compute them on an unblocked row
+    # (finite, no NaN in forward or backward) and zero the result.
+    dead = None
+    if mask is not None:
+        blocked = mask if mask.dtype == torch.bool else mask == -math.inf
+        dead = blocked.all(dim=-1, keepdim=True)  # (b, h, Lq, 1), b/h may be 1
+
+    if not need_weights:
+        if mask is not None and mask.dtype == torch.bool:
+            mask = ~mask if dead is None else ~mask | dead  # torch: True = may attend
+        elif mask is not None:
+            mask = mask.masked_fill(dead, 0.0)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal, scale=scale
+        )
+        weights = None
+    else:
+        logits = torch.matmul(q, k.transpose(-2, -1)) * scale
+        if mask is not None:
+            logits = logits.masked_fill(mask, -math.inf) if mask.dtype == torch.bool else logits + mask
+            logits = logits.masked_fill(dead, 0.0)
+        # Softmax in float32 at least: half-precision exp overflows for long rows.
+        weights = torch.softmax(logits, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
+        if dead is not None:
+            weights = weights.masked_fill(dead, 0.0)
+        dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+        out = torch.matmul(dropped, v)
+    if dead is not None:
+        out = out.masked_fill(dead, 0.0)
+    if unbatched_heads:
+        out = out.squeeze(1)
+        weights = None if weights is None else weights.squeeze(1)
+    return out, weights

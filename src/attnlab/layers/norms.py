@@ -1,0 +1,66 @@
+"""Normalization layers for token sequences ``(B, L, E)``, chosen by name.
+
+Every norm here takes an optional ``padding_mask`` ``(B, L)`` (``True`` = padding) so
+that blocks can call any of them the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import Tensor, nn
+
+from ..attention.functional import _shape
+
+__all__ = ["LayerNorm", "TokenBatchNorm", "build_norm", "NORMS"]
+
+
+class LayerNorm(nn.LayerNorm):
+    """``torch.nn.LayerNorm`` over the last dimension; ``padding_mask`` is accepted and
+    ignored (each token is normalized on its own, so padding cannot leak in)."""
+
+    def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:  # type: ignore[override]
+        return super().forward(x)
+
+
+class TokenBatchNorm(nn.BatchNorm1d):
+    """BatchNorm for token sequences: each of the ``E`` features is normalized over the
+    batch *and* the positions, ``(B, L, E) -> (B, L, E)``.
+
+    ``nn.BatchNorm1d(E)`` applied to a ``(B, L, E)`` tensor treats ``L`` as the channel
+    axis, which normalizes the wrong dimension (and breaks when ``L != E``); this layer
+    flattens the tokens instead. In training, padded tokens (``padding_mask`` ``True``)
+    are left out of the statistics and of the running averages, and their outputs are
+    zero. In eval mode the running statistics are used, so a token's output does not
+    depend on the rest of the batch. Parameters and buffers have ``BatchNorm1d``'s names.
+    """
+
+    def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:  # type: ignore[override]
+        if x.dim() != 3 or x.shape[-1] != self.num_features:
+            raise ValueError(f"x must have shape (B, L, {self.num_features}); got {_shape(x)}")
+        if padding_mask is not None and tuple(padding_mask.shape) != tuple(x.shape[:2]):
+            raise ValueError(
+                f"padding_mask must have shape (B, L) = ({x.shape[0]}, {x.shape[1]}); got {_shape(padding_mask)}"
+            )
+        batch_stats = self.training or not self.track_running_stats
+        if padding_mask is None or not batch_stats:
+            return super().forward(x.reshape(-1, self.num_features)).view_as(x)
+        keep = ~padding_mask
+        out = x.new_zeros(x.shape)
+        out[keep] = super().forward(x[keep])
+        return out
+
+
+NORMS: dict[str, Callable[..., nn.Module]] = {
+    "layernorm": LayerNorm,
+    "batchnorm": TokenBatchNorm,
+}
+_ALIASES = {"layer": "layernorm", "ln": "layernorm", "batch": "batchnorm", "bn": "batchnorm"}
+
+
+def build_norm(name: str, dim: int, eps: float = 1e-5) -> nn.Module:
+    """A norm by name: ``"layernorm"`` (``"ln"``) or ``"batchnorm"`` (``"bn"``)."""
+    key = _ALIASES.get(name.lower(), name.lower()) if isinstance(name, str) else name
+    if key not in NORMS:
+        raise ValueError(f"norm must be one of {sorted(NORMS)}; got {name!r}")
+    return NORMS[key](dim, eps=eps)

@@ -1,0 +1,212 @@
+"""Transformer encoder and decoder layers and their stacks (post-norm or pre-norm)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ..attention.cache import KVCache
+from ..attention.multihead import MultiHeadAttention
+from .mlp import Mlp
+from .norms import build_norm
+
+__all__ = [
+    "TransformerEncoderLayer",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerDecoder",
+    "DecoderCache",
+]
+
+
+def _token_padding(mask: Tensor | None) -> Tensor | None:
+    """The padding mask the norms need: only a boolean key padding mask marks tokens."""
+    return mask if mask is not None and mask.dtype == torch.bool else None
+
+
+class TransformerEncoderLayer(nn.Module):
+    """Self-attention and feed-forward, each wrapped in dropout + residual + norm.
+
+    Post-norm (``norm_first=False``, the 2017 paper): ``x = norm(x + drop(f(x)))``.
+    Pre-norm (``norm_first=True``): ``x = x + drop(f(norm(x)))``; trains deep stacks
+    without warm-up tricks. ``norm`` is ``"layernorm"`` or ``"batchnorm"`` (token
+    BatchNorm, see :class:`attnlab.layers.norms.TokenBatchNorm`).
+
+    Shapes: ``x`` ``(B, L, E)`` -> ``(B, L, E)``; ``key_padding_mask`` ``(B, L)``.
+    """
+
+    def __init__(
+        self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, *,
+        attention_dropout: float | None = None, activation: str = "relu", norm_first: bool = False,
+        norm: str = "layernorm", norm_eps: float = 1e-5, bias: bool = True,
+    ) -> None:
+        super().__init__()
+        attn_drop = dropout if attention_dropout is None else attention_dropout
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, nhead, dropout=attn_drop, bias=bias)
+        self.ff = Mlp(d_model, dim_feedforward, activation=activation, dropout=dropout, bias=bias)
+        self.norm1 = build_norm(norm, d_model, norm_eps)
+        self.norm2 = build_norm(norm, d_model, norm_eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def _sa(self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        out, _ = self.self_attn(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask, is_causal=is_causal)
+        return self.dropout(out)
+
+    def forward(
+        self, x: Tensor, *, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        pad = _token_padding(key_padding_mask)
+        if self.norm_first:
+            x = x + self._sa(self.norm1(x, pad), key_padding_mask, attn_mask, is_causal)
+            return x + self.dropout(self.ff(self.norm2(x, pad)))
+        x = self.norm1(x + self._sa(x, key_padding_mask, attn_mask, is_causal), pad)
+        return self.norm2(x + self.dropout(self.ff(x)), pad)
+
+
+@dataclass
+class DecoderCache:
+    """Per-layer caches of a decoder: a growing self-attention cache and a static
+    cross-attention cache (the encoder memory, projected once)."""
+
+    self_attn: list[KVCache] = field(default_factory=list)
+    cross_attn: list[KVCache] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, num_layers: int) -> "DecoderCache":
+        return cls([KVCache() for _ in range(num_layers)], [KVCache(static=True) for _ in range(num_layers)])
+
+    @property
+    def seq_len(self) -> int:
+        """Target positions decoded so far."""
+        return self.self_attn[0].seq_len if self.self_attn else 0
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search: reorder beams, drop finished sentences)."""
+        for c in self.self_attn + self.cross_attn:
+            c.reorder(index)
+
+
+class TransformerDecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention to the encoder memory, feed-forward;
+    post-norm or pre-norm as in :class:`TransformerEncoderLayer`.
+
+    Shapes: ``x`` ``(B, Lt, E)``, ``memory`` ``(B, Ls, E)`` -> ``(B, Lt, E)``.
+    """
+
+    def __init__(
+        self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, *,
+        attention_dropout: float | None = None, activation: str = "relu", norm_first: bool = False,
+        norm: str = "layernorm", norm_eps: float = 1e-5, bias: bool = True,
+    ) -> None:
+        super().__init__()
+        attn_drop = dropout if attention_dropout is None else attention_dropout
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, nhead, dropout=attn_drop, bias=bias)
+        self.cross_attn = MultiHeadAttention(d_model, nhead, dropout=attn_drop, bias=bias)
+        self.ff = Mlp(d_model, dim_feedforward, activation=activation, dropout=dropout, bias=bias)
+        self.norm1 = build_norm(norm, d_model, norm_eps)
+        self.norm2 = build_norm(norm, d_model, norm_eps)
+        self.norm3 = build_norm(norm, d_model, norm_eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self, x: Tensor, memory: Tensor | None, *, tgt_key_padding_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None, tgt_is_causal: bool = True,
+        memory_key_padding_mask: Tensor | None = None, memory_mask: Tensor | None = None,
+        self_cache: KVCache | None = None, cross_cache: KVCache | None = None,
+    ) -> Tensor:
+        pad = _token_padding(tgt_key_padding_mask)
+
+        def sa(h: Tensor) -> Tensor:
+            out, _ = self.self_attn(
+                h, key_padding_mask=tgt_key_padding_mask, attn_mask=tgt_mask, is_causal=tgt_is_causal,
+                cache=self_cache,
+            )
+            return self.dropout(out)
+
+        def ca(h: Tensor) -> Tensor:
+            mem = h if memory is None else memory  # memory is None only with a filled cache
+            out, _ = self.cross_attn(
+                h, mem, key_padding_mask=memory_key_padding_mask, attn_mask=memory_mask, cache=cross_cache
+            )
+            return self.dropout(out)
+
+        if self.norm_first:
+            x = x + sa(self.norm1(x, pad))
+            x = x + ca(self.norm2(x, pad))
+            return x + self.dropout(self.ff(self.norm3(x, pad)))
+        x = self.norm1(x + sa(x), pad)
+        x = self.norm2(x + ca(x), pad)
+        return self.norm3(x + self.dropout(self.ff(x)), pad)
+
+
+class _Stack(nn.Module):
+    def __init__(self, layers: list[nn.Module], final_norm: nn.Module | None) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.norm = final_norm
+        self.grad_checkpointing = False
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each layer's activations in backward instead of storing them."""
+        self.grad_checkpointing = enable
+
+    def _run(self, layer: nn.Module, *args, **kwargs) -> Tensor:
+        if self.grad_checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(layer, *args, use_reentrant=False, **kwargs)
+        return layer(*args, **kwargs)
+
+    def _finish(self, x: Tensor, pad: Tensor | None) -> Tensor:
+        return x if self.norm is None else self.norm(x, pad)
+
+
+class TransformerEncoder(_Stack):
+    """``num_layers`` encoder layers and an optional final norm (pre-norm needs one).
+
+    Shapes: ``src`` ``(B, Ls, E)`` -> ``(B, Ls, E)``; ``key_padding_mask`` ``(B, Ls)``.
+    """
+
+    def forward(
+        self, src: Tensor, *, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        x = src
+        for layer in self.layers:
+            x = self._run(layer, x, key_padding_mask=key_padding_mask, attn_mask=attn_mask, is_causal=is_causal)
+        return self._finish(x, _token_padding(key_padding_mask))
+
+
+class TransformerDecoder(_Stack):
+    """``num_layers`` decoder layers and an optional final norm.
+
+    Shapes: ``tgt`` ``(B, Lt, E)``, ``memory`` ``(B, Ls, E)`` -> ``(B, Lt, E)``. With a
+    :class:`DecoderCache`, ``tgt`` holds only the new positions and ``memory`` may be
+    ``None`` once the cache is filled.
+    """
+
+    def forward(
+        self, tgt: Tensor, memory: Tensor | None, *, tgt_key_padding_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None, tgt_is_causal: bool = True,
+        memory_key_padding_mask: Tensor | None = None, memory_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+    ) -> Tensor:
+        if cache is not None and len(cache.self_attn) != len(self.layers):
+            raise ValueError(
+                f"cache has {len(cache.self_attn)} layers but the decoder has {len(self.layers)}; "
+                "make it with DecoderCache.empty(num_layers)"
+            )
+        x = tgt
+        for i, layer in enumerate(self.layers):
+            x = self._run(
+                layer, x, memory, tgt_key_padding_mask=tgt_key_padding_mask, tgt_mask=tgt_mask,
+                tgt_is_causal=tgt_is_causal, memory_key_padding_mask=memory_key_padding_mask,
+                memory_mask=memory_mask,
+                self_cache=None if cache is None else cache.self_attn[i],
+                cross_cache=None if cache is None else cache.cross_attn[i],
+            )
+        return self._finish(x, _token_padding(tgt_key_padding_mask))

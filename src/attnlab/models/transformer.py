@@ -1,0 +1,301 @@
+"""The Transformer encoder-decoder (Vaswani et al., 2017) and its registered sizes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..layers.norms import build_norm
+from ..layers.pos_encoding import build_pos_encoding
+from ..layers.transformer_layers import (
+    DecoderCache,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
+from .generation import beam_search, greedy_search
+from .registry import build_config, register_model
+
+__all__ = ["Transformer", "TransformerConfig", "Seq2SeqTransformer"]
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder stack on embedded inputs, like ``torch.nn.Transformer`` but
+    batch-first and with the decoder causal by default.
+
+    ``final_norm`` adds a norm after each stack; default: only for pre-norm, where it is
+    needed. ``torch.nn.Transformer`` always has one; :meth:`from_torch` keeps that.
+
+    Shapes: ``src`` ``(B, Ls, E)``, ``tgt`` ``(B, Lt, E)`` -> ``(B, Lt, E)``; padding
+    masks ``(B, Ls)`` / ``(B, Lt)``, ``True`` = padding (see
+    :mod:`attnlab.attention.functional` for the mask convention).
+    """
+
+    def __init__(
+        self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
+        dim_feedforward: int = 2048, dropout: float = 0.1, *, attention_dropout: float | None = None,
+        activation: str = "relu", norm_first: bool = False, norm: str = "layernorm", norm_eps: float = 1e-5,
+        final_norm: bool | None = None, bias: bool = True,
+    ) -> None:
+        super().__init__()
+        kw = dict(
+            attention_dropout=attention_dropout, activation=activation, norm_first=norm_first, norm=norm,
+            norm_eps=norm_eps, bias=bias,
+        )
+        final = norm_first if final_norm is None else final_norm
+        self.d_model, self.nhead = d_model, nhead
+        self.encoder = TransformerEncoder(
+            [TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, **kw) for _ in range(num_encoder_layers)],
+            build_norm(norm, d_model, norm_eps) if final else None,
+        )
+        self.decoder = TransformerDecoder(
+            [TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, **kw) for _ in range(num_decoder_layers)],
+            build_norm(norm, d_model, norm_eps) if final else None,
+        )
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        # As torch.nn.Transformer: Xavier-uniform on every matrix.
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.encoder.set_grad_checkpointing(enable)
+        self.decoder.set_grad_checkpointing(enable)
+
+    def forward(
+        self, src: Tensor, tgt: Tensor, *, src_key_padding_mask: Tensor | None = None,
+        tgt_key_padding_mask: Tensor | None = None, memory_key_padding_mask: Tensor | None = None,
+        src_mask: Tensor | None = None, tgt_mask: Tensor | None = None, memory_mask: Tensor | None = None,
+        tgt_is_causal: bool = True,
+    ) -> Tensor:
+        memory = self.encoder(src, key_padding_mask=src_key_padding_mask, attn_mask=src_mask)
+        return self.decoder(
+            tgt, memory, tgt_key_padding_mask=tgt_key_padding_mask, tgt_mask=tgt_mask, tgt_is_causal=tgt_is_causal,
+            memory_key_padding_mask=memory_key_padding_mask, memory_mask=memory_mask,
+        )
+
+    @classmethod
+    def from_torch(cls, module: nn.Transformer) -> "Transformer":
+        """An equal (batch-first) stack from a ``torch.nn.Transformer``, weights copied."""
+        enc0 = module.encoder.layers[0]
+        act = {1: "relu", 2: "gelu"}.get(getattr(enc0, "activation_relu_or_gelu", 0))
+        if act is None:
+            raise ValueError("from_torch: only 'relu' and 'gelu' activations are supported")
+        new = cls(
+            d_model=module.d_model, nhead=module.nhead, num_encoder_layers=len(module.encoder.layers),
+            num_decoder_layers=len(module.decoder.layers), dim_feedforward=enc0.linear1.out_features,
+            dropout=enc0.dropout.p, attention_dropout=enc0.self_attn.dropout, activation=act,
+            norm_first=enc0.norm_first, norm_eps=enc0.norm1.eps, final_norm=module.encoder.norm is not None,
+            bias=enc0.linear1.bias is not None,
+        )
+        state = {_from_torch_key(k): v for k, v in module.state_dict().items()}
+        new.load_state_dict(state)
+        p = next(module.parameters())
+        return new.to(device=p.device, dtype=p.dtype).train(module.training)
+
+
+# torch.nn.Transformer parameter names -> ours, read left to right.
+_TORCH_RENAMES = (
+    ("multihead_attn.", "cross_attn."),
+    ("in_proj_weight", "in_proj.weight"),
+    ("in_proj_bias", "in_proj.bias"),
+    ("linear1.", "ff.fc1."),
+    ("linear2.", "ff.fc2."),
+)
+
+
+def _from_torch_key(key: str) -> str:
+    for old, new in _TORCH_RENAMES:
+        key = key.replace(old, new)
+    return key
+
+
+@dataclass
+class TransformerConfig:
+    """Configuration of :class:`Seq2SeqTransformer`; defaults are the 2017 "base" model."""
+
+    src_vocab_size: int = 37000
+    tgt_vocab_size: int = 37000
+    d_model: int = 512
+    nhead: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    dim_feedforward: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float | None = None  # None: same as dropout
+    activation: str = "relu"
+    norm_first: bool = False  # post-norm, as in the paper
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    final_norm: bool | None = None  # None: only with pre-norm
+    pos_encoding: str = "sinusoidal"
+    max_len: int = 1024
+    share_embeddings: bool = True  # one table for source and target (needs one vocabulary)
+    tie_output: bool = True  # output projection = target embedding (transposed)
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "nhead", "dim_feedforward", "max_len"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)!r}")
+        for name in ("num_encoder_layers", "num_decoder_layers"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a non-negative integer; got {getattr(self, name)!r}")
+        if self.d_model % self.nhead != 0:
+            raise ValueError(f"d_model must be divisible by nhead; got d_model={self.d_model}, nhead={self.nhead}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                "share_embeddings needs src_vocab_size == tgt_vocab_size; "
+                f"got {self.src_vocab_size} and {self.tgt_vocab_size}"
+            )
+        for name in ("pad_id", "bos_id", "eos_id"):
+            idx = getattr(self, name)
+            if not 0 <= idx < min(self.src_vocab_size, self.tgt_vocab_size):
+                raise ValueError(f"{name} must index both vocabularies; got {idx}")
+        if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
+            raise ValueError(f"pad_id, bos_id and eos_id must differ; got {self.pad_id}, {self.bos_id}, {self.eos_id}")
+
+
+class Seq2SeqTransformer(nn.Module):
+    """Token-to-token Transformer: embeddings, positions, encoder-decoder, output layer.
+
+    Embeddings are scaled by ``sqrt(d_model)`` (paper §3.4). Padding masks come from
+    ``pad_id``; the decoder is causal. ``generate`` decodes greedily or by beam search
+    using a key/value cache.
+
+    Shapes: ``src`` ``(B, Ls)`` and ``tgt`` ``(B, Lt)`` token ids -> logits
+    ``(B, Lt, tgt_vocab_size)``. ``tgt`` is the decoder input (BOS + target[:-1]).
+    """
+
+    def __init__(self, config: TransformerConfig | None = None, **overrides) -> None:
+        super().__init__()
+        cfg = build_config(TransformerConfig, asdict(config or TransformerConfig()), overrides)
+        self.config = cfg
+        d = cfg.d_model
+        self.transformer = Transformer(
+            d, cfg.nhead, cfg.num_encoder_layers, cfg.num_decoder_layers, cfg.dim_feedforward, cfg.dropout,
+            attention_dropout=cfg.attention_dropout, activation=cfg.activation, norm_first=cfg.norm_first,
+            norm=cfg.norm, norm_eps=cfg.norm_eps, final_norm=cfg.final_norm,
+        )
+        self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=cfg.pad_id)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=cfg.pad_id)
+        self.src_pos = build_pos_encoding(cfg.pos_encoding, d, cfg.max_len)
+        self.tgt_pos = build_pos_encoding(cfg.pos_encoding, d, cfg.max_len)
+        self.embed_drop = nn.Dropout(cfg.dropout)
+        self.embed_scale = math.sqrt(d)
+        self.generator = nn.Linear(d, cfg.tgt_vocab_size, bias=not cfg.tie_output)
+        for emb in {self.src_embed, self.tgt_embed}:
+            # std d^-1/2, so that the scaled embedding has unit variance like the positions.
+            nn.init.normal_(emb.weight, std=d**-0.5)
+            with torch.no_grad():
+                emb.weight[cfg.pad_id].zero_()
+        if cfg.tie_output:
+            self.generator.weight = self.tgt_embed.weight
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.transformer.set_grad_checkpointing(enable)
+
+    def _check_ids(self, name: str, ids: Tensor) -> None:
+        if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"{name} must be integer token ids of shape (B, L); got {ids.dtype} {tuple(ids.shape)}")
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """``src`` ``(B, Ls)`` -> memory ``(B, Ls, E)`` and its padding mask ``(B, Ls)``."""
+        self._check_ids("src", src)
+        pad = src == self.config.pad_id
+        x = self.embed_drop(self.src_pos(self.src_embed(src) * self.embed_scale))
+        return self.transformer.encoder(x, key_padding_mask=pad), pad
+
+    def decode(
+        self, tgt: Tensor, memory: Tensor, memory_key_padding_mask: Tensor | None, *, cache: DecoderCache | None = None
+    ) -> Tensor:
+        """Logits ``(B, Lt, V)`` for decoder input ``tgt`` ``(B, Lt)``. With a cache,
+        ``tgt`` holds only the new positions and the cache grows by them."""
+        self._check_ids("tgt", tgt)
+        if memory.shape[0] != tgt.shape[0]:
+            raise ValueError(f"memory must have tgt's batch size {tgt.shape[0]}; got shape {tuple(memory.shape)}")
+        offset = 0 if cache is None else cache.seq_len
+        x = self.embed_drop(self.tgt_pos(self.tgt_embed(tgt) * self.embed_scale, offset))
+        # With a cache every decoded position is real, so no target padding mask is needed.
+        tgt_pad = None if cache is not None else tgt == self.config.pad_id
+        h = self.transformer.decoder(
+            x, memory, tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=memory_key_padding_mask, cache=cache
+        )
+        return self.generator(h)
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache.empty(len(self.transformer.decoder.layers))
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        memory, pad = self.encode(src)
+        return self.decode(tgt, memory, pad)
+
+    @torch.no_grad()
+    def generate(
+        self, src: Tensor, *, max_new_tokens: int | None = None, num_beams: int = 1, length_penalty: float = 1.0,
+        use_cache: bool = True,
+    ) -> Tensor:
+        """Translate ``src`` ``(B, Ls)``: token ids ``(B, T)`` without BOS, ending at EOS
+        when one was produced, right-padded with ``pad_id``.
+
+        ``num_beams=1`` is greedy search; more is beam search, whose finished hypotheses
+        are ranked by ``log p / length ** length_penalty``. ``max_new_tokens`` defaults
+        to ``Ls + 50`` (capped by ``max_len``).
+        """
+        self._check_ids("src", src)
+        if max_new_tokens is None:
+            max_new_tokens = min(src.shape[1] + 50, self.config.max_len)
+        if not 0 < max_new_tokens <= self.config.max_len:
+            raise ValueError(f"max_new_tokens must be in [1, {self.config.max_len}]; got {max_new_tokens}")
+        if not isinstance(num_beams, int) or num_beams < 1:
+            raise ValueError(f"num_beams must be a positive integer; got {num_beams!r}")
+        if num_beams == 1:
+            return greedy_search(self, src, max_new_tokens, use_cache=use_cache)[0]
+        if not use_cache:
+            raise ValueError("beam search always uses the key/value cache; use_cache=False is for greedy search")
+        return beam_search(self, src, num_beams, max_new_tokens, length_penalty=length_penalty)[0]
+
+
+# --------------------------------------------------------------------------- registry
+def _build(defaults: dict, overrides: dict) -> Seq2SeqTransformer:
+    return Seq2SeqTransformer(TransformerConfig(**defaults), **overrides)
+
+
+@register_model("transformer")
+def transformer_base(**overrides) -> Seq2SeqTransformer:
+    """2017 "base": 6+6 layers, d=512, h=8, d_ff=2048, shared 37k vocabulary, tied."""
+    return _build({}, overrides)
+
+
+@register_model("transformer")
+def transformer_big(**overrides) -> Seq2SeqTransformer:
+    """2017 "big": 6+6 layers, d=1024, h=16, d_ff=4096, dropout 0.3."""
+    return _build(dict(d_model=1024, nhead=16, dim_feedforward=4096, dropout=0.3), overrides)
+
+
+@register_model("transformer")
+def transformer_small(**overrides) -> Seq2SeqTransformer:
+    """3+3 layers, d=256, h=8, d_ff=1024, 10k vocabulary: Multi30k-sized."""
+    return _build(
+        dict(src_vocab_size=10000, tgt_vocab_size=10000, d_model=256, num_encoder_layers=3, num_decoder_layers=3,
+             dim_feedforward=1024), overrides,
+    )
+
+
+@register_model("transformer")
+def transformer_tiny(**overrides) -> Seq2SeqTransformer:
+    """2+2 layers, d=128, h=4, d_ff=512, 1k vocabulary, pre-norm: tests and demos."""
+    return _build(
+        dict(src_vocab_size=1000, tgt_vocab_size=1000, d_model=128, nhead=4, num_encoder_layers=2,
+             num_decoder_layers=2, dim_feedforward=512, norm_first=True, max_len=512), overrides,
+    )

@@ -1,0 +1,1 @@
+"""Glue per task: data, model, metrics."""
