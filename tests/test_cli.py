@@ -1,0 +1,51 @@
+"""The attnlab command: help, version, models, and one-line errors with exit status 2."""
+
+import subprocess
+import sys
+
+import pytest
+
+import attnlab
+from attnlab.cli import main
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_help_and_version():
+    r = run("--help")
+    assert r.returncode == 0 and "models" in r.stdout and "demo" in r.stdout
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"attnlab {attnlab.__version__}"
+
+
+def test_models_lists_name_family_and_parameters(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if l.startswith("transformer_base "))
+    assert "transformer" in line and "63.1 M" in line and "63,082,496" in line
+    assert main(["models", "transformer_t*"]) == 0
+    out = capsys.readouterr().out
+    assert "transformer_tiny" in out and "transformer_base" not in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["models", "nothing*"], "no model matches 'nothing*'"),
+    (["demo", "--steps", "0"], "expected a positive integer, got 0"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_bad_input_exits_2_with_one_message(args, message):
+    r = run(*args)
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 3  # argparse prints usage + the message
+
+
+def test_demo_learns_to_reverse(capsys):
+    # A short run of the main demo: the model must actually learn (not a smoke test).
+    assert main(["demo", "--steps", "250"]) == 0
+    out = capsys.readouterr().out
+    greedy = float(next(l for l in out.splitlines() if "exact match, greedy" in l).split("|")[2].strip(" %"))
+    assert greedy >= 50.0

@@ -1,0 +1,203 @@
+"""scaled_dot_product_attention: masks, both paths, fully-masked rows, gradients."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlab.attention import causal_mask, scaled_dot_product_attention as sdpa
+from conftest import reference_attention
+
+
+def qkv(b=2, h=3, lq=5, lk=7, d=8, dv=None, dtype=torch.float32, grad=False):
+    t = lambda *s: torch.randn(*s, dtype=dtype, requires_grad=grad)
+    return t(b, h, lq, d), t(b, h, lk, d), t(b, h, lk, dv or d)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_matches_reference_without_mask(need_weights):
+    q, k, v = qkv()
+    out, w = sdpa(q, k, v, need_weights=need_weights)
+    ref, ref_w = reference_attention(q, k, v)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    if need_weights:
+        assert w.shape == (2, 3, 5, 7)
+        torch.testing.assert_close(w.double(), ref_w, atol=1e-6, rtol=1e-5)
+    else:
+        assert w is None
+
+
+def test_value_dim_may_differ_and_3d_inputs_are_one_head():
+    q, k, v = qkv(dv=4)
+    assert sdpa(q, k, v)[0].shape == (2, 3, 5, 4)
+    q3, k3, v3 = q[:, 0], k[:, 0], v[:, 0]
+    out, w = sdpa(q3, k3, v3, need_weights=True)
+    assert out.shape == (2, 5, 4) and w.shape == (2, 5, 7)
+    torch.testing.assert_close(out, sdpa(q, k, v)[0][:, 0])
+
+
+def test_custom_scale():
+    q, k, v = qkv()
+    ref, _ = reference_attention(q, k, v, scale=0.3)
+    for nw in (False, True):
+        torch.testing.assert_close(sdpa(q, k, v, scale=0.3, need_weights=nw)[0].double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_bool_mask_true_means_blocked_and_float_mask_is_added():
+    q, k, v = qkv()
+    blocked = torch.rand(5, 7) < 0.4
+    blocked[:, 0] = False
+    additive = torch.randn(2, 1, 5, 7)
+    for nw in (False, True):
+        out, _ = sdpa(q, k, v, attn_mask=blocked, need_weights=nw)
+        torch.testing.assert_close(out.double(), reference_attention(q, k, v, blocked=blocked)[0], atol=1e-5, rtol=1e-5)
+        out, _ = sdpa(q, k, v, attn_mask=additive, need_weights=nw)
+        torch.testing.assert_close(out.double(), reference_attention(q, k, v, additive=additive)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_key_padding_bool_and_float_agree():
+    q, k, v = qkv()
+    pad = torch.tensor([[False] * 5 + [True] * 2, [False] * 7])
+    fpad = torch.zeros(2, 7).masked_fill(pad, -math.inf)
+    ref, _ = reference_attention(q, k, v, blocked=pad[:, None, None, :])
+    for nw in (False, True):
+        torch.testing.assert_close(sdpa(q, k, v, key_padding_mask=pad, need_weights=nw)[0].double(), ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(sdpa(q, k, v, key_padding_mask=fpad, need_weights=nw)[0].double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_causal_is_bottom_right_aligned():
+    assert causal_mask(3, 3).tolist() == [[False, True, True], [False, False, True], [False, False, False]]
+    # With a cached prefix of 2, the 3 new queries see the prefix plus their past.
+    assert causal_mask(3, 5).tolist() == [
+        [False, False, False, True, True],
+        [False, False, False, False, True],
+        [False, False, False, False, False],
+    ]
+    q, k, v = qkv(lq=3, lk=5)
+    ref, _ = reference_attention(q, k, v, blocked=causal_mask(3, 5))
+    for nw in (False, True):
+        torch.testing.assert_close(sdpa(q, k, v, is_causal=True, need_weights=nw)[0].double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_causal_square_uses_same_result_on_both_paths():
+    q, k, v = qkv(lq=6, lk=6)
+    fused, _ = sdpa(q, k, v, is_causal=True)
+    explicit, w = sdpa(q, k, v, is_causal=True, need_weights=True)
+    torch.testing.assert_close(fused, explicit, atol=1e-6, rtol=1e-5)
+    assert torch.all(w.triu(1) == 0)
+
+
+def test_masks_combine():
+    q, k, v = qkv(lq=7, lk=7)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[0, 5:] = True
+    additive = torch.randn(7, 7)
+    blocked = causal_mask(7, 7) | pad[:, None, None, :]
+    ref, _ = reference_attention(q, k, v, blocked=blocked, additive=additive)
+    for nw in (False, True):
+        out, _ = sdpa(q, k, v, attn_mask=additive, key_padding_mask=pad, is_causal=True, need_weights=nw)
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("kind", ["bool", "float", "padding", "causal_taller"])
+def test_fully_masked_rows_give_zeros_and_zero_grad(need_weights, kind):
+    q, k, v = qkv(lq=4, lk=4, grad=True)
+    kw = {}
+    dead_rows = torch.zeros(2, 1, 4, dtype=torch.bool)
+    if kind == "bool":
+        m = torch.zeros(4, 4, dtype=torch.bool)
+        m[1] = True
+        kw["attn_mask"], dead_rows[:, :, 1] = m, True
+    elif kind == "float":
+        m = torch.zeros(4, 4)
+        m[2] = -math.inf
+        kw["attn_mask"], dead_rows[:, :, 2] = m, True
+    elif kind == "padding":
+        pad = torch.zeros(2, 4, dtype=torch.bool)
+        pad[1] = True  # the whole second sequence is padding
+        kw["key_padding_mask"], dead_rows[1] = pad, True
+    else:  # more queries than keys: the first rows see no key at all
+        q = torch.randn(2, 3, 6, 8, requires_grad=True)
+        kw["is_causal"] = True
+        dead_rows = torch.zeros(2, 1, 6, dtype=torch.bool)
+        dead_rows[:, :, :2] = True
+    out, w = sdpa(q, k, v, need_weights=need_weights, **kw)
+    assert torch.isfinite(out).all()
+    dead = dead_rows.expand(2, 3, -1)
+    assert (out[dead] == 0).all()
+    assert (out[~dead] != 0).any()
+    if need_weights:
+        assert torch.isfinite(w).all() and (w[dead] == 0).all()
+        torch.testing.assert_close(w[~dead].sum(-1), torch.ones((~dead).sum().item()))
+    (out.sum() + (0 if w is None else w.sum())).backward()
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all()
+    assert (q.grad[dead] == 0).all()
+
+
+def test_dropout_only_when_asked_and_weights_are_pre_dropout():
+    q, k, v = qkv()
+    torch.testing.assert_close(sdpa(q, k, v, dropout_p=0.0)[0], sdpa(q, k, v)[0])
+    torch.manual_seed(1)
+    dropped, w = sdpa(q, k, v, dropout_p=0.5, need_weights=True)
+    assert not torch.allclose(dropped, sdpa(q, k, v)[0])
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, 5))
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_gradcheck_float64(need_weights):
+    q, k, v = qkv(b=1, h=2, lq=3, lk=4, d=3, dtype=torch.float64, grad=True)
+    pad = torch.tensor([[False, False, True, False]])
+
+    def f(q, k, v):
+        out, w = sdpa(q, k, v, key_padding_mask=pad, is_causal=False, need_weights=need_weights)
+        return out if w is None else (out, w)
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+    causal = lambda q, k, v: sdpa(q, k, v, is_causal=True, need_weights=need_weights)[0]
+    assert torch.autograd.gradcheck(causal, (q, k, v))
+
+
+def test_half_precision_weights_are_normalized():
+    q, k, v = qkv(dtype=torch.bfloat16)
+    out, w = sdpa(q, k, v, need_weights=True)
+    assert out.dtype == torch.bfloat16 and w.dtype == torch.bfloat16
+    torch.testing.assert_close(w.float().sum(-1), torch.ones(2, 3, 5), atol=1e-2, rtol=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    b=st.integers(1, 3), h=st.integers(1, 3), lq=st.integers(1, 6), lk=st.integers(1, 6),
+    mask_kind=st.sampled_from(["none", "bool2d", "bool4d", "float2d", "float4d"]),
+    use_pad=st.booleans(), causal=st.booleans(), seed=st.integers(0, 2**16),
+)
+def test_fuzzed_masks_match_reference_on_both_paths(b, h, lq, lk, mask_kind, use_pad, causal, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, n, 4, generator=g) for n in (lq, lk, lk))
+    attn_mask = None
+    blocked = torch.zeros(b, h, lq, lk, dtype=torch.bool)
+    additive = torch.zeros(b, h, lq, lk)
+    shape = (lq, lk) if mask_kind.endswith("2d") else (b, 1, lq, lk)
+    if mask_kind.startswith("bool"):
+        attn_mask = torch.rand(*shape, generator=g) < 0.3
+        blocked = blocked | attn_mask
+    elif mask_kind.startswith("float"):
+        attn_mask = torch.randn(*shape, generator=g)
+        attn_mask = attn_mask.masked_fill(torch.rand(*shape, generator=g) < 0.3, -math.inf)
+        additive = additive + attn_mask
+    pad = None
+    if use_pad:
+        pad = torch.rand(b, lk, generator=g) < 0.3
+        blocked = blocked | pad[:, None, None, :]
+    if causal:
+        blocked = blocked | causal_mask(lq, lk)
+    ref, ref_w = reference_attention(q, k, v, blocked=blocked, additive=additive)
+    for nw in (False, True):
+        out, w = sdpa(q, k, v, attn_mask=attn_mask, key_padding_mask=pad, is_causal=causal, need_weights=nw)
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
+        if nw:
+            torch.testing.assert_close(w.double(), ref_w, atol=1e-6, rtol=1e-4)
