@@ -142,3 +142,11 @@ def test_seq2seq_rejects_bad_config():
         Seq2SeqTransformer(src_vocab_size=10, tgt_vocab_size=12)
     with pytest.raises(ValueError, match="unknown TransformerConfig field 'dmodel'; did you mean d_model"):
         create_model("transformer_tiny", dmodel=64)
+
+
+def test_decode_last_only_is_the_last_row_of_full_decoding():
+    m = create_model("transformer_tiny").eval()
+    src, tgt = torch.randint(3, 1000, (2, 6)), torch.randint(3, 1000, (2, 5))
+    with torch.no_grad():
+        memory, pad = m.encode(src)
+        torch.testing.assert_close(m.decode(tgt, memory, pad, last_only=True), m.decode(tgt, memory, pad)[:, -1:])

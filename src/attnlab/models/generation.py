@@ -1,7 +1,7 @@
 """Greedy and beam-search decoding for encoder-decoder models.
 
 A model is usable here when it has ``encode(src) -> (memory, memory_pad)``,
-``decode(tgt, memory, memory_pad, cache=...) -> logits``, ``new_cache()`` and a
+``decode(tgt, memory, memory_pad, cache=..., last_only=...) -> logits``, ``new_cache()`` and a
 ``config`` with ``pad_id``, ``bos_id`` and ``eos_id``.
 """
 
@@ -20,8 +20,16 @@ class EncoderDecoder(Protocol):
     config: Any
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]: ...
-    def decode(self, tgt: Tensor, memory: Tensor, memory_pad: Tensor | None, *, cache: Any = None) -> Tensor: ...
+    def decode(
+        self, tgt: Tensor, memory: Tensor, memory_pad: Tensor | None, *, cache: Any = None, last_only: bool = False
+    ) -> Tensor: ...
     def new_cache(self) -> Any: ...
+
+
+def _encode(model: EncoderDecoder, src: Tensor) -> tuple[Tensor, Tensor | None]:
+    memory, memory_pad = model.encode(src)
+    # Unpadded sources need no mask: every step's cross-attention then skips masking.
+    return memory, memory_pad if bool(memory_pad.any()) else None
 
 
 def _next_log_probs(logits: Tensor, cfg: Any) -> Tensor:
@@ -43,7 +51,7 @@ def greedy_search(
     prefix at every step (the slow reference the cache is measured against).
     """
     cfg = model.config
-    memory, memory_pad = model.encode(src)
+    memory, memory_pad = _encode(model, src)
     batch = src.shape[0]
     tokens = src.new_full((batch, 1), cfg.bos_id)
     scores = memory.new_zeros(batch, dtype=torch.float32)
@@ -51,7 +59,7 @@ def greedy_search(
     cache = model.new_cache() if use_cache else None
     for _ in range(max_new_tokens):
         inp = tokens[:, -1:] if use_cache else tokens
-        logp = _next_log_probs(model.decode(inp, memory, memory_pad, cache=cache)[:, -1], cfg)
+        logp = _next_log_probs(model.decode(inp, memory, memory_pad, cache=cache, last_only=True)[:, -1], cfg)
         best, nxt = logp.max(dim=-1)
         scores += best.masked_fill(finished, 0.0)
         nxt = nxt.masked_fill(finished, cfg.pad_id)
@@ -83,9 +91,10 @@ def beam_search(
     k = num_beams
     batch = src.shape[0]
     device = src.device
-    memory, memory_pad = model.encode(src)
+    memory, memory_pad = _encode(model, src)
     rows = torch.arange(batch, device=device).repeat_interleave(k)
-    memory, memory_pad = memory.index_select(0, rows), memory_pad.index_select(0, rows)
+    memory = memory.index_select(0, rows)
+    memory_pad = None if memory_pad is None else memory_pad.index_select(0, rows)
     cache = model.new_cache()
 
     tokens = src.new_full((batch * k, 1), cfg.bos_id)  # active hypotheses, BOS first
@@ -100,7 +109,8 @@ def beam_search(
 
     for step in range(max_new_tokens):
         n = len(alive)  # sentences still searching; rows are n * k
-        logp = _next_log_probs(model.decode(tokens[:, -1:], memory, memory_pad, cache=cache)[:, -1], cfg)
+        step_logits = model.decode(tokens[:, -1:], memory, memory_pad, cache=cache, last_only=True)[:, -1]
+        logp = _next_log_probs(step_logits, cfg)
         vocab = logp.shape[-1]
         cand = (scores.unsqueeze(-1) + logp.view(n, k, vocab)).view(n, k * vocab)
         top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)
@@ -129,7 +139,8 @@ def beam_search(
         tokens = torch.cat([tokens.index_select(0, src_rows), act_tok.index_select(0, keep_t).view(-1, 1)], dim=1)
         scores = act_scores.index_select(0, keep_t)
         cache.reorder(src_rows)
-        memory, memory_pad = memory.index_select(0, src_rows), memory_pad.index_select(0, src_rows)
+        memory = memory.index_select(0, src_rows)
+        memory_pad = None if memory_pad is None else memory_pad.index_select(0, src_rows)
         alive = [alive[i] for i in keep]
     else:
         # Length limit reached: complete the sentences still open with their active beams.

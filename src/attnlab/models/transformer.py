@@ -217,21 +217,26 @@ class Seq2SeqTransformer(nn.Module):
         return self.transformer.encoder(x, key_padding_mask=pad), pad
 
     def decode(
-        self, tgt: Tensor, memory: Tensor, memory_key_padding_mask: Tensor | None, *, cache: DecoderCache | None = None
+        self, tgt: Tensor, memory: Tensor, memory_key_padding_mask: Tensor | None, *,
+        cache: DecoderCache | None = None, last_only: bool = False,
     ) -> Tensor:
-        """Logits ``(B, Lt, V)`` for decoder input ``tgt`` ``(B, Lt)``. With a cache,
-        ``tgt`` holds only the new positions and the cache grows by them."""
+        """Logits ``(B, Lt, V)`` for decoder input ``tgt`` ``(B, Lt)``.
+
+        With a cache, ``tgt`` holds only the new positions and the cache grows by them.
+        ``last_only`` returns the last position's logits ``(B, 1, V)``, which is all that
+        generation reads; generation's targets are never padded before a live position,
+        so no target padding mask is built then either.
+        """
         self._check_ids("tgt", tgt)
         if memory.shape[0] != tgt.shape[0]:
             raise ValueError(f"memory must have tgt's batch size {tgt.shape[0]}; got shape {tuple(memory.shape)}")
         offset = 0 if cache is None else cache.seq_len
         x = self.embed_drop(self.tgt_pos(self.tgt_embed(tgt) * self.embed_scale, offset))
-        # With a cache every decoded position is real, so no target padding mask is needed.
-        tgt_pad = None if cache is not None else tgt == self.config.pad_id
+        tgt_pad = None if cache is not None or last_only else tgt == self.config.pad_id
         h = self.transformer.decoder(
             x, memory, tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=memory_key_padding_mask, cache=cache
         )
-        return self.generator(h)
+        return self.generator(h[:, -1:] if last_only else h)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache.empty(len(self.transformer.decoder.layers))
