@@ -3,6 +3,7 @@
 from .cache import KVCache
 from .functional import causal_mask, merge_masks, scaled_dot_product_attention
 from .multihead import CrossAttention, MultiHeadAttention, SelfAttention
+from .registry import attend_grid, attention_family, build_attention, list_attention, register_attention
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -12,4 +13,9 @@ __all__ = [
     "SelfAttention",
     "CrossAttention",
     "KVCache",
+    "build_attention",
+    "register_attention",
+    "list_attention",
+    "attention_family",
+    "attend_grid",
 ]

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from .cache import KVCache
 from .functional import _shape, scaled_dot_product_attention
+from .registry import register_attention
 
 __all__ = ["MultiHeadAttention", "SelfAttention", "CrossAttention"]
 
@@ -244,6 +245,7 @@ class MultiHeadAttention(nn.Module):
         return s
 
 
+@register_attention("exact")
 class SelfAttention(MultiHeadAttention):
     """Multi-head self-attention: queries, keys and values all come from ``x``."""
 

@@ -1,0 +1,79 @@
+"""Attention kinds by name, so that any model can swap its attention from a recipe.
+
+Two families share the registry:
+
+* ``"tokens"`` kinds attend over a sequence. Built as ``cls(dim, num_heads, *, dropout,
+  bias, **options)``; called as ``module(x, *, key_padding_mask=None, attn_mask=None,
+  is_causal=False, need_weights=False, average_attn_weights=True)`` with ``x``
+  ``(B, L, dim)``, returning ``(out (B, L, dim), weights or None)``. Masks follow
+  :mod:`attnlab.attention.functional`.
+* ``"grid"`` kinds attend over a feature map. Built as ``cls(dim, num_heads, *,
+  size=(H, W), **options)``; called as ``module(x)`` with ``x`` ``(B, dim, H, W)``,
+  returning ``(B, dim, H, W)``.
+
+A model that works on feature maps can still use a ``"tokens"`` kind by flattening the
+map (see :func:`attend_grid`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch import Tensor, nn
+
+__all__ = ["register_attention", "build_attention", "list_attention", "attention_family", "attend_grid"]
+
+
+@dataclass(frozen=True)
+class AttentionEntry:
+    name: str
+    family: str  # "tokens" or "grid"
+    cls: Callable[..., nn.Module]
+
+
+_KINDS: dict[str, AttentionEntry] = {}
+
+
+def register_attention(name: str, family: str = "tokens") -> Callable[[type], type]:
+    """Class decorator: make ``cls`` buildable as ``build_attention(name, ...)``."""
+    if family not in ("tokens", "grid"):
+        raise ValueError(f"family must be 'tokens' or 'grid'; got {family!r}")
+
+    def deco(cls: type) -> type:
+        if name in _KINDS:
+            raise ValueError(f"attention kind {name!r} is already registered")
+        _KINDS[name] = AttentionEntry(name, family, cls)
+        return cls
+
+    return deco
+
+
+def _entry(name: str) -> AttentionEntry:
+    if name not in _KINDS:
+        close = difflib.get_close_matches(str(name), list(_KINDS), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown attention {name!r}; known: {', '.join(sorted(_KINDS))}{hint}")
+    return _KINDS[name]
+
+
+def attention_family(name: str) -> str:
+    return _entry(name).family
+
+
+def build_attention(name: str, dim: int, num_heads: int, **options: Any) -> nn.Module:
+    """Build attention kind ``name`` for width ``dim`` and ``num_heads`` heads."""
+    return _entry(name).cls(dim, num_heads, **options)
+
+
+def list_attention(family: str | None = None) -> list[str]:
+    return sorted(n for n, e in _KINDS.items() if family is None or e.family == family)
+
+
+def attend_grid(module: nn.Module, x: Tensor) -> Tensor:
+    """Run a ``"tokens"`` attention module over a feature map ``(B, C, H, W)``."""
+    b, c, h, w = x.shape
+    tokens = x.flatten(2).transpose(1, 2)  # (B, H*W, C)
+    out, _ = module(tokens)
+    return out.transpose(1, 2).reshape(b, c, h, w)

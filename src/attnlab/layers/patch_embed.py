@@ -1,0 +1,64 @@
+"""Patch embedding: image -> sequence of patch tokens."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+__all__ = ["PatchEmbed", "to_2tuple"]
+
+
+def to_2tuple(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    if isinstance(x, int):
+        return (x, x)
+    t = tuple(x)
+    if len(t) != 2:
+        raise ValueError(f"expected an int or a pair (height, width); got {x!r}")
+    return t  # type: ignore[return-value]
+
+
+class PatchEmbed(nn.Module):
+    """Cut ``(B, C, H, W)`` into ``p x p`` patches and project each linearly (a strided
+    convolution), giving ``(B, (H/p)*(W/p), E)`` tokens in row-major order.
+
+    ``backbone`` (hybrid models) first turns the image into a feature map whose positions
+    are then the "pixels" being patched, as in the ViT paper's hybrid (§3.1).
+    """
+
+    def __init__(
+        self, img_size: int | tuple[int, int] = 224, patch_size: int | tuple[int, int] = 16, in_chans: int = 3,
+        embed_dim: int = 768, *, backbone: nn.Module | None = None, backbone_stride: int = 1,
+        backbone_channels: int | None = None, bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.img_size = to_2tuple(img_size)
+        self.patch_size = to_2tuple(patch_size)
+        self.backbone = backbone
+        self.stride = backbone_stride
+        feat = (self.img_size[0] // backbone_stride, self.img_size[1] // backbone_stride)
+        for side, f, p in zip(("height", "width"), feat, self.patch_size):
+            if f % p != 0:
+                raise ValueError(f"image {side} {f * backbone_stride} is not divisible by the patch size {p * backbone_stride}")
+        self.grid_size = (feat[0] // self.patch_size[0], feat[1] // self.patch_size[1])
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        chans = backbone_channels if backbone is not None else in_chans
+        if chans is None:
+            raise ValueError("backbone_channels is required with a backbone")
+        self.in_chans = in_chans
+        self.proj = nn.Conv2d(chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+
+    def grid_for(self, height: int, width: int) -> tuple[int, int]:
+        """The token grid an input of this size gives; raises if it does not divide."""
+        ph, pw = self.patch_size[0] * self.stride, self.patch_size[1] * self.stride
+        if height % ph or width % pw:
+            raise ValueError(
+                f"image size ({height}, {width}) must be divisible by the patch size ({ph}, {pw})"
+            )
+        return height // ph, width // pw
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 4 or x.shape[1] != self.in_chans:
+            raise ValueError(f"images must have shape (B, {self.in_chans}, H, W); got {tuple(x.shape)}")
+        self.grid_for(x.shape[2], x.shape[3])
+        if self.backbone is not None:
+            x = self.backbone(x)
+        return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, E)

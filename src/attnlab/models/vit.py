@@ -1,0 +1,249 @@
+"""Vision Transformer (Dosovitskiy et al., 2021), timm-compatible, with any attention kind."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ..attention.registry import attention_family, build_attention
+from ..layers.drop_path import DropPath, drop_path_rates
+from ..layers.mlp import Mlp
+from ..layers.patch_embed import PatchEmbed, to_2tuple
+from ..layers.pos_embed_2d import RelativePositionBias, resample_pos_embed, sincos_2d
+from .registry import build_config, register_model
+
+__all__ = ["ViTConfig", "VisionTransformer", "Block"]
+
+
+@dataclass
+class ViTConfig:
+    """Configuration of :class:`VisionTransformer`; defaults are ViT-B/16 at 224x224."""
+
+    img_size: int | tuple[int, int] = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    class_token: bool = True
+    global_pool: str = "token"  # "token" (class token) or "avg" (mean of patch tokens)
+    pos_embed: str = "learned"  # "learned", "sincos2d", "relative" or "none"
+    pre_logits: bool = False  # Linear + tanh before the head (the paper's pre-training head)
+    drop_rate: float = 0.0  # dropout after position embedding, attention output, MLP, head input
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0  # stochastic depth of the last block; linear from 0
+    norm_eps: float = 1e-6
+    attention: str = "exact"
+    attention_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.img_size = to_2tuple(self.img_size)
+        for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if self.num_classes < 0:
+            raise ValueError(f"num_classes must be >= 0 (0: no head); got {self.num_classes}")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim must be divisible by num_heads; got {self.embed_dim} and {self.num_heads}")
+        if self.global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool must be 'token' or 'avg'; got {self.global_pool!r}")
+        if self.global_pool == "token" and not self.class_token:
+            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
+        if self.pos_embed not in ("learned", "sincos2d", "relative", "none"):
+            raise ValueError(f"pos_embed must be one of learned, sincos2d, relative, none; got {self.pos_embed!r}")
+        attention_family(self.attention)  # unknown names fail here, with suggestions
+
+
+class Block(nn.Module):
+    """Pre-norm Transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``, each
+    branch with dropout and stochastic depth. ``(B, N, E) -> (B, N, E)``."""
+
+    def __init__(
+        self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, qkv_bias: bool = True, drop: float = 0.0,
+        attn_drop: float = 0.0, drop_path: float = 0.0, norm_eps: float = 1e-6, attention: str = "exact",
+        attention_options: dict[str, Any] | None = None, rel_pos: RelativePositionBias | None = None,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = build_attention(attention, dim, num_heads, dropout=attn_drop, bias=qkv_bias, **(attention_options or {}))
+        self.rel_pos = rel_pos
+        self.drop = nn.Dropout(drop)
+        self.drop_path = DropPath(drop_path)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), activation="gelu", dropout=drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        kw = {} if self.rel_pos is None else {"attn_mask": self.rel_pos()}
+        x = x + self.drop_path(self.drop(self.attn(self.norm1(x), **kw)[0]))
+        return x + self.drop_path(self.drop(self.mlp(self.norm2(x))))
+
+
+class VisionTransformer(nn.Module):
+    """Image -> patches -> Transformer encoder -> class token (or mean) -> head.
+
+    Parameter names and counts follow timm's ``VisionTransformer``, so timm checkpoints
+    load with :func:`load_checkpoint` (``create_model(name, checkpoint=PATH)``).
+    Inputs of another size than ``img_size`` work: a learned position grid is resized
+    (bicubic), a sin-cos table recomputed.
+
+    Shapes: ``x`` ``(B, in_chans, H, W)`` -> logits ``(B, num_classes)``;
+    :meth:`forward_features` -> tokens ``(B, prefix + N, E)``.
+    """
+
+    def __init__(self, config: ViTConfig | None = None, *, backbone: nn.Module | None = None,
+                 backbone_stride: int = 1, backbone_channels: int | None = None, **overrides: Any) -> None:
+        super().__init__()
+        cfg = build_config(ViTConfig, asdict(config or ViTConfig()), overrides)
+        self.config = cfg
+        e = cfg.embed_dim
+        self.num_prefix_tokens = 1 if cfg.class_token else 0
+        self.patch_embed = PatchEmbed(
+            cfg.img_size, cfg.patch_size, cfg.in_chans, e, backbone=backbone, backbone_stride=backbone_stride,
+            backbone_channels=backbone_channels,
+        )
+        grid = self.patch_embed.grid_size
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, e)) if cfg.class_token else None
+        if cfg.pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + grid[0] * grid[1], e))
+        else:
+            self.register_parameter("pos_embed", None)
+        self.pos_drop = nn.Dropout(cfg.drop_rate)
+        rates = drop_path_rates(cfg.drop_path_rate, cfg.depth)
+        self.blocks = nn.ModuleList(
+            Block(
+                e, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop=cfg.drop_rate,
+                attn_drop=cfg.attn_drop_rate, drop_path=rates[i], norm_eps=cfg.norm_eps, attention=cfg.attention,
+                attention_options=cfg.attention_options,
+                rel_pos=RelativePositionBias(grid, cfg.num_heads, cfg.class_token) if cfg.pos_embed == "relative" else None,
+            )
+            for i in range(cfg.depth)
+        )
+        # timm's layout: the final norm before pooling for the class token, after it for "avg".
+        avg = cfg.global_pool == "avg"
+        self.norm = nn.Identity() if avg else nn.LayerNorm(e, eps=cfg.norm_eps)
+        self.fc_norm = nn.LayerNorm(e, eps=cfg.norm_eps) if avg else nn.Identity()
+        self.pre_logits = nn.Sequential()
+        if cfg.pre_logits:
+            self.pre_logits.add_module("fc", nn.Linear(e, e))
+            self.pre_logits.add_module("act", nn.Tanh())
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = nn.Linear(e, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.grad_checkpointing = False
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        if self.pos_embed is not None:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        # Patch projection as a Linear on flattened patches (as in the JAX reference).
+        w = self.patch_embed.proj.weight
+        nn.init.xavier_uniform_(w.view(w.shape[0], -1))
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    def _positions(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
+        cfg = self.config
+        if cfg.pos_embed == "relative" and grid != self.patch_embed.grid_size:
+            raise ValueError(
+                f"relative position bias is built for a {self.patch_embed.grid_size} grid; got {grid}"
+            )
+        if cfg.pos_embed == "learned":
+            pos = resample_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size, self.num_prefix_tokens)
+            if self.cls_token is not None:
+                x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+            return x + pos
+        if cfg.pos_embed == "sincos2d":
+            x = x + sincos_2d(grid, cfg.embed_dim).to(x)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return x
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        grid = self.patch_embed.grid_for(x.shape[-2], x.shape[-1]) if x.dim() == 4 else None
+        x = self.patch_embed(x)
+        x = self.pos_drop(self._positions(x, grid))  # type: ignore[arg-type]
+        for block in self.blocks:
+            if self.grad_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.norm(x)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.config.global_pool == "avg" else x[:, 0]
+        x = self.pre_logits(self.fc_norm(x))
+        return x if pre_logits else self.head(self.head_drop(x))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+# --------------------------------------------------------------------------- registry
+def _vit(defaults: dict[str, Any], overrides: dict[str, Any], **kwargs: Any) -> VisionTransformer:
+    from .checkpoint import load_checkpoint
+
+    path = overrides.pop("checkpoint", None)
+    model = VisionTransformer(build_config(ViTConfig, defaults, overrides), **kwargs)
+    if path is not None:
+        load_checkpoint(model, path)
+    return model
+
+
+@register_model("vit")
+def vit_tiny_patch16_224(**overrides: Any) -> VisionTransformer:
+    """ViT-Ti/16: 12 blocks, width 192, 3 heads, 224x224."""
+    return _vit(dict(embed_dim=192, depth=12, num_heads=3), overrides)
+
+
+@register_model("vit")
+def vit_small_patch16_224(**overrides: Any) -> VisionTransformer:
+    """ViT-S/16: 12 blocks, width 384, 6 heads, 224x224."""
+    return _vit(dict(embed_dim=384, depth=12, num_heads=6), overrides)
+
+
+@register_model("vit")
+def vit_base_patch16_224(**overrides: Any) -> VisionTransformer:
+    """ViT-B/16: 12 blocks, width 768, 12 heads, 224x224 (196 + 1 tokens)."""
+    return _vit(dict(embed_dim=768, depth=12, num_heads=12), overrides)
+
+
+@register_model("vit")
+def vit_large_patch16_224(**overrides: Any) -> VisionTransformer:
+    """ViT-L/16: 24 blocks, width 1024, 16 heads, 224x224."""
+    return _vit(dict(embed_dim=1024, depth=24, num_heads=16), overrides)
+
+
+@register_model("vit")
+def vit_cifar_patch4(**overrides: Any) -> VisionTransformer:
+    """CIFAR-scale ViT: 32x32, patch 4 (64 tokens), width 192, 6 blocks, 3 heads, 10 classes."""
+    return _vit(dict(img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=6, num_heads=3,
+                     mlp_ratio=2.0, drop_path_rate=0.1), overrides)
+
+
+@register_model("vit")
+def vit_digits_patch2(**overrides: Any) -> VisionTransformer:
+    """Digits-scale ViT: 8x8 grey images, patch 2 (16 tokens), width 64, 4 blocks, 10 classes."""
+    return _vit(dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=64, depth=4, num_heads=4,
+                     mlp_ratio=2.0), overrides)
+
+
+@register_model("vit")
+def vit_sketch_cifar(**overrides: Any) -> VisionTransformer:
+    """The tutorials' single-block ViT sketch: 32x32, patch 4, width 128, 1 block, 4 heads."""
+    return _vit(dict(img_size=32, patch_size=4, num_classes=10, embed_dim=128, depth=1, num_heads=4), overrides)
+

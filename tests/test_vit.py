@@ -1,0 +1,143 @@
+"""Vision Transformer and its layers: timm's parameter counts, shapes, positions, DropPath."""
+
+import pytest
+import torch
+
+from attnlab.layers.drop_path import DropPath, drop_path_rates
+from attnlab.layers.patch_embed import PatchEmbed
+from attnlab.layers.pos_embed_2d import RelativePositionBias, resample_pos_embed, sincos_2d
+from attnlab.models import count_parameters, create_model
+
+
+@pytest.mark.parametrize("name,params", [
+    ("vit_tiny_patch16_224", 5_717_416),
+    ("vit_small_patch16_224", 22_050_664),
+    ("vit_base_patch16_224", 86_567_656),
+    ("vit_large_patch16_224", 304_326_632),
+])
+def test_parameter_counts_equal_timm(name, params):
+    with torch.device("meta"):
+        assert count_parameters(create_model(name)) == params
+
+
+def test_vit_base_has_196_plus_1_tokens_of_768():
+    with torch.device("meta"):
+        m = create_model("vit_base_patch16_224")
+    assert m.patch_embed.num_patches == 196 and m.pos_embed.shape == (1, 197, 768)
+
+
+def test_patch_embed_non_square_and_row_major():
+    pe = PatchEmbed((8, 12), 4, in_chans=1, embed_dim=3)
+    assert pe.grid_size == (2, 3) and pe.num_patches == 6
+    with torch.no_grad():
+        pe.proj.weight.zero_()
+        pe.proj.weight[0, 0, 0, 0] = 1.0  # token feature 0 = the patch's top-left pixel
+        pe.proj.bias.zero_()
+    x = torch.arange(96, dtype=torch.float32).view(1, 1, 8, 12)
+    tokens = pe(x)
+    assert tokens.shape == (1, 6, 3)
+    assert tokens[0, :, 0].tolist() == [0.0, 4.0, 8.0, 48.0, 52.0, 56.0]
+    with pytest.raises(ValueError, match=r"image size \(8, 10\) must be divisible by the patch size \(4, 4\)"):
+        pe(torch.randn(1, 1, 8, 10))
+    with pytest.raises(ValueError, match=r"images must have shape \(B, 1, H, W\); got \(1, 3, 8, 12\)"):
+        pe(torch.randn(1, 3, 8, 12))
+
+
+def test_forward_shapes_for_each_position_scheme_and_pooling():
+    x = torch.randn(2, 3, 32, 32)
+    for kw in ({}, {"pos_embed": "sincos2d"}, {"pos_embed": "relative"}, {"pos_embed": "none"},
+               {"global_pool": "avg", "class_token": False}, {"global_pool": "avg"}, {"pre_logits": True}):
+        m = create_model("vit_cifar_patch4", depth=2, **kw)
+        assert m(x).shape == (2, 10), kw
+        assert m.forward_features(x).shape == (2, 64 + m.num_prefix_tokens, 192)
+    m = create_model("vit_cifar_patch4", depth=1, num_classes=0)
+    assert m(x).shape == (2, 192)
+
+
+def test_pre_logits_is_linear_tanh():
+    m = create_model("vit_cifar_patch4", depth=1, pre_logits=True).eval()
+    feats = m.forward_head(m.forward_features(torch.randn(2, 3, 32, 32)), pre_logits=True)
+    assert feats.abs().max() <= 1.0 and list(dict(m.pre_logits.named_children())) == ["fc", "act"]
+
+
+def test_other_input_size_resizes_the_learned_grid():
+    m = create_model("vit_cifar_patch4", depth=1).eval()
+    x = torch.randn(1, 3, 32, 32)
+    assert m(torch.randn(2, 3, 48, 40)).shape == (2, 10)
+    # The same size gives exactly the stored grid.
+    torch.testing.assert_close(resample_pos_embed(m.pos_embed, (8, 8), (8, 8)), m.pos_embed)
+    assert m(x).shape == (1, 10)
+    with pytest.raises(ValueError, match="relative position bias is built for a"):
+        create_model("vit_cifar_patch4", depth=1, pos_embed="relative")(torch.randn(1, 3, 48, 48))
+
+
+def test_resample_keeps_class_token_and_interpolates_smoothly():
+    grid = torch.linspace(0, 1, 4).view(1, 4, 1).expand(4, 4, 1)  # values rise along the columns
+    pos = torch.cat([torch.full((1, 1, 1), 7.0), grid.reshape(1, 16, 1)], dim=1)
+    out = resample_pos_embed(pos, (8, 8), (4, 4))
+    assert out.shape == (1, 65, 1) and out[0, 0, 0] == 7.0
+    cols = out[0, 1:, 0].view(8, 8)
+    assert torch.all(cols[:, 1:] >= cols[:, :-1] - 1e-6)  # still monotone along the columns
+    torch.testing.assert_close(cols[0], cols[5])  # and constant along the rows
+    with pytest.raises(ValueError, match="cannot infer a square grid from 15"):
+        resample_pos_embed(pos[:, :16], (8, 8))
+
+
+def test_sincos_2d_table():
+    t = sincos_2d((3, 4), 8)
+    assert t.shape == (12, 8)
+    # Row-major order: tokens in one row share the row half of the code, not the column half.
+    torch.testing.assert_close(t[0, 4:], t[1, 4:])
+    assert not torch.allclose(t[0, :4], t[1, :4])
+    with pytest.raises(ValueError, match="divisible by 4"):
+        sincos_2d((2, 2), 6)
+
+
+def test_relative_position_bias_depends_only_on_offset():
+    rpb = RelativePositionBias((3, 3), num_heads=2, class_token=True)
+    bias = rpb()[0]  # (heads, 10, 10)
+    assert bias.shape == (2, 10, 10)
+    # Token (0,0)->(1,1) and (1,1)->(2,2): the same offset, the same bias. Patch k is index k+1.
+    torch.testing.assert_close(bias[:, 1, 5], bias[:, 5, 9])
+    assert not torch.allclose(bias[:, 1, 5], bias[:, 5, 1])
+    assert rpb.table.shape == (5 * 5 + 3, 2)
+
+
+def test_drop_path_is_identity_in_eval_and_drops_samples_in_training():
+    dp = DropPath(0.5)
+    x = torch.ones(1000, 3)
+    assert torch.equal(dp.eval()(x), x)
+    y = dp.train()(x)
+    kept = (y[:, 0] != 0)
+    assert 350 < int(kept.sum()) < 650
+    assert torch.all(y[kept] == 2.0) and torch.all(y[~kept] == 0)
+    assert drop_path_rates(0.1, 3) == pytest.approx([0.0, 0.05, 0.1])
+
+
+def test_vit_is_deterministic_in_eval_with_drop_path():
+    m = create_model("vit_cifar_patch4", depth=2, drop_path_rate=0.5, drop_rate=0.2).eval()
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(m(x), m(x))
+    m.train()
+    assert not torch.allclose(m(x), m(x))
+
+
+def test_gradient_checkpointing_matches():
+    a = create_model("vit_cifar_patch4", depth=2, drop_path_rate=0.0)
+    b = create_model("vit_cifar_patch4", depth=2, drop_path_rate=0.0)
+    b.load_state_dict(a.state_dict())
+    b.set_grad_checkpointing(True)
+    x = torch.randn(2, 3, 32, 32)
+    for m in (a, b):
+        m(x).square().sum().backward()
+    for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(pa.grad, pb.grad, atol=1e-6, rtol=1e-5, msg=n)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="global_pool='token' needs class_token=True"):
+        create_model("vit_cifar_patch4", class_token=False)
+    with pytest.raises(ValueError, match="unknown attention 'exakt'.*did you mean exact"):
+        create_model("vit_cifar_patch4", attention="exakt")
+    with pytest.raises(ValueError, match="embed_dim must be divisible by num_heads"):
+        create_model("vit_cifar_patch4", num_heads=5)
