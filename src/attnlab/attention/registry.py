@@ -9,7 +9,8 @@ Two families share the registry:
   :mod:`attnlab.attention.functional`.
 * ``"grid"`` kinds attend over a feature map. Built as ``cls(dim, num_heads, *,
   size=(H, W), **options)``; called as ``module(x)`` with ``x`` ``(B, dim, H, W)``,
-  returning ``(B, dim, H, W)``.
+  returning ``(B, dim, H, W)``, or ``module(x, need_weights=True)`` returning
+  ``(out, weights (B, heads, H*W, H*W))``.
 
 A model that works on feature maps can still use a ``"tokens"`` kind by flattening the
 map (see :func:`attend_grid`).

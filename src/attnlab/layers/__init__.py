@@ -1,5 +1,7 @@
 """Building blocks assembled into models."""
 
+from .channel_attention import CBAM, SqueezeExcite, build_channel_attention
+from .drop_path import DropPath
 from .mlp import Mlp
 from .norms import LayerNorm, TokenBatchNorm, build_norm
 from .pos_encoding import LearnedPositionalEncoding, SinusoidalPositionalEncoding, build_pos_encoding
@@ -12,6 +14,10 @@ from .transformer_layers import (
 )
 
 __all__ = [
+    "CBAM",
+    "SqueezeExcite",
+    "build_channel_attention",
+    "DropPath",
     "Mlp",
     "LayerNorm",
     "TokenBatchNorm",

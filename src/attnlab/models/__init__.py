@@ -1,8 +1,12 @@
 """Models, one file per family, all registered with :func:`create_model`."""
 
-from . import transformer  # noqa: F401  (registers the transformer sizes)
+# Importing a family registers its models; resnet before the hybrid ViT, which builds on it.
+from . import attention_cnn, botnet, resnet, transformer, vit, vit_hybrid  # noqa: F401
+from .botnet import BoTNet, BoTNetConfig
 from .registry import count_parameters, create_model, list_models, model_entry, register_model
+from .resnet import ResNet, ResNetConfig
 from .transformer import Seq2SeqTransformer, Transformer, TransformerConfig
+from .vit import VisionTransformer, ViTConfig
 
 __all__ = [
     "create_model",
@@ -13,4 +17,10 @@ __all__ = [
     "Seq2SeqTransformer",
     "Transformer",
     "TransformerConfig",
+    "VisionTransformer",
+    "ViTConfig",
+    "ResNet",
+    "ResNetConfig",
+    "BoTNet",
+    "BoTNetConfig",
 ]

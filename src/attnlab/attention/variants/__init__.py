@@ -1,0 +1,1 @@
+"""Attention variants, one file per kind; each registers itself with :mod:`attnlab.attention.registry`."""

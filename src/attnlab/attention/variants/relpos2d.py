@@ -1,0 +1,139 @@
+"""BoTNet's multi-head self-attention over a feature map, with 2-D relative positions.
+
+Srinivas et al., "Bottleneck Transformers for Visual Recognition", 2021, Fig. 4. For
+query pixel ``i = (y_i, x_i)`` and key pixel ``j = (y_j, x_j)`` of one head:
+
+    logit_ij = (q_i · k_j + q_i · (r^h[y_j - y_i] + r^w[x_j - x_i])) / sqrt(D)
+
+``r^h`` is a learned ``(2H - 1, D)`` table over height offsets and ``r^w`` a ``(2W - 1, D)``
+table over width offsets, shared by the heads. Splitting the offset into a height and a
+width part keeps the tables at ``O(H + W)`` entries instead of ``O(H·W)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..functional import scaled_dot_product_attention
+from ..registry import register_attention
+
+__all__ = ["RelPosSelfAttention2d"]
+
+
+def _pair(size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    pair = (size, size) if isinstance(size, int) else tuple(size)
+    if len(pair) != 2 or not all(isinstance(s, int) and s > 0 for s in pair):
+        raise ValueError(f"size must be a positive integer or a pair (H, W) of them; got {size!r}")
+    return pair  # type: ignore[return-value]
+
+
+def _offsets(n: int) -> Tensor:
+    """``(n, n)`` table index of offset ``b - a`` at ``[a, b]``: ``b - a + n - 1``, in ``[0, 2n-2]``."""
+    pos = torch.arange(n)
+    return pos[None, :] - pos[:, None] + n - 1
+
+
+@register_attention("relpos2d", family="grid")
+class RelPosSelfAttention2d(nn.Module):
+    r"""Multi-head self-attention over an ``H x W`` map with 2-D relative position logits.
+
+    Args:
+        dim: channels ``C`` of the input and output.
+        num_heads: ``heads``; must divide ``dim``. Head width ``D = dim / heads``.
+        size: ``(H, W)`` (or one int for a square map). Fixed, since the relative tables
+            span exactly the offsets of this size.
+        dropout: dropout on the attention weights, in training mode.
+        bias: biases on the q/k/v projections (the paper has none).
+
+    Shapes:
+
+    ==============  =================================================================
+    ``x``           ``(B, dim, H, W)``
+    output          ``(B, dim, H, W)``: the heads' outputs concatenated channel-wise
+                    (``channel = head * D + d``); there is no output projection,
+                    as in the paper, where the block's 1x1 conv follows
+    weights         ``(B, heads, H*W, H*W)``, only with ``need_weights=True``; pixels
+                    in row-major order (``i = y * W + x``), each row sums to 1
+    ==============  =================================================================
+
+    ``forward(x)`` returns the output tensor; ``forward(x, need_weights=True)`` returns
+    ``(output, weights)`` and computes the softmax explicitly, otherwise torch's fused
+    ``scaled_dot_product_attention`` runs with the position logits as an additive mask.
+    """
+
+    def __init__(
+        self, dim: int, num_heads: int, *, size: int | tuple[int, int], dropout: float = 0.0, bias: bool = False
+    ) -> None:
+        super().__init__()
+        if not isinstance(dim, int) or not isinstance(num_heads, int) or dim <= 0 or num_heads <= 0:
+            raise ValueError(f"dim and num_heads must be positive integers; got dim={dim!r}, num_heads={num_heads!r}")
+        if dim % num_heads != 0:
+            raise ValueError(f"dim must be divisible by num_heads; got dim={dim}, num_heads={num_heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.size = _pair(size)
+        self.dropout = dropout
+        h, w = self.size
+        self.qkv = nn.Conv2d(dim, 3 * dim, 1, bias=bias)
+        self.rel_height = nn.Parameter(torch.empty(2 * h - 1, self.head_dim))
+        self.rel_width = nn.Parameter(torch.empty(2 * w - 1, self.head_dim))
+        # Relative -> absolute: [y_i, y_j] -> row of rel_height for offset y_j - y_i.
+        self.register_buffer("height_index", _offsets(h), persistent=False)
+        self.register_buffer("width_index", _offsets(w), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # std dim^-1/2 keeps q, k, v at the input's scale; std D^-1/2 makes q·r about as
+        # large as q·k at the start, so neither logit term dominates.
+        nn.init.normal_(self.qkv.weight, std=self.dim**-0.5)
+        if self.qkv.bias is not None:
+            nn.init.zeros_(self.qkv.bias)
+        nn.init.normal_(self.rel_height, std=self.head_dim**-0.5)
+        nn.init.normal_(self.rel_width, std=self.head_dim**-0.5)
+
+    def position_logits(self, q: Tensor) -> Tensor:
+        """Content-position logits ``q_i · (r^h[y_j - y_i] + r^w[x_j - x_i])``.
+
+        ``q``: ``(B, heads, H*W, D)`` -> ``(B, heads, H*W, H*W)``.
+        """
+        b, n, _, d = q.shape
+        h, w = self.size
+        q = q.reshape(b, n, h, w, d)
+        rh = self.rel_height[self.height_index]  # (H, H, D): [y_i, y_j] -> r^h[y_j - y_i]
+        rw = self.rel_width[self.width_index]  # (W, W, D): [x_i, x_j] -> r^w[x_j - x_i]
+        logits_h = torch.einsum("bnyxd,yjd->bnyxj", q, rh)  # (B, n, H, W, H): over y_j
+        logits_w = torch.einsum("bnyxd,xjd->bnyxj", q, rw)  # (B, n, H, W, W): over x_j
+        # Key j = (y_j, x_j) gets the sum of its row term and its column term.
+        return (logits_h[..., :, None] + logits_w[..., None, :]).reshape(b, n, h * w, h * w)
+
+    def _check_input(self, x: Tensor) -> None:
+        h, w = self.size
+        if x.dim() != 4 or x.shape[1] != self.dim or tuple(x.shape[2:]) != (h, w):
+            raise ValueError(
+                f"x must have shape (B, {self.dim}, {h}, {w}) (channels dim={self.dim}, size={self.size}); "
+                f"got ({', '.join(map(str, x.shape))})"
+            )
+
+    def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """``x`` ``(B, dim, H, W)`` -> ``(B, dim, H, W)``, or ``(output, weights)`` with
+        ``need_weights`` (see the class docstring for shapes)."""
+        self._check_input(x)
+        b, c, h, w = x.shape
+        n, d = self.num_heads, self.head_dim
+        # (B, 3C, H, W) -> three (B, heads, H*W, D)
+        q, k, v = self.qkv(x).reshape(b, 3, n, d, h * w).transpose(-1, -2).unbind(1)
+        q = q * (1.0 / math.sqrt(d))  # scaled once, for both logit terms
+        pos = self.position_logits(q)
+        out, weights = scaled_dot_product_attention(
+            q, k, v, attn_mask=pos, dropout_p=self.dropout if self.training else 0.0, scale=1.0,
+            need_weights=need_weights,
+        )
+        out = out.transpose(-1, -2).reshape(b, c, h, w)  # (B, heads, D, HW) -> channel = head * D + d
+        return (out, weights) if need_weights else out
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, size={self.size}, dropout={self.dropout}"

@@ -1,0 +1,216 @@
+"""Bottleneck Transformers (BoTNet; Srinivas et al., 2021): a ResNet whose last stage
+replaces each 3x3 convolution by multi-head self-attention over the feature map.
+
+``botnet50`` is :func:`~attnlab.models.resnet.resnet50` with the three C5 (``layer4``)
+bottlenecks swapped for :class:`BoTBlock` s: at 224x224 the first one attends over the
+14x14 map and then average-pools 2x2 (the paper's replacement for the strided 3x3
+conv), the other two attend over 7x7; 4 heads, 2-D relative positions. 20,852,008
+parameters (paper: 20.8 M, against ResNet-50's 25.6 M).
+
+The attention is any registered kind (``attention=`` plus ``attention_options=``):
+``"grid"`` kinds are built for the map's ``size``; ``"tokens"`` kinds run over the
+flattened map (:func:`~attnlab.attention.registry.attend_grid`) and, having no
+positions of their own, see the pixels as an unordered set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor, nn
+
+from ..attention.registry import attend_grid, attention_family, build_attention
+from ..attention.variants import relpos2d  # noqa: F401  (registers "relpos2d")
+from ..layers.channel_attention import build_channel_attention
+from .registry import register_model
+from .resnet import ResNet, ResNetConfig, conv1x1, projection
+
+__all__ = ["BoTBlock", "BoTNet", "BoTNetConfig"]
+
+
+class BoTBlock(nn.Module):
+    """Bottleneck Transformer block: a ResNet bottleneck with MHSA in place of the 3x3 conv.
+
+    ``conv1`` 1x1 reduce + BN + ReLU -> MHSA over ``size`` -> (``stride=2``: 2x2 average
+    pool) -> BN + ReLU -> ``conv3`` 1x1 expand x4 + BN -> (channel attention) -> add the
+    shortcut (projected where the shape changes) -> ReLU. Parameter names follow
+    :class:`~attnlab.models.resnet.Bottleneck`, the MHSA being ``attn`` and ``bn2`` its BN.
+
+    Shapes: ``(B, in_chans, H, W) -> (B, 4 * planes, H / stride, W / stride)``, with
+    ``(H, W) = size``. ``forward(x, need_weights=True)`` also returns the per-head
+    attention maps ``(B, heads, H*W, H*W)``.
+    """
+
+    expansion = 4
+
+    def __init__(
+        self, in_chans: int, planes: int, *, size: tuple[int, int], num_heads: int = 4, stride: int = 1,
+        attention: str = "relpos2d", attention_options: dict[str, Any] | None = None,
+        channel_attention: str | None = None,
+    ) -> None:
+        super().__init__()
+        if stride not in (1, 2):
+            raise ValueError(f"stride must be 1 or 2; got {stride!r}")
+        if stride == 2 and (size[0] % 2 or size[1] % 2):
+            # An odd map would pool to floor(H/2) but the strided shortcut gives ceil(H/2).
+            raise ValueError(f"a stride-2 BoT block needs an even map size; got size={tuple(size)}")
+        out_chans = planes * self.expansion
+        options = dict(attention_options or {})
+        self.family = attention_family(attention)
+        self.conv1 = conv1x1(in_chans, planes)
+        self.bn1 = nn.BatchNorm2d(planes)
+        if self.family == "grid":
+            if "size" in options:
+                raise ValueError("attention_options must not set 'size': it follows the model's image_size")
+            self.attn = build_attention(attention, planes, num_heads, size=tuple(size), **options)
+        else:
+            self.attn = build_attention(attention, planes, num_heads, **options)
+        # The paper downsamples after the attention: attending at the higher resolution
+        # first gives the pooled pixels a global context.
+        self.pool = nn.AvgPool2d(2, 2) if stride == 2 else nn.Identity()
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = conv1x1(planes, out_chans)
+        self.bn3 = nn.BatchNorm2d(out_chans)
+        self.relu = nn.ReLU(inplace=True)
+        self.channel_attn = build_channel_attention(channel_attention, out_chans)
+        self.downsample = projection(in_chans, out_chans, stride)
+
+    def last_bn(self) -> nn.BatchNorm2d:
+        return self.bn3
+
+    def _attend(self, x: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        if self.family == "grid":
+            return self.attn(x, need_weights=True) if need_weights else (self.attn(x), None)
+        if not need_weights:
+            return attend_grid(self.attn, x), None
+        b, c, h, w = x.shape
+        out, weights = self.attn(x.flatten(2).transpose(1, 2), need_weights=True, average_attn_weights=False)
+        return out.transpose(1, 2).reshape(b, c, h, w), weights
+
+    def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        shortcut = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out, weights = self._attend(out, need_weights)
+        out = self.relu(self.bn2(self.pool(out)))
+        out = self.channel_attn(self.bn3(self.conv3(out)))
+        out = self.relu(out + shortcut)
+        return (out, weights) if need_weights else out
+
+
+@dataclass
+class BoTNetConfig(ResNetConfig):
+    """Configuration of :class:`BoTNet`: a :class:`ResNetConfig` whose last stage is BoT
+    blocks (their width is ``widths[3]``, expanded x4 whatever ``block`` is)."""
+
+    image_size: int | tuple[int, int] = 224  # fixed: it sets the attention's map size
+    attention: str = "relpos2d"
+    attention_options: dict[str, Any] = field(default_factory=dict)
+    heads: int = 4
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        size = (self.image_size, self.image_size) if isinstance(self.image_size, int) else tuple(self.image_size)
+        if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+            raise ValueError(f"image_size must be a positive integer or a pair (H, W); got {self.image_size!r}")
+        self.image_size = size
+        if not isinstance(self.heads, int) or self.heads <= 0:
+            raise ValueError(f"heads must be a positive integer; got {self.heads!r}")
+        if self.widths[3] % self.heads != 0:
+            raise ValueError(
+                f"widths[3] must be divisible by heads; got widths[3]={self.widths[3]}, heads={self.heads}"
+            )
+        if not isinstance(self.attention_options, dict):
+            raise ValueError(f"attention_options must be a dict; got {self.attention_options!r}")
+        attention_family(self.attention)  # unknown kind: ValueError listing the known ones
+
+
+def _halve(n: int) -> int:
+    return (n + 1) // 2  # every downsampling layer here (3x3/2, 1x1/2, 7x7/2, pool 3x3/2) gives ceil(n/2)
+
+
+class BoTNet(ResNet):
+    """ResNet with BoT blocks as its last stage; see the module docstring.
+
+    Takes only inputs of ``image_size``. Shapes as :class:`~attnlab.models.resnet.ResNet`;
+    :meth:`attention_maps` gives one ``(B, heads, h*w, h*w)`` map per BoT block.
+    """
+
+    config_class = BoTNetConfig
+    config: BoTNetConfig
+
+    def _stage_input_size(self, index: int) -> tuple[int, int]:
+        """Map size entering stage ``index`` (0-based): the stem, then stride 2 in stages 1, 2, ..."""
+        h, w = self.config.image_size
+        for _ in range((2 if self.config.stem == "imagenet" else 0) + max(index - 1, 0)):
+            h, w = _halve(h), _halve(w)
+        return h, w
+
+    def _make_stage(self, index: int, in_chans: int, planes: int, depth: int, stride: int) -> tuple[nn.Sequential, int]:
+        if index < 3:
+            return super()._make_stage(index, in_chans, planes, depth, stride)
+        cfg = self.config
+        size = self._stage_input_size(index)
+        blocks = []
+        for j in range(depth):
+            s = stride if j == 0 else 1
+            blocks.append(BoTBlock(
+                in_chans, planes, size=size, num_heads=cfg.heads, stride=s, attention=cfg.attention,
+                attention_options=cfg.attention_options, channel_attention=cfg.channel_attention,
+            ))
+            in_chans, size = planes * BoTBlock.expansion, (size[0] // s, size[1] // s)
+        return nn.Sequential(*blocks), in_chans
+
+    def _init_weights(self) -> None:
+        super()._init_weights()
+        # The blanket conv init above also hit the attention's own projections; give the
+        # attention modules back their own initialization.
+        for block in self.layer4:
+            if hasattr(block.attn, "reset_parameters"):
+                block.attn.reset_parameters()
+
+    def _check_input(self, x: Tensor) -> None:
+        super()._check_input(x)
+        if tuple(x.shape[2:]) != self.config.image_size:
+            raise ValueError(
+                f"x must have the spatial size image_size={self.config.image_size} that the attention was built "
+                f"for; got ({', '.join(map(str, x.shape))})"
+            )
+
+    def attention_maps(self, x: Tensor) -> list[Tensor]:
+        """Per-head attention of every BoT block for input ``x`` ``(B, in_chans, H, W)``.
+
+        One ``(B, heads, h*w, h*w)`` tensor per block of ``layer4`` (at 224x224 for
+        ``botnet50``: 196x196, then 49x49 twice), pixels in row-major order, rows summing
+        to 1. Runs under the caller's grad mode and the model's train/eval mode. A
+        ``"grid"`` attention kind must accept ``need_weights=True`` (``relpos2d`` does).
+        """
+        self._check_input(x)
+        x = self.forward_stem(x)
+        for stage in self.stage_list()[:3]:
+            x = stage(x)
+        maps = []
+        for block in self.layer4:
+            x, weights = block(x, need_weights=True)
+            maps.append(weights)
+        return maps
+
+
+# --------------------------------------------------------------------------- registry
+def _build(defaults: dict, overrides: dict) -> BoTNet:
+    return BoTNet(BoTNetConfig(**defaults), **overrides)
+
+
+@register_model("botnet")
+def botnet50(**overrides) -> BoTNet:
+    """BoT50: ResNet-50 with MHSA (relpos2d, 4 heads) in C5, 224x224; 20.85 M parameters."""
+    return _build({}, overrides)
+
+
+@register_model("botnet")
+def botnet_cifar(**overrides) -> BoTNet:
+    """BoTNet for 32x32: ResNet-18-like 3x3 stem and basic blocks, BoT stage on 8x8 then 4x4; 3.4 M."""
+    return _build(
+        dict(block="basic", layers=(2, 2, 2, 3), widths=(64, 128, 256, 128), stem="cifar", image_size=32,
+             num_classes=10), overrides,
+    )
