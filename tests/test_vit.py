@@ -141,3 +141,15 @@ def test_config_errors_name_the_field():
         create_model("vit_cifar_patch4", attention="exakt")
     with pytest.raises(ValueError, match="embed_dim must be divisible by num_heads"):
         create_model("vit_cifar_patch4", num_heads=5)
+
+
+def test_hybrid_vit_tokens_are_resnet_feature_positions():
+    m = create_model("vit_hybrid_cifar")
+    assert m.patch_embed.grid_size == (8, 8)  # 32x32 -> ResNet stages 1-2 (16x16) -> 2x2 patches
+    assert m(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert "patch_embed.backbone.layer2.1.conv2.weight" in m.state_dict()
+    with torch.device("meta"):
+        big = create_model("vit_hybrid_r50_base_224")
+    assert big.patch_embed.grid_size == (14, 14) and big.pos_embed.shape == (1, 197, 768)
+    with pytest.raises(ValueError, match=r"image size \(38, 36\) must be divisible by the patch size \(4, 4\)"):
+        m(torch.randn(1, 3, 38, 36))
