@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from . import attention, layers, models  # noqa: E402
+from . import attention, data, layers, models  # noqa: E402
 from .models import create_model, list_models  # noqa: E402
 
-__all__ = ["attention", "layers", "models", "create_model", "list_models", "__version__"]
+__all__ = ["attention", "data", "layers", "models", "create_model", "list_models", "__version__"]

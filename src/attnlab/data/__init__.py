@@ -1,0 +1,67 @@
+"""Data sets, transforms and batch mixing for attnlab.
+
+* :mod:`.paths`: where data lives (``--data-dir``, ``$ATTNLAB_DATA_DIR``, ``~/.cache/attnlab``).
+* :mod:`.images`: digits, any ``root/<class>/<file>`` folder, CIFAR-10 (image folders
+  or the original pickled batches, read with a restricted unpickler).
+* :mod:`.transforms`: tensor transforms and the CIFAR-10 / digits presets.
+* :mod:`.mix`: mixup and cutmix with soft targets.
+"""
+
+from .images import (
+    CIFAR10,
+    CIFAR10_CLASSES,
+    IMG_EXTENSIONS,
+    ImageFolder,
+    ImageTensorDataset,
+    decode_images,
+    load_cifar_batch,
+    load_digits_dataset,
+)
+from .mix import Mixup, cutmix_box, one_hot
+from .paths import data_dir, require
+from .transforms import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    DIGITS_MEAN,
+    DIGITS_STD,
+    Compose,
+    Normalize,
+    RandomCrop,
+    RandomHorizontalFlip,
+    Resize,
+    ToFloat,
+    TrivialAugment,
+    cifar_eval_transforms,
+    cifar_train_transforms,
+    digits_transforms,
+)
+
+__all__ = [
+    "data_dir",
+    "require",
+    "IMG_EXTENSIONS",
+    "CIFAR10_CLASSES",
+    "ImageTensorDataset",
+    "ImageFolder",
+    "CIFAR10",
+    "decode_images",
+    "load_cifar_batch",
+    "load_digits_dataset",
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+    "DIGITS_MEAN",
+    "DIGITS_STD",
+    "Compose",
+    "ToFloat",
+    "Normalize",
+    "RandomCrop",
+    "RandomHorizontalFlip",
+    "Resize",
+    "TrivialAugment",
+    "cifar_train_transforms",
+    "cifar_eval_transforms",
+    "digits_transforms",
+    "Mixup",
+    "one_hot",
+    "cutmix_box",
+]

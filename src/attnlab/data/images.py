@@ -1,0 +1,528 @@
+"""Image classification data sets: digits, any image folder, CIFAR-10.
+
+Every data set here yields ``(image, label)`` pairs where ``image`` is a ``uint8``
+tensor ``(C, H, W)`` (RGB, or one grey channel) before ``transform``, and ``label``
+an ``int``. A ``transform`` is any callable taking and returning a tensor (see
+:mod:`attnlab.data.transforms`; its ``ToFloat`` turns ``uint8`` into ``float``).
+
+All data sets expose ``.classes`` (names; index = label), ``.targets`` (an ``int64``
+tensor ``(N,)``) and ``.images``: one ``uint8`` tensor ``(N, C, H, W)`` when every
+image has the same size, else a list of ``(C, H, W)`` tensors. Images are decoded
+once, when the data set is built, so an epoch never decodes a file again.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from .paths import data_dir, require
+
+__all__ = [
+    "IMG_EXTENSIONS",
+    "CIFAR10_CLASSES",
+    "ImageTensorDataset",
+    "ImageFolder",
+    "CIFAR10",
+    "decode_images",
+    "load_digits_dataset",
+    "load_cifar_batch",
+]
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+Transform = Callable[[Tensor], Tensor]
+Images = Tensor | list[Tensor]
+
+
+def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
+
+
+def _describe(images: Images | None) -> str:
+    if images is None:
+        return "not cached"
+    if isinstance(images, Tensor):
+        return "(" + ", ".join(str(s) for s in images.shape) + ") uint8"
+    return f"{len(images)} images of mixed sizes"
+
+
+class ImageTensorDataset(Dataset):
+    """Images already in memory, with labels and class names.
+
+    Args:
+        images: ``uint8`` tensor ``(N, C, H, W)``, or a list of ``N`` tensors ``(C, H, W)``.
+        targets: ``(N,)`` labels in ``[0, len(classes))``.
+        classes: class names; label ``i`` is ``classes[i]``.
+        transform: applied to each ``(C, H, W)`` image on access.
+    """
+
+    def __init__(
+        self,
+        images: Images,
+        targets: Tensor | Sequence[int],
+        classes: Sequence[str],
+        transform: Transform | None = None,
+    ) -> None:
+        if isinstance(images, Tensor):
+            if images.dim() != 4:
+                raise ValueError(f"images must be a (N, C, H, W) tensor; got shape {tuple(images.shape)}")
+        elif not all(isinstance(im, Tensor) and im.dim() == 3 for im in images):
+            raise ValueError("images must be a (N, C, H, W) tensor or a list of (C, H, W) tensors")
+        targets = torch.as_tensor(targets, dtype=torch.long)
+        if targets.dim() != 1 or len(targets) != len(images):
+            raise ValueError(
+                f"targets must have shape ({len(images)},) to match images; got {tuple(targets.shape)}"
+            )
+        if len(targets) and (int(targets.min()) < 0 or int(targets.max()) >= len(classes)):
+            raise ValueError(
+                f"targets must lie in [0, {len(classes)}) for {len(classes)} classes; "
+                f"got values in [{int(targets.min())}, {int(targets.max())}]"
+            )
+        self.images = images
+        self.targets = targets
+        self.classes = list(classes)
+        self.transform = transform
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        return {c: i for i, c in enumerate(self.classes)}
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        # A copy, so that a transform working in place cannot corrupt the cache.
+        image = self.images[index].clone()
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.targets[index])
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(n={len(self)}, classes={len(self.classes)}, "
+            f"images={_describe(self.images)}, transform={self.transform!r})"
+        )
+
+
+# ---------------------------------------------------------------------------- digits
+
+
+def load_digits_dataset(
+    split: str = "train",
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    transform: Transform | None = None,
+) -> ImageTensorDataset:
+    """scikit-learn's bundled 8x8 digits (1,797 images, 10 classes; no download).
+
+    Images are ``(1, 8, 8)`` ``uint8``, the original 0..16 grey levels scaled to
+    0..255. ``split="train"``/``"test"`` is a stratified split (every class keeps its
+    share in both parts) that depends only on ``test_fraction`` and ``seed``;
+    ``"all"`` is every image in scikit-learn's order. Classes are ``"0"`` .. ``"9"``.
+    """
+    _check_choice("split", split, ("train", "test", "all"))
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1); got {test_fraction!r}")
+    from sklearn.datasets import load_digits  # imported here: sklearn is slow to import
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    pixels = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)[:, None]  # (N, 1, 8, 8)
+    labels = digits.target.astype(np.int64)
+    if split != "all":
+        train_idx, test_idx = train_test_split(
+            np.arange(len(labels)), test_size=test_fraction, stratify=labels, random_state=seed
+        )
+        keep = np.sort(train_idx if split == "train" else test_idx)
+        pixels, labels = pixels[keep], labels[keep]
+    classes = [str(d) for d in range(10)]
+    images = torch.from_numpy(np.ascontiguousarray(pixels))
+    return ImageTensorDataset(images, torch.from_numpy(labels), classes, transform)
+
+
+# ---------------------------------------------------------------------------- decoding
+
+
+def _decode(path: str, mode: str) -> np.ndarray:
+    """One image file -> ``(C, H, W)`` uint8 array. Raises whatever Pillow raises."""
+    with open(path, "rb") as f:
+        data = f.read()  # one read, then decode from memory: cheaper than Pillow's small reads
+    with Image.open(io.BytesIO(data)) as im:
+        if im.mode != mode:
+            im = im.convert(mode)
+        arr = np.asarray(im)
+    if arr.ndim == 2:
+        arr = arr[None]
+    else:
+        arr = arr.transpose(2, 0, 1)
+    return np.ascontiguousarray(arr)
+
+
+def _decode_or_raise(path: str, mode: str) -> np.ndarray:
+    try:
+        return _decode(path, mode)
+    except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ... for bad files
+        raise ValueError(f"cannot decode image file {path}: {type(e).__name__}: {e}") from e
+
+
+def _decode_chunk(paths: Sequence[str], mode: str) -> list[np.ndarray | Exception]:
+    out: list[np.ndarray | Exception] = []
+    for p in paths:
+        try:
+            out.append(_decode(p, mode))
+        except Exception as e:
+            out.append(e)
+    return out
+
+
+def _default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def decode_images(
+    paths: Sequence[str | Path],
+    mode: str = "RGB",
+    *,
+    workers: int | None = None,
+    on_error: str = "raise",
+) -> tuple[Images, list[int]]:
+    """Decode image files with Pillow on a pool of threads.
+
+    Args:
+        paths: image files.
+        mode: ``"RGB"`` (3 channels) or ``"L"`` (1 grey channel); others are converted.
+        workers: threads; default one per available core. ``0`` or ``1``: this thread only.
+        on_error: ``"raise"``: a file that cannot be decoded raises ``ValueError``
+            naming it. ``"skip"``: it is left out, with a warning naming it.
+
+    Returns:
+        ``(images, kept)``: ``images`` is one ``uint8`` tensor ``(N, C, H, W)`` when all
+        decoded images share a size, else a list of ``(C, H, W)`` tensors; ``kept``
+        holds the index into ``paths`` of each returned image.
+    """
+    _check_choice("mode", mode, ("RGB", "L"))
+    _check_choice("on_error", on_error, ("raise", "skip"))
+    paths = [str(p) for p in paths]
+    workers = _default_workers() if workers is None else workers
+    if workers < 0:
+        raise ValueError(f"workers must be >= 0; got {workers}")
+
+    # Threads, not processes: Pillow drops the GIL in its C decoder and copies, and a
+    # thread pool needs no fork of a process that holds torch's thread pools. Pillow
+    # parses JPEG headers in Python, so two threads gain ~1.5x on an idle 2-core box,
+    # not 2x (measured on CIFAR-10's 32x32 JPEGs; a process pool did no better).
+    if workers <= 1 or len(paths) < 64:
+        results: list[np.ndarray | Exception] = _decode_chunk(paths, mode)
+    else:
+        size = max(16, min(512, -(-len(paths) // (workers * 8))))
+        chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnlab-decode") as pool:
+            results = [r for chunk in pool.map(_decode_chunk, chunks, [mode] * len(chunks)) for r in chunk]
+
+    arrays: list[np.ndarray] = []
+    kept: list[int] = []
+    for i, r in enumerate(results):
+        if isinstance(r, Exception):
+            message = f"cannot decode image file {paths[i]}: {type(r).__name__}: {r}"
+            if on_error == "raise":
+                raise ValueError(message) from r
+            warnings.warn(f"{message}; skipping it", stacklevel=2)
+            continue
+        arrays.append(r)
+        kept.append(i)
+    del results
+    if arrays and all(a.shape == arrays[0].shape for a in arrays):
+        return torch.from_numpy(np.stack(arrays)), kept
+    return [torch.from_numpy(a) for a in arrays], kept
+
+
+# ---------------------------------------------------------------------------- image folder
+
+
+def _scan(root: Path, classes: Sequence[str] | None) -> tuple[list[str], list[tuple[str, int]]]:
+    if not root.exists():
+        raise FileNotFoundError(f"root must be an existing folder of class folders; {root} does not exist")
+    if not root.is_dir():
+        raise NotADirectoryError(f"root must be a folder of class folders (root/<class>/<image>); {root} is a file")
+    found = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    if classes is None:
+        if not found:
+            raise ValueError(
+                f"root must hold one folder per class (root/<class>/<image>); found no class folders in {root}"
+            )
+        classes = found
+    else:
+        classes = list(classes)
+        if len(set(classes)) != len(classes) or not classes:
+            raise ValueError(f"classes must be a non-empty list of distinct folder names; got {classes}")
+        missing = [c for c in classes if c not in found]
+        if missing:
+            raise ValueError(f"classes must name folders of {root}; missing: {', '.join(missing)}")
+
+    samples: list[tuple[str, int]] = []
+    empty: list[str] = []
+    for index, name in enumerate(classes):
+        files = []
+        for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            files += [
+                os.path.join(dirpath, f)
+                for f in sorted(filenames)
+                if f.lower().endswith(IMG_EXTENSIONS) and not f.startswith(".")
+            ]
+        if not files:
+            empty.append(name)
+        samples += [(f, index) for f in files]
+    if empty:
+        raise ValueError(
+            f"every class folder must hold images ({', '.join(IMG_EXTENSIONS)}); "
+            f"none in {', '.join(str(root / e) for e in empty)}"
+        )
+    return list(classes), samples
+
+
+class ImageFolder(ImageTensorDataset):
+    """Images laid out as ``root/<class>/<file>`` (nested folders inside a class count too).
+
+    Args:
+        root: the folder holding one folder per class.
+        transform: applied to each ``uint8`` ``(C, H, W)`` image on access.
+        classes: class folder names, in label order. Default: every folder of ``root``,
+            sorted. Folders not named here are ignored.
+        on_error: ``"raise"``: an unreadable image raises ``ValueError`` naming the file.
+            ``"skip"``: it is dropped with a warning naming it (checked while building
+            the data set, so ``len`` is final even with ``cache=False``).
+        cache: decode every image now and keep them in ``.images`` (one ``uint8``
+            tensor ``(N, C, H, W)`` when sizes agree, as in CIFAR-10; else a list).
+            ``False``: decode a file at each access.
+        mode: ``"RGB"`` (3 channels) or ``"L"`` (1 grey channel).
+        workers: decoding threads; default one per available core.
+
+    Files are the extensions in ``IMG_EXTENSIONS`` (any case). ``samples`` lists
+    ``(path, label)``; ``targets`` is an ``int64`` tensor.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        transform: Transform | None = None,
+        classes: Sequence[str] | None = None,
+        on_error: str = "raise",
+        cache: bool = True,
+        *,
+        mode: str = "RGB",
+        workers: int | None = None,
+    ) -> None:
+        _check_choice("on_error", on_error, ("raise", "skip"))
+        _check_choice("mode", mode, ("RGB", "L"))
+        self.root = Path(root).expanduser()
+        self.mode = mode
+        classes, samples = _scan(self.root, classes)
+        images: Images | None = None
+        if cache or on_error == "skip":
+            decoded, kept = decode_images([p for p, _ in samples], mode, workers=workers, on_error=on_error)
+            samples = [samples[i] for i in kept]
+            if not samples:
+                raise ValueError(f"root must hold at least one readable image; every image in {self.root} failed")
+            images = decoded if cache else None
+        self.samples = samples
+        targets = torch.tensor([t for _, t in samples], dtype=torch.long)
+        if images is not None:
+            super().__init__(images, targets, classes, transform)
+        else:  # nothing in memory to check against the targets
+            self.images, self.targets, self.classes, self.transform = None, targets, list(classes), transform
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        if self.images is not None:
+            return super().__getitem__(index)
+        path, target = self.samples[index]
+        image = torch.from_numpy(_decode_or_raise(path, self.mode))
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, target
+
+    def __repr__(self) -> str:
+        return (
+            f"ImageFolder(root={str(self.root)!r}, n={len(self)}, classes={len(self.classes)}, "
+            f"mode={self.mode!r}, images={_describe(self.images)}, transform={self.transform!r})"
+        )
+
+
+# ---------------------------------------------------------------------------- CIFAR-10 pickles
+
+
+def _numpy_global(*candidates: tuple[str, str]) -> Any:
+    import importlib
+
+    for module, name in candidates:
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def _latin1_encode(text: str, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+    # Python 3 writes `bytes` into protocol-2 pickles as _codecs.encode(text, "latin1").
+    if encoding.lower().replace("-", "").replace("_", "") not in ("latin1", "iso88591"):
+        raise pickle.UnpicklingError(f"refusing _codecs.encode with encoding {encoding!r}; only latin1 is allowed")
+    return text.encode("latin1", errors)
+
+
+def _allowed_globals() -> dict[tuple[str, str], Any]:
+    # numpy moved numpy.core to numpy._core in 2.0; pickles name whichever wrote them.
+    reconstruct = _numpy_global(("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct"))
+    scalar = _numpy_global(("numpy._core.multiarray", "scalar"), ("numpy.core.multiarray", "scalar"))
+    frombuffer = _numpy_global(("numpy._core.numeric", "_frombuffer"), ("numpy.core.numeric", "_frombuffer"))
+    table: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
+    for package in ("numpy.core", "numpy._core"):
+        table[(f"{package}.multiarray", "_reconstruct")] = reconstruct
+        table[(f"{package}.multiarray", "scalar")] = scalar  # numpy scalars, e.g. np.int64 labels
+        table[(f"{package}.numeric", "_frombuffer")] = frombuffer  # arrays in protocol-5 pickles
+    table[("_codecs", "encode")] = _latin1_encode
+    return {k: v for k, v in table.items() if v is not None}
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickler for CIFAR batches: resolves only the numpy array machinery.
+
+    A pickle runs code by naming a global (``os.system``, ``builtins.eval``) and calling
+    it; refusing every global but a handful of constructors makes loading safe.
+    """
+
+    def __init__(self, file: Any, source: str) -> None:
+        super().__init__(file, encoding="bytes")  # Python 2 `str` -> bytes, as the original files need
+        self.source = source
+        self.allowed = _allowed_globals()
+
+    def find_class(self, module: str, name: str) -> Any:
+        obj = self.allowed.get((module, name))
+        if obj is None:
+            raise pickle.UnpicklingError(
+                f"refusing to load global {module}.{name} from {self.source}: a CIFAR batch holds only "
+                f"numpy arrays, lists, dicts and strings, so this file is corrupt or malicious"
+            )
+        return obj
+
+
+def _text(value: Any) -> Any:
+    return value.decode("latin1") if isinstance(value, bytes) else value
+
+
+def load_cifar_batch(path: str | Path) -> dict[str, Any]:
+    """Read one pickled CIFAR batch safely; keys come back as ``str``.
+
+    Only numpy array reconstruction is allowed while unpickling; any other global
+    (e.g. ``os.system``) raises ``pickle.UnpicklingError`` before it can run.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        obj = _RestrictedUnpickler(f, str(path)).load()
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path} must hold a pickled dict; got {type(obj).__name__}")
+    return {_text(k): v for k, v in obj.items()}
+
+
+def _read_batch(path: Path, side: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    batch = load_cifar_batch(path)
+    if "data" not in batch or "labels" not in batch:
+        raise ValueError(f"{path} must hold keys 'data' and 'labels'; got {sorted(batch)}")
+    data, labels = batch["data"], np.asarray(batch["labels"])
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * side * side:
+        raise ValueError(
+            f"{path}: data must be a uint8 array (N, {3 * side * side}); got "
+            f"{getattr(data, 'dtype', type(data).__name__)} {getattr(data, 'shape', '')}"
+        )
+    if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"{path}: labels must be {len(data)} integers; got {labels.dtype} {labels.shape}")
+    # Each row is the R plane, then G, then B, each 32x32 row-major: exactly (3, 32, 32).
+    return data.reshape(-1, 3, side, side), labels.astype(np.int64)
+
+
+class CIFAR10(ImageTensorDataset):
+    """CIFAR-10: 50,000 training and 10,000 test images, 32x32 RGB, 10 classes.
+
+    Args:
+        root: the data directory (default :func:`attnlab.data.paths.data_dir`). It holds
+            ``cifar10/{train,test}/<class>/*.jpg`` (image folders) and/or the original
+            ``cifar-10-batches-py/`` (``data_batch_1`` .. ``data_batch_5``, ``test_batch``,
+            ``batches.meta``).
+        split: ``"train"`` or ``"test"``.
+        transform: applied to each ``uint8`` ``(3, 32, 32)`` image on access.
+        format: ``"pickle"``, ``"folder"``, or ``"auto"``: the pickled batches when present,
+            else the image folders.
+        workers: decoding threads for the folder layout.
+
+    ``classes`` is always the standard order (airplane, automobile, ..., truck);
+    ``images`` is ``uint8`` ``(N, 3, 32, 32)``; ``format`` says which layout was read.
+    The pickles are read with a restricted unpickler (see :func:`load_cifar_batch`).
+    """
+
+    def __init__(
+        self,
+        root: str | Path | None = None,
+        split: str = "train",
+        transform: Transform | None = None,
+        format: str = "auto",
+        *,
+        workers: int | None = None,
+    ) -> None:
+        _check_choice("split", split, ("train", "test"))
+        _check_choice("format", format, ("auto", "folder", "pickle"))
+        self.root = data_dir(root)
+        pickled, folder = self.root / "cifar-10-batches-py", self.root / "cifar10"
+        if format == "auto":
+            format = "pickle" if pickled.is_dir() else "folder"
+            require([pickled, folder], "cifar10", self.root)
+        self.format = format
+        self.split = split
+        if format == "pickle":
+            images, targets = self._load_pickled(pickled, split)
+        else:
+            images, targets = self._load_folder(folder, split, workers)
+        super().__init__(images, targets, CIFAR10_CLASSES, transform)
+
+    def _load_pickled(self, folder: Path, split: str) -> tuple[Tensor, Tensor]:
+        names = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
+        parts = [_read_batch(require(folder / n, "cifar10", self.root)) for n in names]
+        meta = folder / "batches.meta"
+        if meta.exists():
+            label_names = [_text(n) for n in load_cifar_batch(meta).get("label_names", [])]
+            if tuple(label_names) != CIFAR10_CLASSES:
+                raise ValueError(f"{meta}: label_names must be {list(CIFAR10_CLASSES)}; got {label_names}")
+        data = np.concatenate([d for d, _ in parts])
+        labels = np.concatenate([lab for _, lab in parts])
+        if len(labels) and (labels.min() < 0 or labels.max() >= len(CIFAR10_CLASSES)):
+            raise ValueError(f"{folder}: labels must lie in [0, 10); got [{labels.min()}, {labels.max()}]")
+        return torch.from_numpy(np.ascontiguousarray(data)), torch.from_numpy(labels)
+
+    def _load_folder(self, folder: Path, split: str, workers: int | None) -> tuple[Tensor, Tensor]:
+        split_dir = require(folder / split, "cifar10", self.root)
+        images = ImageFolder(split_dir, classes=CIFAR10_CLASSES, mode="RGB", workers=workers)
+        if not isinstance(images.images, Tensor) or tuple(images.images.shape[1:]) != (3, 32, 32):
+            raise ValueError(f"{split_dir}: CIFAR-10 images must all be 32x32 RGB; got {_describe(images.images)}")
+        return images.images, images.targets
+
+    def __repr__(self) -> str:
+        return (
+            f"CIFAR10(root={str(self.root)!r}, split={self.split!r}, format={self.format!r}, n={len(self)}, "
+            f"transform={self.transform!r})"
+        )

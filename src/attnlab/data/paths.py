@@ -1,0 +1,58 @@
+"""Where data sets live on disk, and the error a user sees when one is missing.
+
+The data directory is chosen, first match wins, from:
+
+1. an explicit argument (``--data-dir`` on the command line, ``root=`` in Python);
+2. the environment variable ``ATTNLAB_DATA_DIR``;
+3. ``~/.cache/attnlab``.
+
+Each data set keeps its original folder name under that directory, e.g.
+``DIR/cifar10/{train,test}/<class>/*.jpg`` or ``DIR/cifar-10-batches-py/``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["ENV_VAR", "DEFAULT_DATA_DIR", "data_dir", "require"]
+
+ENV_VAR = "ATTNLAB_DATA_DIR"
+DEFAULT_DATA_DIR = Path("~/.cache/attnlab")
+
+
+def data_dir(explicit: str | Path | None = None) -> Path:
+    """The data directory: ``explicit``, else ``$ATTNLAB_DATA_DIR``, else ``~/.cache/attnlab``.
+
+    ``~`` is expanded; the directory is not created and need not exist.
+    """
+    if explicit is not None and str(explicit) != "":
+        return Path(explicit).expanduser()
+    env = os.environ.get(ENV_VAR, "")
+    if env:
+        return Path(env).expanduser()
+    return DEFAULT_DATA_DIR.expanduser()
+
+
+def require(path: str | Path | Sequence[str | Path], name: str, root: str | Path | None = None) -> Path:
+    """Return the first of ``path`` (one path or several candidates) that exists.
+
+    When none exists, raise ``FileNotFoundError`` naming every candidate and the
+    command that fetches data set ``name`` into ``root`` (default: the first
+    candidate's parent). The ``attnlab data download`` command is not written yet;
+    the message already names it so that users and the command agree on one spelling.
+    """
+    candidates = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
+    if not candidates:
+        raise ValueError(f"path must name at least one candidate for {name!r}; got an empty sequence")
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate
+    where = Path(root) if root is not None else candidates[0].parent
+    missing = " or ".join(str(c) for c in candidates)
+    raise FileNotFoundError(
+        f"{name} data not found: {missing} does not exist; "
+        f"to get it, run: attnlab data download {name} --data-dir {where} "
+        f"(or point --data-dir / ${ENV_VAR} at a folder that holds it)"
+    )
