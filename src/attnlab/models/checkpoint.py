@@ -21,7 +21,10 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except Exception as exc:  # SafetensorError: truncated or not a safetensors file
+            raise ValueError(f"could not read {path} as safetensors: {exc}") from None
     if path.suffix not in (".pth", ".pt", ".bin"):
         raise ValueError(f"checkpoint must be .safetensors, .pth, .pt or .bin; got {path.name}")
     try:
@@ -65,36 +68,58 @@ def attnlab_vit_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
 def load_checkpoint(model: nn.Module, path: str | Path) -> nn.Module:
     """Load a timm-layout (or attnlab-layout) ViT checkpoint into ``model``.
 
-    A learned position grid of another size is resized to the model's grid. A head
-    whose shape differs (another number of classes) is skipped with a warning, so that
-    fine-tuning starts from a fresh head. Any other missing, unexpected or mis-shaped
-    key is an error that lists them.
+    * A learned position grid of another (square) size is resized to the model's grid.
+    * A classifier head for another number of classes is skipped with a warning, so that
+      fine-tuning starts from a fresh head; so is any head when the model has none
+      (``num_classes=0``).
+    * Any other missing, unexpected or mis-shaped key is an error that lists them, in
+      the checkpoint's own (timm) names.
     """
     from ..layers.pos_embed_2d import resample_pos_embed
 
     state = timm_vit_to_attnlab(read_state_dict(path))
     own = model.state_dict()
+    dropped_head = _drop_foreign_head(state, own)
     pos = state.get("pos_embed")
-    if pos is not None and "pos_embed" in own and pos.shape != own["pos_embed"].shape:
-        grid = model.patch_embed.grid_size
-        state["pos_embed"] = resample_pos_embed(pos, grid, None, model.num_prefix_tokens)
-    skipped = [k for k in ("head.weight", "head.bias") if k in state and k in own and state[k].shape != own[k].shape]
-    for k in skipped:
-        del state[k]
-    if skipped:
-        warnings.warn(f"{path}: head has another number of classes; it was not loaded ({', '.join(skipped)})")
+    ckpt_prefix = int("cls_token" in state)
+    if (pos is not None and "pos_embed" in own and pos.shape != own["pos_embed"].shape
+            and ckpt_prefix == model.num_prefix_tokens and pos.shape[-1] == own["pos_embed"].shape[-1]):
+        # Only a square grid can be inferred from a count; a non-square one must match.
+        state["pos_embed"] = resample_pos_embed(pos, model.patch_embed.grid_size, None, ckpt_prefix)
     bad_shapes = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
                   for k, v in state.items() if k in own and v.shape != own[k].shape]
-    missing = sorted(set(own) - set(state) - set(skipped))
+    missing = sorted(set(own) - set(state) - set(dropped_head))
     unexpected = sorted(set(state) - set(own))
     if bad_shapes or missing or unexpected:
+        timm_name = lambda k: next(iter(attnlab_vit_to_timm({k: None})))  # noqa: E731
         parts = []
         if missing:
-            parts.append(f"missing keys: {', '.join(missing)}")
+            parts.append(f"missing keys: {', '.join(map(timm_name, missing))}")
         if unexpected:
-            parts.append(f"unexpected keys: {', '.join(unexpected)}")
+            parts.append(f"unexpected keys: {', '.join(map(timm_name, unexpected))}")
         if bad_shapes:
-            parts.append(f"shape mismatches: {'; '.join(bad_shapes)}")
+            parts.append(f"shape mismatches: {'; '.join(timm_name(b.split(':')[0]) + ':' + b.split(':', 1)[1] for b in bad_shapes)}")
         raise ValueError(f"checkpoint {path} does not fit {type(model).__name__}: " + " | ".join(parts))
-    model.load_state_dict(state, strict=not skipped)
+    if dropped_head:
+        warnings.warn(f"{path}: the checkpoint's classifier head does not fit this model's "
+                      f"num_classes and was not loaded ({', '.join(dropped_head)}); it starts fresh")
+    model.load_state_dict(state, strict=not dropped_head)
     return model
+
+
+def _drop_foreign_head(state: dict[str, Tensor], own: dict[str, Tensor]) -> list[str]:
+    """Remove a head made for another number of classes (same input width) from
+    ``state``, or any head when the model has none; return the model keys left unset."""
+    head = state.get("head.weight")
+    if head is None:
+        return []
+    if "head.weight" not in own:  # num_classes=0: the model has no head to fill
+        for k in ("head.weight", "head.bias"):
+            state.pop(k, None)
+        return []
+    mine = own["head.weight"]
+    if head.shape[1:] != mine.shape[1:] or head.shape[0] == mine.shape[0]:
+        return []  # a width mismatch is an error reported with the others
+    for k in ("head.weight", "head.bias"):
+        state.pop(k, None)
+    return [k for k in ("head.weight", "head.bias") if k in own]
