@@ -69,6 +69,7 @@ IMG, CLASSES = 32, 10
 VIT_CIFAR = dict(img_size=32, patch_size=4, embed_dim=192, depth=6, num_heads=3, mlp_ratio=2.0, num_classes=10,
                  drop_path_rate=0.1)
 PRECISIONS = ("fp32", "bf16")
+SELECTED_PRECISIONS = list(PRECISIONS)  # --precisions
 PASSES = ("train", "infer")
 MARKER = "VISION-BENCH-JSON:"
 
@@ -202,7 +203,7 @@ def measure(builders: dict[str, Callable[[], nn.Module]], x: Tensor, y: Tensor, 
     """``{"fp32/train": {impl: seconds...}, ...}``; implementations interleaved, each
     combination with freshly built models (so training steps do not carry over)."""
     out = {}
-    for precision in PRECISIONS:
+    for precision in SELECTED_PRECISIONS:
         for pass_ in PASSES:
             fns = {impl: make_step(build(), pass_, precision, x, y) for impl, build in builders.items()}
             out[f"{precision}/{pass_}"] = time_interleaved(fns, repeats, warmup)
@@ -304,7 +305,8 @@ def call_timm(args: argparse.Namespace) -> dict[str, Any] | str:
     if not python.exists():
         return f"timm not available ({python} not found)"
     cmd = [str(python), str(Path(__file__).resolve()), "--backend", "timm", "--threads", str(args.threads),
-           "--batch", str(args.batch), "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+           "--batch", str(args.batch), "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+           "--precisions", ",".join(SELECTED_PRECISIONS)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
     print(f"timm backend: {' '.join(cmd)}", file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env, cwd=REPO)
@@ -384,8 +386,14 @@ def main() -> None:
                         help=f"python of a venv with timm, for the timm column (default {DEFAULT_TIMM_PYTHON})")
     parser.add_argument("--no-timm", action="store_true", help="skip the timm column")
     parser.add_argument("--json", type=Path, help="also write all samples here")
+    parser.add_argument("--precisions", default="fp32,bf16",
+                        help="comma-separated subset of fp32,bf16 (bf16 is very slow on CPUs without AVX512-BF16/AMX)")
     parser.add_argument("--backend", choices=["attnlab", "timm"], default="attnlab", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    chosen = [p for p in args.precisions.split(",") if p]
+    if not chosen or any(p not in PRECISIONS for p in chosen):
+        parser.error(f"--precisions must be a comma-separated subset of {','.join(PRECISIONS)}; got {args.precisions!r}")
+    SELECTED_PRECISIONS[:] = chosen
     args.batch = args.batch or (16 if args.quick else 128)
     args.repeats = args.repeats or (2 if args.quick else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)

@@ -21,8 +21,9 @@ class DropPath(nn.Module):
         if self.p == 0.0 or not self.training:
             return x
         keep = 1.0 - self.p
-        mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
-        return x * mask / keep
+        # Scale the (B, 1, ...) mask, not x: one full-size multiply instead of two.
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep).div_(keep)
+        return x * mask
 
     def extra_repr(self) -> str:
         return f"p={self.p:.3f}"
