@@ -33,10 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import time
 from typing import Callable
 
 import torch
@@ -44,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention.multihead import MultiHeadAttention
+from common import busy_cores, cpu_model, time_interleaved  # benchmarks/common.py, beside this script
 from attnlab.models import create_model
 from attnlab.models.generation import greedy_search
 
@@ -51,53 +49,9 @@ MHA_SHAPES = [(8, 512, 512, 8), (2, 2048, 512, 8)]  # (B, L, E, H)
 VOCAB, DEC_BATCH, SRC_LEN = 8000, 8, 32
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int) -> dict[str, list[float]]:
-    """Milliseconds of ``repeats`` runs of each function, one run each per round, the
-    order rotating from round to round."""
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            start = time.perf_counter()
-            fns[name]()
-            samples[name].append((time.perf_counter() - start) * 1e3)
-    return samples
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def busy_cores(seconds: float = 0.5) -> float:
-    """Cores kept busy by other processes right now (from /proc/stat; else the load average)."""
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            ticks = [int(t) for t in f.readline().split()[1:]]
-        return sum(ticks), ticks[3] + ticks[4]  # total, idle + iowait
-
-    try:
-        total0, idle0 = sample()
-        time.sleep(seconds)
-        total1, idle1 = sample()
-    except (OSError, ValueError, IndexError):
-        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / max(total1 - total0, 1))
-
-
 def matmul_gflops(repeats: int, n: int = 2048) -> float:
     a, b = torch.randn(n, n), torch.randn(n, n)
-    ms = statistics.median(time_interleaved({"mm": lambda: a @ b}, repeats, warmup=2)["mm"])
+    ms = statistics.median(time_interleaved({"mm": lambda: a @ b}, repeats, warmup=2)["mm"]) * 1e3
     return 2 * n**3 / ms / 1e6
 
 
@@ -152,7 +106,8 @@ def bench_mha(shape: tuple[int, int, int, int], mode: str, repeats: int, warmup:
     with torch.no_grad():  # the three must compute the same function, or the comparison is void
         outs = [f() for f in forwards.values()]
         max_diff = max((o - outs[-1]).abs().max().item() for o in outs)
-    samples = time_interleaved({k: wrap(f) for k, f in forwards.items()}, repeats, warmup)
+    seconds = time_interleaved({k: wrap(f) for k, f in forwards.items()}, repeats, warmup)
+    samples = {k: [s * 1e3 for s in v] for k, v in seconds.items()}
     ms = {k: statistics.median(v) for k, v in samples.items()}
     flops = mha_flops(*shape) * (3 if mode == "fwd+bwd" else 1)
     return {"shape": dict(B=b, L=n, E=e, H=h), "pass": mode, "ms": ms, "samples_ms": samples,
@@ -174,7 +129,8 @@ def bench_decoding(new_tokens: int, repeats: int) -> list[dict]:
     with torch.no_grad():  # short warm-up: first-call allocations, thread pool start
         for use_cache in (True, False):
             greedy_search(model, src, 4, use_cache=use_cache)
-    samples = time_interleaved({"cache": decoder(True), "no cache": decoder(False)}, repeats, warmup=0)
+    seconds = time_interleaved({"cache": decoder(True), "no cache": decoder(False)}, repeats, warmup=0)
+    samples = {k: [s * 1e3 for s in v] for k, v in seconds.items()}
     same = torch.equal(outputs[True], outputs[False])
     records = []
     for name, use_cache in (("cache", True), ("no cache", False)):
@@ -204,7 +160,7 @@ def main() -> None:
     repeats, warmup = (3, 1) if args.quick else (15, 3)
     dec_tokens, dec_repeats = (32, 1) if args.quick else (128, 3)
 
-    load = busy_cores()  # measured before we add to it
+    load = busy_cores() or 0.0  # measured before we add to it
     peak = matmul_gflops(repeats)
     print(f"machine: {cpu_model()} | torch {torch.__version__} | threads {torch.get_num_threads()}"
           f" | 2048x2048 fp32 matmul: {peak:.1f} GFLOP/s | cores busy before start: {load:.1f}"

@@ -49,7 +49,6 @@ import argparse
 import importlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -61,6 +60,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+from common import busy_cores, cpu_model, time_interleaved  # benchmarks/common.py, beside this script
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TIMM_PYTHON = "/work/timm-venv/bin/python"
@@ -75,17 +76,6 @@ MARKER = "VISION-BENCH-JSON:"
 
 
 # --------------------------------------------------------------------------- helpers
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def cpu_bf16_flags() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -96,41 +86,8 @@ def cpu_bf16_flags() -> str:
     return ", ".join(found) or "none of avx2/avx512f/avx512_bf16/amx"
 
 
-def busy_cores(seconds: float = 0.5) -> float | None:
-    """Cores kept busy by other processes right now (from /proc/stat), to flag a loaded machine."""
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            ticks = [int(t) for t in f.readline().split()[1:]]
-        return sum(ticks), ticks[3] + ticks[4]  # total, idle + iowait
-
-    try:
-        total0, idle0 = sample()
-        time.sleep(seconds)
-        total1, idle1 = sample()
-    except (OSError, ValueError, IndexError):
-        return None
-    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / max(total1 - total0, 1))
-
-
 def rate(v: float) -> str:
     return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
-
-
-def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int) -> dict[str, list[float]]:
-    """Seconds of ``repeats`` runs of each function, one run each per round, the order
-    rotating from round to round (so drift of the machine affects all alike)."""
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            start = time.perf_counter()
-            fns[name]()
-            samples[name].append(time.perf_counter() - start)
-    return samples
 
 
 def matmul_gflops(dtype: torch.dtype, repeats: int, n: int = 2048) -> tuple[float, int]:
