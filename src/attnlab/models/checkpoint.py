@@ -5,38 +5,11 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import torch
 from torch import Tensor, nn
 
+from ..io import read_state_dict
+
 __all__ = ["read_state_dict", "timm_vit_to_attnlab", "attnlab_vit_to_timm", "load_checkpoint"]
-
-
-def read_state_dict(path: str | Path) -> dict[str, Tensor]:
-    """Tensors from ``.safetensors``, or from ``.pth``/``.pt``/``.bin`` loaded with
-    ``weights_only=True`` (no pickled code runs). A ``{"state_dict": ...}`` or
-    ``{"model": ...}`` wrapper is unwrapped."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(path))
-        except Exception as exc:  # SafetensorError: truncated or not a safetensors file
-            raise ValueError(f"could not read {path} as safetensors: {exc}") from None
-    if path.suffix not in (".pth", ".pt", ".bin"):
-        raise ValueError(f"checkpoint must be .safetensors, .pth, .pt or .bin; got {path.name}")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # an unpickling error names the forbidden global
-        raise ValueError(f"could not load {path} as a weights-only state dict: {exc}") from None
-    for key in ("state_dict", "model"):
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-            obj = obj[key]
-    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
-        raise ValueError(f"{path} does not hold a state dict (a mapping of names to tensors)")
-    return obj
 
 
 # timm's ViT names -> ours. Everything else (blocks.i.norm1, mlp.fc1, ...) is named alike.

@@ -1,0 +1,174 @@
+"""Training checkpoints that lose nothing and load no code.
+
+Layout of one checkpoint, a folder ``<root>/step_<N>/``::
+
+    model.safetensors   the weights (tied weights stored once, re-tied on load)
+    state.pt            optimizer, scheduler, RNG and data-position state; plain
+                        tensors and containers only, read with weights_only=True
+    manifest.json       step and sha256 of both files; written last
+
+Every file is written atomically (:func:`attnlab.io.atomic_write`) and the manifest
+last, so a folder without a valid manifest is an interrupted save and is ignored by
+:func:`latest_checkpoint`. A checkpoint whose files do not match their checksums (a
+truncated or corrupted file) raises :class:`CheckpointError`; older checkpoints are kept
+(``keep``) and still load.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..io import atomic_write, atomic_write_bytes, sha256_file
+
+__all__ = [
+    "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
+    "list_checkpoints",
+    "latest_checkpoint",
+    "capture_rng_state",
+    "restore_rng_state",
+]
+
+WEIGHTS, STATE, MANIFEST = "model.safetensors", "state.pt", "manifest.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is incomplete, corrupted or not one."""
+
+
+def _untie(weights: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """safetensors refuses tensors that share memory: keep one name per tensor and
+    remember the others as aliases."""
+    seen: dict[tuple, str] = {}
+    unique, aliases = {}, {}
+    for name, t in weights.items():
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if key in seen:
+            aliases[name] = seen[key]
+        else:
+            seen[key] = name
+            unique[name] = t.detach().contiguous().cpu()
+    return unique, aliases
+
+
+def save_checkpoint(root: str | Path, step: int, weights: dict[str, Tensor], state: dict[str, Any],
+                    *, keep: int = 2) -> Path:
+    """Write checkpoint ``step`` under ``root`` and keep only the newest ``keep``.
+
+    ``weights``: a model's ``state_dict()``. ``state``: anything ``torch.load`` reads
+    back with ``weights_only=True`` (tensors, numbers, strings, lists, dicts), e.g.
+    ``{"optimizer": opt.state_dict(), "rng": capture_rng_state(), "epoch": 3}``.
+    """
+    from safetensors.torch import save
+
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1; got {keep}")
+    folder = Path(root) / f"step_{step:09d}"
+    if folder.exists():  # a re-save of the same step (e.g. after resume): start clean
+        shutil.rmtree(folder)
+    unique, aliases = _untie(weights)
+    atomic_write_bytes(folder / WEIGHTS, save(unique, metadata={"aliases": json.dumps(aliases)}))
+    with atomic_write(folder / STATE) as f:
+        torch.save(state, f)
+    manifest = {"step": step, "files": {n: sha256_file(folder / n) for n in (WEIGHTS, STATE)}}
+    atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
+    for old in list_checkpoints(root, valid_only=False)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def _verify(folder: Path) -> dict[str, Any]:
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{folder} is not a complete checkpoint (no {MANIFEST}: the save was interrupted)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{manifest_path} is unreadable: {exc}") from None
+    for name, digest in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"{path} is missing")
+        if sha256_file(path) != digest:
+            raise CheckpointError(f"{path} is corrupted or truncated (its sha256 does not match {MANIFEST})")
+    return manifest
+
+
+def load_checkpoint(folder: str | Path, map_location: str | torch.device = "cpu") -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """``(weights, state)`` of a checkpoint folder, verified against its manifest."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    _verify(folder)
+    weights = load_file(str(folder / WEIGHTS), device=str(map_location))
+    with safe_open(str(folder / WEIGHTS), framework="pt") as f:
+        aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+    for alias, name in aliases.items():
+        weights[alias] = weights[name]
+    try:
+        state = torch.load(folder / STATE, map_location=map_location, weights_only=True)
+    except Exception as exc:  # a pickle that would run code, or a foreign file
+        raise CheckpointError(f"{folder / STATE} could not be loaded safely: {exc}") from None
+    return weights, state
+
+
+def list_checkpoints(root: str | Path, *, valid_only: bool = True) -> list[Path]:
+    """Checkpoint folders under ``root``, oldest first; by default only complete ones
+    (with a manifest; checksums are verified on load)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = sorted(p for p in root.glob("step_*") if p.is_dir())
+    return [p for p in found if (p / MANIFEST).is_file()] if valid_only else found
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest checkpoint that verifies; damaged newer ones are skipped with a warning."""
+    for folder in reversed(list_checkpoints(root)):
+        try:
+            _verify(folder)
+        except CheckpointError as exc:
+            warnings.warn(f"skipping damaged checkpoint: {exc}")
+            continue
+        return folder
+    return None
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch CPU and CUDA generators, as weights-only-loadable values."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_tuples(state["python"]))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuples(x: Any) -> Any:
+    """random.setstate needs tuples; a round trip through some loaders gives lists."""
+    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x

@@ -1,0 +1,127 @@
+"""Training checkpoints: exact round trip, atomic writes, damage detected, no code loaded."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab import create_model
+from attnlab.engine import (
+    CheckpointError,
+    capture_rng_state,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+)
+from attnlab.io import atomic_write, sha256_file
+
+
+def trained_model():
+    m = create_model("transformer_tiny", dropout=0.0)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    m(torch.randint(3, 100, (2, 5)), torch.randint(3, 100, (2, 4))).square().mean().backward()
+    opt.step()
+    return m, opt
+
+
+def test_round_trip_is_bitwise_with_optimizer_and_rng(tmp_path):
+    m, opt = trained_model()
+    folder = save_checkpoint(tmp_path, 7, m.state_dict(),
+                             {"optimizer": opt.state_dict(), "rng": capture_rng_state(), "epoch": 2, "batch": 5})
+    expected = torch.rand(4), random.random(), np.random.rand()
+    weights, state = load_checkpoint(folder)
+    restore_rng_state(state["rng"])
+    assert torch.equal(torch.rand(4), expected[0]) and random.random() == expected[1] and np.random.rand() == expected[2]
+    assert state["epoch"] == 2 and state["batch"] == 5
+    for name, t in m.state_dict().items():
+        assert torch.equal(weights[name], t), name
+    opt2 = torch.optim.AdamW(create_model("transformer_tiny").parameters(), lr=1e-3)
+    opt2.load_state_dict(state["optimizer"])
+    assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+
+
+def test_tied_weights_are_stored_once_and_retied(tmp_path):
+    from safetensors import safe_open
+
+    m, _ = trained_model()  # generator.weight is tgt_embed.weight is src_embed.weight
+    folder = save_checkpoint(tmp_path, 1, m.state_dict(), {})
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        stored = set(f.keys())
+    assert "generator.weight" not in stored and "src_embed.weight" in stored
+    weights, _ = load_checkpoint(folder)
+    fresh = create_model("transformer_tiny")
+    fresh.load_state_dict(weights)  # strict: every key present
+    assert torch.equal(fresh.generator.weight, m.generator.weight)
+
+
+def test_keeps_only_the_newest(tmp_path):
+    m, _ = trained_model()
+    for step in (1, 2, 3, 4):
+        save_checkpoint(tmp_path, step, m.state_dict(), {"step": step}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000000003", "step_000000004"]
+
+
+def test_truncated_checkpoint_is_a_clear_error_and_the_previous_one_loads(tmp_path):
+    m, _ = trained_model()
+    save_checkpoint(tmp_path, 1, m.state_dict(), {"step": 1})
+    newest = save_checkpoint(tmp_path, 2, m.state_dict(), {"step": 2})
+    data = (newest / "model.safetensors").read_bytes()
+    (newest / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="model.safetensors is corrupted or truncated"):
+        load_checkpoint(newest)
+    with pytest.warns(UserWarning, match="skipping damaged checkpoint"):
+        good = latest_checkpoint(tmp_path)
+    assert good.name == "step_000000001" and load_checkpoint(good)[1]["step"] == 1
+
+
+def test_interrupted_save_without_manifest_is_ignored(tmp_path):
+    m, _ = trained_model()
+    save_checkpoint(tmp_path, 1, m.state_dict(), {"step": 1})
+    partial = save_checkpoint(tmp_path, 2, m.state_dict(), {"step": 2})
+    (partial / "manifest.json").unlink()
+    assert latest_checkpoint(tmp_path).name == "step_000000001"
+    with pytest.raises(CheckpointError, match="no manifest.json: the save was interrupted"):
+        load_checkpoint(partial)
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_state_with_a_code_running_pickle_is_refused_even_with_a_valid_manifest(tmp_path):
+    m, _ = trained_model()
+    folder = save_checkpoint(tmp_path, 1, m.state_dict(), {"step": 1})
+    marker = tmp_path / "pwned"
+    torch.save({"evil": _Payload(marker)}, folder / "state.pt")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["state.pt"] = sha256_file(folder / "state.pt")  # an attacker can forge it
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="could not be loaded safely"):
+        load_checkpoint(folder)
+    assert not marker.exists()
+    torch.load(folder / "state.pt", weights_only=False)  # control: the payload is real
+    assert marker.exists()
+
+
+def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
+    target = tmp_path / "f.bin"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with atomic_write(target) as f:
+            f.write(b"half of the new")
+            raise RuntimeError("crash mid-write")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]  # no temporary file left
+
+
+def test_keep_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="keep must be >= 1; got 0"):
+        save_checkpoint(tmp_path, 1, {}, {}, keep=0)
