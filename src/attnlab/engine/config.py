@@ -1,0 +1,148 @@
+"""Configuration as validated data: nested dataclasses filled from YAML and dotted
+command-line overrides, with errors that name the key.
+
+    cfg = from_dict(TrainRecipe, apply_overrides(yaml.safe_load(text), ["optim.lr=3e-4"]))
+
+Unknown keys are errors that suggest the close matches; values are checked against the
+field's type annotation (``int``, ``float``, ``str``, ``bool``, ``Literal[...]``,
+``Optional[...]``, ``list``, ``dict``, nested dataclasses) and against ``min``/``max``
+bounds given in the field's metadata: ``field(default=0.1, metadata={"min": 0, "max": 1})``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+__all__ = ["ConfigError", "from_dict", "to_dict", "apply_overrides", "parse_override"]
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration key or value that does not fit its schema."""
+
+
+def _suggest(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=3)
+    return f"; did you mean {', '.join(close)}?" if close else f"; valid keys: {', '.join(valid)}"
+
+
+def _check(value: Any, tp: Any, where: str) -> Any:
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _check(value, arg, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} fits none of {tp}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where} must be one of {', '.join(map(repr, args))}; got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping of {tp.__name__} fields; got {value!r}")
+        return from_dict(tp, value, where)
+    if origin in (list, tuple) or tp in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list; got {value!r}")
+        item = args[0] if args else Any
+        out = [_check(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(out) if (origin or tp) is tuple else out
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping; got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false; got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer; got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number; got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string; got {value!r}")
+        return value
+    raise TypeError(f"{where}: unsupported annotation {tp!r}")  # a schema bug, not user input
+
+
+def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
+    """Build dataclass ``cls`` from ``data``, checking every key and value."""
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kwargs = {}
+    for key, value in data.items():
+        name = f"{where}.{key}" if where else key
+        if key not in fields:
+            raise ConfigError(f"unknown key {name!r}" + _suggest(key, list(fields)))
+        value = _check(value, hints[key], name)
+        meta = fields[key].metadata
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if "min" in meta and value < meta["min"]:
+                raise ConfigError(f"{name} must be >= {meta['min']}; got {value!r}")
+            if "max" in meta and value > meta["max"]:
+                raise ConfigError(f"{name} must be <= {meta['max']}; got {value!r}")
+        kwargs[key] = value
+    missing = [n for n, f in fields.items() if n not in kwargs
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"missing key {(where + '.' if where else '') + missing[0]!r}")
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A plain, YAML-ready dict of a (nested) dataclass."""
+    return dataclasses.asdict(cfg)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"optim.lr=3e-4"`` -> ``(["optim", "lr"], 0.0003)``; the value is read as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override must look like key.sub=value; got {text!r}")
+    return key.split("."), _read_value(raw, text)
+
+
+def _read_value(raw: str, text: str) -> Any:
+    for number in (int, float):  # YAML 1.1 reads "3e-4" (no dot) as a string
+        try:
+            return number(raw)
+        except ValueError:
+            pass
+    try:
+        return yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: cannot read the value: {exc}") from None
+
+
+def apply_overrides(data: dict[str, Any], overrides: typing.Iterable[str]) -> dict[str, Any]:
+    """A copy of ``data`` with each ``key.sub=value`` set (intermediate mappings created)."""
+    out = yaml.safe_load(yaml.safe_dump(data))  # deep copy of plain data
+    for text in overrides:
+        path, value = parse_override(text)
+        node = out
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {part!r} is not a section")
+            node = child
+        node[path[-1]] = value
+    return out
