@@ -1,0 +1,81 @@
+"""``metrics.jsonl``: one JSON object per logged step or evaluation, appended as it happens.
+
+Each record is written with one ``write`` and flushed, so a crash loses at most the
+line being written; :func:`read_metrics` skips such a torn last line. On resume,
+:meth:`MetricsLog.open` drops the records past the checkpoint's step, so the resumed run
+does not log those steps twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MetricsLog", "read_metrics"]
+
+
+def _clean(value: Any) -> Any:
+    if hasattr(value, "item"):  # tensors and numpy scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf; keep them visible
+    return value
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All complete records of a ``metrics.jsonl``; a torn last line is ignored."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break  # written while the process died
+            raise ValueError(f"{path}: line {i + 1} is not JSON") from None
+    return records
+
+
+class MetricsLog:
+    """Append-only metrics file. ``log(step, kind="train", loss=..., lr=...)``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a")
+
+    @classmethod
+    def open(cls, path: str | Path, resume_step: int | None = None) -> "MetricsLog":
+        """Open for appending; with ``resume_step``, first keep only records up to it."""
+        path = Path(path)
+        if resume_step is not None and path.exists():
+            from ..io import atomic_write
+
+            kept = [r for r in read_metrics(path) if r.get("step", 0) <= resume_step]
+            with atomic_write(path, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in kept)
+        return cls(path)
+
+    def log(self, step: int, kind: str = "train", **values: Any) -> dict[str, Any]:
+        record = {"step": step, "kind": kind, "time": round(time.time(), 3)}
+        record.update({k: _clean(v) for k, v in values.items()})
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        return record
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "MetricsLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
