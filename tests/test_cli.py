@@ -49,3 +49,11 @@ def test_demo_learns_to_reverse(capsys):
     out = capsys.readouterr().out
     greedy = float(next(l for l in out.splitlines() if "exact match, greedy" in l).split("|")[2].strip(" %"))
     assert greedy >= 50.0
+
+
+def test_data_list_and_unknown_download(tmp_path, capsys):
+    assert main(["data", "list", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"data directory: {tmp_path}" in out and "mr" in out and "missing" in out
+    r = run("data", "download", "imagenet", "--data-dir", str(tmp_path))
+    assert r.returncode == 2 and "unknown data set 'imagenet'" in r.stderr and "Traceback" not in r.stderr

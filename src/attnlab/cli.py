@@ -71,6 +71,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_list(args: argparse.Namespace) -> int:
+    from .data.download import list_datasets
+    from .data.paths import data_dir
+
+    root = data_dir(args.data_dir)
+    rows = list_datasets(root)
+    width = max(len(name) for name, _, _ in rows)
+    print(f"data directory: {root}")
+    for name, description, present in rows:
+        print(f"{name.ljust(width)}  {'present' if present else 'missing'}  {description}")
+    return 0
+
+
+def cmd_data_download(args: argparse.Namespace) -> int:
+    from .data.download import download
+
+    download(args.name, args.data_dir, base_url=args.base_url)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attnlab", description="Attention mechanisms and the models built on them."
@@ -87,6 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("data", help="list the public data sets and download them")
+    data_sub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    q = data_sub.add_parser("list", help="data sets, and whether each is in the data directory")
+    q.add_argument("--data-dir", default=None, help="default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab")
+    q.set_defaults(func=cmd_data_list)
+    q = data_sub.add_parser("download", help="fetch a data set (resumable, checksummed)")
+    q.add_argument("name", help="cifar10, mr or multi30k (see 'attnlab data list')")
+    q.add_argument("--data-dir", default=None, help="default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab")
+    q.add_argument("--base-url", default=None, help=argparse.SUPPRESS)  # a mirror, or a test server
+    q.set_defaults(func=cmd_data_download)
     return parser
 
 

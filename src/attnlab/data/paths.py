@@ -40,8 +40,7 @@ def require(path: str | Path | Sequence[str | Path], name: str, root: str | Path
 
     When none exists, raise ``FileNotFoundError`` naming every candidate and the
     command that fetches data set ``name`` into ``root`` (default: the first
-    candidate's parent). The ``attnlab data download`` command is not written yet;
-    the message already names it so that users and the command agree on one spelling.
+    candidate's parent), ``attnlab data download`` (:mod:`attnlab.data.download`).
     """
     candidates = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
     if not candidates:

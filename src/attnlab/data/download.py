@@ -1,0 +1,308 @@
+"""Fetch the public data sets that attnlab's loaders read, into the data directory.
+
+Standard library only (``urllib.request``, ``hashlib``, ``tarfile``). Every file is
+downloaded to ``<file>.part`` (resumed with an HTTP ``Range`` request when a ``.part``
+is left from an interrupted run), checked against its sha256 when one is known, and
+renamed into place only when whole. Tarballs are extracted into a temporary folder
+next to the target and the folder is then renamed into place; members with absolute
+paths, ``..`` components, links or device files are refused.
+
+>>> download("mr", "~/data")        # doctest: +SKIP
+PosixPath('/home/me/data/mr')
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Callable, Mapping
+
+from ..io import sha256_file
+from .paths import data_dir as _resolve_data_dir
+
+__all__ = ["RemoteFile", "DatasetSpec", "DATASETS", "DownloadError", "download", "list_datasets"]
+
+_CHUNK = 1 << 20
+_TIMEOUT_S = 60
+
+
+class DownloadError(ValueError):
+    """A download or extraction failed; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file to fetch: its canonical ``url``, where it lands (``dest``, relative to
+    the data directory) and its sha256 (``None``: not checked)."""
+
+    url: str
+    dest: str
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A data set: ``files`` are downloaded; when ``archive_root`` is set they are
+    tarballs whose folder ``archive_root`` becomes ``<data_dir>/<target>`` (and the
+    tarball is deleted after extraction). ``member_sha256`` checks extracted files
+    (paths relative to ``target``). ``required`` (relative to ``target``) decides
+    :meth:`present`, as does any folder in ``equivalents`` (another layout of the same
+    data that the loaders also read, e.g. CIFAR-10 as image folders)."""
+
+    name: str
+    description: str
+    target: str
+    files: tuple[RemoteFile, ...]
+    required: tuple[str, ...]
+    archive_root: str | None = None
+    member_sha256: Mapping[str, str] = field(default_factory=dict)
+    equivalents: tuple[str, ...] = ()
+
+    def path(self, data_dir: str | Path | None = None) -> Path:
+        return _resolve_data_dir(data_dir) / self.target
+
+    def present(self, data_dir: str | Path | None = None) -> bool:
+        root = self.path(data_dir)
+        if any((_resolve_data_dir(data_dir) / alt).is_dir() for alt in self.equivalents):
+            return True
+        return all((root / rel).is_file() for rel in self.required)
+
+
+_MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
+_MULTI30K_SHA256 = {"train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6"}
+_MULTI30K_FILES = tuple(
+    f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("de", "en", "fr", "cs")
+)
+_CIFAR_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
+
+DATASETS: dict[str, DatasetSpec] = {
+    "cifar10": DatasetSpec(
+        name="cifar10",
+        description="CIFAR-10, original pickled batches (170 MB download) -> cifar-10-batches-py/",
+        target="cifar-10-batches-py",
+        files=(
+            RemoteFile(
+                "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+                "cifar-10-python.tar.gz",
+                # 170,498,071 bytes; md5 c58f30108f718f92721af3b95e74349a (torchvision's value)
+                "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce",
+            ),
+        ),
+        required=_CIFAR_BATCHES,
+        archive_root="cifar-10-batches-py",
+        equivalents=("cifar10/train",),  # the image-folder copy that attnlab.data.CIFAR10 reads too
+    ),
+    "mr": DatasetSpec(
+        name="mr",
+        description="Movie Review sentence polarity v1.0 (Pang & Lee 2005), Latin-1 text -> mr/",
+        target="mr",
+        files=(
+            RemoteFile(
+                "https://www.cs.cornell.edu/people/pabo/movie-review-data/rt-polaritydata.tar.gz",
+                "rt-polaritydata.tar.gz",
+                None,  # tarball unchecked; its two files are checked below
+            ),
+        ),
+        required=("rt-polarity.pos", "rt-polarity.neg"),
+        archive_root="rt-polaritydata",
+        member_sha256={
+            "rt-polarity.pos": "2da124ec187a9d5a29c9f04e91c540e02baed5af8868f550a26bd6fd4dbf8bf0",
+            "rt-polarity.neg": "4ace77d558c3714723843f1d65b60c01e3417b208180f0728808d76ad0eeeaca",
+        },
+    ),
+    "multi30k": DatasetSpec(
+        name="multi30k",
+        description="Multi30k task 1 captions de/en/fr/cs, train/val/test_2016_flickr (gzip) -> multi30k/",
+        target="multi30k",
+        files=tuple(
+            RemoteFile(_MULTI30K_URL + f, f"multi30k/{f}", _MULTI30K_SHA256.get(f)) for f in _MULTI30K_FILES
+        ),
+        required=_MULTI30K_FILES,
+    ),
+}
+
+
+def list_datasets(data_dir: str | Path | None = None) -> list[tuple[str, str, bool]]:
+    """``(name, description, present)`` for every data set, in registry order."""
+    return [(s.name, s.description, s.present(data_dir)) for s in DATASETS.values()]
+
+
+def download(
+    name: str,
+    data_dir: str | Path | None = None,
+    *,
+    base_url: str | None = None,
+    progress: Callable[[str], object] | None = print,
+) -> Path:
+    """Fetch data set ``name`` into the data directory and return its folder.
+
+    ``base_url`` (e.g. ``http://127.0.0.1:8000``) replaces the scheme and host of every
+    canonical URL, keeping its path: for mirrors and tests. ``progress`` receives
+    one-line messages (``None``: silent). A data set already present is not fetched.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown data set {name!r}; choose from: {', '.join(DATASETS)}")
+    spec = DATASETS[name]
+    say = progress if progress is not None else (lambda _msg: None)
+    root = _resolve_data_dir(data_dir)
+    target = root / spec.target
+    if spec.present(root):
+        say(f"{name}: already present in {target}; nothing to download")
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    for remote in spec.files:
+        dest = root / remote.dest
+        url = _rebase(remote.url, base_url)
+        if spec.archive_root is None and dest.is_file():
+            say(f"{name}: {dest.name} already present")
+            continue
+        if not dest.is_file():
+            _fetch(url, dest, remote.sha256, say)
+        if spec.archive_root is not None:
+            _extract(dest, spec, root, say)
+            dest.unlink()
+    if not spec.present(root):  # e.g. a tarball that lacks an expected file
+        missing = [r for r in spec.required if not (target / r).is_file()]
+        raise DownloadError(f"{name}: download finished but {target} lacks {', '.join(missing)}")
+    say(f"{name}: ready in {target}")
+    return target
+
+
+def _rebase(url: str, base_url: str | None) -> str:
+    if not base_url:
+        return url
+    path = urllib.parse.urlsplit(url).path
+    return base_url.rstrip("/") + path
+
+
+def _fetch(url: str, dest: Path, sha256: str | None, say: Callable[[str], object]) -> None:
+    """Download ``url`` to ``dest`` via ``dest.part``, resuming a left-over ``.part``."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    offset = part.stat().st_size if part.is_file() else 0
+    request = urllib.request.Request(url, headers={"User-Agent": "attnlab-download"})
+    if offset:
+        request.add_header("Range", f"bytes={offset}-")
+    try:
+        try:
+            response = urllib.request.urlopen(request, timeout=_TIMEOUT_S)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 416 or not offset:  # 416: the .part is not a prefix we can extend
+                raise
+            say(f"{dest.name}: server refused to resume; starting over")
+            part.unlink()
+            offset = 0
+            request.remove_header("Range")
+            response = urllib.request.urlopen(request, timeout=_TIMEOUT_S)
+        with response:
+            status = response.status
+            if offset and (status != 206 or not _range_starts_at(response.headers.get("Content-Range"), offset)):
+                say(f"{dest.name}: server ignored the resume request; downloading the whole file")
+                offset = 0
+            elif offset:
+                say(f"{dest.name}: resuming at {offset:,} bytes")
+            length = response.headers.get("Content-Length")
+            total = offset + int(length) if length and length.isdigit() else None
+            say(f"downloading {url} -> {dest}" + (f" ({total:,} bytes)" if total else ""))
+            with open(part, "ab" if offset else "wb") as f:
+                done, next_report = offset, 0.1
+                while block := response.read(_CHUNK):
+                    f.write(block)
+                    done += len(block)
+                    if total and done / total >= next_report and done < total:
+                        say(f"  {dest.name}: {100 * done // total}% ({done:,} / {total:,} bytes)")
+                        next_report = done / total + 0.1
+                f.flush()
+                os.fsync(f.fileno())
+    except (urllib.error.URLError, OSError) as exc:
+        kept = f"; the partial file {part} is kept, run again to resume" if part.is_file() else ""
+        raise DownloadError(f"could not download {url}: {exc}{kept}") from None
+    if total is not None and done != total:
+        raise DownloadError(
+            f"could not download {url}: got {done:,} of {total:,} bytes; "
+            f"the partial file {part} is kept, run again to resume"
+        )
+    if sha256 is not None:
+        actual = sha256_file(part)
+        if actual != sha256.lower():
+            part.unlink()
+            raise DownloadError(
+                f"{dest.name}: sha256 mismatch: expected {sha256}, got {actual}; "
+                f"the download was deleted, run again to retry"
+            )
+    else:
+        say(f"{dest.name}: no known sha256, not checked")
+    os.replace(part, dest)
+
+
+def _range_starts_at(content_range: str | None, offset: int) -> bool:
+    # "bytes 100-199/200"
+    if not content_range or not content_range.startswith("bytes "):
+        return False
+    first = content_range[6:].split("-", 1)[0].strip()
+    return first.isdigit() and int(first) == offset
+
+
+def _check_member(member: tarfile.TarInfo, archive: Path) -> None:
+    name = member.name
+    parts = PurePosixPath(name).parts
+    if name.startswith(("/", "\\")) or PurePosixPath(name).is_absolute() or (len(name) > 1 and name[1] == ":"):
+        raise DownloadError(f"{archive.name}: refusing member with an absolute path: {name!r}")
+    if ".." in parts or ".." in name.replace("\\", "/").split("/"):
+        raise DownloadError(f"{archive.name}: refusing member that leaves the target folder: {name!r}")
+    if not (member.isfile() or member.isdir()):
+        raise DownloadError(f"{archive.name}: refusing member that is not a plain file or folder: {name!r}")
+
+
+def _extract(archive: Path, spec: DatasetSpec, root: Path, say: Callable[[str], object]) -> None:
+    """Extract ``archive`` into a temporary folder in ``root``, check it, move it into place."""
+    target = root / spec.target
+    say(f"extracting {archive.name} -> {target}")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.", suffix=".extract", dir=root))
+    try:
+        try:
+            with tarfile.open(archive, "r:*") as tar:
+                members = tar.getmembers()
+                try:
+                    for m in members:
+                        _check_member(m, archive)
+                except DownloadError:
+                    archive.unlink(missing_ok=True)  # never keep an archive we refuse to open
+                    raise
+                if hasattr(tarfile, "data_filter"):
+                    tar.extractall(tmp, members=members, filter="data")
+                else:  # pragma: no cover - Python < 3.11.4; members were checked above
+                    tar.extractall(tmp, members=members)
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            archive.unlink(missing_ok=True)
+            raise DownloadError(f"could not extract {archive.name}: {exc}; it was deleted, run again") from None
+        src = tmp / spec.archive_root
+        if not src.is_dir():
+            archive.unlink(missing_ok=True)
+            raise DownloadError(f"{archive.name} has no folder {spec.archive_root!r}; it was deleted, run again")
+        for rel, expected in spec.member_sha256.items():
+            path = src / rel
+            actual = sha256_file(path) if path.is_file() else "(missing)"
+            if actual != expected.lower():
+                archive.unlink(missing_ok=True)
+                raise DownloadError(
+                    f"{archive.name}: {rel}: sha256 mismatch: expected {expected}, got {actual}; "
+                    f"the download was deleted, run again to retry"
+                )
+        if not target.exists():
+            os.replace(src, target)
+        else:  # a partial earlier copy: move the files over it one by one
+            for path in sorted(src.rglob("*")):
+                if path.is_file():
+                    out = target / path.relative_to(src)
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(path, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

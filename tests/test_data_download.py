@@ -1,0 +1,254 @@
+"""attnlab.data.download against a local HTTP server (127.0.0.1 only) serving small fakes."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import io
+import tarfile
+import threading
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from attnlab.data import download as dl
+
+MR_PATH = "people/pabo/movie-review-data/rt-polaritydata.tar.gz"
+M30K_PATH = "multi30k/dataset/raw/master/data/task1/raw"
+POS = "the rock is destined to be great .\nsimply a joy \xe9 .\n".encode("latin-1")
+NEG = "simplistic , silly and tedious .\n".encode("latin-1")
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def make_tar(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class RangeHandler(SimpleHTTPRequestHandler):
+    """Serves files from ``directory``; honours ``Range: bytes=N-`` with 206 unless
+    ``server.ignore_range``. Records (path, Range header) in ``server.seen``."""
+
+    def do_GET(self):
+        rng = self.headers.get("Range")
+        self.server.seen.append((self.path, rng))
+        path = Path(self.translate_path(self.path))
+        if not path.is_file():
+            self.send_error(404)
+            return
+        data = path.read_bytes()
+        start = 0
+        if rng and rng.startswith("bytes=") and rng.endswith("-") and not self.server.ignore_range:
+            start = int(rng[6:-1])
+            if start >= len(data):
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(data)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", str(len(data) - start))
+        self.end_headers()
+        self.wfile.write(data[start:])
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server(tmp_path):
+    root = tmp_path / "remote"
+    root.mkdir()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=str(root)))
+    httpd.seen, httpd.ignore_range, httpd.root = [], False, root
+    httpd.base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(5)
+
+
+def put(server, rel: str, data: bytes) -> None:
+    path = server.root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def patch_spec(monkeypatch, name, **changes):
+    monkeypatch.setitem(dl.DATASETS, name, dataclasses.replace(dl.DATASETS[name], **changes))
+
+
+@pytest.fixture
+def fake_mr(server, monkeypatch):
+    data = make_tar({
+        "rt-polaritydata.README.1.0.txt": b"readme\n",
+        "rt-polaritydata/rt-polarity.pos": POS,
+        "rt-polaritydata/rt-polarity.neg": NEG,
+    })
+    put(server, MR_PATH, data)
+    spec = dl.DATASETS["mr"]
+    patch_spec(monkeypatch, "mr",
+               files=(dataclasses.replace(spec.files[0], sha256=sha(data)),),
+               member_sha256={"rt-polarity.pos": sha(POS), "rt-polarity.neg": sha(NEG)})
+    return data
+
+
+@pytest.fixture
+def fake_multi30k(server, monkeypatch):
+    contents = {}
+    for remote in dl.DATASETS["multi30k"].files:
+        fname = remote.dest.split("/")[-1]
+        contents[fname] = gzip.compress(f"line of {fname}\n".encode() * 200, mtime=0)
+        put(server, f"{M30K_PATH}/{fname}", contents[fname])
+    files = tuple(dataclasses.replace(r, sha256=sha(contents[r.dest.split("/")[-1]]) if r.sha256 else None)
+                  for r in dl.DATASETS["multi30k"].files)
+    patch_spec(monkeypatch, "multi30k", files=files)
+    return contents
+
+
+def test_registry_and_list(tmp_path):
+    assert set(dl.DATASETS) == {"cifar10", "mr", "multi30k"}
+    assert len(dl.DATASETS["multi30k"].files) == 12
+    assert sum(r.sha256 is not None for r in dl.DATASETS["multi30k"].files) == 1
+    rows = dl.list_datasets(tmp_path)
+    assert [(n, p) for n, _, p in rows] == [("cifar10", False), ("mr", False), ("multi30k", False)]
+    assert all(d for _, d, _ in rows)
+
+
+def test_mr_download_extracts_then_second_call_fetches_nothing(tmp_path, server, fake_mr):
+    msgs = []
+    out = dl.download("mr", tmp_path / "data", base_url=server.base, progress=msgs.append)
+    assert out == tmp_path / "data" / "mr"
+    assert (out / "rt-polarity.pos").read_bytes() == POS and (out / "rt-polarity.neg").read_bytes() == NEG
+    assert server.seen == [(f"/{MR_PATH}", None)]
+    # no tarball, .part or temporary folder left behind
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["mr"]
+    assert {n: p for n, _, p in dl.list_datasets(tmp_path / "data")} == {"cifar10": False, "mr": True, "multi30k": False}
+
+    msgs.clear()
+    assert dl.download("mr", tmp_path / "data", base_url=server.base, progress=msgs.append) == out
+    assert len(server.seen) == 1
+    assert any("already present" in m for m in msgs)
+
+
+def test_multi30k_files_and_env_data_dir(tmp_path, server, fake_multi30k, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_DATA_DIR", str(tmp_path / "env"))
+    out = dl.download("multi30k", base_url=server.base, progress=None)
+    assert out == tmp_path / "env" / "multi30k"
+    assert sorted(p.name for p in out.iterdir()) == sorted(fake_multi30k)
+    for fname, data in fake_multi30k.items():
+        assert (out / fname).read_bytes() == data
+    assert len(server.seen) == 12
+    dl.download("multi30k", base_url=server.base, progress=None)
+    assert len(server.seen) == 12
+
+
+def test_checksum_mismatch_raises_and_keeps_nothing(tmp_path, server, fake_multi30k, monkeypatch):
+    files = dl.DATASETS["multi30k"].files
+    bad = tuple(dataclasses.replace(r, sha256="0" * 64) if r.dest.endswith("train.de.gz") else r for r in files)
+    patch_spec(monkeypatch, "multi30k", files=bad)
+    with pytest.raises(ValueError) as err:
+        dl.download("multi30k", tmp_path, base_url=server.base, progress=None)
+    msg = str(err.value)
+    assert "train.de.gz" in msg and "0" * 64 in msg and sha(fake_multi30k["train.de.gz"]) in msg
+    assert not (tmp_path / "multi30k" / "train.de.gz").exists()
+    assert not (tmp_path / "multi30k" / "train.de.gz.part").exists()
+
+
+def test_member_checksum_mismatch_in_tarball(tmp_path, server, fake_mr, monkeypatch):
+    patch_spec(monkeypatch, "mr", member_sha256={"rt-polarity.pos": "1" * 64})
+    with pytest.raises(ValueError, match="rt-polarity.pos: sha256 mismatch"):
+        dl.download("mr", tmp_path / "data", base_url=server.base, progress=None)
+    assert list((tmp_path / "data").iterdir()) == []  # neither the tarball nor a partial mr/
+
+
+@pytest.mark.parametrize("ignore_range", [False, True])
+def test_interrupted_download_resumes_with_range(tmp_path, server, fake_mr, ignore_range):
+    server.ignore_range = ignore_range
+    half = len(fake_mr) // 2
+    (tmp_path / "rt-polaritydata.tar.gz.part").write_bytes(fake_mr[:half])
+    msgs = []
+    out = dl.download("mr", tmp_path, base_url=server.base, progress=msgs.append)
+    assert server.seen == [(f"/{MR_PATH}", f"bytes={half}-")]
+    assert (out / "rt-polarity.pos").read_bytes() == POS
+    assert not (tmp_path / "rt-polaritydata.tar.gz.part").exists()
+    expected = "ignored the resume request" if ignore_range else f"resuming at {half:,} bytes"
+    assert any(expected in m for m in msgs)
+
+
+def test_resume_of_plain_file_gives_exact_bytes(tmp_path, server, fake_multi30k):
+    data = fake_multi30k["train.de.gz"]
+    (tmp_path / "multi30k").mkdir()
+    (tmp_path / "multi30k" / "train.de.gz.part").write_bytes(data[: len(data) // 2])
+    dl.download("multi30k", tmp_path, base_url=server.base, progress=None)
+    assert (tmp_path / "multi30k" / "train.de.gz").read_bytes() == data
+    assert (f"/{M30K_PATH}/train.de.gz", f"bytes={len(data) // 2}-") in server.seen
+
+
+@pytest.mark.parametrize("member", ["../evil", "rt-polaritydata/../../evil", "/tmp/evil"])
+def test_path_traversal_member_is_refused(tmp_path, server, monkeypatch, member):
+    data = make_tar({"rt-polaritydata/rt-polarity.pos": POS, "rt-polaritydata/rt-polarity.neg": NEG, member: b"x"})
+    put(server, MR_PATH, data)
+    patch_spec(monkeypatch, "mr", member_sha256={})
+    root = tmp_path / "data"
+    with pytest.raises(ValueError, match="refusing member"):
+        dl.download("mr", root, base_url=server.base, progress=None)
+    assert not (tmp_path / "evil").exists() and not (root / "mr").exists()
+    assert [p.name for p in root.iterdir()] == []  # tarball and temporary folder removed
+
+
+def test_symlink_member_is_refused(tmp_path, server, monkeypatch):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("rt-polaritydata/rt-polarity.pos")
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(info)
+    put(server, MR_PATH, buf.getvalue())
+    with pytest.raises(ValueError, match="not a plain file"):
+        dl.download("mr", tmp_path, base_url=server.base, progress=None)
+
+
+def test_unknown_name_lists_choices(tmp_path):
+    with pytest.raises(ValueError, match="unknown data set 'imagenet'; choose from: cifar10, mr, multi30k"):
+        dl.download("imagenet", tmp_path)
+
+
+def test_http_error_is_a_one_line_value_error(tmp_path, server):
+    with pytest.raises(ValueError, match="could not download .*404"):
+        dl.download("mr", tmp_path, base_url=server.base, progress=None)
+
+
+def test_cifar10_tarball_lands_in_batches_folder(tmp_path, server, monkeypatch):
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta", "readme.html"]
+    data = make_tar({f"cifar-10-batches-py/{n}": n.encode() for n in names})
+    put(server, "~kriz/cifar-10-python.tar.gz", data)
+    spec = dl.DATASETS["cifar10"]
+    patch_spec(monkeypatch, "cifar10", files=(dataclasses.replace(spec.files[0], sha256=sha(data)),))
+    out = dl.download("cifar10", tmp_path, base_url=server.base, progress=None)
+    assert out == tmp_path / "cifar-10-batches-py"
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cifar-10-batches-py", "remote"]
+
+
+def test_cifar10_image_folder_layout_counts_as_present(tmp_path):
+    from attnlab.data.download import DATASETS
+
+    assert not DATASETS["cifar10"].present(tmp_path)
+    (tmp_path / "cifar10" / "train").mkdir(parents=True)
+    assert DATASETS["cifar10"].present(tmp_path)
