@@ -1,5 +1,11 @@
 """Training machinery that knows nothing of particular models."""
 
+from .config import ConfigError, apply_overrides, from_dict
+from .device import autocast, seed_everything, select_device
+from .metrics import MetricsLog, read_metrics
+from .optim import build_optimizer, param_groups, warmup_cosine
+from .progress import Progress
+from .trainer import EpochSampler, TrainConfig, Trainer
 from .checkpoint import (
     CheckpointError,
     capture_rng_state,
@@ -11,6 +17,21 @@ from .checkpoint import (
 )
 
 __all__ = [
+    "Trainer",
+    "TrainConfig",
+    "EpochSampler",
+    "ConfigError",
+    "from_dict",
+    "apply_overrides",
+    "select_device",
+    "autocast",
+    "seed_everything",
+    "MetricsLog",
+    "read_metrics",
+    "build_optimizer",
+    "param_groups",
+    "warmup_cosine",
+    "Progress",
     "CheckpointError",
     "save_checkpoint",
     "load_checkpoint",

@@ -1,0 +1,225 @@
+"""A model-agnostic training loop with exact resume.
+
+The trainer sees a model, map-style datasets of ``(input, target)`` pairs and a
+:class:`TrainConfig`. Batches come from :class:`EpochSampler`, whose order is a pure
+function of ``(seed, epoch)``; with the RNG state saved in every checkpoint, a run
+resumed from step ``k`` replays exactly the steps an uninterrupted run would take.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .checkpoint import capture_rng_state, latest_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint
+from .device import autocast, make_grad_scaler, seed_everything, select_device
+from .metrics import MetricsLog
+from .optim import build_optimizer, warmup_cosine
+
+__all__ = ["TrainConfig", "EpochSampler", "Trainer"]
+
+
+@dataclass
+class TrainConfig:
+    """How to train; the model and data are given separately."""
+
+    steps: int = field(default=1000, metadata={"min": 1})  # optimizer steps in all
+    batch_size: int = field(default=64, metadata={"min": 1})
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = field(default=1e-3, metadata={"min": 0.0})
+    weight_decay: float = field(default=0.05, metadata={"min": 0.0})
+    momentum: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})
+    warmup_steps: int = field(default=0, metadata={"min": 0})
+    min_lr_ratio: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    label_smoothing: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    grad_clip: Optional[float] = 1.0
+    accum_steps: int = field(default=1, metadata={"min": 1})
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    ema_decay: Optional[float] = None
+    grad_checkpointing: bool = False
+    seed: int = 0
+    deterministic: bool = False
+    device: str = "auto"
+    log_every: int = field(default=50, metadata={"min": 0})
+    eval_every: int = field(default=0, metadata={"min": 0})
+    checkpoint_every: int = field(default=0, metadata={"min": 0})
+    keep_checkpoints: int = field(default=2, metadata={"min": 1})
+
+
+class EpochSampler:
+    """Batches of indices: a fresh permutation per epoch from ``(seed, epoch)``, the
+    last incomplete batch dropped. ``rank``/``world`` take every ``world``-th batch
+    element, for data-parallel runs."""
+
+    def __init__(self, size: int, batch_size: int, seed: int = 0, rank: int = 0, world: int = 1) -> None:
+        if size < batch_size * world:
+            raise ValueError(f"the dataset has {size} samples, fewer than one global batch ({batch_size} x {world})")
+        self.size, self.batch_size, self.seed, self.rank, self.world = size, batch_size, seed, rank, world
+
+    def __len__(self) -> int:
+        return self.size // (self.batch_size * self.world)
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
+        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
+        span = self.batch_size * self.world
+        for b in range(start, len(self)):
+            chunk = order[b * span : (b + 1) * span]
+            yield chunk[self.rank :: self.world].tolist()
+
+
+def _collate(items: Sequence[tuple[Any, Any]]) -> tuple[Tensor, Tensor]:
+    xs, ys = zip(*items)
+    return torch.stack(list(xs)), torch.as_tensor(ys)
+
+
+class Trainer:
+    """``Trainer(model, train_data, config, eval_data=..., run_dir=...).fit()``.
+
+    ``loss_fn(outputs, targets)`` defaults to cross-entropy with the configured label
+    smoothing. Checkpoints go to ``run_dir/checkpoints`` and metrics to
+    ``run_dir/metrics.jsonl`` when ``run_dir`` is given.
+    """
+
+    def __init__(self, model: nn.Module, train_data: Any, config: TrainConfig, *, eval_data: Any = None,
+                 run_dir: str | Path | None = None, loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+                 collate: Callable[[Sequence[Any]], tuple[Tensor, Tensor]] = _collate, log: Callable[[str], None] = print) -> None:
+        self.cfg = config
+        seed_everything(config.seed, config.deterministic)
+        self.device = select_device(config.device)
+        self.model = model.to(self.device)
+        if config.grad_checkpointing:
+            if not hasattr(model, "set_grad_checkpointing"):
+                raise ValueError(f"grad_checkpointing: {type(model).__name__} has no set_grad_checkpointing()")
+            model.set_grad_checkpointing(True)
+        self.train_data, self.eval_data, self.collate, self.log = train_data, eval_data, collate, log
+        self.loss_fn = loss_fn or (lambda out, y: F.cross_entropy(out, y, label_smoothing=config.label_smoothing))
+        self.sampler = EpochSampler(len(train_data), config.batch_size, config.seed)
+        self.optimizer = build_optimizer(model, config.optimizer, config.lr, config.weight_decay,
+                                         momentum=config.momentum)
+        self.scheduler = warmup_cosine(self.optimizer, config.steps, config.warmup_steps, config.min_lr_ratio)
+        self.scaler = make_grad_scaler(self.device, config.precision)
+        self.ema = copy.deepcopy(model).eval().requires_grad_(False) if config.ema_decay else None
+        self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
+        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.metrics: MetricsLog | None = None
+
+    # ----------------------------------------------------------------- state
+    def state(self) -> dict[str, Any]:
+        state = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "scaler": self.scaler.state_dict(), "rng": capture_rng_state(), "config": asdict(self.cfg)}
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict()
+        return state
+
+    def save(self) -> Path:
+        if self.run_dir is None:
+            raise ValueError("save needs a run_dir")
+        return save_checkpoint(self.run_dir / "checkpoints", self.step, self.model.state_dict(), self.state(),
+                               keep=self.cfg.keep_checkpoints)
+
+    def resume(self, folder: str | Path | None = None) -> None:
+        """Continue from ``folder``, or from the newest valid checkpoint of ``run_dir``."""
+        if folder is None:
+            if self.run_dir is None or (folder := latest_checkpoint(self.run_dir / "checkpoints")) is None:
+                raise ValueError(f"no checkpoint to resume from in {self.run_dir}")
+        weights, state = load_checkpoint(folder, map_location=self.device)
+        self.model.load_state_dict(weights)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        if self.ema is not None and "ema" in state:
+            self.ema.load_state_dict(state["ema"])
+        self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        restore_rng_state(state["rng"])
+
+    # ----------------------------------------------------------------- loop
+    def _batches(self) -> Iterator[list[int]]:
+        while True:
+            for idx in self.sampler.batches(self.epoch, self.batch_in_epoch):
+                self.batch_in_epoch += 1
+                yield idx
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+    def _load(self, idx: list[int]) -> tuple[Tensor, Tensor]:
+        x, y = self.collate([self.train_data[i] for i in idx])
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def train_step(self, batches: Iterator[list[int]]) -> float:
+        cfg = self.cfg
+        self.model.train()
+        total = 0.0
+        for _ in range(cfg.accum_steps):
+            x, y = self._load(next(batches))
+            with autocast(self.device, cfg.precision):
+                loss = self.loss_fn(self.model(x), y) / cfg.accum_steps
+            self.scaler.scale(loss).backward()
+            total += loss.item()
+        if cfg.grad_clip:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        if self.ema is not None:
+            with torch.no_grad():
+                for e, p in zip(self.ema.state_dict().values(), self.model.state_dict().values()):
+                    if e.is_floating_point():
+                        e.lerp_(p, 1 - cfg.ema_decay)
+                    else:  # counters such as BatchNorm's num_batches_tracked
+                        e.copy_(p)
+        self.step += 1
+        return total
+
+    @torch.no_grad()
+    def evaluate(self, data: Any = None, model: nn.Module | None = None) -> dict[str, float]:
+        """Mean loss and accuracy (classification) over ``data`` (default: eval_data)."""
+        data = self.eval_data if data is None else data
+        model = (model or self.ema or self.model).eval()
+        loss_sum, correct, count = 0.0, 0, 0
+        for start in range(0, len(data), self.cfg.batch_size):
+            x, y = self.collate([data[i] for i in range(start, min(start + self.cfg.batch_size, len(data)))])
+            x, y = x.to(self.device), y.to(self.device)
+            with autocast(self.device, self.cfg.precision):
+                out = model(x)
+            loss_sum += F.cross_entropy(out.float(), y, reduction="sum").item()
+            correct += (out.argmax(-1) == y).sum().item()
+            count += len(y)
+        return {"loss": loss_sum / count, "accuracy": correct / count}
+
+    def fit(self) -> dict[str, Any]:
+        cfg = self.cfg
+        if self.run_dir is not None:
+            self.metrics = MetricsLog.open(self.run_dir / "metrics.jsonl", resume_step=self.step)
+        batches = self._batches()
+        start, first = time.perf_counter(), self.step
+        result: dict[str, Any] = {}
+        try:
+            while self.step < cfg.steps:
+                loss = self.train_step(batches)
+                if cfg.log_every and (self.step % cfg.log_every == 0 or self.step == cfg.steps):
+                    rate = (self.step - first) * cfg.batch_size * cfg.accum_steps / (time.perf_counter() - start)
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    self.log(f"step {self.step}/{cfg.steps}  loss {loss:.4f}  lr {lr:.3g}  {rate:,.0f} samples/s")
+                    if self.metrics:
+                        self.metrics.log(self.step, loss=loss, lr=lr, samples_per_s=rate)
+                if self.eval_data is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
+                    result = self.evaluate()
+                    if self.metrics:
+                        self.metrics.log(self.step, kind="eval", **result)
+                if self.run_dir is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                    self.save()
+        finally:
+            if self.metrics:
+                self.metrics.close()
+        elapsed = time.perf_counter() - start
+        return {"steps": self.step, "train_seconds": elapsed,
+                "samples_per_s": (self.step - first) * cfg.batch_size * cfg.accum_steps / max(elapsed, 1e-9), **result}
