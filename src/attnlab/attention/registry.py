@@ -18,11 +18,12 @@ map (see :func:`attend_grid`).
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from torch import Tensor, nn
+
+from ..suggest import did_you_mean
 
 __all__ = ["register_attention", "build_attention", "list_attention", "attention_family", "attend_grid"]
 
@@ -53,9 +54,7 @@ def register_attention(name: str, family: str = "tokens") -> Callable[[type], ty
 
 def _entry(name: str) -> AttentionEntry:
     if name not in _KINDS:
-        close = difflib.get_close_matches(str(name), list(_KINDS), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"unknown attention {name!r}; known: {', '.join(sorted(_KINDS))}{hint}")
+        raise ValueError(f"unknown attention {name!r}" + did_you_mean(name, _KINDS))
     return _KINDS[name]
 
 

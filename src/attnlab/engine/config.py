@@ -12,12 +12,13 @@ bounds given in the field's metadata: ``field(default=0.1, metadata={"min": 0, "
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import types
 import typing
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
+
+from ..suggest import did_you_mean
 
 __all__ = ["ConfigError", "from_dict", "to_dict", "apply_overrides", "parse_override"]
 
@@ -26,11 +27,6 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A configuration key or value that does not fit its schema."""
-
-
-def _suggest(key: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(key, valid, n=3)
-    return f"; did you mean {', '.join(close)}?" if close else f"; valid keys: {', '.join(valid)}"
 
 
 def _check(value: Any, tp: Any, where: str) -> Any:
@@ -92,7 +88,7 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     for key, value in data.items():
         name = f"{where}.{key}" if where else key
         if key not in fields:
-            raise ConfigError(f"unknown key {name!r}" + _suggest(key, list(fields)))
+            raise ConfigError(f"unknown key {name!r}" + did_you_mean(key, fields, "valid keys"))
         value = _check(value, hints[key], name)
         meta = fields[key].metadata
         if isinstance(value, (int, float)) and not isinstance(value, bool):

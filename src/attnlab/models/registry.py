@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 from dataclasses import dataclass, fields
 from typing import Any, Callable, TypeVar
 
 from torch import nn
+
+from ..suggest import did_you_mean
 
 __all__ = ["register_model", "create_model", "list_models", "model_entry", "build_config", "count_parameters"]
 
@@ -42,9 +43,7 @@ def register_model(family: str) -> Callable[[F], F]:
 
 
 def _unknown(kind: str, name: str, known: list[str]) -> ValueError:
-    close = difflib.get_close_matches(name, known, n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(sorted(known))}"
-    return ValueError(f"unknown {kind} {name!r}{hint}")
+    return ValueError(f"unknown {kind} {name!r}" + did_you_mean(name, known))
 
 
 def model_entry(name: str) -> ModelEntry:
