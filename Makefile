@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/attnlab demo
+	$(BIN)/attnlab train vit-digits
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

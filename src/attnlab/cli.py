@@ -91,6 +91,38 @@ def cmd_data_download(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_recipes(args: argparse.Namespace) -> int:
+    from .recipes import list_recipes
+
+    rows = list_recipes()
+    width = max(len(name) for name, _ in rows)
+    for name, description in rows:
+        print(f"{name.ljust(width)}  {description}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import time
+
+    from .recipes import load_recipe
+    from .tasks import image_classification
+
+    recipe = load_recipe(args.recipe, args.overrides)  # validated before any work starts
+    name = args.recipe if not args.recipe.endswith((".yaml", ".yml")) else args.recipe.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    run_dir = args.run_dir or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    print(f"attnlab train {args.recipe}: {recipe.model.name} on {recipe.data.name}, run directory {run_dir}")
+    results = image_classification.run(recipe, run_dir, resume=args.resume)
+    print()
+    print("| result | value |")
+    print("| --- | --- |")
+    print(f"| test accuracy | {100 * results['test_accuracy']:.2f}% |")
+    print(f"| parameters | {results['params']:,} |")
+    print(f"| training time | {results['train_seconds']:.1f} s |")
+    print(f"| throughput | {results['samples_per_s']:,.0f} images/s |")
+    print(f"\nrun directory: {run_dir}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attnlab", description="Attention mechanisms and the models built on them."
@@ -107,6 +139,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("recipes", help="list the shipped training recipes")
+    p.set_defaults(func=cmd_recipes)
+
+    p = sub.add_parser("train", help="train a recipe: attnlab train RECIPE [key.sub=value ...]")
+    p.add_argument("recipe", help="a shipped recipe name (see 'attnlab recipes') or a YAML file")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=3e-4 model.options.depth=2")
+    p.add_argument("--run-dir", default=None, help="default: runs/<recipe>-<time>")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("data", help="list the public data sets and download them")
     data_sub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
