@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return args.func(args)
-    except (UsageError, ValueError) as exc:
+    except (UsageError, ValueError, FileNotFoundError) as exc:
         print(f"attnlab {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
