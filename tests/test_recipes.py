@@ -46,7 +46,7 @@ def test_train_writes_a_complete_run_directory_and_resumes(tmp_path, capsys):
     assert results["steps"] == 6 and 0.0 <= results["test_accuracy"] <= 1.0 and results["params"] == 136_138
     assert (run_dir / "config.yaml").read_text().startswith("description:")
     assert {r["kind"] for r in read_metrics(run_dir / "metrics.jsonl")} == {"train", "eval"}
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000000003", "step_000000006"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best", "step_000000003", "step_000000006"]
     # Resume with more steps continues from step 6.
     assert main(args[:2] + ["train.steps=9", "train.checkpoint_every=3", "train.warmup_steps=1", "--run-dir", str(run_dir),
                             "--resume"]) == 0

@@ -102,16 +102,34 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from .engine import distributed
+
+    try:
+        code = _train(args)
+    except BaseException:
+        distributed.cleanup(wait=False)  # a failing rank must not wait for peers that may be gone
+        raise
+    distributed.cleanup()  # under torchrun: all ranks meet, then the process group goes
+    return code
+
+
+def _train(args: argparse.Namespace) -> int:
     import time
 
+    from .engine import distributed
     from .recipes import load_recipe
     from .tasks import image_classification
 
     recipe = load_recipe(args.recipe, args.overrides)  # validated before any work starts
+    distributed.init_distributed(recipe.train.device)  # under torchrun: join the group; else nothing
     name = args.recipe if not args.recipe.endswith((".yaml", ".yml")) else args.recipe.rsplit("/", 1)[-1].rsplit(".", 1)[0]
-    run_dir = args.run_dir or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    print(f"attnlab train {args.recipe}: {recipe.model.name} on {recipe.data.name}, run directory {run_dir}")
+    # Under torchrun all ranks take rank 0's name (their clocks may straddle a second).
+    run_dir = args.run_dir or distributed.broadcast_object(f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if distributed.is_main():
+        print(f"attnlab train {args.recipe}: {recipe.model.name} on {recipe.data.name}, run directory {run_dir}")
     results = image_classification.run(recipe, run_dir, resume=args.resume)
+    if not distributed.is_main():  # rank 0 alone prints the results
+        return 0
     print()
     print("| result | value |")
     print("| --- | --- |")
@@ -120,6 +138,29 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"| training time | {results['train_seconds']:.1f} s |")
     print(f"| throughput | {results['samples_per_s']:,.0f} images/s |")
     print(f"\nrun directory: {run_dir}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .tasks import image_classification
+
+    res = image_classification.evaluate_run(args.run_dir, args.checkpoint, device=args.device)
+    print(f"checkpoint: {res['checkpoint']}")
+    print("| metric | value |")
+    print("| --- | --- |")
+    print(f"| test accuracy | {100 * res['accuracy']:.2f}% |")
+    print(f"| test loss | {res['loss']:.4f} |")
+    print(f"| test images | {res['samples']:,} |")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from .tasks import image_classification
+
+    rows = image_classification.predict_files(args.run_dir, args.files, args.checkpoint, top_k=args.top_k)
+    width = max(len(f) for f, _ in rows)
+    for file, preds in rows:
+        print(f"{file.ljust(width)}  " + "  ".join(f"{label} {p:.3f}" for label, p in preds))
     return 0
 
 
@@ -149,6 +190,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=None, help="default: runs/<recipe>-<time>")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     p.set_defaults(func=cmd_train)
+
+    checkpoint_help = "best, last or a checkpoint folder (default: best when the run has one, else last)"
+    p = sub.add_parser("eval", help="re-evaluate a run's checkpoint on its test set")
+    p.add_argument("run_dir", help="a run directory written by 'attnlab train'")
+    p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default auto)")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("predict", help="classify image files with a trained run: label and probability")
+    p.add_argument("run_dir", help="a run directory written by 'attnlab train'")
+    p.add_argument("files", nargs="+", metavar="FILE", help="image files (converted and resized to the model's input)")
+    p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
+    p.add_argument("--top-k", type=_positive_int, default=1, help="labels to show per file (default 1)")
+    p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("data", help="list the public data sets and download them")
     data_sub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)

@@ -2,7 +2,7 @@
 
 from .config import ConfigError, apply_overrides, from_dict
 from .device import autocast, seed_everything, select_device
-from .metrics import MetricsLog, read_metrics
+from .metrics import MetricsLog, TensorBoardLog, read_metrics
 from .optim import build_optimizer, param_groups, warmup_cosine
 from .progress import Progress
 from .trainer import EpochSampler, TrainConfig, Trainer
@@ -12,8 +12,10 @@ from .checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    resolve_checkpoint,
     restore_rng_state,
     save_checkpoint,
+    save_named_checkpoint,
 )
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "autocast",
     "seed_everything",
     "MetricsLog",
+    "TensorBoardLog",
     "read_metrics",
     "build_optimizer",
     "param_groups",
@@ -34,6 +37,8 @@ __all__ = [
     "Progress",
     "CheckpointError",
     "save_checkpoint",
+    "save_named_checkpoint",
+    "resolve_checkpoint",
     "load_checkpoint",
     "list_checkpoints",
     "latest_checkpoint",

@@ -7,6 +7,10 @@ Layout of one checkpoint, a folder ``<root>/step_<N>/``::
                         tensors and containers only, read with weights_only=True
     manifest.json       step and sha256 of both files; written last
 
+Besides the numbered ``step_<N>`` folders a run keeps ``best/`` (the weights with the
+best evaluation so far), replaced as a whole by :func:`save_named_checkpoint`;
+:func:`resolve_checkpoint` turns ``"last"``, ``"best"`` or a path into a folder.
+
 Every file is written atomically (:func:`attnlab.io.atomic_write`) and the manifest
 last, so a folder without a valid manifest is an interrupted save and is ignored by
 :func:`latest_checkpoint`. A checkpoint whose files do not match their checksums (a
@@ -35,6 +39,8 @@ __all__ = [
     "load_checkpoint",
     "list_checkpoints",
     "latest_checkpoint",
+    "save_named_checkpoint",
+    "resolve_checkpoint",
     "capture_rng_state",
     "restore_rng_state",
 ]
@@ -69,11 +75,18 @@ def save_checkpoint(root: str | Path, step: int, weights: dict[str, Tensor], sta
     back with ``weights_only=True`` (tensors, numbers, strings, lists, dicts), e.g.
     ``{"optimizer": opt.state_dict(), "rng": capture_rng_state(), "epoch": 3}``.
     """
-    from safetensors.torch import save
-
     if keep < 1:
         raise ValueError(f"keep must be >= 1; got {keep}")
     folder = Path(root) / f"step_{step:09d}"
+    _write(folder, step, weights, state)
+    for old in list_checkpoints(root, valid_only=False)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def _write(folder: Path, step: int, weights: dict[str, Tensor], state: dict[str, Any]) -> None:
+    from safetensors.torch import save
+
     if folder.exists():  # a re-save of the same step (e.g. after resume): start clean
         shutil.rmtree(folder)
     unique, aliases = _untie(weights)
@@ -82,9 +95,46 @@ def save_checkpoint(root: str | Path, step: int, weights: dict[str, Tensor], sta
         torch.save(state, f)
     manifest = {"step": step, "files": {n: sha256_file(folder / n) for n in (WEIGHTS, STATE)}}
     atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
-    for old in list_checkpoints(root, valid_only=False)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_named_checkpoint(root: str | Path, name: str, step: int, weights: dict[str, Tensor],
+                          state: dict[str, Any]) -> Path:
+    """Write ``root/<name>/`` (e.g. ``best``), replacing the previous one as a whole.
+
+    The new checkpoint is completed in ``.<name>.new`` first; the old one is moved to
+    ``.<name>.old`` only then, and removed last. :func:`resolve_checkpoint` falls back
+    to ``.<name>.old`` if a crash lands between the two renames.
+    """
+    root = Path(root)
+    folder, new, old = root / name, root / f".{name}.new", root / f".{name}.old"
+    _write(new, step, weights, state)
+    if old.exists():
+        shutil.rmtree(old)
+    if folder.exists():
+        folder.rename(old)
+    new.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
     return folder
+
+
+def resolve_checkpoint(root: str | Path, which: str = "last") -> Path:
+    """``"last"``: the newest valid ``step_<N>``; ``"best"`` (or another name): that
+    named checkpoint; anything else: a checkpoint folder path. Verified; raises
+    :class:`CheckpointError` naming what was looked for when there is none."""
+    root = Path(root)
+    if which == "last":
+        found = latest_checkpoint(root)
+        if found is None:
+            raise CheckpointError(f"no complete checkpoint in {root}")
+        return found
+    if (root / which).is_dir() or not Path(which).is_dir():
+        for candidate in (root / which, root / f".{which}.old"):
+            if (candidate / MANIFEST).is_file():
+                _verify(candidate)
+                return candidate
+        raise CheckpointError(f"no {which!r} checkpoint in {root} (expected 'last', 'best' or a checkpoint folder)")
+    _verify(Path(which))
+    return Path(which)
 
 
 def _verify(folder: Path) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 Each record is written with one ``write`` and flushed, so a crash loses at most the
 line being written; :func:`read_metrics` skips such a torn last line. On resume,
 :meth:`MetricsLog.open` drops the records past the checkpoint's step, so the resumed run
-does not log those steps twice.
+does not log those steps twice; and a record of the checkpoint's own step that the file
+already holds (the final evaluation of a run killed after its last checkpoint) is not
+written again when the resumed run repeats that work.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLog", "read_metrics"]
+__all__ = ["MetricsLog", "TensorBoardLog", "read_metrics"]
 
 
 def _clean(value: Any) -> Any:
@@ -51,6 +53,7 @@ class MetricsLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a")
+        self._done: set[tuple[int, str]] = set()  # (step, kind) already in the file at the resume step
 
     @classmethod
     def open(cls, path: str | Path, resume_step: int | None = None) -> "MetricsLog":
@@ -62,11 +65,16 @@ class MetricsLog:
             kept = [r for r in read_metrics(path) if r.get("step", 0) <= resume_step]
             with atomic_write(path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
+            log = cls(path)
+            log._done = {(resume_step, r.get("kind", "train")) for r in kept if r.get("step", 0) == resume_step}
+            return log
         return cls(path)
 
     def log(self, step: int, kind: str = "train", **values: Any) -> dict[str, Any]:
         record = {"step": step, "kind": kind, "time": round(time.time(), 3)}
         record.update({k: _clean(v) for k, v in values.items()})
+        if (step, kind) in self._done:  # logged before the resume (see open): once is enough
+            return record
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         return record
@@ -79,3 +87,25 @@ class MetricsLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class TensorBoardLog:
+    """Scalars as TensorBoard event files: ``log(step, "train", {"loss": ...})`` writes
+    ``train/loss``. ``resume_step`` drops events after it that an interrupted run wrote,
+    so a resumed run's curves have no doubled stretch."""
+
+    def __init__(self, folder: str | Path, resume_step: int = 0) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.folder = Path(folder)
+        self._writer = SummaryWriter(str(self.folder), purge_step=resume_step + 1 if resume_step else None)
+
+    def log(self, step: int, prefix: str, values: dict[str, Any]) -> None:
+        for name, value in values.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._writer.add_scalar(f"{prefix}/{name}", value, step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+

@@ -75,6 +75,13 @@ class Progress:
               file=self.stream, flush=True)
         self.last_print = time.perf_counter()
 
+    def write(self, message: str) -> None:
+        """Print a line without breaking the bar."""
+        if self._bar is not None:
+            self._bar.write(message, file=self.stream)
+        else:
+            print(message, file=self.stream, flush=True)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()

@@ -8,6 +8,7 @@ resumed from step ``k`` replays exactly the steps an uninterrupted run would tak
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import asdict, dataclass, field
@@ -18,9 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoint import capture_rng_state, latest_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint
-from .device import autocast, make_grad_scaler, seed_everything, select_device
-from .metrics import MetricsLog
+from . import distributed
+from .checkpoint import (capture_rng_state, latest_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint,
+                         save_named_checkpoint)
+from .device import autocast, make_grad_scaler, seed_everything
+from .metrics import MetricsLog, TensorBoardLog
+from .progress import Progress
 from .optim import build_optimizer, warmup_cosine
 
 __all__ = ["TrainConfig", "EpochSampler", "Trainer"]
@@ -45,6 +49,8 @@ class TrainConfig:
     ema_decay: Optional[float] = None
     grad_checkpointing: bool = False
     channels_last: bool = False  # NHWC weights and image batches: faster convolutions on CPU and CUDA
+    compile: bool = False  # train through torch.compile(model); evaluation and checkpoints use the plain module
+    compile_mode: Optional[Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = None
     seed: int = 0
     deterministic: bool = False
     device: str = "auto"
@@ -52,6 +58,14 @@ class TrainConfig:
     eval_every: int = field(default=0, metadata={"min": 0})
     checkpoint_every: int = field(default=0, metadata={"min": 0})
     keep_checkpoints: int = field(default=2, metadata={"min": 1})
+    tensorboard: bool = True  # event files in run_dir/tensorboard, beside metrics.jsonl
+    progress: bool = True  # a live bar on a terminal; plain lines every progress_seconds otherwise
+    progress_seconds: float = field(default=30.0, metadata={"min": 0.0})
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps > self.steps:
+            raise ValueError(f"train.warmup_steps must not exceed train.steps; got warmup_steps={self.warmup_steps}, "
+                             f"steps={self.steps}")
 
 
 class EpochSampler:
@@ -86,6 +100,10 @@ class Trainer:
     ``loss_fn(outputs, targets)`` defaults to cross-entropy with the configured label
     smoothing. Checkpoints go to ``run_dir/checkpoints`` and metrics to
     ``run_dir/metrics.jsonl`` when ``run_dir`` is given.
+
+    Data-parallel under torchrun (after :func:`~attnlab.engine.distributed.init_distributed`):
+    ``batch_size`` is per process, each rank trains on its share of every global batch of
+    ``batch_size x world`` through DistributedDataParallel, and rank 0 alone logs and writes.
     """
 
     def __init__(self, model: nn.Module, train_data: Any, config: TrainConfig, *, eval_data: Any = None,
@@ -93,7 +111,7 @@ class Trainer:
                  collate: Callable[[Sequence[Any]], tuple[Tensor, Tensor]] = _collate, log: Callable[[str], None] = print) -> None:
         self.cfg = config
         seed_everything(config.seed, config.deterministic)
-        self.device = select_device(config.device)
+        self.device = distributed.local_device(config.device)  # select_device, or this rank's device under torchrun
         self.model = model.to(self.device)
         if config.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
@@ -101,21 +119,37 @@ class Trainer:
             if not hasattr(model, "set_grad_checkpointing"):
                 raise ValueError(f"grad_checkpointing: {type(model).__name__} has no set_grad_checkpointing()")
             model.set_grad_checkpointing(True)
-        self.train_data, self.eval_data, self.collate, self.log = train_data, eval_data, collate, log
+        self.train_data, self.eval_data, self.collate = train_data, eval_data, collate
+        self.log = log if distributed.is_main() else (lambda _msg: None)  # rank 0 alone logs and writes
         self.loss_fn = loss_fn or (lambda out, y: F.cross_entropy(out, y, label_smoothing=config.label_smoothing))
-        self.sampler = EpochSampler(len(train_data), config.batch_size, config.seed)
+        self.sampler = EpochSampler(len(train_data), config.batch_size, config.seed,
+                                    rank=distributed.rank(), world=distributed.world_size())
         self.optimizer = build_optimizer(model, config.optimizer, config.lr, config.weight_decay,
                                          momentum=config.momentum)
         self.scheduler = warmup_cosine(self.optimizer, config.steps, config.warmup_steps, config.min_lr_ratio)
         self.scaler = make_grad_scaler(self.device, config.precision)
         self.ema = copy.deepcopy(model).eval().requires_grad_(False) if config.ema_decay else None
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
+        self._saved_step: int | None = None  # the step whose checkpoint run_dir already holds
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.metrics: MetricsLog | None = None
+        self.tensorboard: TensorBoardLog | None = None
+        self.best: float | None = None  # best evaluation accuracy so far; its weights are checkpoints/best
+        self.train_seconds = 0.0  # training wall time over all sessions of a resumed run
+        self._fit_start: float | None = None
+        # Under torchrun: train_step runs the DDP wrapper (gradients averaged over ranks);
+        # self.model stays the plain module for state_dict, checkpoints and evaluation.
+        self.train_model: nn.Module = self.model
+        if distributed.world_size() > 1:
+            self.train_model = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        if config.compile:  # compiles on the first step; shares self.model's parameters, so no "_orig_mod." keys
+            self.train_model = torch.compile(self.train_model, mode=config.compile_mode)
 
     # ----------------------------------------------------------------- state
     def state(self) -> dict[str, Any]:
-        state = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+        state = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "best": self.best,
+                 "train_seconds": self.train_seconds + self._session_seconds(),
                  "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "scaler": self.scaler.state_dict(), "rng": capture_rng_state(), "config": asdict(self.cfg)}
         if self.ema is not None:
@@ -123,15 +157,25 @@ class Trainer:
         return state
 
     def save(self) -> Path:
+        """Checkpoint the current step. Under torchrun every rank calls it, rank 0 alone writes."""
         if self.run_dir is None:
             raise ValueError("save needs a run_dir")
-        return save_checkpoint(self.run_dir / "checkpoints", self.step, self.model.state_dict(), self.state(),
-                               keep=self.cfg.keep_checkpoints)
+        folder = self.run_dir / "checkpoints" / f"step_{self.step:09d}"
+        if self._saved_step == self.step:  # written by fit, or resumed from: rewriting it would only
+            return folder                  # open a window in which a kill loses it
+        if distributed.is_main():
+            folder = save_checkpoint(self.run_dir / "checkpoints", self.step, self.model.state_dict(), self.state(),
+                                     keep=self.cfg.keep_checkpoints)
+        distributed.barrier()  # no rank runs ahead of a checkpoint being written
+        self._saved_step = self.step
+        return folder
 
     def resume(self, folder: str | Path | None = None) -> None:
-        """Continue from ``folder``, or from the newest valid checkpoint of ``run_dir``."""
+        """Continue from ``folder``, or from the newest valid checkpoint of ``run_dir`` (the one
+        rank 0 finds, under torchrun: every rank loads the same)."""
         if folder is None:
-            if self.run_dir is None or (folder := latest_checkpoint(self.run_dir / "checkpoints")) is None:
+            found = latest_checkpoint(self.run_dir / "checkpoints") if self.run_dir and distributed.is_main() else None
+            if self.run_dir is None or (folder := distributed.broadcast_object(found)) is None:
                 raise ValueError(f"no checkpoint to resume from in {self.run_dir}")
         weights, state = load_checkpoint(folder, map_location=self.device)
         self.model.load_state_dict(weights)
@@ -141,7 +185,11 @@ class Trainer:
         if self.ema is not None and "ema" in state:
             self.ema.load_state_dict(state["ema"])
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        self.best = state.get("best")
+        self.train_seconds = state.get("train_seconds", 0.0)
         restore_rng_state(state["rng"])
+        if self.run_dir is not None and Path(folder).parent == self.run_dir / "checkpoints":
+            self._saved_step = self.step  # this run's own checkpoint: save() need not write it again
 
     # ----------------------------------------------------------------- loop
     def _batches(self) -> Iterator[list[int]]:
@@ -168,13 +216,16 @@ class Trainer:
 
     def train_step(self, batches: Iterator[list[int]]) -> float:
         cfg = self.cfg
-        self.model.train()
+        self.train_model.train()
         total = 0.0
-        for _ in range(cfg.accum_steps):
+        for i in range(cfg.accum_steps):
             x, y = self._load(next(batches))
-            with autocast(self.device, cfg.precision):
-                loss = self.loss_fn(self.model(x), y) / cfg.accum_steps
-            self.scaler.scale(loss).backward()
+            # DDP: gradients are all-reduced once, in the last micro-batch's backward
+            last = i == cfg.accum_steps - 1 or distributed.world_size() == 1  # (train_model may be compiled)
+            with contextlib.nullcontext() if last else self.train_model.no_sync():
+                with autocast(self.device, cfg.precision):
+                    loss = self.loss_fn(self.train_model(x), y) / cfg.accum_steps
+                self.scaler.scale(loss).backward()
             total += loss.item()
         if cfg.grad_clip:
             self.scaler.unscale_(self.optimizer)
@@ -195,46 +246,104 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, data: Any = None, model: nn.Module | None = None) -> dict[str, float]:
-        """Mean loss and accuracy (classification) over ``data`` (default: eval_data)."""
+        """Mean loss and accuracy (classification) over ``data`` (default: eval_data).
+
+        Under torchrun a collective: every rank must call it; each evaluates every
+        ``world``-th batch and all get the summed result."""
         data = self.eval_data if data is None else data
         model = (model or self.ema or self.model).eval()
         loss_sum, correct, count = 0.0, 0, 0
-        for start in range(0, len(data), self.cfg.batch_size):
-            x, y = self._fetch(data, list(range(start, min(start + self.cfg.batch_size, len(data)))))
+        world, bs = distributed.world_size(), self.cfg.batch_size
+        for start in range(distributed.rank() * bs, len(data), bs * world):
+            x, y = self._fetch(data, list(range(start, min(start + bs, len(data)))))
             with autocast(self.device, self.cfg.precision):
                 out = model(x)
             loss_sum += F.cross_entropy(out.float(), y, reduction="sum").item()
             correct += (out.argmax(-1) == y).sum().item()
             count += len(y)
+        if world > 1:
+            sums = distributed.all_reduce_sum(torch.tensor([loss_sum, correct, count], dtype=torch.float64,
+                                                           device=self.device))
+            loss_sum, correct, count = sums[0].item(), sums[1].item(), sums[2].item()
         return {"loss": loss_sum / count, "accuracy": correct / count}
 
-    def fit(self) -> dict[str, Any]:
-        cfg = self.cfg
-        if self.run_dir is not None:
+    def record_evaluation(self, result: dict[str, float], **extra: Any) -> bool:
+        """Log an evaluation (metrics.jsonl, TensorBoard) and keep ``checkpoints/best`` when
+        its accuracy beats every earlier one. Returns whether it was the best so far."""
+        if self.metrics:
+            self.metrics.log(self.step, kind="eval", **extra, **result)
+        if self.tensorboard:
+            self.tensorboard.log(self.step, "eval", result)
+        score = result.get("accuracy")
+        improved = score is not None and (self.best is None or score > self.best)
+        if improved:
+            self.best = score
+            if self.run_dir is not None and distributed.is_main():
+                save_named_checkpoint(self.run_dir / "checkpoints", "best", self.step,
+                                      (self.ema or self.model).state_dict(), {"step": self.step, "eval": result})
+        return improved
+
+    def _session_seconds(self) -> float:
+        """Seconds since this process's ``fit`` started (0 outside ``fit``)."""
+        return 0.0 if self._fit_start is None else time.perf_counter() - self._fit_start
+
+    def _open_logs(self) -> None:
+        if self.run_dir is None or not distributed.is_main():
+            return
+        if self.metrics is None:
             self.metrics = MetricsLog.open(self.run_dir / "metrics.jsonl", resume_step=self.step)
+        if self.tensorboard is None and self.cfg.tensorboard:
+            self.tensorboard = TensorBoardLog(self.run_dir / "tensorboard", resume_step=self.step)
+
+    def close(self) -> None:
+        """Close the metrics and TensorBoard files (``fit`` leaves them open for a final evaluation)."""
+        for log in (self.metrics, self.tensorboard):
+            if log is not None:
+                log.close()
+        self.metrics = self.tensorboard = None
+
+    def fit(self) -> dict[str, Any]:
+        """Train to ``config.steps``, evaluating, logging and checkpointing on the way.
+        Returns ``steps``, ``train_seconds``, ``samples_per_s`` and the last evaluation."""
+        cfg = self.cfg
+        self._open_logs()
         batches = self._batches()
         start, first = time.perf_counter(), self.step
+        self._fit_start = start
+        world = distributed.world_size()
+        per_step = cfg.batch_size * cfg.accum_steps * world  # global samples per optimizer step
+        show = cfg.progress and distributed.is_main()
+        progress = Progress(cfg.steps, start_step=self.step, every=cfg.progress_seconds) if show else None
+        say = progress.write if progress else self.log
         result: dict[str, Any] = {}
         try:
             while self.step < cfg.steps:
                 loss = self.train_step(batches)
+                if progress:
+                    progress.update(1, per_step, loss=loss)
                 if cfg.log_every and (self.step % cfg.log_every == 0 or self.step == cfg.steps):
-                    rate = (self.step - first) * cfg.batch_size * cfg.accum_steps / (time.perf_counter() - start)
+                    if world > 1:  # the global batch's loss: the mean of the ranks'
+                        loss = distributed.all_reduce_sum(torch.tensor([loss], device=self.device)).item() / world
+                    rate = (self.step - first) * per_step / (time.perf_counter() - start)
                     lr = self.optimizer.param_groups[0]["lr"]
-                    self.log(f"step {self.step}/{cfg.steps}  loss {loss:.4f}  lr {lr:.3g}  {rate:,.0f} samples/s")
+                    if not progress:
+                        self.log(f"step {self.step}/{cfg.steps}  loss {loss:.4f}  lr {lr:.3g}  {rate:,.0f} samples/s")
+                    values = {"loss": loss, "lr": lr, "samples_per_s": rate}
                     if self.metrics:
-                        self.metrics.log(self.step, loss=loss, lr=lr, samples_per_s=rate,
-                                         elapsed_s=time.perf_counter() - start)
+                        self.metrics.log(self.step, **values, elapsed_s=self.train_seconds + self._session_seconds())
+                    if self.tensorboard:
+                        self.tensorboard.log(self.step, "train", values)
                 if self.eval_data is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
                     result = self.evaluate()
-                    self.log(f"step {self.step}/{cfg.steps}  eval " + "  ".join(f"{k} {v:.4f}" for k, v in result.items()))
-                    if self.metrics:
-                        self.metrics.log(self.step, kind="eval", elapsed_s=time.perf_counter() - start, **result)
+                    say(f"step {self.step}/{cfg.steps}  eval " + "  ".join(f"{k} {v:.4f}" for k, v in result.items()))
+                    self.record_evaluation(result, elapsed_s=self.train_seconds + self._session_seconds())
                 if self.run_dir is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.save()
         finally:
-            if self.metrics:
-                self.metrics.close()
+            if progress:
+                progress.close()
         elapsed = time.perf_counter() - start
-        return {"steps": self.step, "train_seconds": elapsed,
-                "samples_per_s": (self.step - first) * cfg.batch_size * cfg.accum_steps / max(elapsed, 1e-9), **result}
+        self.train_seconds += elapsed
+        self._fit_start = None
+        return {"steps": self.step, "train_seconds": self.train_seconds,
+                "samples_per_s": self.step * per_step / max(self.train_seconds, 1e-9), **result}

@@ -1,0 +1,164 @@
+"""A run directory as users meet it: TensorBoard events, best and last checkpoints,
+'attnlab eval' and 'attnlab predict', CIFAR-10 recipes wired to image folders."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from attnlab.cli import main
+from attnlab.data import load_digits_dataset
+from attnlab.data.images import CIFAR10_CLASSES
+from attnlab.engine.checkpoint import CheckpointError, resolve_checkpoint, save_named_checkpoint
+from attnlab.engine.config import ConfigError
+from attnlab.engine.metrics import read_metrics
+from attnlab.recipes import load_recipe
+from attnlab.tasks import image_classification as ic
+
+TINY = ["train.steps=8", "train.warmup_steps=1", "train.batch_size=32", "train.eval_every=4",
+        "train.checkpoint_every=4", "train.log_every=2", "model.options.depth=1"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("runs") / "digits"
+    assert main(["train", "vit-digits", *TINY, "--run-dir", str(folder)]) == 0
+    return folder
+
+
+def test_tensorboard_events_hold_the_logged_scalars(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {"train/loss", "train/lr", "train/samples_per_s", "eval/accuracy", "eval/loss"} <= set(tags)
+    assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6, 8]
+    logged = {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"}
+    for e in events.Scalars("train/loss"):
+        assert e.value == pytest.approx(logged[e.step], rel=1e-6)
+
+
+def test_best_checkpoint_holds_the_best_evaluation(run_dir):
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "eval"]
+    best = max(evals, key=lambda r: r["accuracy"])
+    folder = resolve_checkpoint(run_dir / "checkpoints", "best")
+    assert json.loads((folder / "manifest.json").read_text())["step"] == best["step"]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["best_accuracy"] == best["accuracy"]
+    assert results["classes"] == [str(d) for d in range(10)]
+    assert resolve_checkpoint(run_dir / "checkpoints", "last").name == "step_000000008"
+
+
+def test_eval_command_recomputes_the_test_accuracy(run_dir, capsys):
+    results = json.loads((run_dir / "results.json").read_text())
+    assert main(["eval", str(run_dir), "--checkpoint", "last"]) == 0
+    out = capsys.readouterr().out
+    assert f"| test accuracy | {100 * results['test_accuracy']:.2f}% |" in out and "| test images | 360 |" in out
+    res = ic.evaluate_run(run_dir, "last")
+    assert res["accuracy"] == pytest.approx(results["test_accuracy"], abs=1e-12)
+    assert res["loss"] == pytest.approx(results["test_loss"], rel=1e-5)
+
+
+def test_predict_command_classifies_image_files(run_dir, tmp_path, capsys):
+    test = load_digits_dataset("test")
+    files = []
+    for i in range(4):
+        path = tmp_path / f"digit{i}.png"
+        Image.fromarray(test.images[i, 0].numpy()).save(path)
+        files.append(str(path))
+    assert main(["predict", str(run_dir), *files, "--checkpoint", "last", "--top-k", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4
+    # The files hold exactly the test images: the printed label is the model's argmax on them.
+    _, model, _ = ic.load_run(run_dir, "last")
+    from attnlab.data.transforms import digits_transforms
+
+    with torch.no_grad():
+        probs = model(digits_transforms(train=False)(test.images[:4])).softmax(-1)
+    for line, p in zip(lines, probs):
+        label, prob = line.split()[1:3]
+        assert int(label) == int(p.argmax()) and float(prob) == pytest.approx(float(p.max()), abs=1e-3)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["predict", "RUN", "/no/such.png"], "FILE '/no/such.png' does not exist"),
+    (["eval", "/", "--checkpoint", "last"], "run_dir must be an attnlab run directory"),
+    (["eval", "RUN", "--checkpoint", "nope"], "no 'nope' checkpoint"),
+])
+def test_eval_and_predict_errors_exit_2(run_dir, capsys, argv, message):
+    argv = [str(run_dir) if a == "RUN" else a for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_text_file_is_not_an_image(run_dir, tmp_path, capsys):
+    bad = tmp_path / "notes.png"
+    bad.write_text("not an image")
+    assert main(["predict", str(run_dir), str(bad)]) == 2
+    assert "is not a readable image" in capsys.readouterr().err
+
+
+def test_named_checkpoint_survives_a_crash_between_renames(tmp_path):
+    weights = {"w": torch.arange(4.0)}
+    save_named_checkpoint(tmp_path, "best", 1, weights, {"step": 1})
+    save_named_checkpoint(tmp_path, "best", 2, {"w": torch.ones(4)}, {"step": 2})
+    assert json.loads((resolve_checkpoint(tmp_path, "best") / "manifest.json").read_text())["step"] == 2
+    # A crash after "best" was moved aside but before the new one took its place:
+    (tmp_path / "best").rename(tmp_path / ".best.old")
+    assert resolve_checkpoint(tmp_path, "best").name == ".best.old"
+    (tmp_path / ".best.old" / "model.safetensors").write_bytes(b"truncated")
+    with pytest.raises(CheckpointError, match="corrupted or truncated"):
+        resolve_checkpoint(tmp_path, "best")
+
+
+def test_warmup_longer_than_training_is_a_config_error():
+    with pytest.raises((ConfigError, ValueError), match="warmup_steps must not exceed train.steps"):
+        load_recipe("vit-digits", ["train.steps=10", "train.warmup_steps=20"])
+
+
+@pytest.fixture
+def tiny_cifar(tmp_path):
+    """CIFAR-10 in the image-folder layout: 4 train and 2 test JPEGs per class."""
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 4), ("test", 2)):
+        for c in CIFAR10_CLASSES:
+            folder = tmp_path / "cifar10" / split / c
+            folder.mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{i:04d}.jpg")
+    return tmp_path
+
+
+@pytest.mark.parametrize("recipe", ["attncnn-cifar10", "botnet-cifar10", "vit-cifar10", "resnet-cifar10"])
+def test_cifar10_recipes_train_from_an_image_folder(tiny_cifar, tmp_path, recipe):
+    run = tmp_path / "run"
+    argv = ["train", recipe, f"data.data_dir={tiny_cifar}", "train.steps=2", "train.warmup_steps=1",
+            "train.batch_size=8", "train.eval_every=0", "train.checkpoint_every=0", "--run-dir", str(run)]
+    assert main(argv) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["steps"] == 2 and results["classes"] == list(CIFAR10_CLASSES)
+    assert ic.evaluate_run(run)["samples"] == 20
+
+
+def test_batched_fetch_equals_one_image_at_a_time(tiny_cifar):
+    recipe = load_recipe("attncnn-cifar10", [f"data.data_dir={tiny_cifar}"])
+    _, test = ic.build_data(recipe)
+    x, y = test.get_batch([3, 0, 7])
+    for row, i in enumerate([3, 0, 7]):
+        xi, yi = test[i]
+        assert torch.equal(x[row], xi) and int(y[row]) == yi
+
+
+def test_a_second_run_into_the_same_folder_is_refused_and_resume_of_nothing_starts_fresh(run_dir, tmp_path, capsys):
+    before = (run_dir / "config.yaml").read_text()
+    assert main(["train", "vit-digits", *TINY, "--run-dir", str(run_dir)]) == 2
+    assert "already holds checkpoints of a run; pass --resume" in capsys.readouterr().err
+    assert (run_dir / "config.yaml").read_text() == before  # nothing was touched
+    fresh = tmp_path / "fresh"
+    assert main(["train", "vit-digits", *TINY, "train.steps=2", "--run-dir", str(fresh), "--resume"]) == 0
+    assert "no complete checkpoint yet; starting from step 0" in capsys.readouterr().out
+    assert json.loads((fresh / "results.json").read_text())["steps"] == 2
