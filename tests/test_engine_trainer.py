@@ -105,3 +105,40 @@ def test_ema_follows_the_weights():
 def test_grad_checkpointing_needs_support():
     with pytest.raises(ValueError, match="grad_checkpointing: Linear has no set_grad_checkpointing"):
         Trainer(torch.nn.Linear(64, 10), Scaled("train"), config(grad_checkpointing=True))
+
+
+class TokenBatches:
+    """Toy text data with batched dict inputs: is token 5 in the (padded) sequence?"""
+
+    def __init__(self, n=256, length=12, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(1, 10, (n, length), generator=g)
+        self.lengths = torch.randint(3, length + 1, (n,), generator=g)
+        self.mask = torch.arange(length)[None, :] < self.lengths[:, None]
+        self.ids[~self.mask] = 0
+        self.labels = ((self.ids == 5) & self.mask).any(1).long()
+
+    def __len__(self):
+        return len(self.labels)
+
+    def get_batch(self, idx):
+        idx = torch.as_tensor(idx)
+        return {"input_ids": self.ids[idx], "attention_mask": self.mask[idx]}, self.labels[idx]
+
+
+class BagOfTokens(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 16)
+        self.head = torch.nn.Linear(16, 2)
+
+    def forward(self, input_ids, attention_mask):
+        h = (self.emb(input_ids) * attention_mask[..., None]).amax(1)
+        return self.head(h)
+
+
+def test_dict_inputs_are_passed_by_name_and_learned():
+    data = TokenBatches()
+    trainer = Trainer(BagOfTokens(), data, config(steps=150, lr=3e-2, progress=False), eval_data=TokenBatches(seed=1))
+    trainer.fit()
+    assert trainer.evaluate()["accuracy"] > 0.95

@@ -56,7 +56,7 @@ def test_eval_command_recomputes_the_test_accuracy(run_dir, capsys):
     results = json.loads((run_dir / "results.json").read_text())
     assert main(["eval", str(run_dir), "--checkpoint", "last"]) == 0
     out = capsys.readouterr().out
-    assert f"| test accuracy | {100 * results['test_accuracy']:.2f}% |" in out and "| test images | 360 |" in out
+    assert f"| test accuracy | {100 * results['test_accuracy']:.2f}% |" in out and "| test samples | 360 |" in out
     res = ic.evaluate_run(run_dir, "last")
     assert res["accuracy"] == pytest.approx(results["test_accuracy"], abs=1e-12)
     assert res["loss"] == pytest.approx(results["test_loss"], rel=1e-5)

@@ -118,7 +118,7 @@ def _train(args: argparse.Namespace) -> int:
 
     from .engine import distributed
     from .recipes import load_recipe
-    from .tasks import image_classification
+    from .tasks import image_classification, sentiment
 
     recipe = load_recipe(args.recipe, args.overrides)  # validated before any work starts
     distributed.init_distributed(recipe.train.device)  # under torchrun: join the group; else nothing
@@ -127,40 +127,60 @@ def _train(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or distributed.broadcast_object(f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if distributed.is_main():
         print(f"attnlab train {args.recipe}: {recipe.model.name} on {recipe.data.name}, run directory {run_dir}")
-    results = image_classification.run(recipe, run_dir, resume=args.resume)
+    task = {"image_classification": image_classification, "sentiment": sentiment}[recipe.task]
+    results = task.run(recipe, run_dir, resume=args.resume)
     if not distributed.is_main():  # rank 0 alone prints the results
         return 0
     print()
     print("| result | value |")
     print("| --- | --- |")
-    print(f"| test accuracy | {100 * results['test_accuracy']:.2f}% |")
+    spread = f" ± {100 * results['test_accuracy_std']:.2f} (10 folds)" if "test_accuracy_std" in results else ""
+    print(f"| test accuracy | {100 * results['test_accuracy']:.2f}%{spread} |")
     print(f"| parameters | {results['params']:,} |")
     print(f"| training time | {results['train_seconds']:.1f} s |")
-    print(f"| throughput | {results['samples_per_s']:,.0f} images/s |")
+    unit = "images" if recipe.task == "image_classification" else "sentences"
+    print(f"| throughput | {results['samples_per_s']:,.0f} {unit}/s |")
     print(f"\nrun directory: {run_dir}")
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .tasks import image_classification
+    from .tasks import image_classification, sentiment
+    from .tasks.common import read_recipe
 
-    res = image_classification.evaluate_run(args.run_dir, args.checkpoint, device=args.device)
+    task = sentiment if read_recipe(args.run_dir).task == "sentiment" else image_classification
+    res = task.evaluate_run(args.run_dir, args.checkpoint, device=args.device)
     print(f"checkpoint: {res['checkpoint']}")
     print("| metric | value |")
     print("| --- | --- |")
     print(f"| test accuracy | {100 * res['accuracy']:.2f}% |")
     print(f"| test loss | {res['loss']:.4f} |")
-    print(f"| test images | {res['samples']:,} |")
+    print(f"| test samples | {res['samples']:,} |")
     return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from .tasks import image_classification
+    from .tasks import image_classification, sentiment
+    from .tasks.common import read_recipe
 
-    rows = image_classification.predict_files(args.run_dir, args.files, args.checkpoint, top_k=args.top_k)
+    if read_recipe(args.run_dir).task == "sentiment":
+        return _predict_texts(args, sentiment)
+    if not args.inputs:
+        raise UsageError("give one or more image FILEs to classify")
+    rows = image_classification.predict_files(args.run_dir, args.inputs, args.checkpoint, top_k=args.top_k)
     width = max(len(f) for f, _ in rows)
     for file, preds in rows:
         print(f"{file.ljust(width)}  " + "  ".join(f"{label} {p:.3f}" for label, p in preds))
+    return 0
+
+
+def _predict_texts(args: argparse.Namespace, sentiment) -> int:
+    """Texts from the command line, else one per line from standard input, in batches."""
+    texts = args.inputs if args.inputs else [line.rstrip("\n") for line in sys.stdin]
+    if not texts:
+        raise UsageError("give texts to classify, or lines on standard input")
+    for text, (label, p) in zip(texts, sentiment.predict_texts(args.run_dir, texts, args.checkpoint)):
+        print(f"{label}\t{p:.3f}\t{text}")
     return 0
 
 
@@ -198,9 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default auto)")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("predict", help="classify image files with a trained run: label and probability")
+    p = sub.add_parser("predict", help="classify images or texts with a trained run: label and probability")
     p.add_argument("run_dir", help="a run directory written by 'attnlab train'")
-    p.add_argument("files", nargs="+", metavar="FILE", help="image files (converted and resized to the model's input)")
+    p.add_argument("inputs", nargs="*", metavar="INPUT",
+                   help="image files for an image run; texts for a sentiment run (default: lines of standard input)")
     p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
     p.add_argument("--top-k", type=_positive_int, default=1, help="labels to show per file (default 1)")
     p.set_defaults(func=cmd_predict)

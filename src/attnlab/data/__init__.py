@@ -5,6 +5,9 @@
   or the original pickled batches, read with a restricted unpickler).
 * :mod:`.transforms`: tensor transforms and the CIFAR-10 / digits presets.
 * :mod:`.mix`: mixup and cutmix with soft targets.
+* :mod:`.mr`, :mod:`.multi30k`: the MR sentence-polarity and Multi30k translation corpora.
+* :mod:`.tokenize`: :class:`TextTokenizer` (WordPiece or byte-level BPE, Hugging Face ``tokenizers``).
+* :mod:`.text`: strict reading of text files, :class:`SentimentDataset`.
 """
 
 from .images import (
@@ -18,7 +21,11 @@ from .images import (
     load_digits_dataset,
 )
 from .mix import Mixup, cutmix_box, one_hot
+from .mr import load_mr, mr_folds, mr_split
+from .multi30k import load_multi30k
 from .paths import data_dir, require
+from .text import SentimentDataset, read_lines
+from .tokenize import SPECIAL_TOKENS, TextTokenizer, key_padding_mask
 from .transforms import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -64,4 +71,13 @@ __all__ = [
     "Mixup",
     "one_hot",
     "cutmix_box",
+    "load_mr",
+    "mr_folds",
+    "mr_split",
+    "load_multi30k",
+    "read_lines",
+    "SentimentDataset",
+    "SPECIAL_TOKENS",
+    "TextTokenizer",
+    "key_padding_mask",
 ]

@@ -38,6 +38,7 @@ class Progress:
         self.metrics: dict[str, Any] = {}
         self.start = self.last_print = time.perf_counter()
         self._bar = None
+        self._printed_step: int | None = None  # the step of the last plain line
         if self.tty:
             from tqdm import tqdm
 
@@ -74,6 +75,7 @@ class Progress:
         print(f"{self.desc} step {self.step}/{self.total}  {self._postfix()}  eta {eta_text}",
               file=self.stream, flush=True)
         self.last_print = time.perf_counter()
+        self._printed_step = self.step
 
     def write(self, message: str) -> None:
         """Print a line without breaking the bar."""
@@ -85,7 +87,7 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        else:
+        elif self._printed_step != self.step:  # the final line, unless just printed
             self._line()
 
     def __enter__(self) -> "Progress":

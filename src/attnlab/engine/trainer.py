@@ -89,6 +89,11 @@ class EpochSampler:
             yield chunk[self.rank :: self.world].tolist()
 
 
+def _call(model: nn.Module, x: Any) -> Tensor:
+    """``model(**x)`` for a dict of named inputs (text: ``input_ids``, ``attention_mask``), else ``model(x)``."""
+    return model(**x) if isinstance(x, dict) else model(x)
+
+
 def _collate(items: Sequence[tuple[Any, Any]]) -> tuple[Tensor, Tensor]:
     xs, ys = zip(*items)
     return torch.stack(list(xs)), torch.as_tensor(ys)
@@ -199,11 +204,17 @@ class Trainer:
                 yield idx
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
 
-    def _to_device(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+    def _move(self, x: Any) -> Any:
+        """A tensor, or a dict of tensors (e.g. ``input_ids`` and ``attention_mask``), to the device."""
+        if isinstance(x, dict):
+            return {k: self._move(v) for k, v in x.items()}
+        x = x.to(self.device, non_blocking=True)
         if self.cfg.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        return x, y
+        return x
+
+    def _to_device(self, x: Any, y: Tensor) -> tuple[Any, Tensor]:
+        return self._move(x), y.to(self.device, non_blocking=True)
 
     def _fetch(self, data: Any, idx: list[int]) -> tuple[Tensor, Tensor]:
         """A batch from ``data.get_batch(idx)`` when the data set has one (batched transforms), else collated items."""
@@ -224,7 +235,7 @@ class Trainer:
             last = i == cfg.accum_steps - 1 or distributed.world_size() == 1  # (train_model may be compiled)
             with contextlib.nullcontext() if last else self.train_model.no_sync():
                 with autocast(self.device, cfg.precision):
-                    loss = self.loss_fn(self.train_model(x), y) / cfg.accum_steps
+                    loss = self.loss_fn(_call(self.train_model, x), y) / cfg.accum_steps
                 self.scaler.scale(loss).backward()
             total += loss.item()
         if cfg.grad_clip:
@@ -257,7 +268,7 @@ class Trainer:
         for start in range(distributed.rank() * bs, len(data), bs * world):
             x, y = self._fetch(data, list(range(start, min(start + bs, len(data)))))
             with autocast(self.device, self.cfg.precision):
-                out = model(x)
+                out = _call(model, x)
             loss_sum += F.cross_entropy(out.float(), y, reduction="sum").item()
             correct += (out.argmax(-1) == y).sum().item()
             count += len(y)

@@ -13,14 +13,30 @@ from ..engine.config import ConfigError, apply_overrides, from_dict
 from ..engine.trainer import TrainConfig
 from ..suggest import did_you_mean
 
-__all__ = ["Recipe", "DataConfig", "ModelConfig", "list_recipes", "load_recipe"]
+__all__ = ["Recipe", "DataConfig", "ModelConfig", "TextConfig", "list_recipes", "load_recipe"]
 
 
 @dataclass
 class DataConfig:
-    name: Literal["digits", "cifar10"] = "digits"
+    name: Literal["digits", "cifar10", "mr"] = "digits"
     data_dir: str | None = None  # default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab
     augment: bool = False
+    # MR: "split" trains on a fixed 80/10/10 split (dev for model selection, test once);
+    # "cv10" is the standard protocol: 10 stratified folds, mean and spread of test accuracy.
+    protocol: Literal["split", "cv10"] = "split"
+    seed: int = 0  # of the split and the folds
+
+
+@dataclass
+class TextConfig:
+    """Tokenization of text tasks (ignored by image tasks)."""
+
+    tokenizer: Literal["wordpiece", "bpe"] = "wordpiece"
+    vocab_size: int = field(default=8000, metadata={"min": 263})
+    lowercase: bool = True
+    min_frequency: int = field(default=1, metadata={"min": 0})
+    max_length: int = field(default=64, metadata={"min": 3})  # tokens per text, [CLS] and [SEP] included
+    tokenizer_file: str | None = None  # a tokenizer.json to use instead of training one
 
 
 @dataclass
@@ -32,9 +48,16 @@ class ModelConfig:
 @dataclass
 class Recipe:
     description: str = ""
-    task: Literal["image_classification"] = "image_classification"
+    task: Literal["image_classification", "sentiment"] = "image_classification"
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    text: TextConfig = field(default_factory=TextConfig)
+
+    def __post_init__(self) -> None:
+        wanted = {"image_classification": ("digits", "cifar10"), "sentiment": ("mr",)}[self.task]
+        if self.data.name not in wanted:
+            raise ValueError(f"data.name must be one of {', '.join(map(repr, wanted))} for task {self.task!r}; "
+                             f"got {self.data.name!r}")
     train: TrainConfig = field(default_factory=TrainConfig)
 
 

@@ -1,0 +1,337 @@
+"""Subword tokenizers for text tasks: :class:`TextTokenizer`, a small wrapper around a
+Hugging Face ``tokenizers.Tokenizer`` that trains, saves, loads, encodes to padded
+tensors and decodes.
+
+Special tokens of a tokenizer trained here, and their ids::
+
+    [PAD]=0  [BOS]=1  [EOS]=2  [UNK]=3  [CLS]=4  [SEP]=5
+
+``[PAD]``, ``[BOS]``, ``[EOS]`` are the defaults of attnlab's Transformer (``pad_id=0``,
+``bos_id=1``, ``eos_id=2``). Classification wraps a text as ``[CLS] tokens [SEP]``
+(``add_cls=True``); translation uses ``add_bos``/``add_eos`` (a source ``tokens [EOS]``,
+a target ``[BOS] tokens [EOS]``). A joint source+target vocabulary is one tokenizer
+trained on both lists; separate vocabularies are two tokenizers.
+
+Kinds:
+
+* ``"wordpiece"`` (BERT): NFKC, then BERT's normalizer (control characters dropped,
+  CJK characters split, optional lower-casing, accents kept), split on whitespace and
+  punctuation, ``##`` continuation pieces. A word holding a character never seen in
+  training becomes ``[UNK]``.
+* ``"bpe"``: byte-level BPE (GPT-2, RoBERTa): NFKC, optional lower-casing, GPT-2's split
+  into words, numbers and punctuation; all 256 bytes are in the vocabulary, so every
+  text encodes and decodes back, never to ``[UNK]``.
+
+Masks: ``attention_mask`` follows Hugging Face, ``int64``, 1 = real token, 0 = padding.
+attnlab's attention takes the opposite, a bool ``key_padding_mask`` that is ``True`` at
+padding: :func:`key_padding_mask` converts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from torch import Tensor
+
+from ..io import atomic_write_bytes
+
+__all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "TextTokenizer", "key_padding_mask"]
+
+SPECIAL_TOKENS = ("[PAD]", "[BOS]", "[EOS]", "[UNK]", "[CLS]", "[SEP]")
+TOKENIZER_KINDS = ("wordpiece", "bpe")
+TOKENIZER_FILE = "tokenizer.json"
+
+# role -> token names that play it in a loaded tokenizer.json (BERT's, then RoBERTa's spelling)
+_ROLES = {
+    "pad": ("[PAD]", "<pad>"),
+    "bos": ("[BOS]", "<s>", "<bos>"),
+    "eos": ("[EOS]", "</s>", "<eos>"),
+    "unk": ("[UNK]", "<unk>"),
+    "cls": ("[CLS]", "<s>", "<cls>"),
+    "sep": ("[SEP]", "</s>", "<sep>"),
+}
+
+
+def key_padding_mask(attention_mask: Tensor) -> Tensor:
+    """Hugging Face's ``attention_mask`` (1 = token) -> attnlab's bool ``key_padding_mask`` (True = padding)."""
+    return attention_mask == 0
+
+
+def _check_texts(texts: str | Sequence[str]) -> list[str]:
+    if isinstance(texts, str):
+        return [texts]
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"texts[{i}] must be a str; got {type(text).__name__} {text!r:.60}")
+    return texts
+
+
+def _new_tokenizer(kind: str, lowercase: bool) -> Tokenizer:
+    if kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+        bert = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=lowercase
+        )
+        tok.normalizer = normalizers.Sequence([normalizers.NFKC(), bert, normalizers.Strip()])
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece(prefix="##")
+    else:
+        tok = Tokenizer(models.BPE())
+        lower = [normalizers.Lowercase()] if lowercase else []
+        tok.normalizer = normalizers.Sequence([normalizers.NFKC(), *lower, normalizers.Strip()])
+        # a space before the first word too, so that a word is one token wherever it stands
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        tok.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Strip(" ", 1, 0)])  # ... and not in the text
+    return tok
+
+
+def _first_id(tokenizer: Tokenizer, names: Sequence[str]) -> int | None:
+    for name in names:
+        if (i := tokenizer.token_to_id(name)) is not None:
+            return i
+    return None
+
+
+def _tokenizer_file(path: str | Path) -> Path:
+    path = Path(path).expanduser()
+    return path if path.suffix == ".json" else path / TOKENIZER_FILE
+
+
+class TextTokenizer:
+    """A ``tokenizers.Tokenizer`` with known special-token ids (see the module docstring).
+
+    Make one with :meth:`train` or :meth:`load`, or wrap a ``tokenizers.Tokenizer``
+    (its own truncation and padding settings are switched off: :meth:`encode` does both).
+
+    Attributes: ``tokenizer`` (the wrapped one), ``kind`` (its model, lower-case:
+    ``"wordpiece"``, ``"bpe"``, ...), ``vocab_size``, and ``pad_id``, ``bos_id``,
+    ``eos_id``, ``unk_id``, ``cls_id``, ``sep_id`` (``None`` when the vocabulary lacks
+    that token; only ``[PAD]`` is required).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, source: str = "tokenizer") -> None:
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        self.tokenizer = tokenizer
+        self.kind = type(tokenizer.model).__name__.lower()
+        ids = {role: _first_id(tokenizer, names) for role, names in _ROLES.items()}
+        if ids["pad"] is None:
+            raise ValueError(
+                f"{source} must have a padding token ({' or '.join(_ROLES['pad'])}) in its vocabulary; "
+                f"it has none among its {tokenizer.get_vocab_size()} tokens"
+            )
+        self.pad_id: int = ids["pad"]
+        self.bos_id, self.eos_id, self.unk_id = ids["bos"], ids["eos"], ids["unk"]
+        self.cls_id, self.sep_id = ids["cls"], ids["sep"]
+
+    # ------------------------------------------------------------------ make, save, load
+    @classmethod
+    def train(
+        cls,
+        texts: Sequence[str],
+        kind: str = "wordpiece",
+        vocab_size: int = 8000,
+        *,
+        lowercase: bool = False,
+        min_frequency: int = 2,
+    ) -> TextTokenizer:
+        """Learn a vocabulary of at most ``vocab_size`` tokens from ``texts`` (a training split only).
+
+        ``kind``: ``"wordpiece"`` or ``"bpe"`` (byte-level). ``min_frequency``: a merge
+        (a new token) must occur at least this often. Special tokens get ids 0..5.
+        """
+        if kind not in TOKENIZER_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(map(repr, TOKENIZER_KINDS))}; got {kind!r}")
+        texts = _check_texts(texts)
+        if not any(t.strip() for t in texts):
+            raise ValueError(
+                f"texts must hold at least one non-blank string to learn a vocabulary from; got {len(texts)} blank"
+            )
+        floor = len(SPECIAL_TOKENS) + (256 if kind == "bpe" else 1)
+        if not isinstance(vocab_size, int) or vocab_size < floor:
+            extra = " (256 bytes + 6 special tokens)" if kind == "bpe" else ""
+            raise ValueError(f"vocab_size must be an integer >= {floor} for kind={kind!r}{extra}; got {vocab_size!r}")
+        if not isinstance(min_frequency, int) or min_frequency < 0:
+            raise ValueError(f"min_frequency must be a non-negative integer; got {min_frequency!r}")
+        tok = _new_tokenizer(kind, lowercase)
+        common = dict(
+            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+        )
+        if kind == "wordpiece":
+            trainer = trainers.WordPieceTrainer(continuing_subword_prefix="##", **common)
+        else:
+            trainer = trainers.BpeTrainer(initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), **common)
+        tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+        return cls(tok)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``tokenizer.json`` atomically: to ``path`` when it ends in ``.json``, else
+        into the folder ``path`` (created). Returns the file written."""
+        file = _tokenizer_file(path)
+        atomic_write_bytes(file, self.tokenizer.to_str(pretty=True).encode("utf-8"))
+        return file
+
+    @classmethod
+    def load(cls, path: str | Path) -> TextTokenizer:
+        """Read a ``tokenizer.json`` (a file, or a folder holding one): one saved here, or
+        any Hugging Face tokenizer file whose vocabulary has a padding token."""
+        file = _tokenizer_file(path)
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"path must be a tokenizer.json file or a folder holding one; {file} does not exist"
+            )
+        try:
+            tok = Tokenizer.from_file(str(file))
+        except Exception as exc:  # the Rust side raises a bare Exception for bad JSON
+            raise ValueError(f"could not read {file} as a Hugging Face tokenizer.json: {exc}") from None
+        return cls(tok, source=str(file))
+
+    # ------------------------------------------------------------------ encode
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def normalize(self, text: str) -> str:
+        """``text`` as the tokenizer sees it (NFKC, lower-casing if trained so, stripped)."""
+        normalizer = self.tokenizer.normalizer
+        return normalizer.normalize_str(text) if normalizer is not None else text
+
+    def _specials(self, add_cls: bool, add_bos: bool, add_eos: bool) -> tuple[list[int], list[int]]:
+        if add_cls and (add_bos or add_eos):
+            raise ValueError(
+                "add_cls must be False when add_bos or add_eos is True: a text is [CLS] ... [SEP] or [BOS] ... [EOS]"
+            )
+        wanted = [("add_cls", add_cls, ("cls", "sep")), ("add_bos", add_bos, ("bos",)), ("add_eos", add_eos, ("eos",))]
+        for flag, on, roles in wanted:
+            missing = [_ROLES[r][0] for r in roles if getattr(self, f"{r}_id") is None]
+            if on and missing:
+                raise ValueError(
+                    f"{flag}=True needs {' and '.join(missing)} in the vocabulary; this tokenizer has no such token"
+                )
+        prefix = [self.cls_id] if add_cls else [self.bos_id] if add_bos else []
+        suffix = [self.sep_id] if add_cls else [self.eos_id] if add_eos else []
+        return prefix, suffix
+
+    def tokenize(
+        self,
+        texts: str | Sequence[str],
+        max_length: int | None = None,
+        *,
+        truncation: bool = True,
+        add_cls: bool = True,
+        add_bos: bool = False,
+        add_eos: bool = False,
+    ) -> list[list[int]]:
+        """Token ids of each text, special tokens included, unpadded.
+
+        With ``max_length`` and ``truncation``, a text longer than ``max_length`` tokens
+        (special tokens included) keeps its first tokens and its special tokens, and one
+        ``UserWarning`` per call says how many texts were cut. With ``truncation=False`` a
+        text too long raises ``ValueError``. Empty and blank texts give the special tokens alone.
+        """
+        texts = _check_texts(texts)
+        prefix, suffix = self._specials(add_cls, add_bos, add_eos)
+        n_special = len(prefix) + len(suffix)
+        if max_length is not None and (not isinstance(max_length, int) or max_length <= n_special):
+            raise ValueError(
+                f"max_length must be an integer > {n_special} (room for {n_special} special tokens and one more); "
+                f"got {max_length!r}"
+            )
+        encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)  # fast: no offsets
+        pieces = [e.ids for e in encode_batch(texts, add_special_tokens=False)]
+        if max_length is not None:
+            budget = max_length - n_special
+            long = [len(p) for p in pieces if len(p) > budget]
+            if long and not truncation:
+                raise ValueError(
+                    f"{len(long)} of {len(texts)} texts are longer than max_length={max_length} tokens (the longest: "
+                    f"{max(long) + n_special}); pass truncation=True or a larger max_length"
+                )
+            if long:
+                warnings.warn(
+                    f"{len(long)} of {len(texts)} texts were longer than max_length={max_length} tokens and were "
+                    f"truncated (the longest had {max(long) + n_special})",
+                    stacklevel=2,
+                )
+                pieces = [p[:budget] for p in pieces]
+        return [prefix + p + suffix for p in pieces]
+
+    def pad(self, sequences: Sequence[Sequence[int]], length: int | None = None) -> dict[str, Tensor]:
+        """Right-pad id lists with ``pad_id``: ``input_ids`` and ``attention_mask``, ``int64``
+        ``(B, L)``; ``L`` is ``length``, else the longest sequence (at least 1)."""
+        lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+        longest = int(lengths.max(initial=0))
+        if length is None:
+            length = max(longest, 1)
+        elif longest > length:
+            raise ValueError(f"length must be >= the longest sequence ({longest} ids); got {length}")
+        flat = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=int(lengths.sum()))
+        mask = np.arange(length) < lengths[:, None]
+        ids = np.full((len(sequences), length), self.pad_id, dtype=np.int64)
+        ids[mask] = flat  # row-major: row i gets its own ids, in order
+        return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask.astype(np.int64))}
+
+    def encode(
+        self,
+        texts: str | Sequence[str],
+        max_length: int | None = None,
+        padding: bool | str = True,
+        truncation: bool = True,
+        *,
+        add_cls: bool = True,
+        add_bos: bool = False,
+        add_eos: bool = False,
+    ) -> dict[str, Tensor]:
+        """``B`` texts (or one str) -> ``{"input_ids": (B, L), "attention_mask": (B, L)}``, both ``int64``.
+
+        ``padding``: ``True`` (or ``"longest"``): ``L`` is the longest encoded text of the
+        batch; ``"max_length"``: ``L = max_length``. ``attention_mask`` is 1 at tokens and
+        0 at padding (:func:`key_padding_mask` gives attnlab's mask). Truncation, empty
+        texts and special tokens: see :meth:`tokenize`.
+        """
+        if padding is not True and padding not in ("longest", "max_length"):
+            raise ValueError(f"padding must be True, 'longest' or 'max_length'; got {padding!r}")
+        if padding == "max_length" and max_length is None:
+            raise ValueError("max_length must be given when padding='max_length'; got None")
+        ids = self.tokenize(texts, max_length, truncation=truncation, add_cls=add_cls, add_bos=add_bos, add_eos=add_eos)
+        return self.pad(ids, max_length if padding == "max_length" else None)
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, ids: Sequence[int] | Tensor) -> str:
+        """One id sequence ``(L,)`` -> text, special tokens (padding included) dropped and
+        subwords joined (``##`` pieces, or bytes for byte-level BPE)."""
+        if isinstance(ids, Tensor):
+            if ids.dim() != 1:
+                raise ValueError(
+                    f"ids must be one sequence (L,); got shape {tuple(ids.shape)} (use decode_batch for (B, L))"
+                )
+            ids = ids.tolist()
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"ids must lie in [0, {self.vocab_size}) (the vocabulary size); got {bad[:5]}")
+        specials = {self.pad_id, self.bos_id, self.eos_id, self.cls_id, self.sep_id}
+        return self.tokenizer.decode([i for i in ids if i not in specials], skip_special_tokens=True)
+
+    def decode_batch(self, ids: Sequence[Sequence[int]] | Tensor) -> list[str]:
+        """``(B, L)`` ids -> ``B`` texts, as :meth:`decode`."""
+        if isinstance(ids, Tensor) and ids.dim() != 2:
+            raise ValueError(f"ids must be a batch (B, L); got shape {tuple(ids.shape)}")
+        return [self.decode(row) for row in ids]
+
+    def __repr__(self) -> str:
+        return (
+            f"TextTokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, pad_id={self.pad_id}, "
+            f"bos_id={self.bos_id}, eos_id={self.eos_id}, unk_id={self.unk_id}, "
+            f"cls_id={self.cls_id}, sep_id={self.sep_id})"
+        )

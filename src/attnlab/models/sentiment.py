@@ -1,0 +1,258 @@
+"""Attention sentiment classifier: token ids -> Transformer encoder -> pooled vector -> logits.
+
+The tutorials' classifier (embedding, a few encoder layers, pooling, a linear head), with
+what they get wrong put right:
+
+* Padding is masked everywhere: as keys in every self-attention layer, and in mean
+  pooling, which averages real tokens only. The same sentence padded to any length
+  gives the same logits.
+* The mask convention is converted once, at the input: ``attention_mask`` follows
+  Hugging Face (``1``/``True`` = real token, what the tokenizer returns) and becomes
+  attnlab's ``key_padding_mask`` (``True`` = padding, see
+  :mod:`attnlab.attention.functional`).
+* Pre-norm layers end with a final norm (without it the last residual stream is
+  unnormalized); post-norm layers, already normalized, get none.
+* A row with no real token (every position masked) gives finite logits: its attention
+  is zero, and the masked mean divides by at least one.
+
+Token embeddings are scaled by ``sqrt(embed_dim)`` after an ``N(0, 1/embed_dim)``
+initialisation (as in :class:`~attnlab.models.transformer.Seq2SeqTransformer`), so that
+they start at unit variance, the scale of the sinusoidal positions they are added to.
+
+Sequences are right-padded: positions count from the first token, and ``"cls"`` pooling
+reads position 0, where the tokenizer puts ``[CLS]``.
+
+Shapes::
+
+    input_ids        (B, L)  token ids, L <= max_len
+    attention_mask   (B, L)  1/True = real token, 0/False = padding
+    embed + pos      (B, L, E)
+    encoder          (B, L, E)   depth layers, key padding masked
+    pool             (B, E)      "cls": token 0; "mean": mean of real tokens
+    head             (B, num_classes)
+
+The attention kind is taken from the attention registry (``attention="exact"`` by
+default), so any ``"tokens"`` kind can be swapped in from a recipe.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..attention.registry import attention_family, build_attention
+from ..layers.norms import build_norm
+from ..layers.pos_encoding import build_pos_encoding
+from ..layers.transformer_layers import TransformerEncoder, TransformerEncoderLayer
+from .registry import build_config, register_model
+
+__all__ = ["SentimentConfig", "AttentionSentimentClassifier"]
+
+POOLINGS = ("cls", "mean")
+POS_ENCODINGS = ("learned", "none", "sinusoidal")
+
+
+@dataclass
+class SentimentConfig:
+    """Configuration of :class:`AttentionSentimentClassifier`; defaults are ``sentiment_transformer_small``."""
+
+    vocab_size: int = 16000
+    num_classes: int = 2
+    embed_dim: int = 128
+    depth: int = 2  # encoder layers; 0 gives a bag-of-embeddings baseline
+    num_heads: int = 4
+    mlp_ratio: float = 4.0  # feed-forward width = round(embed_dim * mlp_ratio)
+    activation: str = "gelu"
+    dropout: float = 0.1  # residual branches, feed-forward hidden layer, head input
+    attn_dropout: float = 0.1  # on the attention weights
+    embed_dropout: float = 0.1  # on embeddings + positions
+    max_len: int = 256
+    pos_encoding: str = "sinusoidal"  # "sinusoidal", "learned" or "none"
+    pooling: str = "mean"  # "cls" (token 0) or "mean" (masked mean of real tokens)
+    norm_first: bool = True  # pre-norm, with a final norm
+    norm: str = "layernorm"  # or "batchnorm" (token BatchNorm, padding left out)
+    norm_eps: float = 1e-5
+    padding_idx: int | None = 0  # embedding row kept at zero; the padding mask when none is given
+    attention: str = "exact"  # a "tokens" kind of attnlab.attention.list_attention()
+    attention_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "num_classes", "embed_dim", "num_heads", "max_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if not isinstance(self.depth, int) or isinstance(self.depth, bool) or self.depth < 0:
+            raise ValueError(f"depth must be a non-negative integer; got {self.depth!r}")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(
+                f"embed_dim must be divisible by num_heads; got embed_dim={self.embed_dim}, num_heads={self.num_heads}"
+            )
+        if not self.mlp_ratio > 0:
+            raise ValueError(f"mlp_ratio must be positive; got {self.mlp_ratio!r}")
+        for name in ("dropout", "attn_dropout", "embed_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1); got {getattr(self, name)!r}")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {list(POOLINGS)}; got {self.pooling!r}")
+        if self.pos_encoding not in POS_ENCODINGS:
+            raise ValueError(f"pos_encoding must be one of {list(POS_ENCODINGS)}; got {self.pos_encoding!r}")
+        if self.padding_idx is not None and not 0 <= self.padding_idx < self.vocab_size:
+            raise ValueError(
+                f"padding_idx must be None or in [0, vocab_size={self.vocab_size}); got {self.padding_idx}"
+            )
+        if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
+            raise ValueError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
+        if "dropout" in self.attention_options:
+            raise ValueError("attention_options must not set 'dropout'; use attn_dropout")
+
+
+def _layer_with_weights(layer: TransformerEncoderLayer, x: Tensor, pad: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``layer(x, key_padding_mask=pad)`` and its attention weights ``(B, H, L, L)``.
+
+    TransformerEncoderLayer does not return weights; this mirrors its forward step by
+    step (tests check that both give the same logits).
+    """
+
+    def sa(h: Tensor) -> tuple[Tensor, Tensor]:
+        out, w = layer.self_attn(h, key_padding_mask=pad, need_weights=True, average_attn_weights=False)
+        return layer.dropout(out), w
+
+    if layer.norm_first:
+        out, w = sa(layer.norm1(x, pad))
+        x = x + out
+        return x + layer.dropout(layer.ff(layer.norm2(x, pad))), w
+    out, w = sa(x)
+    x = layer.norm1(x + out, pad)
+    return layer.norm2(x + layer.dropout(layer.ff(x)), pad), w
+
+
+class AttentionSentimentClassifier(nn.Module):
+    """Sentence classifier on a Transformer encoder; see the module docstring.
+
+    ``forward(input_ids, attention_mask=None)``: ``(B, L)`` ids and an optional
+    ``(B, L)`` mask (1/True = real token; when omitted, tokens equal to ``padding_idx``
+    are padding, or nothing is when ``padding_idx`` is None) -> logits ``(B, num_classes)``.
+    """
+
+    def __init__(self, config: SentimentConfig | None = None, **overrides: Any) -> None:
+        super().__init__()
+        cfg = build_config(SentimentConfig, asdict(config or SentimentConfig()), overrides)
+        self.config = cfg
+        e = cfg.embed_dim
+        self.embed = nn.Embedding(cfg.vocab_size, e, padding_idx=cfg.padding_idx)
+        self.embed_scale = math.sqrt(e)
+        self.pos = build_pos_encoding(cfg.pos_encoding, e, cfg.max_len)
+        self.embed_drop = nn.Dropout(cfg.embed_dropout)
+        layers = []
+        for _ in range(cfg.depth):
+            layer = TransformerEncoderLayer(
+                e, cfg.num_heads, round(e * cfg.mlp_ratio), cfg.dropout, attention_dropout=cfg.attn_dropout,
+                activation=cfg.activation, norm_first=cfg.norm_first, norm=cfg.norm, norm_eps=cfg.norm_eps,
+            )
+            # The layer always builds exact multi-head attention; any "tokens" kind has the
+            # same call (x, key_padding_mask=..., attn_mask=..., is_causal=...), so swap it in.
+            layer.self_attn = build_attention(cfg.attention, e, cfg.num_heads, dropout=cfg.attn_dropout,
+                                              **cfg.attention_options)
+            layers.append(layer)
+        self.encoder = TransformerEncoder(layers, build_norm(cfg.norm, e, cfg.norm_eps) if cfg.norm_first else None)
+        self.head_drop = nn.Dropout(cfg.dropout)
+        self.head = nn.Linear(e, cfg.num_classes)
+        # Encoder and head keep torch's initialisation (that of nn.TransformerEncoderLayer).
+        nn.init.normal_(self.embed.weight, std=e**-0.5)
+        if cfg.padding_idx is not None:
+            with torch.no_grad():
+                self.embed.weight[cfg.padding_idx].zero_()
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each encoder layer's activations in backward (training mode only)."""
+        self.encoder.set_grad_checkpointing(enable)
+
+    # ------------------------------------------------------------------ pieces
+    def padding_mask(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor | None:
+        """attnlab's ``key_padding_mask`` ``(B, L)``, ``True`` = padding (``None``: no padding)."""
+        if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(
+                f"input_ids must be integer token ids of shape (B, L); got {input_ids.dtype} {tuple(input_ids.shape)}"
+            )
+        if attention_mask is None:
+            return None if self.config.padding_idx is None else input_ids == self.config.padding_idx
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}; "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        return attention_mask == 0
+
+    def _embed(self, input_ids: Tensor) -> Tensor:
+        return self.embed_drop(self.pos(self.embed(input_ids) * self.embed_scale))
+
+    def _final_norm(self, x: Tensor, pad: Tensor | None) -> Tensor:
+        return x if self.encoder.norm is None else self.encoder.norm(x, pad)
+
+    def pool(self, x: Tensor, pad: Tensor | None) -> Tensor:
+        """``(B, L, E)`` token features -> ``(B, E)``."""
+        if self.config.pooling == "cls":
+            return x[:, 0]
+        if pad is None:
+            return x.mean(dim=1)
+        count = (~pad).sum(dim=1, keepdim=True).clamp_min(1).to(x.dtype)  # no real token: 0 / 1, not 0 / 0
+        return x.masked_fill(pad.unsqueeze(-1), 0.0).sum(dim=1) / count
+
+    def forward_head(self, x: Tensor, pad: Tensor | None) -> Tensor:
+        return self.head(self.head_drop(self.pool(x, pad)))
+
+    # ------------------------------------------------------------------ forward
+    def forward_features(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Token features ``(B, L, E)`` after the encoder (and its final norm)."""
+        pad = self.padding_mask(input_ids, attention_mask)
+        return self.encoder(self._embed(input_ids), key_padding_mask=pad)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        pad = self.padding_mask(input_ids, attention_mask)
+        return self.forward_head(self.encoder(self._embed(input_ids), key_padding_mask=pad), pad)
+
+    def forward_with_attention(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Logits ``(B, num_classes)`` and every layer's attention weights, as :meth:`attention_maps`.
+
+        Slower than :meth:`forward` (the weights are materialized; no fused kernel and
+        no gradient checkpointing), equal to it otherwise.
+        """
+        pad = self.padding_mask(input_ids, attention_mask)
+        x = self._embed(input_ids)
+        maps = []
+        for layer in self.encoder.layers:
+            x, w = _layer_with_weights(layer, x, pad)
+            maps.append(w)
+        return self.forward_head(self._final_norm(x, pad), pad), maps
+
+    def attention_maps(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> list[Tensor]:
+        """One ``(B, heads, L, L)`` tensor per layer (query, key), before attention dropout.
+
+        Rows sum to 1 over real keys and are 0 on padded keys; rows of padded queries
+        are computed like any other (they attend to the real keys) and mean nothing.
+        A sequence with no real token has all-zero maps.
+        """
+        return self.forward_with_attention(input_ids, attention_mask)[1]
+
+
+# --------------------------------------------------------------------------- registry
+def _sentiment(defaults: dict[str, Any], overrides: dict[str, Any]) -> AttentionSentimentClassifier:
+    return AttentionSentimentClassifier(build_config(SentimentConfig, defaults, overrides))
+
+
+@register_model("text")
+def sentiment_transformer_tiny(**overrides: Any) -> AttentionSentimentClassifier:
+    """Tiny attention sentiment classifier: width 64, 1 layer, 4 heads (tests, smoke runs)."""
+    return _sentiment(dict(embed_dim=64, depth=1, num_heads=4, mlp_ratio=2.0, max_len=128), overrides)
+
+
+@register_model("text")
+def sentiment_transformer_small(**overrides: Any) -> AttentionSentimentClassifier:
+    """Attention sentiment classifier for MR-sized data: width 128, 2 pre-norm layers, 4 heads, mean pooling."""
+    return _sentiment({}, overrides)

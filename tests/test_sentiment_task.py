@@ -1,0 +1,88 @@
+"""Sentiment analysis on MR end to end: recipe, tokenizer in the run directory, split and
+10-fold protocols, eval and predict (texts and standard input), bad input."""
+
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from attnlab.cli import main
+from attnlab.recipes import load_recipe
+from attnlab.tasks import sentiment
+
+DATA = os.environ.get("ATTNLAB_DATA_DIR")
+pytestmark = [
+    pytest.mark.skipif(not DATA or not (Path(DATA) / "mr").is_dir(),
+                       reason="MR absent: set ATTNLAB_DATA_DIR to a folder holding mr/ (make test does)"),
+    pytest.mark.filterwarnings("ignore:.*were truncated"),  # the tiny runs cut sentences at 32 tokens on purpose
+]
+
+TINY = ["model.name=sentiment_transformer_tiny", "model.options={}", "text.vocab_size=1000", "text.max_length=32",
+        "train.batch_size=32", "train.warmup_steps=1", "train.log_every=0", "train.progress=false",
+        "train.tensorboard=false"]
+
+
+@pytest.fixture(scope="module")
+def split_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("mr") / "split"
+    assert main(["train", "sentiment-mr", *TINY, "train.steps=30", "train.eval_every=15",
+                 "train.checkpoint_every=15", "--run-dir", str(run)]) == 0
+    return run
+
+
+def test_split_run_directory(split_run):
+    results = json.loads((split_run / "results.json").read_text())
+    assert (results["train_size"], results["dev_size"], results["test_size"]) == (8530, 1066, 1066)
+    assert results["classes"] == ["negative", "positive"] and results["steps"] == 30
+    assert 0.0 <= results["test_accuracy"] <= 1.0 and results["vocab_size"] <= 1000
+    assert (split_run / "tokenizer.json").is_file() and (split_run / "checkpoints" / "best").is_dir()
+
+
+def test_eval_recomputes_the_test_accuracy(split_run):
+    results = json.loads((split_run / "results.json").read_text())
+    res = sentiment.evaluate_run(split_run, "last")
+    assert res["samples"] == 1066 and res["accuracy"] == pytest.approx(results["test_accuracy"], abs=1e-12)
+
+
+def test_predict_texts_and_standard_input(split_run, capsys, monkeypatch):
+    texts = ["a gorgeous , witty , seductive movie .", "", "   ", "zzz ☃ qqq", "boring " * 200]
+    with pytest.warns(UserWarning, match="truncat"):
+        assert main(["predict", str(split_run), *texts]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(texts)
+    for line in lines:
+        label, prob = line.split("\t")[:2]
+        assert label in ("negative", "positive") and 0.5 <= float(prob) <= 1.0
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(["a dull mess ."] * 600) + "\n"))
+    assert main(["predict", str(split_run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 600 and len(set(lines)) == 1  # batched: the same sentence gets the same answer
+
+
+def test_cross_validation_runs_ten_folds_and_resumes_a_missing_one(tmp_path, capsys):
+    run = tmp_path / "cv"
+    argv = ["train", "sentiment-mr", *TINY, "data.protocol=cv10", "train.steps=2", "train.eval_every=0",
+            "train.checkpoint_every=0", "--run-dir", str(run)]
+    assert main(argv) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["protocol"] == "cv10" and len(results["fold_accuracies"]) == 10
+    assert "± " in capsys.readouterr().out
+    sizes = [json.loads((run / f"fold_{k}" / "results.json").read_text())["test_size"] for k in range(10)]
+    assert sum(sizes) == 10662 and set(sizes) <= {1066, 1067}
+    # An interrupted cross-validation: fold 9 never finished. Resume redoes only fold 9.
+    kept = (run / "fold_0" / "results.json").stat().st_mtime_ns
+    (run / "fold_9" / "results.json").unlink()
+    (run / "results.json").unlink()
+    assert main(argv + ["--resume"]) == 0
+    assert (run / "fold_0" / "results.json").stat().st_mtime_ns == kept
+    assert json.loads((run / "results.json").read_text())["fold_accuracies"] == results["fold_accuracies"]
+    with pytest.raises(ValueError, match="use one of its fold_<k> folders"):
+        sentiment.load_run(run)
+    assert sentiment.evaluate_run(run / "fold_3", "last")["samples"] == sizes[3]
+
+
+def test_recipe_task_and_data_must_agree():
+    with pytest.raises(ValueError, match="data.name must be one of 'mr' for task 'sentiment'; got 'cifar10'"):
+        load_recipe("sentiment-mr", ["data.name=cifar10"])
