@@ -109,3 +109,15 @@ def test_generate_runs_on_the_models_device_and_dtype():
     m = model().to(torch.float64)
     out = m.generate(sources(), max_new_tokens=4, num_beams=2)
     assert out.dtype == torch.long and out.shape[0] == 5 and math.isfinite(out.float().sum().item())
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0])
+def test_beam_search_with_cache_equals_without(length_penalty):
+    m = model(vocab=8)  # sentences end at different steps and leave the batch
+    src = sources(vocab=8)
+    with_cache, s1 = beam_search(m, src, 3, 12, length_penalty=length_penalty, use_cache=True)
+    without, s2 = beam_search(m, src, 3, 12, length_penalty=length_penalty, use_cache=False)
+    assert torch.equal(with_cache, without)
+    torch.testing.assert_close(s1, s2, atol=1e-4, rtol=0)
+    assert torch.equal(m.generate(src, max_new_tokens=12, num_beams=3, use_cache=False,
+                                  length_penalty=length_penalty), with_cache)

@@ -118,7 +118,7 @@ def _train(args: argparse.Namespace) -> int:
 
     from .engine import distributed
     from .recipes import load_recipe
-    from .tasks import image_classification, sentiment
+    from .tasks import image_classification, sentiment, translation
 
     recipe = load_recipe(args.recipe, args.overrides)  # validated before any work starts
     distributed.init_distributed(recipe.train.device)  # under torchrun: join the group; else nothing
@@ -127,32 +127,44 @@ def _train(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or distributed.broadcast_object(f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if distributed.is_main():
         print(f"attnlab train {args.recipe}: {recipe.model.name} on {recipe.data.name}, run directory {run_dir}")
-    task = {"image_classification": image_classification, "sentiment": sentiment}[recipe.task]
-    results = task.run(recipe, run_dir, resume=args.resume)
+    task = {"image_classification": image_classification, "sentiment": sentiment, "translation": translation}
+    results = task[recipe.task].run(recipe, run_dir, resume=args.resume)
     if not distributed.is_main():  # rank 0 alone prints the results
         return 0
     print()
     print("| result | value |")
     print("| --- | --- |")
-    spread = f" ± {100 * results['test_accuracy_std']:.2f} (10 folds)" if "test_accuracy_std" in results else ""
-    print(f"| test accuracy | {100 * results['test_accuracy']:.2f}%{spread} |")
+    if recipe.task == "translation":
+        print(f"| test BLEU (sacreBLEU, cased) | {results['bleu']:.2f} |")
+        print(f"| test BLEU (lower-cased) | {results['bleu_lowercase']:.2f} |")
+        print(f"| test token accuracy | {100 * results['test_accuracy']:.2f}% |")
+    else:
+        spread = f" ± {100 * results['test_accuracy_std']:.2f} (10 folds)" if "test_accuracy_std" in results else ""
+        print(f"| test accuracy | {100 * results['test_accuracy']:.2f}%{spread} |")
     print(f"| parameters | {results['params']:,} |")
     print(f"| training time | {results['train_seconds']:.1f} s |")
-    unit = "images" if recipe.task == "image_classification" else "sentences"
+    unit = {"image_classification": "images", "sentiment": "sentences", "translation": "sentence pairs"}[recipe.task]
     print(f"| throughput | {results['samples_per_s']:,.0f} {unit}/s |")
     print(f"\nrun directory: {run_dir}")
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .tasks import image_classification, sentiment
+    from .tasks import image_classification, sentiment, translation
     from .tasks.common import read_recipe
 
-    task = sentiment if read_recipe(args.run_dir).task == "sentiment" else image_classification
+    kind = read_recipe(args.run_dir).task
+    task = {"sentiment": sentiment, "translation": translation}.get(kind, image_classification)
     res = task.evaluate_run(args.run_dir, args.checkpoint, device=args.device)
     print(f"checkpoint: {res['checkpoint']}")
     print("| metric | value |")
     print("| --- | --- |")
+    if kind == "translation":
+        print(f"| test BLEU (sacreBLEU, cased) | {res['bleu']:.2f} |")
+        print(f"| test BLEU (lower-cased) | {res['bleu_lowercase']:.2f} |")
+        print(f"| test sentences | {res['samples']:,} |")
+        print(f"sacreBLEU signature: {res['bleu_signature']}")
+        return 0
     print(f"| test accuracy | {100 * res['accuracy']:.2f}% |")
     print(f"| test loss | {res['loss']:.4f} |")
     print(f"| test samples | {res['samples']:,} |")
@@ -184,12 +196,54 @@ def _predict_texts(args: argparse.Namespace, sentiment) -> int:
     return 0
 
 
+def _line_chunks(lines, size: int):
+    """Lists of up to ``size`` lines (newlines removed) from an iterable, as they arrive."""
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line.rstrip("\n").rstrip("\r"))
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    """Texts from the command line, else standard input line by line: each translated
+    batch is printed as soon as it is done, so a long file streams through."""
+    from .tasks import translation
+
+    recipe, src_tok, tgt_tok, model, _ = translation.load_run(args.run_dir, args.checkpoint)
+    tr = recipe.translate
+    chunks = [args.texts] if args.texts else _line_chunks(sys.stdin, 16 * args.batch_size)
+    seen = 0
+    for chunk in chunks:
+        seen += len(chunk)
+        out = translation.translate(
+            model, src_tok, tgt_tok, chunk, num_beams=args.beam_size or tr.num_beams, max_length=args.max_length,
+            length_penalty=tr.length_penalty, batch_size=args.batch_size, max_source_length=recipe.text.max_length,
+            device=args.device,
+        )
+        print("\n".join(out), flush=True)
+    if not seen:
+        raise UsageError("give texts to translate, or lines on standard input")
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``attnlab translate: error: argument --beam-size: ...``."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="attnlab", description="Attention mechanisms and the models built on them."
     )
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> its parser, for _parse
 
     p = sub.add_parser("models", help="list registered models with their parameter counts")
     p.add_argument("pattern", nargs="?", default="*", help="shell-style name filter, e.g. 'transformer_*'")
@@ -226,6 +280,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=_positive_int, default=1, help="labels to show per file (default 1)")
     p.set_defaults(func=cmd_predict)
 
+    p = sub.add_parser("translate", help="translate texts with a trained translation run")
+    p.add_argument("run_dir", help="a translation run directory written by 'attnlab train'")
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: lines of standard input)")
+    p.add_argument("--beam-size", type=_positive_int, default=None, help="beams (default: the run's recipe, 4)")
+    p.add_argument("--max-length", type=_positive_int, default=None,
+                   help="most tokens per translation (default: source length + 50)")
+    p.add_argument("--batch-size", type=_positive_int, default=64, help="sentences per batch (default 64)")
+    p.add_argument("--checkpoint", default="auto",
+                   help="averaged, best, last or a checkpoint folder (default: the first of those the run has)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default auto)")
+    p.set_defaults(func=cmd_translate)
+
     p = sub.add_parser("data", help="list the public data sets and download them")
     data_sub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     q = data_sub.add_parser("list", help="data sets, and whether each is in the data directory")
@@ -239,9 +305,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse, letting options and free arguments mix after a command:
+    ``attnlab train RECIPE --run-dir D train.lr=1e-3`` works as well as with the
+    overrides first (plain argparse stops collecting ``nargs="*"`` at the first option)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    command = getattr(args, "command", None)
+    sub = getattr(parser, "commands", {}).get(command)
+    if sub is None or command not in INTERMIXED:
+        parser.parse_args(argv)  # reports the unrecognized arguments and exits 2
+    rest = argv[argv.index(command) + 1 :]
+    return sub.parse_intermixed_args(rest, namespace=argparse.Namespace(command=command))
+
+
+INTERMIXED = ("train", "predict", "translate")  # commands with a free list of arguments
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = _parse(parser, argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2, already printed): a status, not an exception
+        return int(exc.code or 0)
     if args.command is None:
         parser.print_help()
         return 0

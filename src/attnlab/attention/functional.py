@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..dropout import dropout
+
 __all__ = ["scaled_dot_product_attention", "merge_masks", "causal_mask"]
 
 
@@ -163,8 +165,12 @@ def scaled_dot_product_attention(
     lk = k.shape[-2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
 
+    # On the CPU torch's kernel draws attention dropout with its slow bernoulli_ (and
+    # materializes the weights anyway): the explicit path below with attnlab's dropout
+    # is faster there.
+    explicit = need_weights or (dropout_p > 0 and q.device.type == "cpu")
     # Fast path for the most common causal case: let the kernel build the triangle.
-    fused_causal = is_causal and lq == lk and attn_mask is None and key_padding_mask is None and not need_weights
+    fused_causal = is_causal and lq == lk and attn_mask is None and key_padding_mask is None and not explicit
     mask = None if fused_causal else merge_masks(
         attn_mask, key_padding_mask, is_causal, batch, heads, lq, lk, q.dtype, q.device
     )
@@ -175,7 +181,7 @@ def scaled_dot_product_attention(
         blocked = mask if mask.dtype == torch.bool else mask == -math.inf
         dead = blocked.all(dim=-1, keepdim=True)  # (b, h, Lq, 1), b/h may be 1
 
-    if not need_weights:
+    if not explicit:
         if mask is not None and mask.dtype == torch.bool:
             mask = ~mask if dead is None else ~mask | dead  # torch: True = may attend
         elif mask is not None:
@@ -193,8 +199,10 @@ def scaled_dot_product_attention(
         weights = torch.softmax(logits, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
         if dead is not None:
             weights = weights.masked_fill(dead, 0.0)
-        dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+        dropped = dropout(weights, p=dropout_p) if dropout_p > 0 else weights
         out = torch.matmul(dropped, v)
+        if not need_weights:
+            weights = None
     if dead is not None:
         out = out.masked_fill(dead, 0.0)
     if unbatched_heads:

@@ -222,3 +222,24 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 def _tuples(x: Any) -> Any:
     """random.setstate needs tuples; a round trip through some loaders gives lists."""
     return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def average_checkpoints(folders: list[str | Path]) -> dict[str, Tensor]:
+    """The element-wise mean of the weights of ``folders`` (Vaswani et al., 2017, §6.1:
+    averaging the last checkpoints). Floating-point tensors are averaged in float64 and
+    cast back; other tensors (counters) are taken from the last folder."""
+    if not folders:
+        raise ValueError("folders must name at least one checkpoint; got none")
+    total: dict[str, Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for folder in folders:
+        weights, _ = load_checkpoint(folder)
+        if total and weights.keys() != total.keys():
+            raise CheckpointError(f"{folder} holds other weights than {folders[0]}; only one run's checkpoints average")
+        for name, w in weights.items():
+            dtypes[name] = w.dtype
+            if w.is_floating_point():
+                total[name] = total[name] + w.double() if name in total else w.double()
+            else:
+                total[name] = w
+    return {n: (t / len(folders)).to(dtypes[n]) if t.is_floating_point() else t for n, t in total.items()}

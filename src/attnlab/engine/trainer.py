@@ -1,7 +1,9 @@
 """A model-agnostic training loop with exact resume.
 
 The trainer sees a model, map-style datasets of ``(input, target)`` pairs and a
-:class:`TrainConfig`. Batches come from :class:`EpochSampler`, whose order is a pure
+:class:`TrainConfig`. Targets are class ids ``(B,)`` for classification, or ``(B, L)``
+token ids for sequence outputs ``(B, L, V)`` (translation), where ``-100`` marks
+padding that neither the loss nor the accuracy counts. Batches come from :class:`EpochSampler`, whose order is a pure
 function of ``(seed, epoch)``; with the RNG state saved in every checkpoint, a run
 resumed from step ``k`` replays exactly the steps an uninterrupted run would take.
 """
@@ -27,7 +29,9 @@ from .metrics import MetricsLog, TensorBoardLog
 from .progress import Progress
 from .optim import build_optimizer, warmup_cosine
 
-__all__ = ["TrainConfig", "EpochSampler", "Trainer"]
+__all__ = ["TrainConfig", "EpochSampler", "Trainer", "IGNORE_INDEX", "flatten_tokens"]
+
+IGNORE_INDEX = -100  # target value of padding in sequence targets (torch's and Hugging Face's convention)
 
 
 @dataclass
@@ -57,6 +61,10 @@ class TrainConfig:
     log_every: int = field(default=50, metadata={"min": 0})
     eval_every: int = field(default=0, metadata={"min": 0})
     checkpoint_every: int = field(default=0, metadata={"min": 0})
+    # Batches of similar lengths (text): each epoch's permutation is cut into windows of 50
+    # batches, each window sorted by length and cut into batches, and the batches shuffled.
+    # Less padding, the same randomness across epochs (Hugging Face's group_by_length).
+    group_by_length: bool = False
     keep_checkpoints: int = field(default=2, metadata={"min": 1})
     tensorboard: bool = True  # event files in run_dir/tensorboard, beside metrics.jsonl
     progress: bool = True  # a live bar on a terminal; plain lines every progress_seconds otherwise
@@ -71,22 +79,52 @@ class TrainConfig:
 class EpochSampler:
     """Batches of indices: a fresh permutation per epoch from ``(seed, epoch)``, the
     last incomplete batch dropped. ``rank``/``world`` take every ``world``-th batch
-    element, for data-parallel runs."""
+    element, for data-parallel runs.
 
-    def __init__(self, size: int, batch_size: int, seed: int = 0, rank: int = 0, world: int = 1) -> None:
+    With ``lengths`` (one per sample) batches group samples of similar length: the
+    permutation is cut into windows of ``window`` global batches, each window is sorted
+    by length and cut into batches, and the order of all batches is shuffled. Still a
+    pure function of ``(seed, epoch)``, so resume stays exact."""
+
+    def __init__(self, size: int, batch_size: int, seed: int = 0, rank: int = 0, world: int = 1, *,
+                 lengths: Tensor | Sequence[int] | None = None, window: int = 50) -> None:
         if size < batch_size * world:
             raise ValueError(f"the dataset has {size} samples, fewer than one global batch ({batch_size} x {world})")
+        if lengths is not None and len(lengths) != size:
+            raise ValueError(f"lengths must have one entry per sample ({size}); got {len(lengths)}")
         self.size, self.batch_size, self.seed, self.rank, self.world = size, batch_size, seed, rank, world
+        self.lengths = None if lengths is None else torch.as_tensor(lengths)
+        self.window = window
 
     def __len__(self) -> int:
         return self.size // (self.batch_size * self.world)
 
+    def _order(self, epoch: int) -> Tensor:
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        order = torch.randperm(self.size, generator=gen)
+        if self.lengths is None:
+            return order
+        span = self.batch_size * self.world
+        order = order[: len(self) * span]
+        win = span * self.window
+        # stable sort inside each window (ties keep their random order), then shuffle whole batches
+        grouped = torch.cat([w[torch.argsort(self.lengths[w], stable=True)] for w in order.split(win)])
+        return grouped.view(len(self), span)[torch.randperm(len(self), generator=gen)].flatten()
+
     def batches(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
-        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
+        order = self._order(epoch)
         span = self.batch_size * self.world
         for b in range(start, len(self)):
             chunk = order[b * span : (b + 1) * span]
             yield chunk[self.rank :: self.world].tolist()
+
+
+def flatten_tokens(out: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Sequence outputs ``(B, L, V)`` and targets ``(B, L)`` -> ``(B*L, V)`` and ``(B*L,)``;
+    classification ``(B, C)`` and ``(B,)`` pass through."""
+    if y.dim() >= 2 and out.dim() == y.dim() + 1:
+        return out.flatten(0, -2), y.flatten()
+    return out, y
 
 
 def _call(model: nn.Module, x: Any) -> Tensor:
@@ -126,9 +164,16 @@ class Trainer:
             model.set_grad_checkpointing(True)
         self.train_data, self.eval_data, self.collate = train_data, eval_data, collate
         self.log = log if distributed.is_main() else (lambda _msg: None)  # rank 0 alone logs and writes
-        self.loss_fn = loss_fn or (lambda out, y: F.cross_entropy(out, y, label_smoothing=config.label_smoothing))
+        self.loss_fn = loss_fn or (
+            lambda out, y: F.cross_entropy(*flatten_tokens(out, y), ignore_index=IGNORE_INDEX,
+                                           label_smoothing=config.label_smoothing)
+        )
+        lengths = getattr(train_data, "lengths", None) if config.group_by_length else None
+        if config.group_by_length and lengths is None:
+            raise ValueError(f"train.group_by_length needs a data set with per-sample lengths; "
+                             f"{type(train_data).__name__} has no 'lengths'")
         self.sampler = EpochSampler(len(train_data), config.batch_size, config.seed,
-                                    rank=distributed.rank(), world=distributed.world_size())
+                                    rank=distributed.rank(), world=distributed.world_size(), lengths=lengths)
         self.optimizer = build_optimizer(model, config.optimizer, config.lr, config.weight_decay,
                                          momentum=config.momentum)
         self.scheduler = warmup_cosine(self.optimizer, config.steps, config.warmup_steps, config.min_lr_ratio)
@@ -257,7 +302,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, data: Any = None, model: nn.Module | None = None) -> dict[str, float]:
-        """Mean loss and accuracy (classification) over ``data`` (default: eval_data).
+        """Mean loss and accuracy over ``data`` (default: eval_data): per sample for
+        classification, per target token (padding left out) for sequence outputs.
 
         Under torchrun a collective: every rank must call it; each evaluates every
         ``world``-th batch and all get the summed result."""
@@ -269,9 +315,11 @@ class Trainer:
             x, y = self._fetch(data, list(range(start, min(start + bs, len(data)))))
             with autocast(self.device, self.cfg.precision):
                 out = _call(model, x)
-            loss_sum += F.cross_entropy(out.float(), y, reduction="sum").item()
-            correct += (out.argmax(-1) == y).sum().item()
-            count += len(y)
+            out, y = flatten_tokens(out.float(), y)
+            real = y != IGNORE_INDEX
+            loss_sum += F.cross_entropy(out, y, reduction="sum", ignore_index=IGNORE_INDEX).item()
+            correct += ((out.argmax(-1) == y) & real).sum().item()
+            count += int(real.sum())
         if world > 1:
             sums = distributed.all_reduce_sum(torch.tensor([loss_sum, correct, count], dtype=torch.float64,
                                                            device=self.device))

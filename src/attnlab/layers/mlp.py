@@ -7,6 +7,8 @@ from typing import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..dropout import Dropout
+
 __all__ = ["Mlp", "get_activation", "ACTIVATIONS"]
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -33,7 +35,7 @@ class Mlp(nn.Module):
         self.act_name = activation
         self.act = get_activation(activation)
         self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.fc2 = nn.Linear(hidden_dim, out_dim or dim, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..attention.cache import KVCache
 from ..attention.multihead import MultiHeadAttention
+from ..dropout import Dropout
 from .mlp import Mlp
 from .norms import build_norm
 
@@ -50,7 +51,7 @@ class TransformerEncoderLayer(nn.Module):
         self.ff = Mlp(d_model, dim_feedforward, activation=activation, dropout=dropout, bias=bias)
         self.norm1 = build_norm(norm, d_model, norm_eps)
         self.norm2 = build_norm(norm, d_model, norm_eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def _sa(self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
         out, _ = self.self_attn(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask, is_causal=is_causal)
@@ -112,7 +113,7 @@ class TransformerDecoderLayer(nn.Module):
         self.norm1 = build_norm(norm, d_model, norm_eps)
         self.norm2 = build_norm(norm, d_model, norm_eps)
         self.norm3 = build_norm(norm, d_model, norm_eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self, x: Tensor, memory: Tensor | None, *, tgt_key_padding_mask: Tensor | None = None,

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from ..attention.functional import scaled_dot_product_attention
 from ..attention.multihead import MultiHeadAttention
+from ..dropout import Dropout
 from ..layers.channel_attention import build_channel_attention
 from ..layers.norms import TokenBatchNorm
 from .registry import build_config, register_model
@@ -121,7 +122,7 @@ class AttentionCNN(nn.Module):
                                     build_channel_attention(cfg.channel_attention, w2), nn.MaxPool2d(2))
         self.attention = AttentionBlock(w2) if cfg.attention == "pixel" else ConvSelfAttentionBN(w2, w2, cfg.num_heads)
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.head = nn.Linear(w2, cfg.num_classes)
 
     def forward_features(self, x: Tensor) -> Tensor:

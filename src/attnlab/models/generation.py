@@ -72,9 +72,11 @@ def greedy_search(
 
 @torch.no_grad()
 def beam_search(
-    model: EncoderDecoder, src: Tensor, num_beams: int, max_new_tokens: int, *, length_penalty: float = 1.0
+    model: EncoderDecoder, src: Tensor, num_beams: int, max_new_tokens: int, *, length_penalty: float = 1.0,
+    use_cache: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """Batched beam search with a key/value cache.
+    """Batched beam search with a key/value cache (``use_cache=False``: re-decode every
+    hypothesis's whole prefix at each step, the slow reference the cache is measured against).
 
     Each step scores ``num_beams x V`` continuations per sentence and keeps the best
     ``2 * num_beams``: those ending in EOS among the top ``num_beams`` become finished
@@ -95,7 +97,7 @@ def beam_search(
     rows = torch.arange(batch, device=device).repeat_interleave(k)
     memory = memory.index_select(0, rows)
     memory_pad = None if memory_pad is None else memory_pad.index_select(0, rows)
-    cache = model.new_cache()
+    cache = model.new_cache() if use_cache else None
 
     tokens = src.new_full((batch * k, 1), cfg.bos_id)  # active hypotheses, BOS first
     scores = torch.full((batch, k), -math.inf, device=device)
@@ -109,7 +111,8 @@ def beam_search(
 
     for step in range(max_new_tokens):
         n = len(alive)  # sentences still searching; rows are n * k
-        step_logits = model.decode(tokens[:, -1:], memory, memory_pad, cache=cache, last_only=True)[:, -1]
+        inp = tokens[:, -1:] if use_cache else tokens
+        step_logits = model.decode(inp, memory, memory_pad, cache=cache, last_only=True)[:, -1]
         logp = _next_log_probs(step_logits, cfg)
         vocab = logp.shape[-1]
         cand = (scores.unsqueeze(-1) + logp.view(n, k, vocab)).view(n, k * vocab)
@@ -138,7 +141,8 @@ def beam_search(
         src_rows = (keep_t.unsqueeze(1) * k + act_beam.index_select(0, keep_t)).view(-1)
         tokens = torch.cat([tokens.index_select(0, src_rows), act_tok.index_select(0, keep_t).view(-1, 1)], dim=1)
         scores = act_scores.index_select(0, keep_t)
-        cache.reorder(src_rows)
+        if cache is not None:
+            cache.reorder(src_rows)
         memory = memory.index_select(0, src_rows)
         memory_pad = None if memory_pad is None else memory_pad.index_select(0, src_rows)
         alive = [alive[i] for i in keep]

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.registry import attention_family, build_attention
+from ..dropout import Dropout
 from ..layers.norms import build_norm
 from ..layers.pos_encoding import build_pos_encoding
 from ..layers.transformer_layers import TransformerEncoder, TransformerEncoderLayer
@@ -146,7 +147,7 @@ class AttentionSentimentClassifier(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, e, padding_idx=cfg.padding_idx)
         self.embed_scale = math.sqrt(e)
         self.pos = build_pos_encoding(cfg.pos_encoding, e, cfg.max_len)
-        self.embed_drop = nn.Dropout(cfg.embed_dropout)
+        self.embed_drop = Dropout(cfg.embed_dropout)
         layers = []
         for _ in range(cfg.depth):
             layer = TransformerEncoderLayer(
@@ -159,7 +160,7 @@ class AttentionSentimentClassifier(nn.Module):
                                               **cfg.attention_options)
             layers.append(layer)
         self.encoder = TransformerEncoder(layers, build_norm(cfg.norm, e, cfg.norm_eps) if cfg.norm_first else None)
-        self.head_drop = nn.Dropout(cfg.dropout)
+        self.head_drop = Dropout(cfg.dropout)
         self.head = nn.Linear(e, cfg.num_classes)
         # Encoder and head keep torch's initialisation (that of nn.TransformerEncoderLayer).
         nn.init.normal_(self.embed.weight, std=e**-0.5)

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
+from ..dropout import Dropout
 from ..layers.norms import build_norm
 from ..layers.pos_encoding import build_pos_encoding
 from ..layers.transformer_layers import (
@@ -191,7 +192,7 @@ class Seq2SeqTransformer(nn.Module):
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=cfg.pad_id)
         self.src_pos = build_pos_encoding(cfg.pos_encoding, d, cfg.max_len)
         self.tgt_pos = build_pos_encoding(cfg.pos_encoding, d, cfg.max_len)
-        self.embed_drop = nn.Dropout(cfg.dropout)
+        self.embed_drop = Dropout(cfg.dropout)
         self.embed_scale = math.sqrt(d)
         self.generator = nn.Linear(d, cfg.tgt_vocab_size, bias=not cfg.tie_output)
         for emb in {self.src_embed, self.tgt_embed}:
@@ -254,7 +255,8 @@ class Seq2SeqTransformer(nn.Module):
         when one was produced, right-padded with ``pad_id``.
 
         ``num_beams=1`` is greedy search; more is beam search, whose finished hypotheses
-        are ranked by ``log p / length ** length_penalty``. ``max_new_tokens`` defaults
+        are ranked by ``log p / length ** length_penalty``. ``use_cache=False`` decodes
+        without the key/value cache (same result, slower: for measurements). ``max_new_tokens`` defaults
         to ``Ls + 50`` (capped by ``max_len``).
         """
         self._check_ids("src", src)
@@ -266,9 +268,7 @@ class Seq2SeqTransformer(nn.Module):
             raise ValueError(f"num_beams must be a positive integer; got {num_beams!r}")
         if num_beams == 1:
             return greedy_search(self, src, max_new_tokens, use_cache=use_cache)[0]
-        if not use_cache:
-            raise ValueError("beam search always uses the key/value cache; use_cache=False is for greedy search")
-        return beam_search(self, src, num_beams, max_new_tokens, length_penalty=length_penalty)[0]
+        return beam_search(self, src, num_beams, max_new_tokens, length_penalty=length_penalty, use_cache=use_cache)[0]
 
 
 # --------------------------------------------------------------------------- registry

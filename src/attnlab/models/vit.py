@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..attention.registry import attention_family, build_attention
+from ..dropout import Dropout
 from ..layers.drop_path import DropPath, drop_path_rates
 from ..layers.mlp import Mlp
 from ..layers.patch_embed import PatchEmbed, to_2tuple
@@ -75,7 +76,7 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = build_attention(attention, dim, num_heads, dropout=attn_drop, bias=qkv_bias, **(attention_options or {}))
         self.rel_pos = rel_pos
-        self.drop = nn.Dropout(drop)
+        self.drop = Dropout(drop)
         self.drop_path = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), activation="gelu", dropout=drop)
@@ -115,7 +116,7 @@ class VisionTransformer(nn.Module):
             self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + grid[0] * grid[1], e))
         else:
             self.register_parameter("pos_embed", None)
-        self.pos_drop = nn.Dropout(cfg.drop_rate)
+        self.pos_drop = Dropout(cfg.drop_rate)
         rates = drop_path_rates(cfg.drop_path_rate, cfg.depth)
         self.blocks = nn.ModuleList(
             Block(
@@ -134,7 +135,7 @@ class VisionTransformer(nn.Module):
         if cfg.pre_logits:
             self.pre_logits.add_module("fc", nn.Linear(e, e))
             self.pre_logits.add_module("act", nn.Tanh())
-        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head_drop = Dropout(cfg.drop_rate)
         self.head = nn.Linear(e, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self.grad_checkpointing = False
         self._init_weights()

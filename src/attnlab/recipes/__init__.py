@@ -13,18 +13,20 @@ from ..engine.config import ConfigError, apply_overrides, from_dict
 from ..engine.trainer import TrainConfig
 from ..suggest import did_you_mean
 
-__all__ = ["Recipe", "DataConfig", "ModelConfig", "TextConfig", "list_recipes", "load_recipe"]
+__all__ = ["Recipe", "DataConfig", "ModelConfig", "TextConfig", "TranslateConfig", "list_recipes", "load_recipe"]
 
 
 @dataclass
 class DataConfig:
-    name: Literal["digits", "cifar10", "mr"] = "digits"
+    name: Literal["digits", "cifar10", "mr", "multi30k"] = "digits"
     data_dir: str | None = None  # default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab
     augment: bool = False
     # MR: "split" trains on a fixed 80/10/10 split (dev for model selection, test once);
     # "cv10" is the standard protocol: 10 stratified folds, mean and spread of test accuracy.
     protocol: Literal["split", "cv10"] = "split"
     seed: int = 0  # of the split and the folds
+    source: Literal["de", "en", "fr", "cs"] = "de"  # translation: source and target languages
+    target: Literal["de", "en", "fr", "cs"] = "en"
 
 
 @dataclass
@@ -37,6 +39,18 @@ class TextConfig:
     min_frequency: int = field(default=1, metadata={"min": 0})
     max_length: int = field(default=64, metadata={"min": 3})  # tokens per text, [CLS] and [SEP] included
     tokenizer_file: str | None = None  # a tokenizer.json to use instead of training one
+    joint_vocab: bool = True  # translation: one vocabulary (and embedding) for both languages
+
+
+@dataclass
+class TranslateConfig:
+    """Decoding and scoring of translation runs (ignored by other tasks)."""
+
+    num_beams: int = field(default=4, metadata={"min": 1})
+    length_penalty: float = field(default=1.0, metadata={"min": 0.0})  # hypotheses ranked by log p / length**this
+    batch_size: int = field(default=64, metadata={"min": 1})  # sentences per decoding batch
+    average_checkpoints: int = field(default=0, metadata={"min": 0})  # average the last N checkpoints (0, 1: no)
+    checkpoint: str = "auto"  # weights to translate with: auto (averaged > best > last), best, last, averaged
 
 
 @dataclass
@@ -48,17 +62,28 @@ class ModelConfig:
 @dataclass
 class Recipe:
     description: str = ""
-    task: Literal["image_classification", "sentiment"] = "image_classification"
+    task: Literal["image_classification", "sentiment", "translation"] = "image_classification"
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     text: TextConfig = field(default_factory=TextConfig)
+    translate: TranslateConfig = field(default_factory=TranslateConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        wanted = {"image_classification": ("digits", "cifar10"), "sentiment": ("mr",)}[self.task]
+        wanted = {"image_classification": ("digits", "cifar10"), "sentiment": ("mr",),
+                  "translation": ("multi30k",)}[self.task]
         if self.data.name not in wanted:
             raise ValueError(f"data.name must be one of {', '.join(map(repr, wanted))} for task {self.task!r}; "
                              f"got {self.data.name!r}")
-    train: TrainConfig = field(default_factory=TrainConfig)
+        if self.task == "translation":
+            if self.data.source == self.data.target:
+                raise ValueError(f"data.source and data.target must differ; got {self.data.source!r} for both")
+            if self.text.tokenizer_file and not self.text.joint_vocab:
+                raise ValueError("text.tokenizer_file gives one joint vocabulary; set text.joint_vocab=true with it")
+            if self.translate.average_checkpoints > self.train.keep_checkpoints:
+                raise ValueError(
+                    f"translate.average_checkpoints must not exceed train.keep_checkpoints (the checkpoints kept); "
+                    f"got {self.translate.average_checkpoints} > {self.train.keep_checkpoints}")
 
 
 def _shipped() -> dict[str, Any]:

@@ -18,7 +18,7 @@ from ..engine import distributed
 from ..engine.checkpoint import latest_checkpoint, load_checkpoint, resolve_checkpoint
 from ..engine.config import from_dict
 from ..engine.device import select_device
-from ..engine.trainer import Trainer
+from ..engine.trainer import IGNORE_INDEX, Trainer, flatten_tokens
 from ..io import atomic_write_bytes
 from ..models import count_parameters
 from ..recipes import Recipe
@@ -87,11 +87,11 @@ def read_recipe(run_dir: str | Path) -> Recipe:
 
 def load_weights(run_dir: str | Path, model: nn.Module, checkpoint: str = "auto") -> Path:
     """Load a run's checkpoint into ``model`` (EMA weights when the run kept them) and
-    return its folder. ``checkpoint``: ``"best"``, ``"last"``, a folder, or ``"auto"``
-    (best when the run has one, else last)."""
+    return its folder. ``checkpoint``: ``"best"``, ``"last"``, ``"averaged"``, a folder,
+    or ``"auto"`` (averaged weights when the run has them, else best, else last)."""
     root = Path(run_dir) / "checkpoints"
     if checkpoint == "auto":
-        checkpoint = "best" if (root / "best").is_dir() else "last"
+        checkpoint = next((n for n in ("averaged", "best") if (root / n).is_dir()), "last")
     folder = resolve_checkpoint(root, checkpoint)
     weights, state = load_checkpoint(folder)
     model.load_state_dict(state.get("ema") or weights)
@@ -101,15 +101,18 @@ def load_weights(run_dir: str | Path, model: nn.Module, checkpoint: str = "auto"
 @torch.no_grad()
 def evaluate_model(model: nn.Module, data: Any, batch_size: int = 256, device: str = "auto") -> dict[str, float]:
     """Mean loss and accuracy of ``model`` over a data set with ``get_batch`` (images:
-    a tensor batch; text: a dict of named inputs)."""
+    a tensor batch; text: a dict of named inputs), as :meth:`Trainer.evaluate`: per
+    sample, or per target token for sequence outputs."""
     device_ = select_device(device)
     model.to(device_).eval()
-    loss_sum, correct, n = 0.0, 0, len(data)
+    loss_sum, correct, count, n = 0.0, 0, 0, len(data)
     for start in range(0, n, batch_size):
         x, y = data.get_batch(list(range(start, min(start + batch_size, n))))
         x = {k: v.to(device_) for k, v in x.items()} if isinstance(x, dict) else x.to(device_)
-        out = (model(**x) if isinstance(x, dict) else model(x)).float().cpu()
-        loss_sum += F.cross_entropy(out, y, reduction="sum").item()
-        correct += (out.argmax(-1) == y).sum().item()
-    return {"accuracy": correct / n, "loss": loss_sum / n, "samples": n}
+        out, y = flatten_tokens((model(**x) if isinstance(x, dict) else model(x)).float().cpu(), y)
+        real = y != IGNORE_INDEX
+        loss_sum += F.cross_entropy(out, y, reduction="sum", ignore_index=IGNORE_INDEX).item()
+        correct += ((out.argmax(-1) == y) & real).sum().item()
+        count += int(real.sum())
+    return {"accuracy": correct / count, "loss": loss_sum / count, "samples": n}
 
