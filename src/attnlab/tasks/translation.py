@@ -237,7 +237,8 @@ def translate_texts(run_dir: str | Path, texts: Sequence[str], *, checkpoint: st
     """Translations of ``texts`` by a finished run (beam size from its recipe unless given)."""
     recipe, src_tok, tgt_tok, model, _ = load_run(run_dir, checkpoint)
     tr = recipe.translate
-    return translate(model, src_tok, tgt_tok, texts, num_beams=num_beams or tr.num_beams, max_length=max_length,
+    beams = tr.num_beams if num_beams is None else num_beams
+    return translate(model, src_tok, tgt_tok, texts, num_beams=beams, max_length=max_length,
                      length_penalty=tr.length_penalty, batch_size=batch_size,
                      max_source_length=recipe.text.max_length, device=device)
 
