@@ -238,3 +238,12 @@ def test_joint_vocabulary_and_resume(mini_data, tmp_path):
     assert main(args) == 2  # the folder holds a run: refused without --resume
     assert main(args + ["--resume"]) == 0
     assert json.loads((run / "results.json").read_text())["bleu"] == results["bleu"]
+
+
+def test_a_misencoded_multi30k_file_names_the_file_and_line(tmp_path):
+    (tmp_path / "multi30k").mkdir()
+    for lang, lines in (("de", b"Ein Hund.\nEin \xfcbler Hund.\n"), ("en", b"A dog.\nA bad dog.\n")):
+        with gzip.open(tmp_path / "multi30k" / f"train.{lang}.gz", "wb") as f:
+            f.write(lines)
+    with pytest.raises(ValueError, match=r"train\.de\.gz.*line 2"):
+        load_multi30k("train", tmp_path)
