@@ -3,8 +3,17 @@
 from .cache import KVCache
 from .functional import causal_mask, merge_masks, scaled_dot_product_attention
 from .multihead import CrossAttention, MultiHeadAttention, SelfAttention
-from .variants import relpos2d  # noqa: F401  (registers "relpos2d")
+from .variants import axial, linear, linformer, local, nystrom, performer, relpos2d, sparse, standalone2d  # noqa: F401  (register)
+from .variants.axial import AxialAttention2d
+from .variants.base import TokenAttention
+from .variants.linear import LinearAttention
+from .variants.linformer import LinformerAttention
+from .variants.local import LocalAttention
+from .variants.nystrom import NystromAttention
+from .variants.performer import PerformerAttention
 from .variants.relpos2d import RelPosSelfAttention2d
+from .variants.sparse import SparseAttention
+from .variants.standalone2d import StandAloneSelfAttention2d
 from .registry import attend_grid, attention_family, build_attention, list_attention, register_attention
 
 __all__ = [
@@ -21,4 +30,13 @@ __all__ = [
     "attention_family",
     "attend_grid",
     "RelPosSelfAttention2d",
+    "TokenAttention",
+    "LocalAttention",
+    "SparseAttention",
+    "LinearAttention",
+    "PerformerAttention",
+    "LinformerAttention",
+    "NystromAttention",
+    "AxialAttention2d",
+    "StandAloneSelfAttention2d",
 ]

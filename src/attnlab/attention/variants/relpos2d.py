@@ -19,15 +19,9 @@ from torch import Tensor, nn
 
 from ..functional import scaled_dot_product_attention
 from ..registry import register_attention
+from .grid import check_heads, grid_size
 
 __all__ = ["RelPosSelfAttention2d"]
-
-
-def _pair(size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
-    pair = (size, size) if isinstance(size, int) else tuple(size)
-    if len(pair) != 2 or not all(isinstance(s, int) and s > 0 for s in pair):
-        raise ValueError(f"size must be a positive integer or a pair (H, W) of them; got {size!r}")
-    return pair  # type: ignore[return-value]
 
 
 def _offsets(n: int) -> Tensor:
@@ -68,14 +62,9 @@ class RelPosSelfAttention2d(nn.Module):
         self, dim: int, num_heads: int, *, size: int | tuple[int, int], dropout: float = 0.0, bias: bool = False
     ) -> None:
         super().__init__()
-        if not isinstance(dim, int) or not isinstance(num_heads, int) or dim <= 0 or num_heads <= 0:
-            raise ValueError(f"dim and num_heads must be positive integers; got dim={dim!r}, num_heads={num_heads!r}")
-        if dim % num_heads != 0:
-            raise ValueError(f"dim must be divisible by num_heads; got dim={dim}, num_heads={num_heads}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+        check_heads(dim, num_heads, dropout)
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
-        self.size = _pair(size)
+        self.size = grid_size(size)
         self.dropout = dropout
         h, w = self.size
         self.qkv = nn.Conv2d(dim, 3 * dim, 1, bias=bias)

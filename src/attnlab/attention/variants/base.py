@@ -1,0 +1,92 @@
+"""What every efficient ``"tokens"`` attention kind shares: the projections, the heads,
+the call signature of exact attention, and the checks of what a kind can honour.
+
+A kind subclasses :class:`TokenAttention` and writes one method,
+:meth:`TokenAttention.attend`, on per-head tensors; this class does the rest::
+
+    x (B, L, E) --in_proj--> q, k, v (B, H, L, D) --attend--> (B, H, L, D) --out_proj--> (B, L, E)
+
+Parameter names (``in_proj``, ``out_proj``) and initialisation are those of
+:class:`~attnlab.attention.multihead.SelfAttention` (``"exact"``), so a model's
+checkpoint keys do not change when its attention kind does (a kind may add its own
+parameters, such as Linformer's projections).
+
+Masks: ``key_padding_mask`` is ``(B, L)`` bool, ``True`` = padding (the convention of
+:mod:`attnlab.attention.functional`); float padding masks and general ``attn_mask``
+are for exact attention, and a kind that cannot honour a mask says so with a
+``ValueError`` naming itself, never by ignoring it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..functional import _shape
+
+__all__ = ["TokenAttention"]
+
+
+class TokenAttention(nn.Module):
+    """Base of the efficient ``"tokens"`` kinds; see the module docstring.
+
+    Class attributes a kind sets: ``kind`` (its registry name, for messages),
+    ``supports_causal`` and ``supports_padding`` (what :meth:`attend` honours).
+    """
+
+    kind = "tokens"
+    supports_causal = True
+    supports_padding = True
+
+    def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True) -> None:
+        super().__init__()
+        if dim <= 0 or num_heads <= 0 or dim % num_heads:
+            raise ValueError(f"{self.kind}: dim must be a positive multiple of num_heads; got dim={dim}, "
+                             f"num_heads={num_heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"{self.kind}: dropout must be in [0, 1); got {dropout}")
+        self.embed_dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.dropout = dropout
+        self.in_proj = nn.Linear(dim, 3 * dim, bias=bias)
+        self.out_proj = nn.Linear(dim, dim, bias=bias)
+        nn.init.xavier_uniform_(self.in_proj.weight)  # as SelfAttention (torch's initialisation)
+        for lin in (self.in_proj, self.out_proj):
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: Tensor | None,
+               is_causal: bool) -> Tensor:
+        """``q, k, v`` ``(B, H, L, D)`` -> ``(B, H, L, D)``. ``key_padding_mask``:
+        ``(B, L)`` bool (``True`` = padding) or ``None``. Dropout: ``self.dropout``
+        in training mode, where the kind has weights to drop."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, *, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
+                is_causal: bool = False, need_weights: bool = False,
+                average_attn_weights: bool = True) -> tuple[Tensor, None]:
+        """``x`` ``(B, L, E)`` -> ``((B, L, E), None)``, the call of exact self-attention."""
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
+            raise ValueError(f"{self.kind}: x must have shape (B, L, {self.embed_dim}); got {_shape(x)}")
+        if attn_mask is not None:
+            raise ValueError(f"{self.kind} attention takes no attn_mask (use key_padding_mask or is_causal); "
+                             f"got {_shape(attn_mask)}")
+        if need_weights:
+            raise ValueError(f"{self.kind} attention never forms the weight matrix; need_weights must be False "
+                             f"(use 'exact' attention to see the weights)")
+        if is_causal and not self.supports_causal:
+            raise ValueError(f"{self.kind} attention cannot be causal (each query mixes every position)")
+        b, n, _ = x.shape
+        if key_padding_mask is not None:
+            if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (b, n):
+                raise ValueError(f"{self.kind}: key_padding_mask must be bool of shape ({b}, {n}) (True = padding); "
+                                 f"got {key_padding_mask.dtype} {_shape(key_padding_mask)}")
+            if not bool(key_padding_mask.any()):
+                key_padding_mask = None  # nothing to mask: the fast path (and fine for any kind)
+            elif not self.supports_padding:
+                raise ValueError(f"{self.kind} attention cannot mask padding; pass key_padding_mask=None")
+        q, k, v = self.in_proj(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        out = self.attend(q, k, v, key_padding_mask=key_padding_mask, is_causal=is_causal)
+        return self.out_proj(out.transpose(1, 2).reshape(b, n, self.embed_dim)), None
+
+    def extra_repr(self) -> str:
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}"

@@ -1,0 +1,134 @@
+"""Linear (kernelized) attention: Katharopoulos et al., "Transformers are RNNs", 2020.
+
+Softmax's ``exp(q · k)`` is replaced by a kernel ``phi(q) · phi(k)`` with a positive
+feature map ``phi``; for one head, with ``A_ij = phi(q_i) · phi(k_j)``::
+
+    out_i = sum_j A_ij v_j / (sum_j A_ij + eps)
+          = phi(q_i)ᵀ (sum_j phi(k_j) v_jᵀ) / (phi(q_i)ᵀ sum_j phi(k_j) + eps)
+
+The second form costs ``O(n·M·D)`` (``M`` features, ``D`` value size) instead of ``O(n²)``.
+Here ``phi(x) = elu(x) + 1``, so ``M = D``.
+
+Causal attention sums only over ``j <= i``: :func:`kernel_attention` splits the sequence
+into chunks of ``C`` positions, uses the explicit masked ``(C, C)`` kernel matrix within a
+chunk and the state ``S = sum phi(k) vᵀ`` ``(M, D)`` and ``z = sum phi(k)`` of all earlier
+chunks across chunks. Exact, ``O(n·C·M + n·M·D)`` time; besides the inputs it keeps one
+``(M, D)`` state per chunk (``n/C · M · D`` numbers per head, about the size of ``q`` for
+``C = M = D = 64``) and ``(C, C)`` blocks, never an ``(n, n)`` matrix.
+
+Padded keys (``key_padding_mask`` ``True``) get ``phi(k) = 0`` and ``v = 0``, so they add
+nothing to any sum; a query whose keys are all padded gets ``0 / eps = 0``. Half-precision
+inputs are computed in float32 (sums of ``n`` terms overflow float16) and cast back.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..registry import register_attention
+from .base import TokenAttention
+
+__all__ = ["LinearAttention", "kernel_attention", "elu_feature_map"]
+
+
+def _compute_dtype(t: Tensor) -> torch.dtype:
+    """float32 for half / bfloat16 inputs, the input's dtype otherwise (float64 stays)."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def elu_feature_map(x: Tensor) -> Tensor:
+    """``phi(x) = elu(x) + 1`` (positive), in float32 at least."""
+    return F.elu(x.to(_compute_dtype(x))) + 1.0
+
+
+def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None,
+                     is_causal: bool = False, eps: float = 1e-6, chunk: int = 64) -> Tensor:
+    """Normalised kernel attention ``out_i = sum_j A_ij v_j / (sum_j A_ij + eps)``, ``A_ij = phi_q_i · phi_k_j``.
+
+    Args:
+        phi_q: ``(B, H, L, M)`` query features (non-negative).
+        phi_k: ``(B, H, L, M)`` key features (non-negative).
+        v: ``(B, H, L, D)`` values.
+        key_padding_mask: ``(B, L)`` bool, ``True`` = padding, or ``None``.
+        is_causal: sum only over ``j <= i`` (self-attention, queries and keys aligned).
+        eps: added to the normaliser.
+        chunk: chunk length ``C`` of the causal computation (see the module docstring).
+
+    Returns:
+        ``(B, H, L, D)`` in ``v``'s dtype, computed in float32 at least.
+    """
+    if chunk <= 0:
+        raise ValueError(f"chunk must be positive; got {chunk}")
+    out_dtype = v.dtype
+    ct = torch.promote_types(_compute_dtype(v), torch.promote_types(phi_q.dtype, phi_k.dtype))
+    phi_q, phi_k, v = phi_q.to(ct), phi_k.to(ct), v.to(ct)
+    if key_padding_mask is not None:
+        pad = key_padding_mask[:, None, :, None]
+        phi_k = phi_k.masked_fill(pad, 0.0)  # masked_fill, not a product: no 0 * inf
+        v = v.masked_fill(pad, 0.0)
+    if not is_causal:
+        kv = phi_k.transpose(-2, -1) @ v  # (B, H, M, D)
+        z = phi_k.sum(dim=-2)  # (B, H, M)
+        num = phi_q @ kv
+        den = phi_q @ z.unsqueeze(-1)  # (B, H, L, 1)
+        return (num / (den + eps)).to(out_dtype)
+
+    b, h, n, m = phi_q.shape
+    d = v.shape[-1]
+    c = min(chunk, n)
+    nc = math.ceil(n / c)
+    extra = nc * c - n
+    if extra:  # zero features: padding positions add nothing and get 0 / eps = 0
+        phi_q, phi_k, v = (F.pad(t, (0, 0, 0, extra)) for t in (phi_q, phi_k, v))
+    qc = phi_q.reshape(b, h, nc, c, m)
+    kc = phi_k.reshape(b, h, nc, c, m)
+    vc = v.reshape(b, h, nc, c, d)
+    # State of all earlier chunks: exclusive prefix sums over the chunk axis.
+    kv = kc.transpose(-2, -1) @ vc  # (B, H, nc, M, D), one chunk's sum phi(k) vᵀ
+    ks = kc.sum(dim=-2)  # (B, H, nc, M)
+    s_prev = torch.cat([torch.zeros_like(kv[:, :, :1]), kv[:, :, :-1].cumsum(dim=2)], dim=2)
+    z_prev = torch.cat([torch.zeros_like(ks[:, :, :1]), ks[:, :, :-1].cumsum(dim=2)], dim=2)
+    # Within a chunk: the explicit lower-triangular kernel matrix.
+    tri = torch.ones(c, c, dtype=torch.bool, device=v.device).tril()
+    a = (qc @ kc.transpose(-2, -1)).masked_fill(~tri, 0.0)  # (B, H, nc, C, C)
+    num = qc @ s_prev + a @ vc  # (B, H, nc, C, D)
+    den = (qc @ z_prev.unsqueeze(-1)).squeeze(-1) + a.sum(dim=-1)  # (B, H, nc, C)
+    out = num / (den.unsqueeze(-1) + eps)
+    return out.reshape(b, h, nc * c, d)[:, :, :n].to(out_dtype)
+
+
+@register_attention("linear")
+class LinearAttention(TokenAttention):
+    """Linear attention with ``phi(x) = elu(x) + 1`` (Katharopoulos et al., 2020).
+
+    Args:
+        dim, num_heads, bias: as exact self-attention.
+        dropout: accepted so that a model can pass its ``attn_dropout`` unchanged, but
+            **unused**: linear attention never forms attention weights to drop.
+        eps: added to the normaliser ``phi(q_i) · sum_j phi(k_j)``.
+
+    The causal chunk length is the attribute ``chunk_size`` (default 64); it changes
+    speed and memory, not the result.
+    """
+
+    kind = "linear"
+    chunk_size = 64
+
+    def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
+                 eps: float = 1e-6) -> None:
+        super().__init__(dim, num_heads, dropout=dropout, bias=bias)
+        if not eps > 0:
+            raise ValueError(f"{self.kind}: eps must be positive; got {eps}")
+        self.eps = eps
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: Tensor | None,
+               is_causal: bool) -> Tensor:
+        return kernel_attention(elu_feature_map(q), elu_feature_map(k), v, key_padding_mask, is_causal,
+                                self.eps, self.chunk_size)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", eps={self.eps}"
