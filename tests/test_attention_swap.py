@@ -62,3 +62,25 @@ def test_a_kind_that_cannot_be_causal_says_so():
                      attention_options={"seq_len": 64})
     with pytest.raises(ValueError, match="linformer attention cannot be causal"):
         m.encoder.layers[0].self_attn(torch.randn(1, 5, 64), is_causal=True)
+
+
+@pytest.mark.parametrize("kind", sorted(TOKEN_OPTIONS))
+def test_translator_encoder_with_each_kind(kind):
+    torch.manual_seed(0)
+    m = create_model("transformer_tiny", src_vocab_size=50, tgt_vocab_size=50, attention=kind,
+                     attention_options=TOKEN_OPTIONS[kind])
+    exact = create_model("transformer_tiny", src_vocab_size=50, tgt_vocab_size=50)
+    assert set(exact.state_dict()) <= set(m.state_dict())  # a kind may add its own (Linformer's E, F, ...)
+    src = torch.randint(3, 50, (2, 12))
+    src[1, 9:] = 0  # padding
+    tgt = torch.randint(3, 50, (2, 7))
+    m.set_grad_checkpointing(True)
+    out = m(src, tgt)
+    out.sum().backward()
+    assert out.shape == (2, 7, 50) and torch.isfinite(out).all()
+    assert m.eval().generate(src, max_new_tokens=5, num_beams=2).shape[0] == 2
+
+
+def test_translator_rejects_a_grid_kind():
+    with pytest.raises(ValueError, match="attention must be a 'tokens' kind; 'axial' is a grid kind"):
+        create_model("transformer_tiny", attention="axial")

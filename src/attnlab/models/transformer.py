@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import Tensor, nn
 
+from ..attention.registry import attention_family, build_attention
 from ..dropout import Dropout
 from ..layers.norms import build_norm
 from ..layers.pos_encoding import build_pos_encoding
@@ -142,6 +143,10 @@ class TransformerConfig:
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
+    # The encoder's self-attention kind (a "tokens" kind of attnlab.attention.list_attention()).
+    # The decoder keeps exact attention: its cache and cross-attention need it.
+    attention: str = "exact"
+    attention_options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "nhead", "dim_feedforward", "max_len"):
@@ -163,6 +168,10 @@ class TransformerConfig:
             idx = getattr(self, name)
             if not 0 <= idx < min(self.src_vocab_size, self.tgt_vocab_size):
                 raise ValueError(f"{name} must index both vocabularies; got {idx}")
+        if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
+            raise ValueError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
+        if "dropout" in self.attention_options:
+            raise ValueError("attention_options must not set 'dropout'; use attention_dropout")
         if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
             raise ValueError(f"pad_id, bos_id and eos_id must differ; got {self.pad_id}, {self.bos_id}, {self.eos_id}")
 
@@ -188,6 +197,13 @@ class Seq2SeqTransformer(nn.Module):
             attention_dropout=cfg.attention_dropout, activation=cfg.activation, norm_first=cfg.norm_first,
             norm=cfg.norm, norm_eps=cfg.norm_eps, final_norm=cfg.final_norm,
         )
+        if cfg.attention != "exact":
+            attn_drop = cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
+            for layer in self.transformer.encoder.layers:  # same call as exact self-attention
+                layer.self_attn = build_attention(cfg.attention, d, cfg.nhead, dropout=attn_drop,
+                                                  **cfg.attention_options)
+                for lin in (layer.self_attn.in_proj, layer.self_attn.out_proj):  # as the rest: Xavier
+                    nn.init.xavier_uniform_(lin.weight)
         self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=cfg.pad_id)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=cfg.pad_id)
         self.src_pos = build_pos_encoding(cfg.pos_encoding, d, cfg.max_len)
