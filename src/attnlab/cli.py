@@ -214,16 +214,13 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from .tasks import translation
 
     recipe, src_tok, tgt_tok, model, _ = translation.load_run(args.run_dir, args.checkpoint)
-    tr = recipe.translate
     chunks = [args.texts] if args.texts else _line_chunks(sys.stdin, 16 * args.batch_size)
     seen = 0
     for chunk in chunks:
         seen += len(chunk)
-        out = translation.translate(
-            model, src_tok, tgt_tok, chunk, num_beams=args.beam_size or tr.num_beams, max_length=args.max_length,
-            length_penalty=tr.length_penalty, batch_size=args.batch_size, max_source_length=recipe.text.max_length,
-            device=args.device,
-        )
+        out = translation.translate_as_recipe(recipe, model, src_tok, tgt_tok, chunk, num_beams=args.beam_size,
+                                              max_length=args.max_length, batch_size=args.batch_size,
+                                              device=args.device)
         print("\n".join(out), flush=True)
     if not seen:
         raise UsageError("give texts to translate, or lines on standard input")

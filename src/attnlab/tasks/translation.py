@@ -40,7 +40,7 @@ from ..models import create_model
 from ..recipes import Recipe
 from .common import load_weights, prepare_run_dir, read_recipe, train_and_test
 
-__all__ = ["run", "load_run", "translate", "translate_texts", "bleu_scores", "evaluate_run"]
+__all__ = ["run", "load_run", "translate", "translate_as_recipe", "translate_texts", "bleu_scores", "evaluate_run"]
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -141,6 +141,15 @@ def translate(model: nn.Module, src_tok: TextTokenizer, tgt_tok: TextTokenizer, 
     return out
 
 
+def translate_as_recipe(recipe: Recipe, model: nn.Module, src_tok: TextTokenizer, tgt_tok: TextTokenizer,
+                        texts: Sequence[str], *, num_beams: int | None = None, **options: Any) -> list[str]:
+    """:func:`translate` with a run's decoding settings (beam size, length penalty,
+    source length) from its recipe; ``options`` go to :func:`translate`."""
+    tr = recipe.translate
+    return translate(model, src_tok, tgt_tok, texts, num_beams=tr.num_beams if num_beams is None else num_beams,
+                     length_penalty=tr.length_penalty, max_source_length=recipe.text.max_length, **options)
+
+
 def average_last_checkpoints(run_dir: Path, count: int) -> Path | None:
     """Write ``checkpoints/averaged``: the mean weights of the last ``count`` step
     checkpoints (fewer if the run kept fewer). ``None`` when ``count`` < 2."""
@@ -198,8 +207,8 @@ def run(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, log=print)
     folder = load_weights(run_dir, model, tr.checkpoint)
     start = time.perf_counter()
     sources, references = zip(*splits["test"])
-    hyps = translate(model, src_tok, tgt_tok, sources, num_beams=tr.num_beams, length_penalty=tr.length_penalty,
-                     batch_size=tr.batch_size, max_source_length=recipe.text.max_length, device=recipe.train.device)
+    hyps = translate_as_recipe(recipe, model, src_tok, tgt_tok, sources, batch_size=tr.batch_size,
+                               device=recipe.train.device)
     seconds = time.perf_counter() - start
     atomic_write_bytes(run_dir / "translations.test.txt", ("\n".join(hyps) + "\n").encode())
     scores = bleu_scores(hyps, references)
@@ -236,11 +245,8 @@ def translate_texts(run_dir: str | Path, texts: Sequence[str], *, checkpoint: st
                     max_length: int | None = None, batch_size: int = 64, device: str = "auto") -> list[str]:
     """Translations of ``texts`` by a finished run (beam size from its recipe unless given)."""
     recipe, src_tok, tgt_tok, model, _ = load_run(run_dir, checkpoint)
-    tr = recipe.translate
-    beams = tr.num_beams if num_beams is None else num_beams
-    return translate(model, src_tok, tgt_tok, texts, num_beams=beams, max_length=max_length,
-                     length_penalty=tr.length_penalty, batch_size=batch_size,
-                     max_source_length=recipe.text.max_length, device=device)
+    return translate_as_recipe(recipe, model, src_tok, tgt_tok, texts, num_beams=num_beams, max_length=max_length,
+                               batch_size=batch_size, device=device)
 
 
 def evaluate_run(run_dir: str | Path, checkpoint: str = "auto", batch_size: int = 64,
@@ -248,7 +254,5 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "auto", batch_size: int 
     """BLEU of a run's checkpoint on ``test_2016_flickr`` (beam search as in its recipe)."""
     recipe, src_tok, tgt_tok, model, folder = load_run(run_dir, checkpoint)
     sources, references = zip(*_load_split(recipe, "test"))
-    tr = recipe.translate
-    hyps = translate(model, src_tok, tgt_tok, sources, num_beams=tr.num_beams, length_penalty=tr.length_penalty,
-                     batch_size=batch_size, max_source_length=recipe.text.max_length, device=device)
+    hyps = translate_as_recipe(recipe, model, src_tok, tgt_tok, sources, batch_size=batch_size, device=device)
     return {**bleu_scores(hyps, references), "samples": len(hyps), "checkpoint": str(folder)}
