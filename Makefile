@@ -6,8 +6,13 @@ STAMP  := $(VENV)/.attnlab-installed
 # The CPU wheel of torch lies on this machine's disk: pin it, or pip pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 export ATTNLAB_DATA_DIR ?= $(abspath ../shared/data)
+# `make bench-peers` builds its own venv: the reference implementations must not enter .venv.
+PEERS_VENV  := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.attnlab-peers-installed
+PEERS       := local-attention==1.11.2 performer-pytorch==1.1.4 linear-attention-transformer==0.19.1 \
+               nystrom-attention==0.0.14
 
-.PHONY: run test bench clean
+.PHONY: run test bench bench-peers clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,5 +29,14 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/attention_core.py
 
+$(PEERS_STAMP): pyproject.toml Makefile
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install -q --disable-pip-version-check "$(TORCH)"
+	$(PEERS_VENV)/bin/pip install -q --disable-pip-version-check -e . $(PEERS)
+	touch $(PEERS_STAMP)
+
+bench-peers: $(PEERS_STAMP)
+	$(PEERS_VENV)/bin/python benchmarks/attention_peers.py
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(PEERS_VENV) build src/*.egg-info .pytest_cache

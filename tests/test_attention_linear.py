@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import attnlab.attention.variants.linear  # noqa: F401  (registers "linear")
 from attnlab.attention.registry import build_attention
-from attnlab.attention.variants.linear import LinearAttention, elu_feature_map, kernel_attention
+from attnlab.attention.variants.linear import LinearAttention, elu_feature_map, elu_linear_attention, kernel_attention
 
 
 def explicit(q, k, v, key_padding_mask=None, is_causal=False, eps=1e-6):
@@ -138,3 +138,34 @@ def test_rejects_need_weights_and_attn_mask():
 def test_bad_eps():
     with pytest.raises(ValueError, match="eps"):
         LinearAttention(32, 4, eps=0.0)
+
+
+def test_fast_path_matches_kernel_attention_and_its_gradients():
+    # The hand-written backward of the unmasked, non-causal path against autograd through
+    # kernel_attention, and against finite differences; inputs straddle 0, where elu bends.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 11, 5, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = elu_linear_attention(q, k, v)
+    ref = kernel_attention(elu_feature_map(q), elu_feature_map(k), v)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    want = torch.autograd.grad(ref, (q, k, v), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    assert torch.autograd.gradcheck(elu_linear_attention, (q, k, v))
+
+
+def test_module_takes_the_fast_path_only_without_mask_or_causality(monkeypatch):
+    import attnlab.attention.variants.linear as lin
+
+    calls = []
+    monkeypatch.setattr(lin, "elu_linear_attention", lambda *a, **kw: calls.append(1) or kernel_attention(
+        elu_feature_map(a[0]), elu_feature_map(a[1]), a[2]))
+    m = LinearAttention(16, 2)
+    x = torch.randn(2, 7, 16)
+    m(x)
+    assert calls == [1]
+    m(x, is_causal=True)
+    m(x, key_padding_mask=torch.tensor([[False] * 6 + [True]] * 2))
+    assert calls == [1]

@@ -234,6 +234,40 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def cmd_bench_attention(args: argparse.Namespace) -> int:
+    from .bench.attention import DEFAULT_LENGTHS, PARTS, run_bench
+    from .bench.scaling import VARIANTS
+
+    parts = _choices("--parts", args.parts, PARTS) if args.parts else list(PARTS)
+    variants = _choices("--variants", args.variants, VARIANTS) if args.variants else None
+    lengths = _lengths(args.lengths) if args.lengths else list(DEFAULT_LENGTHS)
+    data = run_bench(args.out, parts=parts, variants=variants, lengths=lengths, device=args.device,
+                     quick=args.quick, fresh=args.fresh, json_path=args.json, log=lambda s: print(s, flush=True))
+    from .bench.report import markdown
+
+    print(markdown(data))
+    print(f"wrote {args.out}/results.json, table.md, time.png, memory.png" + (f" and {args.json}" if args.json else ""))
+    return 0
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 2:
+        raise UsageError(f"--lengths takes comma-separated integers of at least 2; got {text!r}")
+    return values
+
+
+def _choices(option: str, text: str, allowed) -> list[str]:
+    values = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise UsageError(f"{option} takes a comma-separated list of {', '.join(allowed)}; got {text!r}")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="attnlab", description="Attention mechanisms and the models built on them."
@@ -299,6 +333,19 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--data-dir", default=None, help="default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab")
     q.add_argument("--base-url", default=None, help=argparse.SUPPRESS)  # a mirror, or a test server
     q.set_defaults(func=cmd_data_download)
+    p = sub.add_parser("bench", help="measure: 'attnlab bench attention' compares the attention kinds")
+    bench_sub = p.add_subparsers(dest="bench_command", metavar="WHAT", required=True)
+    q = bench_sub.add_parser("attention", help="time, memory, quality of each attention kind, and the studies "
+                                              "(resumable; about 1.5 hours on 2 CPU cores)")
+    q.add_argument("--out", default="runs/bench-attention", help="output folder (default runs/bench-attention)")
+    q.add_argument("--json", default=None, metavar="FILE", help="also write the scaling records, as a list, here")
+    q.add_argument("--parts", default=None, help="comma-separated: scaling, quality, studies (default: all)")
+    q.add_argument("--variants", default=None, help="comma-separated variants (default: all)")
+    q.add_argument("--lengths", default=None, help="comma-separated lengths (default 256,...,16384)")
+    q.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    q.add_argument("--quick", action="store_true", help="tiny sizes and budgets: checks that it runs, nothing more")
+    q.add_argument("--fresh", action="store_true", help="start over instead of keeping the finished items in --out")
+    q.set_defaults(func=cmd_bench_attention)
     return parser
 
 

@@ -19,14 +19,23 @@ Token embeddings are scaled by ``sqrt(embed_dim)`` after an ``N(0, 1/embed_dim)`
 initialisation (as in :class:`~attnlab.models.transformer.Seq2SeqTransformer`), so that
 they start at unit variance, the scale of the sinusoidal positions they are added to.
 
+Positions (``pos_encoding``): ``"sinusoidal"`` or ``"learned"`` absolute positions are
+added to the embeddings; ``"none"`` gives none (with mean pooling the model is then blind
+to word order); ``"relative"`` adds nothing to the embeddings but a T5 relative position
+bias (:class:`~attnlab.layers.relative_bias.RelativePositionBias`, one table shared by all
+layers) to every layer's attention logits, as a float ``attn_mask`` ``(1, H, L, L)``. It
+needs ``attention="exact"``, the kind that takes an ``attn_mask``.
+
 Sequences are right-padded: positions count from the first token, and ``"cls"`` pooling
-reads position 0, where the tokenizer puts ``[CLS]``.
+reads position 0, where the tokenizer puts ``[CLS]``. Relative biases depend only on
+distances between real tokens, so padding invariance holds for every ``pos_encoding``.
 
 Shapes::
 
     input_ids        (B, L)  token ids, L <= max_len
     attention_mask   (B, L)  1/True = real token, 0/False = padding
-    embed + pos      (B, L, E)
+    embed + pos      (B, L, E)   pos: absolute positions, or nothing ("none", "relative")
+    relative bias    (1, H, L, L)  "relative" only, added to every layer's attention logits
     encoder          (B, L, E)   depth layers, key padding masked
     pool             (B, E)      "cls": token 0; "mean": mean of real tokens
     head             (B, num_classes)
@@ -48,13 +57,14 @@ from ..attention.registry import attention_family, build_attention
 from ..dropout import Dropout
 from ..layers.norms import build_norm
 from ..layers.pos_encoding import build_pos_encoding
+from ..layers.relative_bias import RelativePositionBias
 from ..layers.transformer_layers import TransformerEncoder, TransformerEncoderLayer
 from .registry import build_config, register_model
 
 __all__ = ["SentimentConfig", "AttentionSentimentClassifier"]
 
 POOLINGS = ("cls", "mean")
-POS_ENCODINGS = ("learned", "none", "sinusoidal")
+POS_ENCODINGS = ("learned", "none", "relative", "sinusoidal")
 
 
 @dataclass
@@ -72,7 +82,7 @@ class SentimentConfig:
     attn_dropout: float = 0.1  # on the attention weights
     embed_dropout: float = 0.1  # on embeddings + positions
     max_len: int = 256
-    pos_encoding: str = "sinusoidal"  # "sinusoidal", "learned" or "none"
+    pos_encoding: str = "sinusoidal"  # "sinusoidal", "learned", "none" or "relative" (T5 bias, exact attention)
     pooling: str = "mean"  # "cls" (token 0) or "mean" (masked mean of real tokens)
     norm_first: bool = True  # pre-norm, with a final norm
     norm: str = "layernorm"  # or "batchnorm" (token BatchNorm, padding left out)
@@ -109,17 +119,25 @@ class SentimentConfig:
             raise ValueError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         if "dropout" in self.attention_options:
             raise ValueError("attention_options must not set 'dropout'; use attn_dropout")
+        if self.pos_encoding == "relative" and self.attention != "exact":  # the other kinds take no attn_mask
+            raise ValueError(
+                f"pos_encoding='relative' needs attention='exact' (the bias is an attn_mask); "
+                f"got attention={self.attention!r}"
+            )
 
 
-def _layer_with_weights(layer: TransformerEncoderLayer, x: Tensor, pad: Tensor | None) -> tuple[Tensor, Tensor]:
-    """``layer(x, key_padding_mask=pad)`` and its attention weights ``(B, H, L, L)``.
+def _layer_with_weights(
+    layer: TransformerEncoderLayer, x: Tensor, pad: Tensor | None, bias: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """``layer(x, key_padding_mask=pad, attn_mask=bias)`` and its attention weights ``(B, H, L, L)``.
 
     TransformerEncoderLayer does not return weights; this mirrors its forward step by
     step (tests check that both give the same logits).
     """
 
     def sa(h: Tensor) -> tuple[Tensor, Tensor]:
-        out, w = layer.self_attn(h, key_padding_mask=pad, need_weights=True, average_attn_weights=False)
+        out, w = layer.self_attn(h, key_padding_mask=pad, attn_mask=bias, need_weights=True,
+                                 average_attn_weights=False)
         return layer.dropout(out), w
 
     if layer.norm_first:
@@ -146,7 +164,11 @@ class AttentionSentimentClassifier(nn.Module):
         e = cfg.embed_dim
         self.embed = nn.Embedding(cfg.vocab_size, e, padding_idx=cfg.padding_idx)
         self.embed_scale = math.sqrt(e)
-        self.pos = build_pos_encoding(cfg.pos_encoding, e, cfg.max_len)
+        # "relative": no absolute positions; one bias table shared by all layers, as in T5
+        # (none without layers, so that no parameter goes unused).
+        relative = cfg.pos_encoding == "relative"
+        self.pos = build_pos_encoding("none" if relative else cfg.pos_encoding, e, cfg.max_len)
+        self.rel_bias = RelativePositionBias(cfg.num_heads) if relative and cfg.depth > 0 else None
         self.embed_drop = Dropout(cfg.embed_dropout)
         layers = []
         for _ in range(cfg.depth):
@@ -191,6 +213,10 @@ class AttentionSentimentClassifier(nn.Module):
     def _embed(self, input_ids: Tensor) -> Tensor:
         return self.embed_drop(self.pos(self.embed(input_ids) * self.embed_scale))
 
+    def _attn_bias(self, x: Tensor) -> Tensor | None:
+        """The relative position bias ``(1, H, L, L)`` for ``x`` ``(B, L, E)``; ``None`` without one."""
+        return None if self.rel_bias is None else self.rel_bias(x.shape[1], x.shape[1], device=x.device)
+
     def _final_norm(self, x: Tensor, pad: Tensor | None) -> Tensor:
         return x if self.encoder.norm is None else self.encoder.norm(x, pad)
 
@@ -210,11 +236,13 @@ class AttentionSentimentClassifier(nn.Module):
     def forward_features(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Token features ``(B, L, E)`` after the encoder (and its final norm)."""
         pad = self.padding_mask(input_ids, attention_mask)
-        return self.encoder(self._embed(input_ids), key_padding_mask=pad)
+        x = self._embed(input_ids)
+        return self.encoder(x, key_padding_mask=pad, attn_mask=self._attn_bias(x))
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         pad = self.padding_mask(input_ids, attention_mask)
-        return self.forward_head(self.encoder(self._embed(input_ids), key_padding_mask=pad), pad)
+        x = self._embed(input_ids)
+        return self.forward_head(self.encoder(x, key_padding_mask=pad, attn_mask=self._attn_bias(x)), pad)
 
     def forward_with_attention(
         self, input_ids: Tensor, attention_mask: Tensor | None = None
@@ -226,9 +254,10 @@ class AttentionSentimentClassifier(nn.Module):
         """
         pad = self.padding_mask(input_ids, attention_mask)
         x = self._embed(input_ids)
+        bias = self._attn_bias(x)
         maps = []
         for layer in self.encoder.layers:
-            x, w = _layer_with_weights(layer, x, pad)
+            x, w = _layer_with_weights(layer, x, pad, bias)
             maps.append(w)
         return self.forward_head(self._final_norm(x, pad), pad), maps
 

@@ -32,7 +32,7 @@ from torch import Tensor
 from ..registry import register_attention
 from .base import TokenAttention
 
-__all__ = ["LinearAttention", "kernel_attention", "elu_feature_map"]
+__all__ = ["LinearAttention", "kernel_attention", "elu_feature_map", "elu_linear_attention"]
 
 
 def _compute_dtype(t: Tensor) -> torch.dtype:
@@ -42,7 +42,7 @@ def _compute_dtype(t: Tensor) -> torch.dtype:
 
 def elu_feature_map(x: Tensor) -> Tensor:
     """``phi(x) = elu(x) + 1`` (positive), in float32 at least."""
-    return F.elu(x.to(_compute_dtype(x))) + 1.0
+    return F.elu(x.to(_compute_dtype(x))).add_(1.0)  # in place: elu's backward needs its input, not its output
 
 
 def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None,
@@ -66,39 +66,83 @@ def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, key_padding_mask: 
     out_dtype = v.dtype
     ct = torch.promote_types(_compute_dtype(v), torch.promote_types(phi_q.dtype, phi_k.dtype))
     phi_q, phi_k, v = phi_q.to(ct), phi_k.to(ct), v.to(ct)
+    if key_padding_mask is None and not is_causal:
+        return _KernelAttention.apply(phi_q, phi_k, v, eps, False).to(out_dtype)
     if key_padding_mask is not None:
         pad = key_padding_mask[:, None, :, None]
         phi_k = phi_k.masked_fill(pad, 0.0)  # masked_fill, not a product: no 0 * inf
         v = v.masked_fill(pad, 0.0)
+    # A column of ones appended to v carries the normaliser through the same products:
+    # phi_q (phi_kᵀ [v, 1]) = [numerator, denominator], one matmul instead of two.
+    d = v.shape[-1]
+    v1 = F.pad(v, (0, 1), value=1.0)  # (B, H, L, D + 1)
     if not is_causal:
-        kv = phi_k.transpose(-2, -1) @ v  # (B, H, M, D)
-        z = phi_k.sum(dim=-2)  # (B, H, M)
-        num = phi_q @ kv
-        den = phi_q @ z.unsqueeze(-1)  # (B, H, L, 1)
-        return (num / (den + eps)).to(out_dtype)
+        out = phi_q @ (phi_k.transpose(-2, -1) @ v1)  # (B, H, L, D + 1); the state is (M, D + 1)
+        return (out[..., :d] / (out[..., d:] + eps)).to(out_dtype)
 
     b, h, n, m = phi_q.shape
-    d = v.shape[-1]
     c = min(chunk, n)
     nc = math.ceil(n / c)
     extra = nc * c - n
     if extra:  # zero features: padding positions add nothing and get 0 / eps = 0
-        phi_q, phi_k, v = (F.pad(t, (0, 0, 0, extra)) for t in (phi_q, phi_k, v))
+        phi_q, phi_k, v1 = (F.pad(t, (0, 0, 0, extra)) for t in (phi_q, phi_k, v1))
     qc = phi_q.reshape(b, h, nc, c, m)
     kc = phi_k.reshape(b, h, nc, c, m)
-    vc = v.reshape(b, h, nc, c, d)
+    vc = v1.reshape(b, h, nc, c, d + 1)
     # State of all earlier chunks: exclusive prefix sums over the chunk axis.
-    kv = kc.transpose(-2, -1) @ vc  # (B, H, nc, M, D), one chunk's sum phi(k) vᵀ
-    ks = kc.sum(dim=-2)  # (B, H, nc, M)
+    kv = kc.transpose(-2, -1) @ vc  # (B, H, nc, M, D + 1), one chunk's sum phi(k) [v, 1]ᵀ
     s_prev = torch.cat([torch.zeros_like(kv[:, :, :1]), kv[:, :, :-1].cumsum(dim=2)], dim=2)
-    z_prev = torch.cat([torch.zeros_like(ks[:, :, :1]), ks[:, :, :-1].cumsum(dim=2)], dim=2)
     # Within a chunk: the explicit lower-triangular kernel matrix.
     tri = torch.ones(c, c, dtype=torch.bool, device=v.device).tril()
     a = (qc @ kc.transpose(-2, -1)).masked_fill(~tri, 0.0)  # (B, H, nc, C, C)
-    num = qc @ s_prev + a @ vc  # (B, H, nc, C, D)
-    den = (qc @ z_prev.unsqueeze(-1)).squeeze(-1) + a.sum(dim=-1)  # (B, H, nc, C)
-    out = num / (den.unsqueeze(-1) + eps)
+    out = qc @ s_prev + a @ vc  # (B, H, nc, C, D + 1)
+    out = out[..., :d] / (out[..., d:] + eps)
     return out.reshape(b, h, nc * c, d)[:, :, :n].to(out_dtype)
+
+
+class _KernelAttention(torch.autograd.Function):
+    """Non-causal, unmasked normalised kernel attention with a hand-written backward:
+    ``out = (phi_q (phi_kᵀ v)) / (phi_q sum(phi_k) + eps)``.
+
+    With ``elu=True`` it takes raw ``q, k`` and applies ``phi = elu(x) + 1`` itself.
+    Autograd's version of the same lines recomputes ``exp`` for elu's derivative and goes
+    through the division in several passes; here the derivative of ``phi`` is read off
+    ``phi`` itself (1 where ``x > 0``, ``exp(x) = phi`` elsewhere: ``min(phi, 1)``) and each
+    gradient is one matmul and at most two passes.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, eps: float, elu: bool) -> Tensor:  # type: ignore[override]
+        pq, pk = (F.elu(q).add_(1.0), F.elu(k).add_(1.0)) if elu else (q, k)  # (..., L, M)
+        s = pk.transpose(-2, -1) @ v  # (..., M, D)
+        z = pk.sum(dim=-2).unsqueeze(-1)  # (..., M, 1)
+        den = (pq @ z).add_(eps)  # (..., L, 1)
+        out = (pq @ s).div_(den)  # (..., L, D)
+        ctx.elu = elu
+        ctx.save_for_backward(pq, pk, v, s, z, den, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:  # type: ignore[override]
+        pq, pk, v, s, z, den, out = ctx.saved_tensors
+        dnum = g / den  # (L, D)
+        dden = -(dnum * out).sum(dim=-1, keepdim=True)  # (L, 1): d out / d den = -out / den
+        ds = pq.transpose(-2, -1) @ dnum  # (M, D)
+        dz = pq.transpose(-2, -1) @ dden  # (M, 1)
+        dpq = (dnum @ s.transpose(-2, -1)).addcmul_(dden, z.transpose(-2, -1))  # (L, M)
+        dpk = (v @ ds.transpose(-2, -1)).add_(dz.transpose(-2, -1))  # (L, M)
+        dv = pk @ ds  # (L, D)
+        if ctx.elu:
+            dpq, dpk = dpq.mul_(pq.clamp(max=1.0)), dpk.mul_(pk.clamp(max=1.0))
+        return dpq, dpk, dv, None, None
+
+
+def elu_linear_attention(q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6) -> Tensor:
+    """``kernel_attention(elu_feature_map(q), elu_feature_map(k), v)`` without masks, not
+    causal: the fast path of the ``"linear"`` kind. ``(B, H, L, M)`` q, k and ``(B, H, L, D)``
+    v -> ``(B, H, L, D)``, computed in float32 at least."""
+    ct = torch.promote_types(_compute_dtype(v), torch.promote_types(q.dtype, k.dtype))
+    return _KernelAttention.apply(q.to(ct), k.to(ct), v.to(ct), eps, True).to(v.dtype)
 
 
 @register_attention("linear")
@@ -127,6 +171,8 @@ class LinearAttention(TokenAttention):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: Tensor | None,
                is_causal: bool) -> Tensor:
+        if key_padding_mask is None and not is_causal:
+            return elu_linear_attention(q, k, v, self.eps)
         return kernel_attention(elu_feature_map(q), elu_feature_map(k), v, key_padding_mask, is_causal,
                                 self.eps, self.chunk_size)
 

@@ -33,6 +33,7 @@ import math
 import numbers
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ...dropout import dropout
@@ -82,9 +83,19 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, key_padding
     rel = a - c  # (bs, K)
     band_blocked = ~((rel >= 0) & (rel < window)) if is_causal else rel.abs() >= window
     blocked = band_blocked | key_blocked.unsqueeze(-2).unsqueeze(1)  # (B|1, 1, nb, bs, K)
-    dead = blocked.all(dim=-1, keepdim=True)
 
-    logits = torch.matmul(qb, kb.transpose(-2, -1)) * (1.0 / math.sqrt(d))  # (B, H, nb, bs, K)
+    if key_padding_mask is None and dropout_p == 0.0:
+        # Fast path: every query sees at least itself, so no row is empty, and the blocks
+        # are one batch of small dense attentions under one (nb, bs, K) mask: the fused
+        # kernel (flash on CPU and CUDA), which never stores the (bs, K) weights for backward.
+        keep = ~blocked[0]  # (1, nb, bs, K), True = attend; 4-D, or the flash kernel is not chosen
+        out = F.scaled_dot_product_attention(qb.reshape(batch * heads, nb, bs, d),
+                                             kb.reshape(batch * heads, nb, -1, d),
+                                             vb.reshape(batch * heads, nb, -1, v.shape[-1]), attn_mask=keep)
+        return out.reshape(batch, heads, lp, v.shape[-1])[:, :, :n]
+
+    dead = blocked.all(dim=-1, keepdim=True)
+    logits = torch.matmul(qb * (1.0 / math.sqrt(d)), kb.transpose(-2, -1))  # (B, H, nb, bs, K)
     logits = logits.masked_fill(blocked, -math.inf).masked_fill(dead, 0.0)
     weights = torch.softmax(logits, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32))
     weights = weights.masked_fill(dead, 0.0).to(v.dtype)

@@ -65,18 +65,17 @@ def favor_features(x: Tensor, projection: Tensor, *, is_query: bool,
     m = projection.shape[0]
     x = x.to(ct) * d ** -0.25
     wx = x @ projection.to(ct).T  # (B, H, L, m)
-    expo = wx - (x * x).sum(dim=-1, keepdim=True) / 2
-    if is_query:
-        stab = wx.amax(dim=-1, keepdim=True)
-    else:
-        if key_padding_mask is not None:
-            wx = wx.masked_fill(key_padding_mask[:, None, :, None], -math.inf)
-        stab = wx.amax(dim=(-2, -1), keepdim=True)
-        stab = torch.where(torch.isfinite(stab), stab, torch.zeros_like(stab))  # all padded: no -inf
-    expo = expo - stab.detach()
     if key_padding_mask is not None and not is_query:
-        expo = expo.masked_fill(key_padding_mask[:, None, :, None], -math.inf)  # exp -> 0, no 0 * inf
-    return torch.exp(expo) / math.sqrt(m)
+        wx = wx.masked_fill(key_padding_mask[:, None, :, None], -math.inf)  # exp -> 0 below, no 0 * inf
+        stab = wx.detach().amax(dim=(-2, -1), keepdim=True)
+        stab = torch.where(torch.isfinite(stab), stab, torch.zeros_like(stab))  # all padded: no -inf
+    else:
+        stab = wx.detach().amax(dim=-1 if is_query else (-2, -1), keepdim=True)
+    # exp(W x - |x|² / 2 - stab) / sqrt(m), in place on the (B, H, L, m) tensor: the largest
+    # of the computation, so two passes over it instead of four. (matmul's backward needs
+    # its inputs, not wx, and exp_'s needs only its result.)
+    shift = (x * x).sum(dim=-1, keepdim=True) / 2 + (stab + 0.5 * math.log(m))
+    return wx.sub_(shift).exp_()
 
 
 def favor_key_exponent(k: Tensor, projection: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ...dropout import dropout
@@ -196,6 +197,9 @@ class SparseAttention(TokenAttention):
                 kpm = torch.cat([kpm, kpm.new_ones(kpm.shape[0], lp - n)], dim=1)
             kmask = kpm if kmask is None else kmask | kpm
         sparse, idx, valid, diag, dense, order = self._plan(nb, is_causal, device)
+        # Fast path: without a padding mask every query sees at least one key (its own
+        # block holds a real key), so the fused kernel's rows are never empty.
+        fast = key_padding_mask is None and not (self.training and self.dropout > 0)
         scale = 1.0 / math.sqrt(d)
         qb, kb, vb = (t.reshape(b, h, nb, bs, t.shape[-1]) for t in (q, k, v))
         outs = []
@@ -205,7 +209,6 @@ class SparseAttention(TokenAttention):
             kg = kb.index_select(2, flat).view(b, h, nr, c * bs, d)
             vg = vb.index_select(2, flat).view(b, h, nr, c * bs, v.shape[-1])
             qs = qb if nr == nb else qb.index_select(2, sparse)  # (B, H, nr, bs, D)
-            logits = torch.matmul(qs, kg.transpose(-2, -1)) * scale  # (B, H, nr, bs, C*bs)
             blocked = (~valid).view(nr, 1, c, 1).expand(nr, bs, c, bs)
             if is_causal:
                 tri = torch.ones(bs, bs, dtype=torch.bool, device=device).triu(1)  # key after query
@@ -214,20 +217,28 @@ class SparseAttention(TokenAttention):
             if kmask is not None:
                 kmb = kmask.view(kmask.shape[0], nb, bs).index_select(1, flat).view(kmask.shape[0], 1, nr, 1, c * bs)
                 blocked = blocked | kmb
-            blocked = blocked.expand(b, h, nr, bs, c * bs)
-            outs.append(self._softmax_apply(logits, blocked, vg))
+            if fast:  # one batch of dense attentions under a 4-D mask: the fused kernel
+                out = F.scaled_dot_product_attention(qs.reshape(b * h, nr, bs, d), kg.reshape(b * h, nr, c * bs, d),
+                                                     vg.reshape(b * h, nr, c * bs, -1), attn_mask=~blocked[0])
+                outs.append(out.view(b, h, nr, bs, -1))
+            else:
+                logits = torch.matmul(qs, kg.transpose(-2, -1)) * scale  # (B, H, nr, bs, C*bs)
+                outs.append(self._softmax_apply(logits, blocked.expand(b, h, nr, bs, c * bs), vg))
         nd = dense.numel()
         if nd:
             qd = qb.index_select(2, dense).reshape(b, h, nd * bs, d)
-            logits = torch.matmul(qd, k.transpose(-2, -1)) * scale  # (B, H, nd*bs, Lp)
             qpos = (dense.view(nd, 1) * bs + torch.arange(bs, device=device).view(1, bs)).view(nd * bs, 1)
             blocked = torch.zeros(1, 1, nd * bs, lp, dtype=torch.bool, device=device)
             if is_causal:
                 blocked = blocked | (torch.arange(lp, device=device).view(1, lp) > qpos).view(1, 1, nd * bs, lp)
             if kmask is not None:
                 blocked = blocked | kmask.view(kmask.shape[0], 1, 1, lp)
-            blocked = blocked.expand(b, h, nd * bs, lp)
-            outs.append(self._softmax_apply(logits, blocked, v).view(b, h, nd, bs, v.shape[-1]))
+            if fast:
+                out = F.scaled_dot_product_attention(qd, k, v, attn_mask=~blocked)
+            else:
+                logits = torch.matmul(qd, k.transpose(-2, -1)) * scale  # (B, H, nd*bs, Lp)
+                out = self._softmax_apply(logits, blocked.expand(b, h, nd * bs, lp), v)
+            outs.append(out.view(b, h, nd, bs, v.shape[-1]))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2).index_select(2, order)
         return out.reshape(b, h, lp, v.shape[-1])[:, :, :n]
 

@@ -1,0 +1,149 @@
+"""``attnlab bench attention``: the tutorials' comparison of attention kinds, measured.
+
+Parts (``parts=``), each resumable (a finished item in ``OUT/results.json`` is kept,
+not measured again, so an interrupted run goes on where it stopped):
+
+* ``scaling``: time and peak memory against length, one fresh process per point
+  (:mod:`attnlab.bench.scaling`);
+* ``quality``: accuracy after a fixed budget on the needle task and on MR
+  (:mod:`attnlab.bench.quality`);
+* ``studies``: heads, position encodings, attention dropout and gradient
+  checkpointing (:mod:`attnlab.bench.studies`).
+
+Outputs in ``OUT``: ``results.json`` (everything, rewritten atomically after each
+item), ``table.md`` (the Markdown tables), ``time.png`` and ``memory.png``; and with
+``json_path`` the scaling records alone, as a list.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..io import atomic_write_bytes
+
+__all__ = ["run_bench", "PARTS", "DEFAULT_LENGTHS", "QUICK_LENGTHS", "machine_info"]
+
+PARTS = ("scaling", "quality", "studies")
+DEFAULT_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+QUICK_LENGTHS = (256, 512)
+
+
+def machine_info(device: str = "cpu") -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "python": platform.python_version(), "device": device}
+    try:
+        with open("/proc/meminfo") as f:
+            info["memory_gb"] = round(int(next(ln for ln in f if ln.startswith("MemTotal")).split()[1]) / 2**20, 1)
+    except (OSError, StopIteration):
+        pass
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            return int(next(ln for ln in f if ln.startswith("MemAvailable")).split()[1]) * 1024
+    except (OSError, StopIteration):
+        return None
+
+
+class _Store:
+    """``results.json`` in ``out``: read on start, rewritten atomically after each item."""
+
+    def __init__(self, out: Path, fresh: bool) -> None:
+        self.path = out / "results.json"
+        self.data: dict[str, Any] = {}
+        if not fresh and self.path.is_file():
+            self.data = json.loads(self.path.read_text())
+
+    def items(self, part: str) -> list[dict[str, Any]]:
+        return self.data.setdefault(part, [])
+
+    def find(self, part: str, **key: Any) -> dict[str, Any] | None:
+        return next((r for r in self.items(part) if all(r.get(k) == v for k, v in key.items())), None)
+
+    def add(self, part: str, record: dict[str, Any]) -> None:
+        self.items(part).append(record)
+        self.save()
+
+    def save(self) -> None:
+        atomic_write_bytes(self.path, json.dumps(self.data, indent=1).encode())
+
+
+def _scaling(store: _Store, variants: Sequence[str], lengths: Sequence[int], passes: Sequence[str], device: str,
+             log: Callable[[str], None]) -> None:
+    from .scaling import run_point
+
+    avail = _available_bytes()
+    limit = None if avail is None or device != "cpu" else int(avail * 0.8)
+    for pass_ in passes:
+        for variant in variants:
+            for n in lengths:
+                if store.find("scaling", variant=variant, n=n, **{"pass": pass_}):
+                    continue
+                t0 = time.perf_counter()
+                rec = run_point(variant, n, pass_, memory_limit=limit, device=device)
+                store.add("scaling", rec)
+                if rec["ms"] is None:
+                    log(f"scaling {variant:>13} n={n:<6} {pass_:<7} skipped: {rec['skipped']}")
+                else:
+                    log(f"scaling {variant:>13} n={n:<6} {pass_:<7} {rec['ms']:10.1f} ms {rec['peak_mb']:9.1f} MB"
+                        f"  ({time.perf_counter() - t0:.0f} s)")
+
+
+def run_bench(out: str | Path, *, parts: Sequence[str] = PARTS, variants: Sequence[str] | None = None,
+              lengths: Sequence[int] = DEFAULT_LENGTHS, passes: Sequence[str] = ("fwd", "fwd_bwd"),
+              device: str = "cpu", quick: bool = False, fresh: bool = False, json_path: str | Path | None = None,
+              data_dir: str | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the chosen ``parts`` into ``out`` and write the report; returns ``results.json``'s content.
+
+    ``quick``: the smallest settings (two short lengths, a few training steps), to see
+    that everything runs; its figures mean nothing.
+    """
+    from .quality import QUALITY_KINDS
+    from .report import write_report
+    from .scaling import VARIANTS
+
+    for p in parts:
+        if p not in PARTS:
+            raise ValueError(f"parts must be among {list(PARTS)}; got {p!r}")
+    variants = list(variants or VARIANTS)
+    for v in variants:
+        if v not in VARIANTS:
+            raise ValueError(f"variant must be one of {sorted(VARIANTS)}; got {v!r}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    store = _Store(out, fresh)
+    store.data["machine"] = machine_info(device)
+    store.data["quick"] = bool(quick)
+    store.save()
+    if "scaling" in parts:
+        _scaling(store, variants, QUICK_LENGTHS if quick else lengths, passes, device, log)
+    if "quality" in parts:
+        from .quality import run_quality
+
+        run_quality(store, [v for v in variants if v in QUALITY_KINDS], out, quick=quick, device=device,
+                    data_dir=data_dir, log=log)
+    if "studies" in parts:
+        from .studies import run_studies
+
+        run_studies(store, out, quick=quick, device=device, data_dir=data_dir, log=log)
+    write_report(store.data, out)
+    if json_path is not None:
+        atomic_write_bytes(Path(json_path), json.dumps(store.items("scaling"), indent=1).encode())
+    return store.data

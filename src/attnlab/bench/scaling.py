@@ -1,0 +1,247 @@
+"""Time and peak memory of each attention kind against sequence length.
+
+One *point* is (variant, n, pass): a self-attention module of width ``heads * head_dim``
+(projections included, as a model pays them) on ``x`` ``(batch, n, width)``, float32 by
+default, for
+
+* ``pass="fwd"``: eval mode, no autograd;
+* ``pass="fwd_bwd"``: train mode (dropout 0), ``out.sum().backward()`` into the input
+  and every parameter.
+
+Each point runs in a fresh Python process (:func:`run_point`), so that its peak memory
+is its own and not the high-water mark of an earlier, larger point. Peak memory is
+measured on the first call, before any warm-up:
+
+* CPU: the process's resident-set high-water mark (``VmHWM``, reset through
+  ``/proc/self/clear_refs``) minus its resident size just before the call: what the
+  pass added, activations, weights matrices and workspace included.
+* CUDA: ``torch.cuda.max_memory_allocated`` minus the memory allocated before.
+
+Time is the median of repeated calls after that first one (at least 2, up to 10, or
+about ``min_time`` seconds in all).
+
+Variants (:data:`VARIANTS`): ``exact`` is the fused kernel (no weights formed),
+``exact_weights`` the same attention asked for its per-head weights (the explicit
+``n x n`` path); the rest are the efficient kinds with the options given here.
+Points that would need more memory than the machine has are skipped and recorded as
+such (:func:`predicted_bytes`), never run into the out-of-memory killer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["Variant", "VARIANTS", "measure_point", "first_call_peak", "repeat_times", "run_point", "fit_exponent", "crossover", "predicted_bytes"]
+
+PASSES = ("fwd", "fwd_bwd")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How to build and call one benchmarked kind."""
+
+    kind: str  # registry name
+    options: Callable[[int], dict[str, Any]] = field(default=lambda n: {})  # n -> constructor options
+    call: dict[str, Any] = field(default_factory=dict)  # extra forward kwargs
+    note: str = ""  # settings, for the table
+
+
+# The settings are the usual ones of each paper at this head size, and fixed in n (that
+# is what makes a kind linear): window 256, blocks of 64, 256 features or projections,
+# 64 landmarks.
+VARIANTS: dict[str, Variant] = {
+    "exact": Variant("exact", note="fused scaled_dot_product_attention, weights never formed"),
+    "exact_weights": Variant("exact", call=dict(need_weights=True, average_attn_weights=False),
+                             note="explicit path, per-head n x n weights returned"),
+    "local": Variant("local", lambda n: dict(window=256), note="window 256 (511 keys), blocked"),
+    "sparse": Variant("sparse", lambda n: dict(pattern="bigbird", block=64, window_blocks=3, global_blocks=1,
+                                               random_blocks=2),
+                      note="BigBird blocks of 64: 3 window + 1 global + 2 random"),
+    "linear": Variant("linear", note="elu+1 feature map"),
+    "performer": Variant("performer", lambda n: dict(num_features=256), note="FAVOR+, 256 orthogonal features"),
+    "linformer": Variant("linformer", lambda n: dict(seq_len=n, k=256), note="k = 256 projections, seq_len = n"),
+    "nystrom": Variant("nystrom", lambda n: dict(num_landmarks=64, pinv_iters=6), note="64 landmarks, 6 pinv iterations"),
+}
+
+
+def predicted_bytes(variant: str, n: int, pass_: str, batch: int, heads: int) -> int:
+    """A generous estimate of what a point needs, for the kinds that form ``n x n``
+    matrices (the others need far less than any machine has)."""
+    if variant != "exact_weights":
+        return 0
+    square = batch * heads * n * n * 4
+    return (2 if pass_ == "fwd" else 4) * square  # logits + weights; and their gradients
+
+
+def _rss_kb(field_name: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field_name} not found in /proc/self/status")
+
+
+def first_call_peak(step: Callable[[], None], dev: Any) -> tuple[float, int]:
+    """Run ``step()`` once: ``(seconds, bytes of memory it added at its peak)``; see the module docstring."""
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        before = torch.cuda.memory_allocated(dev)
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize(dev)
+        return time.perf_counter() - t0, torch.cuda.max_memory_allocated(dev) - before
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current resident size
+    before = _rss_kb("VmRSS")
+    t0 = time.perf_counter()
+    step()
+    seconds = time.perf_counter() - t0
+    return seconds, (_rss_kb("VmHWM") - before) * 1024
+
+
+def repeat_times(step: Callable[[], None], first: float, min_time: float, max_repeats: int) -> list[float]:
+    """Seconds of each of ``clamp(min_time / first, 2, max_repeats)`` further calls of ``step()``."""
+    repeats = max(2, min(max_repeats, math.ceil(min_time / max(first, 1e-6))))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def measure_point(variant: str, n: int, pass_: str, *, device: str = "cpu", batch: int = 1, heads: int = 8,
+                  head_dim: int = 64, dtype: str = "float32", min_time: float = 2.0, max_repeats: int = 10,
+                  seed: int = 0) -> dict[str, Any]:
+    """Measure one point in this process; see the module docstring. Returns a record
+    ``{variant, n, pass, ms, peak_mb, repeats, ...}``."""
+    import torch
+
+    from ..attention import build_attention
+
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(VARIANTS)}; got {variant!r}")
+    if pass_ not in PASSES:
+        raise ValueError(f"pass must be one of {PASSES}; got {pass_!r}")
+    spec = VARIANTS[variant]
+    torch.manual_seed(seed)
+    dev, dt = torch.device(device), getattr(torch, dtype)
+    width = heads * head_dim
+    module = build_attention(spec.kind, width, heads, **spec.options(n)).to(dev, dt)
+    x = torch.randn(batch, n, width, device=dev, dtype=dt)
+    train = pass_ == "fwd_bwd"
+    module.train(train)
+    if train:
+        x.requires_grad_(True)
+
+    def step() -> None:
+        if train:
+            out, _ = module(x, **spec.call)
+            out.sum().backward()
+            x.grad = None
+            for p in module.parameters():
+                p.grad = None
+        else:
+            with torch.no_grad():
+                module(x, **spec.call)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    first, peak = first_call_peak(step, dev)
+    times = repeat_times(step, first, min_time, max_repeats)
+    repeats = len(times)
+    return dict(variant=variant, kind=spec.kind, n=n, **{"pass": pass_}, ms=1e3 * statistics.median(times),
+                ms_min=1e3 * min(times), first_ms=1e3 * first, repeats=repeats, peak_mb=peak / 2**20,
+                batch=batch, heads=heads, head_dim=head_dim, dtype=dtype, device=device,
+                threads=torch.get_num_threads())
+
+
+def run_point(variant: str, n: int, pass_: str, *, timeout: float = 900.0, memory_limit: int | None = None,
+              **kwargs: Any) -> dict[str, Any]:
+    """:func:`measure_point` in a fresh interpreter. A point that is predicted to need more
+    than ``memory_limit`` bytes, fails or times out gives a record with ``ms`` and
+    ``peak_mb`` None and the reason in ``skipped``."""
+    base = {"variant": variant, "kind": VARIANTS[variant].kind, "n": n, "pass": pass_, "ms": None, "peak_mb": None}
+    need = predicted_bytes(variant, n, pass_, kwargs.get("batch", 1), kwargs.get("heads", 8))
+    if memory_limit is not None and need > memory_limit:
+        return base | {"skipped": f"needs about {need / 2**30:.0f} GiB, more than the {memory_limit / 2**30:.0f} "
+                                  f"GiB available"}
+    args = [sys.executable, "-m", "attnlab.bench.scaling", "--point", variant, str(n), pass_,
+            "--kwargs", json.dumps(kwargs)]
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return base | {"skipped": f"took over {timeout:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        err = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        return base | {"skipped": f"failed: {err[:200]}"}
+    return json.loads(lines[-1])
+
+
+def fit_exponent(records: list[dict[str, Any]], variant: str, pass_: str, key: str = "ms",
+                 lo: int = 2048, hi: int = 16384) -> float | None:
+    """Least-squares slope of ``log(key)`` against ``log(n)`` for ``lo <= n <= hi``: the
+    measured complexity exponent. None with fewer than two usable points."""
+    pts = [(r["n"], r[key]) for r in records if r["variant"] == variant and r["pass"] == pass_
+           and lo <= r["n"] <= hi and r.get(key) is not None and r[key] > 0]
+    if len(pts) < 2:
+        return None
+    xs = [math.log(n) for n, _ in pts]
+    ys = [math.log(v) for _, v in pts]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else None
+
+
+def crossover(records: list[dict[str, Any]], fast: str, slow: str, pass_: str) -> dict[str, Any]:
+    """The length from which ``fast`` takes less time than ``slow``: interpolated in
+    log-log between the two measured lengths around the change of sign.
+
+    Returns ``{"n": float | None, "relation": "between" | "below" | "above" | "none"}``:
+    ``below`` when ``fast`` wins at every measured length (n is the smallest),
+    ``above`` when it never does (n is the largest measured), ``none`` without data.
+    """
+    def times(v: str) -> dict[int, float]:
+        return {r["n"]: r["ms"] for r in records if r["variant"] == v and r["pass"] == pass_ and r.get("ms")}
+
+    a, b = times(fast), times(slow)
+    ns = sorted(set(a) & set(b))
+    if not ns:
+        return {"n": None, "relation": "none"}
+    diff = [math.log(a[n]) - math.log(b[n]) for n in ns]  # < 0: fast wins
+    if diff[0] < 0:
+        return {"n": ns[0], "relation": "below"}
+    for (n0, d0), (n1, d1) in zip(zip(ns, diff), zip(ns[1:], diff[1:])):
+        if d0 >= 0 > d1:
+            t = d0 / (d0 - d1)
+            return {"n": math.exp(math.log(n0) + t * (math.log(n1) - math.log(n0))), "relation": "between"}
+    return {"n": ns[-1], "relation": "above"}
+
+
+def _main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="measure one point (used by run_point)")
+    p.add_argument("--point", nargs=3, metavar=("VARIANT", "N", "PASS"), required=True)
+    p.add_argument("--kwargs", default="{}")
+    a = p.parse_args(argv)
+    variant, n, pass_ = a.point
+    record = measure_point(variant, int(n), pass_, **json.loads(a.kwargs))
+    print(json.dumps(record), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    sys.exit(_main())
