@@ -148,7 +148,7 @@ def test_cli_bench_attention_scaling_resumes(tmp_path, capsys):
     assert len(records) == 2  # fwd and fwd_bwd, each in its own process
     for r in records:
         assert {"variant", "n", "pass", "ms", "peak_mb"} <= set(r) and r["ms"] > 0
-    assert (out / "table.md").is_file() and (out / "time.png").is_file()
+    assert (out / "table.md").is_file() and (out / "time.png").is_file() and (out / "report.html").is_file()
     first = json.loads((out / "results.json").read_text())["scaling"]
     assert main(argv) == 0  # everything is there: nothing measured again
     assert json.loads((out / "results.json").read_text())["scaling"] == first

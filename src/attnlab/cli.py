@@ -196,6 +196,27 @@ def _predict_texts(args: argparse.Namespace, sentiment) -> int:
     return 0
 
 
+def cmd_visualize(args: argparse.Namespace) -> int:
+    from .viz.run import visualize_run
+
+    queries = [_query(q) for q in args.query] if args.query else None
+    paths = visualize_run(args.run_dir, args.inputs, args.out, max_inputs=args.max_inputs, checkpoint=args.checkpoint,
+                          device=args.device, queries=queries)
+    for path in paths:
+        print(path)
+    return 0
+
+
+def _query(text: str) -> tuple[int, int]:
+    """``--query ROW,COL`` -> ``(row, col)``."""
+    parts = text.split(",")
+    try:
+        row, col = (int(p) for p in parts)
+    except ValueError:
+        raise UsageError(f"--query takes ROW,COL (two integers, a pixel of the input image); got {text!r}") from None
+    return row, col
+
+
 def _line_chunks(lines, size: int):
     """Lists of up to ``size`` lines (newlines removed) from an iterable, as they arrive."""
     chunk: list[str] = []
@@ -227,6 +248,20 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .report import is_bench_dir, write_bench_report, write_run_report
+
+    folder = Path(args.run_dir)
+    if not (folder / "config.yaml").is_file() and not is_bench_dir(folder):
+        raise UsageError(f"RUN_DIR must be a run directory written by 'attnlab train' (with config.yaml) or an "
+                         f"'attnlab bench attention' output folder; {args.run_dir} is neither")
+    write = write_bench_report if is_bench_dir(folder) else write_run_report
+    print(f"wrote {write(folder, args.out)}")
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: ``attnlab translate: error: argument --beam-size: ...``."""
 
@@ -246,7 +281,8 @@ def cmd_bench_attention(args: argparse.Namespace) -> int:
     from .bench.report import markdown
 
     print(markdown(data))
-    print(f"wrote {args.out}/results.json, table.md, time.png, memory.png" + (f" and {args.json}" if args.json else ""))
+    print(f"wrote {args.out}/results.json, table.md, time.png, memory.png, report.html"
+          + (f" and {args.json}" if args.json else ""))
     return 0
 
 
@@ -311,6 +347,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=_positive_int, default=1, help="labels to show per file (default 1)")
     p.set_defaults(func=cmd_predict)
 
+    p = sub.add_parser("visualize", help="draw what a trained run's attention looks at (PNGs)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by 'attnlab train'")
+    p.add_argument("--input", dest="inputs", action="extend", nargs="+", default=None, metavar="X",
+                   help="texts (text runs) or image files (image runs), after RUN_DIR; "
+                        "default: the first test examples")
+    p.add_argument("--max-inputs", type=_positive_int, default=2, help="test examples without --input (default 2)")
+    p.add_argument("--out", default=None, metavar="DIR", help="output folder (default RUN_DIR/visualize)")
+    p.add_argument("--checkpoint", default="auto", help="auto, best, last, averaged or a checkpoint folder")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto (default cpu)")
+    p.add_argument("--query", action="append", default=None, metavar="ROW,COL",
+                   help="BoTNet: a query pixel of the input image (repeatable; default: centre and diagonal)")
+    p.set_defaults(func=cmd_visualize)
+
     p = sub.add_parser("translate", help="translate texts with a trained translation run")
     p.add_argument("run_dir", help="a translation run directory written by 'attnlab train'")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: lines of standard input)")
@@ -323,6 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default auto)")
     p.set_defaults(func=cmd_translate)
 
+    p = sub.add_parser("report", help="write a self-contained report.html for a run (or a benchmark folder)")
+    p.add_argument("run_dir", metavar="RUN_DIR",
+                   help="a run directory written by 'attnlab train', or an 'attnlab bench attention' --out folder")
+    p.add_argument("--out", default=None, metavar="FILE", help="where to write the page (default RUN_DIR/report.html)")
+    p.set_defaults(func=cmd_report)
+
     p = sub.add_parser("data", help="list the public data sets and download them")
     data_sub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     q = data_sub.add_parser("list", help="data sets, and whether each is in the data directory")
@@ -333,6 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--data-dir", default=None, help="default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab")
     q.add_argument("--base-url", default=None, help=argparse.SUPPRESS)  # a mirror, or a test server
     q.set_defaults(func=cmd_data_download)
+
     p = sub.add_parser("bench", help="measure: 'attnlab bench attention' compares the attention kinds")
     bench_sub = p.add_subparsers(dest="bench_command", metavar="WHAT", required=True)
     q = bench_sub.add_parser("attention", help="time, memory, quality of each attention kind, and the studies "

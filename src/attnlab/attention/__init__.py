@@ -1,4 +1,5 @@
-"""The attention mechanism: scaled dot-product attention, multi-head attention, caches."""
+"""The attention mechanism: scaled dot-product attention, multi-head attention, caches,
+and capturing the weights of a model's attention (:func:`capture_attention`)."""
 
 from .cache import KVCache
 from .functional import causal_mask, merge_masks, scaled_dot_product_attention
@@ -15,6 +16,7 @@ from .variants.relpos2d import RelPosSelfAttention2d
 from .variants.sparse import SparseAttention
 from .variants.standalone2d import StandAloneSelfAttention2d
 from .registry import attend_grid, attention_family, build_attention, list_attention, register_attention
+from .capture import capture_attention
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -24,6 +26,7 @@ __all__ = [
     "SelfAttention",
     "CrossAttention",
     "KVCache",
+    "capture_attention",
     "build_attention",
     "register_attention",
     "list_attention",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -38,6 +40,9 @@ class MultiHeadAttention(nn.Module):
                             ``(B, H, Lq, Lk_total)`` with ``average_attn_weights=False``
     ======================  =========================================================
 
+    Inside :func:`~attnlab.attention.capture_attention` the module also hands its
+    per-head weights to the recorder (``_attn_capture``); its results do not change.
+
     ``Lk_total`` counts the cached positions too. With a :class:`KVCache`, the new keys
     and values are appended to it (self-attention) or, for a static cache
     (cross-attention), computed on the first call and reused afterwards.
@@ -46,6 +51,9 @@ class MultiHeadAttention(nn.Module):
     ``in_proj`` (one matrix multiply for self-attention, as torch does); otherwise as
     ``q_proj``, ``k_proj`` and ``v_proj``.
     """
+
+    # A recorder of the weights, set on an instance by capture_attention only.
+    _attn_capture: Callable[[Tensor], None] | None = None
 
     def __init__(
         self,
@@ -184,6 +192,7 @@ class MultiHeadAttention(nn.Module):
             k, v = self._split_heads(k), self._split_heads(v)  # type: ignore[arg-type]
         if cache is not None:
             k, v = cache.update(k, v)
+        capture = self._attn_capture  # set only inside capture_attention
         out, weights = scaled_dot_product_attention(
             q,
             k,  # type: ignore[arg-type]
@@ -192,8 +201,12 @@ class MultiHeadAttention(nn.Module):
             key_padding_mask=key_padding_mask,
             is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights,
+            need_weights=need_weights or capture is not None,
         )
+        if capture is not None:
+            capture(weights)  # (B, H, Lq, Lk_total), per head
+            if not need_weights:
+                weights = None
         out = self.out_proj(out.transpose(1, 2).reshape(batch, lq, self.embed_dim))
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)

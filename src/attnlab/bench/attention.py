@@ -11,8 +11,9 @@ not measured again, so an interrupted run goes on where it stopped):
   checkpointing (:mod:`attnlab.bench.studies`).
 
 Outputs in ``OUT``: ``results.json`` (everything, rewritten atomically after each
-item), ``table.md`` (the Markdown tables), ``time.png`` and ``memory.png``; and with
-``json_path`` the scaling records alone, as a list.
+item), ``table.md`` (the Markdown tables), ``time.png`` and ``memory.png``,
+``report.html`` (all of it in one self-contained page); and with ``json_path`` the
+scaling records alone, as a list.
 """
 
 from __future__ import annotations
@@ -144,6 +145,9 @@ def run_bench(out: str | Path, *, parts: Sequence[str] = PARTS, variants: Sequen
 
         run_studies(store, out, quick=quick, device=device, data_dir=data_dir, log=log)
     write_report(store.data, out)
+    from ..report import write_bench_report
+
+    write_bench_report(out)  # report.html: the tables and plots in one self-contained page
     if json_path is not None:
         atomic_write_bytes(Path(json_path), json.dumps(store.items("scaling"), indent=1).encode())
     return store.data

@@ -43,10 +43,12 @@ def prepare_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> bool:
 
 def train_and_test(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module], train_set: Any,
                    eval_set: Any, test_set: Any, *, resume: bool, has_checkpoint: bool, log: Callable[[str], None],
-                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                   extra: dict[str, Any] | None = None, report: bool = True) -> dict[str, Any]:
     """Train on ``train_set`` (evaluating on ``eval_set`` during training), then test on
-    ``test_set`` and write ``results.json``. ``build_model`` runs after seeding, so the
-    initial weights are a function of ``train.seed``."""
+    ``test_set`` and write ``results.json`` and (with ``report``) ``report.html``.
+    ``build_model`` runs after seeding, so the initial weights are a function of
+    ``train.seed``. A task that adds to ``results.json`` afterwards passes
+    ``report=False`` and calls :func:`write_report_safely` itself."""
     torch.manual_seed(recipe.train.seed)
     model = build_model()
     trainer = Trainer(model, train_set, recipe.train, eval_data=eval_set, run_dir=run_dir, log=log)
@@ -74,7 +76,24 @@ def train_and_test(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.M
                "wall_seconds": time.perf_counter() - start, "model": recipe.model.name, **(extra or {})}
     if distributed.is_main():
         atomic_write_bytes(run_dir / "results.json", json.dumps(results, indent=1).encode())
+        if report:
+            write_report_safely(run_dir, log)
     return results
+
+
+def write_report_safely(run_dir: Path, log: Callable[[str], None]) -> None:
+    """Write ``run_dir/report.html`` (main process only); a failure is one warning line in
+    the log, never an exception: the trained run is worth more than its report."""
+    if not distributed.is_main():
+        return
+    try:
+        from ..report import write_run_report  # the report reads tasks: imported late, no cycle
+
+        start = time.perf_counter()
+        path = write_run_report(run_dir)
+        log(f"report: {path} ({time.perf_counter() - start:.1f} s)")
+    except Exception as exc:  # noqa: BLE001  # any failure: the run's files are already safe on disk
+        log(f"warning: report.html not written: {type(exc).__name__}: {exc}")
 
 
 def read_recipe(run_dir: str | Path) -> Recipe:

@@ -29,7 +29,8 @@ from ..engine import distributed
 from ..io import atomic_write_bytes
 from ..models import create_model
 from ..recipes import Recipe
-from .common import evaluate_model, load_weights, prepare_run_dir, read_recipe, train_and_test
+from .common import (evaluate_model, load_weights, prepare_run_dir, read_recipe, train_and_test,
+                     write_report_safely)
 
 CLASSES = ("negative", "positive")  # label 0, label 1
 
@@ -64,8 +65,10 @@ def _one_run(recipe: Recipe, run_dir: Path, texts: list[str], labels: list[int],
     dev = SentimentDataset(*pick(eval_idx), tokenizer, length) if eval_idx is not None else test
     extra = {"classes": list(CLASSES), "train_size": len(train), "dev_size": len(dev) if dev is not test else 0,
              "test_size": len(test), "vocab_size": tokenizer.vocab_size}
+    # A fold's report would repeat the cross-validation's top-level one, which covers all ten folds.
     return train_and_test(recipe, run_dir, lambda: build_model(recipe, tokenizer), train, dev, test,
-                          resume=resume, has_checkpoint=has_checkpoint, log=log, extra=extra)
+                          resume=resume, has_checkpoint=has_checkpoint, log=log, extra=extra,
+                          report=recipe.data.protocol == "split")
 
 
 def run(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, log=print) -> dict[str, Any]:
@@ -98,6 +101,7 @@ def run(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, log=print)
     }
     if distributed.is_main():
         atomic_write_bytes(run_dir / "results.json", json.dumps(results, indent=1).encode())
+        write_report_safely(run_dir, log)
     return results
 
 
@@ -118,12 +122,9 @@ def load_run(run_dir: str | Path, checkpoint: str = "auto") -> tuple[Recipe, Tex
     return recipe, tokenizer, model.eval(), folder
 
 
-def evaluate_run(run_dir: str | Path, checkpoint: str = "auto", batch_size: int = 256,
-                 device: str = "auto") -> dict[str, Any]:
-    """Test loss and accuracy of a run's checkpoint on the sentences it was tested on
-    (the split's test part, or a fold folder's held-out fold)."""
+def held_out_set(run_dir: str | Path, recipe: Recipe, tokenizer: TextTokenizer) -> SentimentDataset:
+    """The sentences a run was tested on: the split's test part, or a fold folder's held-out fold."""
     run_dir = Path(run_dir)
-    recipe, tokenizer, model, folder = load_run(run_dir, checkpoint)
     texts, labels = load_mr(recipe.data.data_dir)
     if recipe.data.protocol == "split":
         test_idx = mr_split(labels, seed=recipe.data.seed)[2]
@@ -132,8 +133,16 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "auto", batch_size: int 
         if not k.isdigit() or not 0 <= int(k) < 10:
             raise ValueError(f"run_dir of a cross-validation run must be a fold_<k> folder; got {run_dir}")
         test_idx = mr_folds(labels, 10, seed=recipe.data.seed)[int(k)][1]
-    test = SentimentDataset([texts[i] for i in test_idx], [labels[i] for i in test_idx], tokenizer,
+    return SentimentDataset([texts[i] for i in test_idx], [labels[i] for i in test_idx], tokenizer,
                             recipe.text.max_length)
+
+
+def evaluate_run(run_dir: str | Path, checkpoint: str = "auto", batch_size: int = 256,
+                 device: str = "auto") -> dict[str, Any]:
+    """Test loss and accuracy of a run's checkpoint on the sentences it was tested on
+    (the split's test part, or a fold folder's held-out fold)."""
+    recipe, tokenizer, model, folder = load_run(run_dir, checkpoint)
+    test = held_out_set(run_dir, recipe, tokenizer)
     return {**evaluate_model(model, test, batch_size, device), "checkpoint": str(folder)}
 
 

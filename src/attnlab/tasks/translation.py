@@ -38,7 +38,7 @@ from ..engine.device import select_device
 from ..io import atomic_write_bytes
 from ..models import create_model
 from ..recipes import Recipe
-from .common import load_weights, prepare_run_dir, read_recipe, train_and_test
+from .common import load_weights, prepare_run_dir, read_recipe, train_and_test, write_report_safely
 
 __all__ = ["run", "load_run", "translate", "translate_as_recipe", "translate_texts", "bleu_scores", "evaluate_run"]
 
@@ -196,7 +196,7 @@ def run(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, log=print)
              "joint_vocab": src_tok is tgt_tok, "metric": "token accuracy (teacher forcing)"}
     results = train_and_test(recipe, run_dir, lambda: build_model(recipe, src_tok, tgt_tok), data["train"],
                              data["val"], data["test"], resume=resume, has_checkpoint=has_checkpoint, log=log,
-                             extra=extra)
+                             extra=extra, report=False)  # written below, once BLEU is in results.json
     if not distributed.is_main():
         return results
     tr = recipe.translate
@@ -216,6 +216,7 @@ def run(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, log=print)
         f"(lower-cased); beam {tr.num_beams}, {len(hyps) / seconds:.1f} sentences/s, weights {folder.name}")
     results.update(scores, num_beams=tr.num_beams, translate_seconds=seconds, bleu_checkpoint=folder.name)
     atomic_write_bytes(run_dir / "results.json", json.dumps(results, indent=1).encode())
+    write_report_safely(run_dir, log)
     return results
 
 

@@ -13,6 +13,7 @@ width part keeps the tables at ``O(H + W)`` entries instead of ``O(H·W)``.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -55,8 +56,12 @@ class RelPosSelfAttention2d(nn.Module):
 
     ``forward(x)`` returns the output tensor; ``forward(x, need_weights=True)`` returns
     ``(output, weights)`` and computes the softmax explicitly, otherwise torch's fused
-    ``scaled_dot_product_attention`` runs with the position logits as an additive mask.
+    ``scaled_dot_product_attention`` runs with the position logits as an additive mask
+    (except inside :func:`~attnlab.attention.capture_attention`, which records the weights).
     """
+
+    # A recorder of the weights, set on an instance by capture_attention only.
+    _attn_capture: Callable[[Tensor], None] | None = None
 
     def __init__(
         self, dim: int, num_heads: int, *, size: int | tuple[int, int], dropout: float = 0.0, bias: bool = False
@@ -117,10 +122,13 @@ class RelPosSelfAttention2d(nn.Module):
         q, k, v = self.qkv(x).reshape(b, 3, n, d, h * w).transpose(-1, -2).unbind(1)
         q = q * (1.0 / math.sqrt(d))  # scaled once, for both logit terms
         pos = self.position_logits(q)
+        capture = self._attn_capture  # set only inside capture_attention
         out, weights = scaled_dot_product_attention(
             q, k, v, attn_mask=pos, dropout_p=self.dropout if self.training else 0.0, scale=1.0,
-            need_weights=need_weights,
+            need_weights=need_weights or capture is not None,
         )
+        if capture is not None:
+            capture(weights)  # (B, heads, H*W, H*W)
         out = out.transpose(-1, -2).reshape(b, c, h, w)  # (B, heads, D, HW) -> channel = head * D + d
         return (out, weights) if need_weights else out
 

@@ -1,0 +1,28 @@
+"""Pictures of what attention looks at.
+
+* :mod:`attnlab.viz.attention`: plotting functions on tensors (token heatmaps, attention
+  rollout, maps over an image, translation alignments), each writing one PNG atomically.
+* :mod:`attnlab.viz.run`: :func:`visualize_run`, the pictures of a finished run
+  (``attnlab visualize RUN_DIR``).
+"""
+
+from .attention import (
+    alignment_figure,
+    attention_rollout,
+    image_attention_figure,
+    pixel_query_figure,
+    save_figure,
+    token_heatmaps,
+)
+from .run import token_labels, visualize_run
+
+__all__ = [
+    "attention_rollout",
+    "token_heatmaps",
+    "image_attention_figure",
+    "pixel_query_figure",
+    "alignment_figure",
+    "save_figure",
+    "visualize_run",
+    "token_labels",
+]

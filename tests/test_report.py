@@ -1,0 +1,370 @@
+"""report.html as a person meets it: written at the end of training, self-contained,
+every section there, the curves readable, the confusion matrix agreeing with the
+results, 'attnlab report' with its bad input, and the page rendered in headless Chromium
+(not blank, every image loaded, no console error)."""
+
+import base64
+import io
+import json
+import os
+import re
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image as PILImage
+
+from attnlab.cli import main
+from attnlab.report import Image, Note, Pre, Section, Table, plot_curves, render_html, write_bench_report
+from attnlab.report.html import RUN_SECTIONS, write_run_report
+from attnlab.report.markdown import markdown_to_html
+from attnlab.report.predictions import classifier_predictions
+
+DATA = os.environ.get("ATTNLAB_DATA_DIR")
+pytestmark = pytest.mark.filterwarnings("ignore:.*were truncated")  # the tiny text runs cut texts at 32 tokens
+TINY = ["train.steps=8", "train.warmup_steps=1", "train.batch_size=32", "train.eval_every=4",
+        "train.checkpoint_every=4", "train.log_every=2", "train.tensorboard=false", "train.progress=false",
+        "model.options.depth=1"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("runs") / "digits"
+    assert main(["train", "vit-digits", *TINY, "--run-dir", str(folder)]) == 0
+    return folder
+
+
+def _png(data: bytes) -> PILImage.Image:
+    image = PILImage.open(io.BytesIO(data))
+    image.load()
+    return image
+
+
+def _assert_readable_png(data: bytes) -> None:
+    image = _png(data)
+    assert image.format == "PNG" and image.width > 400
+    assert len(np.unique(np.asarray(image.convert("L")))) > 20  # lines, text and antialiasing, not a blank canvas
+
+
+def _images(page: str) -> list[str]:
+    return re.findall(r"<img\b[^>]*\bsrc=\"([^\"]*)\"", page)
+
+
+def _assert_self_contained(page: str) -> None:
+    assert not re.search(r"\b(src|href)\s*=\s*[\"']?\s*(https?:)?//", page, re.I), "a reference outside the file"
+    assert not re.search(r"<script\b|<link\b[^>]*stylesheet|@import|url\(", page, re.I)
+    images = _images(page)
+    assert images
+    for src in images:
+        assert src.startswith("data:image/png;base64,")
+        _png(base64.b64decode(src.split(",", 1)[1]))  # decodes to a real PNG
+
+
+def _headings(page: str) -> list[str]:
+    return re.findall(r"<h2>(.*?)</h2>", page)
+
+
+# ----------------------------------------------------------------------------- curves
+
+
+def test_curves_are_readable_pngs(run_dir, tmp_path):
+    paths = plot_curves(run_dir / "metrics.jsonl", tmp_path)
+    assert [p.name for p in paths] == ["loss.png", "accuracy.png", "lr.png", "throughput.png"]
+    for path in paths:
+        _assert_readable_png(path.read_bytes())
+
+
+def test_curves_ignore_a_torn_last_line_and_draw_bleu(tmp_path):
+    lines = [{"step": s, "kind": "train", "loss": 3.0 / s, "lr": 1e-3, "samples_per_s": 100.0 + s} for s in (1, 2, 3)]
+    lines += [{"step": 3, "kind": "eval", "loss": 1.5, "accuracy": 0.4, "bleu": 12.5}]
+    text = "".join(json.dumps(r) + "\n" for r in lines) + '{"step": 4, "kind": "tra'  # the process died mid-line
+    (tmp_path / "metrics.jsonl").write_text(text)
+    paths = plot_curves(tmp_path / "metrics.jsonl", tmp_path / "curves")
+    assert sorted(p.stem for p in paths) == ["accuracy", "bleu", "loss", "lr", "throughput"]
+    assert not list((tmp_path / "curves").glob(".*"))  # written atomically: no temporary file left
+    for path in paths:
+        _assert_readable_png(path.read_bytes())
+
+
+def test_no_logged_values_draw_no_curve(tmp_path):
+    assert plot_curves([{"step": 1, "kind": "train", "loss": "nan"}], tmp_path) == []
+
+
+# ----------------------------------------------------------------------------- the page
+
+
+def test_training_writes_a_self_contained_report(run_dir, capsys):
+    page = (run_dir / "report.html").read_text()
+    _assert_self_contained(page)
+    assert _headings(page) == list(RUN_SECTIONS["image_classification"])
+    assert len(_images(page)) >= 6  # four curves, the confusion matrix, the sample images
+    results = json.loads((run_dir / "results.json").read_text())
+    assert f"{100 * results['test_accuracy']:.2f}%" in page and "vit_digits_patch2" in page
+    assert "model.options.depth" in page  # the configuration, by its dotted keys
+
+
+def test_confusion_matrix_agrees_with_the_results(run_dir):
+    p = classifier_predictions(run_dir, device="cpu")
+    results = json.loads((run_dir / "results.json").read_text())
+    assert len(p.true) == 360 and p.classes == [str(d) for d in range(10)]
+    assert p.accuracy == pytest.approx(results["test_accuracy"], abs=1e-12)
+    assert len(p.examples) == 12 and tuple(p.examples[0].shape) == (1, 8, 8)
+    assert p.shown[0] == 0 and p.shown[-1] == 359  # spread over the test set, not its first dozen
+
+
+def test_a_failing_attention_drawing_is_a_note_not_a_failure(run_dir, tmp_path, monkeypatch):
+    viz = types.ModuleType("attnlab.viz.run")
+
+    def visualize_run(*args, **kwargs):
+        raise RuntimeError("linear attention forms no weights")
+
+    viz.visualize_run = visualize_run
+    monkeypatch.setitem(sys.modules, "attnlab.viz", types.ModuleType("attnlab.viz"))
+    monkeypatch.setitem(sys.modules, "attnlab.viz.run", viz)
+    page = write_run_report(run_dir, tmp_path / "r.html", device="cpu").read_text()
+    assert "No attention maps: RuntimeError: linear attention forms no weights" in page
+    assert _headings(page) == list(RUN_SECTIONS["image_classification"])
+
+
+def test_render_html_escapes_text_and_embeds_images(tmp_path):
+    png = tmp_path / "x.png"
+    PILImage.new("RGB", (3, 2), (200, 10, 10)).save(png)
+    page = render_html("<b>title</b>", [
+        Section("A & B", ["<script>alert(1)</script>", Table([("<i>", 1.5)], ("k", "v")), Pre("x < y"),
+                          Note("n > m"), Image(png, 'cap "q"')]),
+        Section("A & B", []),
+    ])
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<h1>&lt;b&gt;title&lt;/b&gt;</h1>" in page and "<td>&lt;i&gt;</td>" in page
+    assert '<td class="num">1.5</td>' in page and "<pre>x &lt; y</pre>" in page
+    assert 'id="a-b"' in page and 'id="a-b-2"' in page  # two sections, two anchors
+    _assert_self_contained(page)
+    with pytest.raises(ValueError, match="image must be PNG, JPEG or GIF"):
+        render_html("t", [Section("s", [Image(b"not an image")])])
+
+
+def test_markdown_pipe_tables_become_html_tables():
+    text = "### Speed\n\n| kind | ms |\n| --- | ---: |\n| exact | 1.5 |\n| <b> | 2 |\n\n- skipped: `x` at **n**\n"
+    out = markdown_to_html(text)
+    assert "<h3>Speed</h3>" in out and '<th style="text-align: right">ms</th>' in out
+    assert "<td>exact</td>" in out and '<td style="text-align: right">1.5</td>' in out
+    assert "<td>&lt;b&gt;</td>" in out and "<li>skipped: <code>x</code> at <strong>n</strong></li>" in out
+
+
+def test_bench_report_turns_tables_and_plots_into_one_page(tmp_path):
+    from matplotlib.figure import Figure
+
+    (tmp_path / "results.json").write_text(json.dumps({"machine": {"cpu": "test cpu", "cores": 2}, "quick": True,
+                                                       "scaling": []}))
+    (tmp_path / "table.md").write_text("### Times\n\n| variant | 256 |\n| --- | ---: |\n| exact | 1.0 ms |\n")
+    for name in ("time.png", "memory.png"):
+        fig = Figure(figsize=(6, 3))
+        fig.subplots().plot([1, 2, 3], [1, 4, 9])
+        fig.savefig(tmp_path / name)
+    page = write_bench_report(tmp_path).read_text()
+    _assert_self_contained(page)
+    assert _headings(page) == ["Machine", "Tables", "Plots"] and len(_images(page)) == 2
+    assert "<td>exact</td>" in page and "test cpu" in page and "the figures mean nothing" in page
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "again.html")]) == 0
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def test_report_command_writes_the_page(run_dir, tmp_path, capsys):
+    out = tmp_path / "page.html"
+    assert main(["report", str(run_dir), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {out}"
+    _assert_self_contained(out.read_text())
+
+
+@pytest.mark.parametrize("make", [lambda tmp: tmp, lambda tmp: tmp / "missing", lambda tmp: tmp / "file.txt"])
+def test_report_command_refuses_what_is_not_a_run(tmp_path, capsys, make):
+    (tmp_path / "file.txt").write_text("x")
+    assert main(["report", str(make(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "attnlab report: error: RUN_DIR must be a run directory" in err
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_a_failing_report_does_not_lose_the_run(tmp_path, monkeypatch, capsys):
+    def broken(run_dir, *args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr("attnlab.report.write_run_report", broken)
+    run = tmp_path / "run"
+    assert main(["train", "vit-digits", *TINY, "train.steps=2", "train.eval_every=0", "--run-dir", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: report.html not written: RuntimeError: disk full" in out
+    assert (run / "results.json").is_file() and not (run / "report.html").exists()
+
+
+# ----------------------------------------------------------------------------- text tasks
+
+
+@pytest.fixture(scope="module")
+def no_attention_drawing():
+    """The text runs' reports without attention maps: drawing them is attnlab.viz's to
+    test (tests/test_visualize.py), and costs most of these reports' time."""
+    viz = types.ModuleType("attnlab.viz.run")
+    viz.visualize_run = lambda *args, **kwargs: []
+    with pytest.MonkeyPatch.context() as m:
+        m.setitem(sys.modules, "attnlab.viz.run", viz)
+        yield
+
+
+MR_TINY = ["model.name=sentiment_transformer_tiny", "model.options={}", "text.vocab_size=1000", "text.max_length=32",
+           "train.batch_size=32", "train.warmup_steps=1", "train.log_every=1", "train.progress=false",
+           "train.tensorboard=false", "train.steps=4", "train.eval_every=2", "train.checkpoint_every=2"]
+needs_mr = pytest.mark.skipif(not DATA or not (Path(DATA) / "mr").is_dir(),
+                              reason="MR absent: set ATTNLAB_DATA_DIR to a folder holding mr/ (make test does)")
+
+
+@pytest.fixture(scope="module")
+def mr_run(tmp_path_factory, no_attention_drawing):
+    run = tmp_path_factory.mktemp("mr") / "split"
+    assert main(["train", "sentiment-mr", *MR_TINY, "--run-dir", str(run)]) == 0
+    return run
+
+
+@needs_mr
+def test_sentiment_report_has_a_confusion_matrix_and_sentences(mr_run):
+    page = (mr_run / "report.html").read_text()
+    _assert_self_contained(page)
+    assert _headings(page) == list(RUN_SECTIONS["sentiment"])
+    assert "<th>test sentence</th>" in page and page.count("<td>positive</td>") + page.count("<td>negative</td>") >= 12
+    assert "No attention maps: the drawing returned none" in page
+    p = classifier_predictions(mr_run, device="cpu")
+    results = json.loads((mr_run / "results.json").read_text())
+    assert len(p.true) == 1066 and p.accuracy == pytest.approx(results["test_accuracy"], abs=1e-12)
+    assert {p.true[i] for i in p.shown} == {0, 1}  # the test part lists one class first: both are shown
+
+
+@needs_mr
+def test_cross_validation_report_pools_the_folds(mr_run, tmp_path, no_attention_drawing):
+    """The top folder of a 10-fold run: every fold's curves, and one confusion matrix of
+    every sentence, each predicted by the fold that held it out. Two folds are faked from
+    the split run (the report reads folders; how their weights were trained is no matter)."""
+    import yaml
+
+    from attnlab.data.mr import load_mr, mr_folds
+
+    top = tmp_path / "cv"
+    config = yaml.safe_load((mr_run / "config.yaml").read_text())
+    config["data"]["protocol"] = "cv10"
+    for k in (0, 1):
+        shutil.copytree(mr_run, top / f"fold_{k}")
+    for folder in (top, top / "fold_0", top / "fold_1"):
+        (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    (top / "fold_0" / "report.html").unlink()
+    page = write_run_report(top, device="cpu").read_text()
+    _assert_self_contained(page)
+    assert _headings(page) == list(RUN_SECTIONS["sentiment"]) and "10-fold cross-validation" in page
+    assert "training loss (solid)" in page and "No results.json yet" in page  # the folds are still running
+    p = classifier_predictions(top, device="cpu")
+    folds = mr_folds(load_mr(DATA)[1], 10, seed=config["data"]["seed"])
+    assert len(p.true) == len(folds[0][1]) + len(folds[1][1]) and "each of the 2 folds" in p.weights
+
+
+@pytest.fixture(scope="module")
+def mini_multi30k(tmp_path_factory):
+    """The first 200 / 10 / 10 pairs of Multi30k, in the data directory layout."""
+    import gzip
+
+    from attnlab.data.multi30k import load_multi30k
+
+    if not DATA or not (Path(DATA) / "multi30k").is_dir():
+        pytest.skip("Multi30k absent: set ATTNLAB_DATA_DIR to a folder holding multi30k/")
+    root = tmp_path_factory.mktemp("data")
+    (root / "multi30k").mkdir()
+    for split, prefix, n in (("train", "train", 200), ("val", "val", 10), ("test", "test_2016_flickr", 10)):
+        pairs = load_multi30k(split, DATA)[:n]
+        for lang, side in (("de", 0), ("en", 1)):
+            with gzip.open(root / "multi30k" / f"{prefix}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.write("".join(p[side] + "\n" for p in pairs))
+    return root
+
+
+def test_translation_report_shows_sources_references_and_translations(mini_multi30k, tmp_path, no_attention_drawing):
+    import html
+
+    from attnlab.data.multi30k import load_multi30k
+
+    run = tmp_path / "tr"
+    assert main(["train", "translate-multi30k", "--run-dir", str(run), f"data.data_dir={mini_multi30k}",
+                 "model.name=transformer_tiny", "model.options={}", "text.vocab_size=500", "text.max_length=32",
+                 "train.batch_size=16", "train.steps=4", "train.warmup_steps=1", "train.log_every=1",
+                 "train.progress=false", "train.tensorboard=false", "train.eval_every=2", "train.checkpoint_every=2",
+                 "translate.average_checkpoints=2", "translate.num_beams=2"]) == 0
+    page = (run / "report.html").read_text()
+    _assert_self_contained(page)
+    assert _headings(page) == list(RUN_SECTIONS["translation"])
+    assert "<th>source</th><th>reference</th><th>translation</th>" in page
+    source, reference = load_multi30k("test", mini_multi30k)[0]
+    hypothesis = (run / "translations.test.txt").read_text(encoding="utf-8").splitlines()[0]
+    row = f"<td>{html.escape(source)}</td><td>{html.escape(reference)}</td><td>{html.escape(hypothesis)}</td>"
+    assert row in page
+    assert "<td>bleu</td>" in page  # the report is written after BLEU joined results.json
+
+
+# ----------------------------------------------------------------------------- in a browser
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or \
+    "/usr/bin/chromedriver"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        pytest.skip("headless Chromium absent: apt-get install chromium chromium-driver (make test tries, as root)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium absent: pip install -e '.[dev]'")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1280,1000", "--disable-extensions", "--no-first-run"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)  # a given driver: no download
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def _look(driver, page: Path) -> dict:
+    """Open ``page`` as a person would; what loaded, what the console said, a screenshot."""
+    driver.get_log("browser")  # drop what earlier pages logged
+    driver.get(page.resolve().as_uri())
+    state = driver.execute_script("""
+        return {ready: document.readyState,
+                images: Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.alt]),
+                height: document.body.scrollHeight};""")
+    state["errors"] = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    state["screenshot"] = _png(driver.get_screenshot_as_png())
+    return state
+
+
+def test_report_renders_in_a_browser(browser, run_dir):
+    state = _look(browser, run_dir / "report.html")
+    assert state["ready"] == "complete" and state["errors"] == []
+    assert len(state["images"]) >= 6
+    for complete, width, alt in state["images"]:
+        assert complete and width > 0, f"image {alt!r} did not load"
+    shot = state["screenshot"].convert("L")
+    assert shot.width >= 1000 and len(np.unique(np.asarray(shot))) > 20  # text and figures, not a blank page
+    assert state["height"] > 2000  # every section laid out, not just the title
+
+
+def test_the_browser_check_sees_a_broken_page(browser, tmp_path):
+    """The check above can fail: a broken image and a blocked external reference are caught."""
+    page = tmp_path / "broken.html"
+    html = render_html("broken", [Section("s", ["text"])])
+    page.write_text(html.replace("</body>", '<img alt="bad" src="data:image/png;base64,AAAA">'
+                                            '<img alt="far" src="https://example.invalid/x.png"></body>'))
+    state = _look(browser, page)
+    assert [(c and w > 0) for c, w, _ in state["images"]] == [False, False]
+    assert state["errors"]  # the policy refused the outside image, and said so
