@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["Variant", "VARIANTS", "measure_point", "first_call_peak", "repeat_times", "run_point", "fit_exponent", "crossover", "predicted_bytes"]
+__all__ = ["Variant", "VARIANTS", "measure_point", "first_call_peak", "repeat_times", "run_module", "run_point", "fit_exponent", "crossover", "predicted_bytes"]
 
 PASSES = ("fwd", "fwd_bwd")
 
@@ -178,10 +178,15 @@ def run_point(variant: str, n: int, pass_: str, *, timeout: float = 900.0, memor
     if memory_limit is not None and need > memory_limit:
         return base | {"skipped": f"needs about {need / 2**30:.0f} GiB, more than the {memory_limit / 2**30:.0f} "
                                   f"GiB available"}
-    args = [sys.executable, "-m", "attnlab.bench.scaling", "--point", variant, str(n), pass_,
-            "--kwargs", json.dumps(kwargs)]
+    return run_module(["attnlab.bench.scaling", "--point", variant, str(n), pass_, "--kwargs", json.dumps(kwargs)],
+                      base, timeout)
+
+
+def run_module(args: list[str], base: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """``python -m *args`` in a fresh interpreter; its last stdout line that is a JSON
+    object is the record. A failure or a timeout gives ``base`` with the reason in ``skipped``."""
     try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return base | {"skipped": f"took over {timeout:.0f} s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]

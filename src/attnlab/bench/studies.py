@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -72,19 +71,12 @@ def checkpointing_point(model_name: str, batch: int, image_size: int, checkpoint
 def run_checkpointing_point(model_name: str, batch: int, image_size: int, checkpointing: bool, *,
                             device: str = "cpu", timeout: float = 1800.0) -> dict[str, Any]:
     """:func:`checkpointing_point` in a fresh interpreter (its peak memory is its own)."""
-    args = [sys.executable, "-m", "attnlab.bench.studies", "--checkpointing", model_name, str(batch),
-            str(image_size), "on" if checkpointing else "off", "--device", device]
+    from .scaling import run_module
+
     base = {"model": model_name, "batch": batch, "image_size": image_size, "checkpointing": checkpointing,
             "ms": None, "peak_mb": None}
-    try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return base | {"skipped": f"took over {timeout:.0f} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        err = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        return base | {"skipped": f"failed: {err[:200]}"}
-    return json.loads(lines[-1])
+    return run_module(["attnlab.bench.studies", "--checkpointing", model_name, str(batch), str(image_size),
+                       "on" if checkpointing else "off", "--device", device], base, timeout)
 
 
 def run_studies(store: Any, out: Path, *, quick: bool = False, device: str = "cpu", data_dir: str | None = None,
