@@ -125,3 +125,16 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
 def test_keep_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="keep must be >= 1; got 0"):
         save_checkpoint(tmp_path, 1, {}, {}, keep=0)
+
+
+def test_atomic_write_gives_the_mode_of_a_plain_open(tmp_path):
+    # mkstemp creates 0600 files; a report or results file should be readable as open() makes it
+    import os
+    import stat
+
+    from attnlab.io import atomic_write_bytes
+
+    plain = tmp_path / "plain.txt"
+    plain.write_bytes(b"x")
+    atomic_write_bytes(tmp_path / "atomic.txt", b"y")
+    assert stat.S_IMODE(os.stat(tmp_path / "atomic.txt").st_mode) == stat.S_IMODE(os.stat(plain).st_mode)

@@ -35,6 +35,12 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_write(path: str | Path, mode: str = "wb") -> Iterator[IO]:
     """``with atomic_write(p) as f: f.write(...)``: ``p`` appears whole or not at all.
@@ -46,6 +52,7 @@ def atomic_write(path: str | Path, mode: str = "wb") -> Iterator[IO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; give it the mode open() would
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
