@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 # Best effort, only when missing: the browser test of report.html drives Debian's chromium, and skips without it.
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
 	  { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
-	    { apt-get install -y -q chromium chromium-driver || { apt-get update -q && apt-get install -y -q chromium chromium-driver; }; }; } \
+	    { export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q chromium chromium-driver || { apt-get update -q && apt-get install -y -q chromium chromium-driver; }; }; } \
 	  || echo "chromium not installed: the browser test of report.html will skip"; fi
 	touch $(STAMP)
 
