@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention.multihead import MultiHeadAttention
-from common import busy_cores, cpu_model, time_interleaved  # benchmarks/common.py, beside this script
+from common import busy_cores, cpu_model, pass_runners, time_interleaved  # benchmarks/common.py, beside this script
 from attnlab.models import create_model
 from attnlab.models.generation import greedy_search
 
@@ -81,32 +81,10 @@ def bench_mha(shape: tuple[int, int, int, int], mode: str, repeats: int, warmup:
         "torch": lambda: ref(x, x, x, need_weights=False)[0],
         "floor": lambda: floor_mha(x, *weights, h),
     }
-    if mode == "fwd":
-        ours.eval()
-        ref.eval()
-
-        def wrap(fwd: Callable[[], Tensor]) -> Callable[[], None]:
-            def run() -> None:
-                with torch.no_grad():
-                    fwd()
-            return run
-    else:
-        ours.train()
-        ref.train()
-        x.requires_grad_(True)
-        leaves = [x, *ours.parameters(), *ref.parameters()]
-
-        def wrap(fwd: Callable[[], Tensor]) -> Callable[[], None]:
-            def run() -> None:
-                for p in leaves:
-                    p.grad = None
-                fwd().sum().backward()
-            return run
-
     with torch.no_grad():  # the three must compute the same function, or the comparison is void
         outs = [f() for f in forwards.values()]
         max_diff = max((o - outs[-1]).abs().max().item() for o in outs)
-    seconds = time_interleaved({k: wrap(f) for k, f in forwards.items()}, repeats, warmup)
+    seconds = time_interleaved(pass_runners(forwards, mode, [x], [ours, ref]), repeats, warmup)
     samples = {k: [s * 1e3 for s in v] for k, v in seconds.items()}
     ms = {k: statistics.median(v) for k, v in samples.items()}
     flops = mha_flops(*shape) * (3 if mode == "fwd+bwd" else 1)

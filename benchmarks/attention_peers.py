@@ -89,7 +89,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from common import busy_cores, cpu_model, time_interleaved  # benchmarks/common.py, beside this script
+from common import busy_cores, cpu_model, pass_runners, time_interleaved  # benchmarks/common.py, beside this script
 
 PEER_PACKAGES = {  # distribution -> module
     "local-attention": "local_attention",
@@ -245,30 +245,7 @@ def check(pair: Pair, window: int, n: int) -> str:
 
 def bench(pair: Pair, n: int, mode: str, repeats: int, warmup: int) -> dict[str, float]:
     fns, inputs, modules = pair.make(n, 0)
-    if mode == "fwd":
-        for m in modules:
-            m.eval()
-
-        def wrap(fwd: Callable[[], Tensor]) -> Callable[[], None]:
-            def run() -> None:
-                with torch.no_grad():
-                    fwd()
-            return run
-    else:
-        for m in modules:
-            m.train()
-        for t in inputs:
-            t.requires_grad_(True)
-        leaves = [*inputs, *(p for m in modules for p in m.parameters())]
-
-        def wrap(fwd: Callable[[], Tensor]) -> Callable[[], None]:
-            def run() -> None:
-                for p in leaves:
-                    p.grad = None
-                fwd().sum().backward()
-            return run
-
-    seconds = time_interleaved({k: wrap(f) for k, f in fns.items()}, repeats, warmup)
+    seconds = time_interleaved(pass_runners(fns, mode, inputs, modules), repeats, warmup)
     return {k: statistics.median(v) * 1e3 for k, v in seconds.items()}
 
 

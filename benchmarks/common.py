@@ -7,7 +7,7 @@ import platform
 import time
 from typing import Callable
 
-__all__ = ["time_interleaved", "cpu_model", "busy_cores"]
+__all__ = ["time_interleaved", "pass_runners", "cpu_model", "busy_cores"]
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int) -> dict[str, list[float]]:
@@ -25,6 +25,39 @@ def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup:
             fns[name]()
             samples[name].append(time.perf_counter() - start)
     return samples
+
+
+def pass_runners(forwards: dict[str, Callable[[], "torch.Tensor"]], mode: str, inputs: list["torch.Tensor"],
+                 modules: list["torch.nn.Module"]) -> dict[str, Callable[[], None]]:
+    """Each forward as one timed pass: ``"fwd"`` in eval mode without autograd; otherwise
+    (forward + backward) in train mode, ``out.sum().backward()`` into ``inputs`` and every
+    parameter of ``modules``, the gradients cleared before each run."""
+    import torch
+
+    if mode == "fwd":
+        for m in modules:
+            m.eval()
+
+        def wrap(fwd: Callable[[], torch.Tensor]) -> Callable[[], None]:
+            def run() -> None:
+                with torch.no_grad():
+                    fwd()
+            return run
+    else:
+        for m in modules:
+            m.train()
+        for t in inputs:
+            t.requires_grad_(True)
+        leaves = [*inputs, *(p for m in modules for p in m.parameters())]
+
+        def wrap(fwd: Callable[[], torch.Tensor]) -> Callable[[], None]:
+            def run() -> None:
+                for p in leaves:
+                    p.grad = None
+                fwd().sum().backward()
+            return run
+
+    return {k: wrap(f) for k, f in forwards.items()}
 
 
 def cpu_model() -> str:
