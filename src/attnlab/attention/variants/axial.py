@@ -109,6 +109,12 @@ class AxialAttention2d(nn.Module):
         """``x`` ``(B, dim, H, W)`` -> ``(B, dim, H, W)``, or ``(output, (row_weights,
         col_weights))`` with ``need_weights`` (see the class docstring for shapes)."""
         self._check_input(x)
+        b, _, h, w = x.shape
+        if h == 0 or w == 0:  # an empty map (which the 1x1 convs refuse): nothing to attend
+            out = x.clone()  # the empty (B, dim, H, W) result, on the autograd graph
+            if need_weights:
+                return out, (x.new_zeros(b, self.num_heads, h, w, w), x.new_zeros(b, self.num_heads, w, h, h))
+            return out
         y, row_weights = self._attend_rows(x, self.qkv_row, self.out_row, need_weights)  # over W
         # Columns: swap H and W so that each column is a line, then swap back.
         out, col_weights = self._attend_rows(y.transpose(2, 3), self.qkv_col, self.out_col, need_weights)

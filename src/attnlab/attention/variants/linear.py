@@ -81,7 +81,7 @@ def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, key_padding_mask: 
         return (out[..., :d] / (out[..., d:] + eps)).to(out_dtype)
 
     b, h, n, m = phi_q.shape
-    c = min(chunk, n)
+    c = max(min(chunk, n), 1)  # an empty sequence is zero chunks of 1
     nc = math.ceil(n / c)
     extra = nc * c - n
     if extra:  # zero features: padding positions add nothing and get 0 / eps = 0

@@ -58,8 +58,8 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, key_padding
     the attention weights (pass 0 in eval mode). Returns ``(B, H, L, Dv)``.
     """
     batch, heads, n, d = q.shape
-    if n == 0:
-        return v.new_zeros(batch, heads, 0, v.shape[-1])
+    if batch == 0 or n == 0:  # nothing to attend; the blocking below needs a position and a batch
+        return v.clone()  # the empty (B, H, L, Dv) result, on the autograd graph
     bs = min(window, n)
     nb = -(-n // bs)
     lp = nb * bs

@@ -119,7 +119,7 @@ class NystromAttention(TokenAttention):
             out, _ = scaled_dot_product_attention(q, k, v, key_padding_mask=key_padding_mask, dropout_p=p)
         else:
             out = self._nystrom(q, k, v, key_padding_mask, p)
-        if self.conv is not None:
+        if self.conv is not None and n > 0:  # (the conv refuses an empty sequence, which has no residual)
             out = out + self.conv(v)
         if pad is not None:
             out = out.masked_fill(pad, 0.0)

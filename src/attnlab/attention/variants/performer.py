@@ -190,6 +190,8 @@ class PerformerAttention(TokenAttention):
                is_causal: bool) -> Tensor:
         if self.redraw and self.training:
             self.redraw_features()
+        if q.shape[-2] == 0:  # no key to stabilise the features by, and nothing to attend
+            return v.clone()  # the empty (B, H, 0, D) result, on the autograd graph
         phi_q = favor_features(q, self.projection, is_query=True)
         if is_causal:
             return favor_causal(phi_q, favor_key_exponent(k, self.projection, key_padding_mask), v,

@@ -184,8 +184,8 @@ class SparseAttention(TokenAttention):
         nb = -(-n // bs)
         lp = nb * bs
         device = q.device
-        if n == 0:
-            return q.new_zeros(q.shape[:-1] + v.shape[-1:])
+        if b == 0 or n == 0:  # nothing to attend; the blocking below needs a position and a batch
+            return v.clone()  # the empty (B, H, L, Dv) result, on the autograd graph
         kmask = None  # (B or 1, Lp) bool, True = blocked key
         if lp != n:
             pad = lp - n

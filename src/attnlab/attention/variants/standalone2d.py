@@ -125,6 +125,9 @@ class StandAloneSelfAttention2d(nn.Module):
         self._check_input(x)
         b, c, h, w = x.shape
         n, d, k = self.num_heads, self.head_dim, self.kernel_size
+        if h == 0 or w == 0:  # an empty map (which the 1x1 conv refuses): nothing to attend
+            out = x.clone()  # the empty (B, dim, H, W) result, on the autograd graph
+            return (out, x.new_zeros(b, n, 0, k * k)) if need_weights else out
         q, kk, v = self.qkv(x).chunk(3, dim=1)  # three (B, C, H, W)
         q = q.reshape(b, n, d, h * w).transpose(-1, -2) * (1.0 / math.sqrt(d))  # (B, n, HW, D), scaled once
         keys, values = self._windows(kk), self._windows(v)  # (B, n, HW, k*k, D)
