@@ -252,3 +252,56 @@ def test_cifar10_image_folder_layout_counts_as_present(tmp_path):
     assert not DATASETS["cifar10"].present(tmp_path)
     (tmp_path / "cifar10" / "train").mkdir(parents=True)
     assert DATASETS["cifar10"].present(tmp_path)
+
+
+CIFAR_PATH = "~kriz/cifar-10-python.tar.gz"
+CIFAR_NAMES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
+
+
+@pytest.fixture
+def fake_cifar10(server, monkeypatch):
+    data = make_tar({f"cifar-10-batches-py/{n}": f"good {n}".encode() for n in CIFAR_NAMES})
+    put(server, CIFAR_PATH, data)
+    spec = dl.DATASETS["cifar10"]
+    patch_spec(monkeypatch, "cifar10", files=(dataclasses.replace(spec.files[0], sha256=sha(data)),))
+    return data
+
+
+def test_tampered_archive_at_destination_is_replaced_by_a_verified_download(tmp_path, server, fake_cifar10):
+    tampered = make_tar({f"cifar-10-batches-py/{n}": b"evil" for n in CIFAR_NAMES})
+    (tmp_path / "cifar-10-python.tar.gz").write_bytes(tampered)
+    msgs = []
+    out = dl.download("cifar10", tmp_path, base_url=server.base, progress=msgs.append)
+    assert all((out / n).read_bytes() == f"good {n}".encode() for n in CIFAR_NAMES)
+    assert server.seen == [(f"/{CIFAR_PATH}", None)]
+    said = [m for m in msgs if "sha256" in m and "cifar-10-python.tar.gz" in m]
+    assert len(said) == 1 and sha(tampered) in said[0] and sha(fake_cifar10) in said[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cifar-10-batches-py", "remote"]
+
+
+def test_verified_archive_at_destination_is_extracted_without_downloading(tmp_path, server, fake_cifar10):
+    (tmp_path / "cifar-10-python.tar.gz").write_bytes(fake_cifar10)
+    msgs = []
+    out = dl.download("cifar10", tmp_path, base_url=server.base, progress=msgs.append)
+    assert all((out / n).read_bytes() == f"good {n}".encode() for n in CIFAR_NAMES)
+    assert server.seen == []
+    assert any("cifar-10-python.tar.gz" in m and "sha256 matches" in m for m in msgs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cifar-10-batches-py", "remote"]
+
+
+def test_tampered_archive_whose_fresh_download_is_also_wrong_raises(tmp_path, server, fake_cifar10, monkeypatch):
+    spec = dl.DATASETS["cifar10"]
+    patch_spec(monkeypatch, "cifar10", files=(dataclasses.replace(spec.files[0], sha256="2" * 64),))
+    (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"left over")
+    with pytest.raises(ValueError, match="cifar-10-python.tar.gz: sha256 mismatch") as info:
+        dl.download("cifar10", tmp_path, base_url=server.base, progress=None)
+    assert sha(fake_cifar10) in str(info.value) and len(server.seen) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["remote"]
+
+
+def test_unchecked_mr_tarball_at_destination_is_still_extracted(tmp_path, server, fake_mr, monkeypatch):
+    spec = dl.DATASETS["mr"]
+    patch_spec(monkeypatch, "mr", files=(dataclasses.replace(spec.files[0], sha256=None),))
+    (tmp_path / "rt-polaritydata.tar.gz").write_bytes(fake_mr)
+    out = dl.download("mr", tmp_path, base_url=server.base, progress=None)
+    assert (out / "rt-polarity.pos").read_bytes() == POS and server.seen == []

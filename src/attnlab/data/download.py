@@ -3,7 +3,9 @@
 Standard library only (``urllib.request``, ``hashlib``, ``tarfile``). Every file is
 downloaded to ``<file>.part`` (resumed with an HTTP ``Range`` request when a ``.part``
 is left from an interrupted run), checked against its sha256 when one is known, and
-renamed into place only when whole. Tarballs are extracted into a temporary folder
+renamed into place only when whole. An archive already at its destination (left by an
+earlier run) is checked against its sha256 too before it is extracted, and downloaded
+again when it does not match. Tarballs are extracted into a temporary folder
 next to the target and the folder is then renamed into place; members with absolute
 paths, ``..`` components, links or device files are refused.
 
@@ -163,6 +165,8 @@ def download(
         if spec.archive_root is None and dest.is_file():
             say(f"{name}: {dest.name} already present")
             continue
+        if dest.is_file() and not _verify_existing(dest, remote.sha256, say):
+            dest.unlink()  # a tampered or damaged archive: never extract it
         if not dest.is_file():
             _fetch(url, dest, remote.sha256, say)
         if spec.archive_root is not None:
@@ -173,6 +177,24 @@ def download(
         raise DownloadError(f"{name}: download finished but {target} lacks {', '.join(missing)}")
     say(f"{name}: ready in {target}")
     return target
+
+
+def _verify_existing(dest: Path, sha256: str | None, say: Callable[[str], object]) -> bool:
+    """Whether an archive left at ``dest`` by an earlier run may be used: its sha256 must
+    match (an archive with no known sha256 is used as is; its members are checked later)."""
+    if sha256 is None:
+        say(f"{dest.name}: already downloaded; no known sha256, not checked")
+        return True
+    try:
+        actual = sha256_file(dest)
+    except OSError as exc:
+        raise DownloadError(f"could not read {dest} to check its sha256: {exc}; delete it and run again") from None
+    if actual == sha256.lower():
+        say(f"{dest.name}: already downloaded and its sha256 matches; not downloading it again")
+        return True
+    say(f"{dest}: sha256 mismatch in the file already there: expected {sha256}, got {actual}; "
+        f"deleting it and downloading it again")
+    return False
 
 
 def _rebase(url: str, base_url: str | None) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,7 @@ __all__ = [
     "decode_images",
     "load_digits_dataset",
     "load_cifar_batch",
+    "CifarBatchError",
 ]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
@@ -173,11 +175,47 @@ def _decode(path: str, mode: str) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
+def decompression_bomb_sizes(exc: Exception) -> tuple[str, str]:
+    """``(pixels, limit)`` of a ``DecompressionBombError``, formatted ``"1,234"``, read
+    from Pillow's message ("Image size (N pixels) exceeds limit of M pixels, ...")."""
+    pixels = re.search(r"\((\d+) pixels\)", str(exc))
+    limit = re.search(r"limit of (\d+) pixels", str(exc))
+    max_pixels = Image.MAX_IMAGE_PIXELS
+    return (
+        f"{int(pixels.group(1)):,}" if pixels else "more than that",
+        f"{int(limit.group(1)):,}" if limit else f"{2 * max_pixels:,}" if max_pixels else "?",
+    )
+
+
+def _decode_failure(path: str, exc: Exception) -> tuple[str, str]:
+    """``(what happened, what the user can do)`` when ``path`` cannot be decoded."""
+    if isinstance(exc, Image.DecompressionBombError):
+        pixels, limit = decompression_bomb_sizes(exc)
+        return (
+            f"image file {path} is too large to decode safely: {pixels} pixels, more than Pillow's limit of "
+            f"{limit} pixels (2 x PIL.Image.MAX_IMAGE_PIXELS, a guard against decompression bombs)",
+            "downscale it, or if you trust the file raise PIL.Image.MAX_IMAGE_PIXELS",
+        )
+    # Pillow's own message names the in-memory buffer (<_io.BytesIO object at 0x...>), not the file
+    detail = "not an image format Pillow recognizes" if isinstance(exc, Image.UnidentifiedImageError) else exc
+    return (
+        f"cannot decode image file {path}: {type(exc).__name__}: {detail}",
+        "replace it with a readable image to use it, or delete it to silence this warning",
+    )
+
+
+def _decode_error(path: str, exc: Exception) -> ValueError:
+    what, todo = _decode_failure(path, exc)
+    if isinstance(exc, Image.DecompressionBombError):
+        what = f"{what}; {todo}"
+    return ValueError(what)
+
+
 def _decode_or_raise(path: str, mode: str) -> np.ndarray:
     try:
         return _decode(path, mode)
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ... for bad files
-        raise ValueError(f"cannot decode image file {path}: {type(e).__name__}: {e}") from e
+        raise _decode_error(path, e) from e
 
 
 def _decode_chunk(paths: Sequence[str], mode: str) -> list[np.ndarray | Exception]:
@@ -241,10 +279,10 @@ def decode_images(
     kept: list[int] = []
     for i, r in enumerate(results):
         if isinstance(r, Exception):
-            message = f"cannot decode image file {paths[i]}: {type(r).__name__}: {r}"
             if on_error == "raise":
-                raise ValueError(message) from r
-            warnings.warn(f"{message}; skipping it", stacklevel=2)
+                raise _decode_error(paths[i], r) from r
+            what, todo = _decode_failure(paths[i], r)
+            warnings.warn(f"{what}; skipping it ({todo})", stacklevel=2)
             continue
         arrays.append(r)
         kept.append(i)
@@ -380,10 +418,23 @@ def _numpy_global(*candidates: tuple[str, str]) -> Any:
     return None
 
 
+class CifarBatchError(ValueError, pickle.UnpicklingError):
+    """A CIFAR batch file that cannot be read safely (refused, truncated, empty or not a
+    pickle). A ``ValueError``, so that the command line prints one line, and a
+    ``pickle.UnpicklingError``, which :func:`load_cifar_batch` raised before."""
+
+
+class _Refused(pickle.UnpicklingError):
+    """The pickle asks for something a CIFAR batch never needs (raised while unpickling)."""
+
+
+_REFETCH = "delete it and fetch a fresh copy (attnlab data download cifar10)"
+
+
 def _latin1_encode(text: str, encoding: str = "utf-8", errors: str = "strict") -> bytes:
     # Python 3 writes `bytes` into protocol-2 pickles as _codecs.encode(text, "latin1").
     if encoding.lower().replace("-", "").replace("_", "") not in ("latin1", "iso88591"):
-        raise pickle.UnpicklingError(f"refusing _codecs.encode with encoding {encoding!r}; only latin1 is allowed")
+        raise _Refused(f"refusing _codecs.encode with encoding {encoding!r} (only latin1 is allowed)")
     return text.encode("latin1", errors)
 
 
@@ -401,12 +452,19 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
     return {k: v for k, v in table.items() if v is not None}
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
+class _RestrictedUnpickler(pickle._Unpickler):
     """Unpickler for CIFAR batches: resolves only the numpy array machinery.
 
     A pickle runs code by naming a global (``os.system``, ``builtins.eval``) and calling
-    it; refusing every global but a handful of constructors makes loading safe.
+    it; refusing every global but a handful of constructors makes loading safe. One of
+    those, ``numpy.dtype``, applies the state a pickle gives it without checking it, and a
+    forged state crashes the interpreter; so a dtype's state must be the one its type
+    string gives. That check needs the BUILD opcode, which only the pure-Python unpickler
+    lets a subclass see; a batch is one large byte string and two lists, so it costs
+    milliseconds.
     """
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def __init__(self, file: Any, source: str) -> None:
         super().__init__(file, encoding="bytes")  # Python 2 `str` -> bytes, as the original files need
@@ -416,41 +474,91 @@ class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         obj = self.allowed.get((module, name))
         if obj is None:
-            raise pickle.UnpicklingError(
-                f"refusing to load global {module}.{name} from {self.source}: a CIFAR batch holds only "
-                f"numpy arrays, lists, dicts and strings, so this file is corrupt or malicious"
-            )
+            raise _Refused(f"refusing to load global {module}.{name}")
         return obj
+
+    def load_build(self) -> None:
+        inst, state = self.stack[-2], self.stack[-1]
+        if isinstance(inst, np.dtype):
+            # (Python 2 pickles, read with encoding="bytes", give the byte order as b'|')
+            if type(state) is not tuple or tuple(_text(v) for v in state) != inst.__reduce__()[2]:
+                raise _Refused(f"refusing a numpy dtype whose pickled state {state!r} is not that of {inst.str!r}")
+            self.stack.pop()  # the state is the one the dtype already has
+            return
+        super().load_build()
+
+    dispatch[pickle.BUILD[0]] = load_build
 
 
 def _text(value: Any) -> Any:
     return value.decode("latin1") if isinstance(value, bytes) else value
 
 
+def _a(name: str) -> str:
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def load_cifar_batch(path: str | Path) -> dict[str, Any]:
     """Read one pickled CIFAR batch safely; keys come back as ``str``.
 
     Only numpy array reconstruction is allowed while unpickling; any other global
-    (e.g. ``os.system``) raises ``pickle.UnpicklingError`` before it can run.
+    (e.g. ``os.system``) raises :class:`CifarBatchError` (a ``ValueError`` and a
+    ``pickle.UnpicklingError``) before it can run. So does a file that is empty,
+    truncated or not a pickle; one that holds no dict raises ``ValueError``.
     """
     path = Path(path)
     with open(path, "rb") as f:
-        obj = _RestrictedUnpickler(f, str(path)).load()
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise CifarBatchError(f"{path} is empty (0 bytes), not a CIFAR-10 batch; {_REFETCH}")
+        try:
+            obj = _RestrictedUnpickler(f, str(path)).load()
+        except _Refused as exc:
+            raise CifarBatchError(
+                f"{exc} from {path}: a CIFAR batch holds only numpy arrays, lists, dicts and strings, "
+                f"so this file is corrupt or malicious; {_REFETCH}"
+            ) from None
+        except EOFError:
+            raise CifarBatchError(
+                f"{path} is truncated: its pickle data ends early, at {size:,} bytes; {_REFETCH}"
+            ) from None
+        # The unpickler, like Pillow, fails on a damaged file with many types (UnpicklingError,
+        # ValueError, TypeError, AttributeError, OverflowError, MemoryError, ...).
+        except Exception as exc:
+            if isinstance(exc, pickle.UnpicklingError) and "truncated" in str(exc):
+                raise CifarBatchError(
+                    f"{path} is truncated: its pickle data ends early, at {size:,} bytes; {_REFETCH}"
+                ) from None
+            raise CifarBatchError(
+                f"{path} is not a CIFAR-10 batch (a Python pickle of a dict): it is damaged or in another "
+                f"format ({type(exc).__name__}: {exc}); {_REFETCH}"
+            ) from exc
     if not isinstance(obj, dict):
-        raise ValueError(f"{path} must hold a pickled dict; got {type(obj).__name__}")
+        raise ValueError(
+            f"{path} is not a CIFAR-10 batch: it must hold a pickled dict (with keys 'data' and 'labels'); "
+            f"got {_a(type(obj).__name__)}"
+        )
     return {_text(k): v for k, v in obj.items()}
 
 
 def _read_batch(path: Path, side: int = 32) -> tuple[np.ndarray, np.ndarray]:
     batch = load_cifar_batch(path)
     if "data" not in batch or "labels" not in batch:
-        raise ValueError(f"{path} must hold keys 'data' and 'labels'; got {sorted(batch)}")
-    data, labels = batch["data"], np.asarray(batch["labels"])
+        keys = ", ".join(sorted(repr(k) for k in batch)) or "none"
+        raise ValueError(f"{path} is not a CIFAR-10 batch: it must hold keys 'data' and 'labels'; it has {keys}")
+    data = batch["data"]
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * side * side:
         raise ValueError(
             f"{path}: data must be a uint8 array (N, {3 * side * side}); got "
             f"{getattr(data, 'dtype', type(data).__name__)} {getattr(data, 'shape', '')}"
         )
+    try:
+        labels = np.asarray(batch["labels"])
+    except ValueError:  # a ragged list of lists
+        kind = type(batch["labels"]).__name__
+        raise ValueError(
+            f"{path}: labels must be {len(data)} integers; got {_a(kind)} of items of mixed shapes"
+        ) from None
     if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(f"{path}: labels must be {len(data)} integers; got {labels.dtype} {labels.shape}")
     # Each row is the R plane, then G, then B, each 32x32 row-major: exactly (3, 32, 32).
@@ -505,7 +613,11 @@ class CIFAR10(ImageTensorDataset):
         parts = [_read_batch(require(folder / n, "cifar10", self.root)) for n in names]
         meta = folder / "batches.meta"
         if meta.exists():
-            label_names = [_text(n) for n in load_cifar_batch(meta).get("label_names", [])]
+            label_names = load_cifar_batch(meta).get("label_names", [])
+            if not isinstance(label_names, (list, tuple)):
+                kind = _a(type(label_names).__name__)
+                raise ValueError(f"{meta}: label_names must be the list {list(CIFAR10_CLASSES)}; got {kind}")
+            label_names = [_text(n) for n in label_names]
             if tuple(label_names) != CIFAR10_CLASSES:
                 raise ValueError(f"{meta}: label_names must be {list(CIFAR10_CLASSES)}; got {label_names}")
         data = np.concatenate([d for d, _ in parts])

@@ -108,11 +108,14 @@ class SentimentDataset:
         self.targets = targets.long()
         self.tokenizer = tokenizer
         self.max_length = max_length
-        with warnings.catch_warnings(record=True) as caught:  # re-raised below, pointing at the caller
-            warnings.simplefilter("always")
-            ids = tokenizer.tokenize(self.texts, max_length, truncation=True, add_cls=add_cls)
-        for w in caught:
-            warnings.warn(w.message, w.category, stacklevel=2)
+        ids, cut = tokenizer._tokenize(self.texts, max_length, True, add_cls, False, False)
+        if cut:
+            warnings.warn(
+                f"{len(cut):,} of {len(ids):,} texts were longer than max_length={max_length} tokens and were "
+                f"truncated (the longest had {max(cut)}); raise max_length (text.max_length in a recipe) "
+                f"to {max(cut)} or more to keep them whole",
+                stacklevel=2,
+            )
         batch = tokenizer.pad(ids)
         self.input_ids = batch["input_ids"]
         self.lengths = batch["attention_mask"].sum(1)

@@ -30,6 +30,7 @@ padding: :func:`key_padding_mask` converts.
 from __future__ import annotations
 
 import itertools
+import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -97,6 +98,43 @@ def _first_id(tokenizer: Tokenizer, names: Sequence[str]) -> int | None:
         if (i := tokenizer.token_to_id(name)) is not None:
             return i
     return None
+
+
+def _json_kind(value: object) -> str:
+    kinds = {dict: "a JSON object", list: "a JSON array", str: "a JSON string", bool: "a JSON boolean",
+             int: "a JSON number", float: "a JSON number", type(None): "JSON null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _parse_tokenizer(data: bytes, file: Path) -> Tokenizer:
+    """A ``tokenizers.Tokenizer`` from the bytes of ``file``, or a ``ValueError`` naming
+    the file and what is wrong with it."""
+    bad = f"could not read {file} as a Hugging Face tokenizer.json"
+    redo = "point at a tokenizer.json saved by attnlab (TextTokenizer.save) or by Hugging Face tokenizers"
+    if not data.strip():
+        raise ValueError(f"{bad}: the file is empty ({'0 bytes' if not data else 'only white space'}); {redo}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{bad}: it is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); {redo}"
+        ) from None
+    text = text.removeprefix("\ufeff")
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        raise ValueError(f"{bad}: it is not valid JSON ({where}); {redo}") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"{bad}: it must hold a JSON object with a \"model\"; got {_json_kind(spec)}; {redo}")
+    if "model" not in spec:
+        raise ValueError(f"{bad}: its JSON object has no \"model\" (keys: {', '.join(spec) or 'none'}); {redo}")
+    if not isinstance(spec["model"], dict):
+        raise ValueError(f"{bad}: its \"model\" must be a JSON object; got {_json_kind(spec['model'])}; {redo}")
+    try:
+        return Tokenizer.from_str(text)
+    except Exception as exc:  # the Rust side raises a bare Exception for a field it does not expect
+        raise ValueError(f"{bad}: {exc}; {redo}") from None
 
 
 def _tokenizer_file(path: str | Path) -> Path:
@@ -183,15 +221,17 @@ class TextTokenizer:
         """Read a ``tokenizer.json`` (a file, or a folder holding one): one saved here, or
         any Hugging Face tokenizer file whose vocabulary has a padding token."""
         file = _tokenizer_file(path)
-        if not file.is_file():
+        if file.is_dir():
+            raise ValueError(f"path must be a tokenizer.json file or a folder holding one; {file} is a folder")
+        if not file.exists():
             raise FileNotFoundError(
                 f"path must be a tokenizer.json file or a folder holding one; {file} does not exist"
             )
         try:
-            tok = Tokenizer.from_file(str(file))
-        except Exception as exc:  # the Rust side raises a bare Exception for bad JSON
-            raise ValueError(f"could not read {file} as a Hugging Face tokenizer.json: {exc}") from None
-        return cls(tok, source=str(file))
+            data = file.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"could not read {file}: {exc.strerror or exc}") from None
+        return cls(_parse_tokenizer(data, file), source=str(file))
 
     # ------------------------------------------------------------------ encode
     @property
@@ -239,6 +279,26 @@ class TextTokenizer:
         ``UserWarning`` per call says how many texts were cut. With ``truncation=False`` a
         text too long raises ``ValueError``. Empty and blank texts give the special tokens alone.
         """
+        ids, cut = self._tokenize(texts, max_length, truncation, add_cls, add_bos, add_eos)
+        if cut:
+            warnings.warn(
+                f"{len(cut):,} of {len(ids):,} texts were longer than max_length={max_length} tokens and were "
+                f"truncated (the longest had {max(cut)}); pass max_length={max(cut)} or more to keep them whole",
+                stacklevel=2,
+            )
+        return ids
+
+    def _tokenize(
+        self,
+        texts: str | Sequence[str],
+        max_length: int | None,
+        truncation: bool,
+        add_cls: bool,
+        add_bos: bool,
+        add_eos: bool,
+    ) -> tuple[list[list[int]], list[int]]:
+        """:meth:`tokenize` without its warning: the ids, and the whole length (special
+        tokens included) of each text that was truncated, for the caller's own warning."""
         texts = _check_texts(texts)
         prefix, suffix = self._specials(add_cls, add_bos, add_eos)
         n_special = len(prefix) + len(suffix)
@@ -249,22 +309,18 @@ class TextTokenizer:
             )
         encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)  # fast: no offsets
         pieces = [e.ids for e in encode_batch(texts, add_special_tokens=False)]
+        cut: list[int] = []
         if max_length is not None:
             budget = max_length - n_special
-            long = [len(p) for p in pieces if len(p) > budget]
-            if long and not truncation:
+            cut = [len(p) + n_special for p in pieces if len(p) > budget]
+            if cut and not truncation:
                 raise ValueError(
-                    f"{len(long)} of {len(texts)} texts are longer than max_length={max_length} tokens (the longest: "
-                    f"{max(long) + n_special}); pass truncation=True or a larger max_length"
+                    f"{len(cut)} of {len(texts)} texts are longer than max_length={max_length} tokens (the longest: "
+                    f"{max(cut)}); pass truncation=True or a larger max_length"
                 )
-            if long:
-                warnings.warn(
-                    f"{len(long)} of {len(texts)} texts were longer than max_length={max_length} tokens and were "
-                    f"truncated (the longest had {max(long) + n_special})",
-                    stacklevel=2,
-                )
+            if cut:
                 pieces = [p[:budget] for p in pieces]
-        return [prefix + p + suffix for p in pieces]
+        return [prefix + p + suffix for p in pieces], cut
 
     def pad(self, sequences: Sequence[Sequence[int]], length: int | None = None) -> dict[str, Tensor]:
         """Right-pad id lists with ``pad_id``: ``input_ids`` and ``attention_mask``, ``int64``

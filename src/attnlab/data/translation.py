@@ -64,17 +64,21 @@ class TranslationDataset:
         self.pairs = [(str(s), str(t)) for s, t in pairs]
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         self.max_source_length, self.max_target_length = max_source_length, max_target_length
-        self.src_ids = self._ids(src_tokenizer, [s for s, _ in self.pairs], max_source_length - 1, "source")
-        self.tgt_ids = self._ids(tgt_tokenizer, [t for _, t in self.pairs], max_target_length - 1, "target")
+        self.src_ids = self._ids(src_tokenizer, [s for s, _ in self.pairs], max_source_length, "source")
+        self.tgt_ids = self._ids(tgt_tokenizer, [t for _, t in self.pairs], max_target_length, "target")
         self.lengths = torch.tensor([max(len(s), len(t)) + 1 for s, t in zip(self.src_ids, self.tgt_ids)])
 
     @staticmethod
-    def _ids(tokenizer: TextTokenizer, texts: list[str], limit: int, side: str) -> list[list[int]]:
+    def _ids(tokenizer: TextTokenizer, texts: list[str], max_length: int, side: str) -> list[list[int]]:
+        limit = max_length - 1  # room for the [EOS] (or [BOS]) that get_batch adds
         ids = tokenizer.tokenize(texts, add_cls=False)  # no specials: get_batch adds them
-        cut = sum(len(row) > limit for row in ids)
+        cut = [len(row) for row in ids if len(row) > limit]
         if cut:
-            warnings.warn(f"{cut} of {len(ids)} {side} texts are longer than {limit} tokens and were truncated",
-                          stacklevel=3)
+            warnings.warn(
+                f"{len(cut):,} of {len(ids):,} {side} texts are longer than {limit} tokens and were truncated; "
+                f"raise max_{side}_length (text.max_length in a recipe) to {max(cut) + 1} or more to keep them whole",
+                stacklevel=3,
+            )
         return [row[:limit] for row in ids]
 
     def __len__(self) -> int:
