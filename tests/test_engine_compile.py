@@ -57,7 +57,10 @@ def _train(tmp_path, compile: bool):
 
 def test_compile_option_is_validated():
     assert load_recipe("vit-digits", ["train.compile=true"]).train.compile is True
-    assert load_recipe("vit-digits", ["train.compile_mode=max-autotune"]).train.compile_mode == "max-autotune"
+    assert load_recipe("vit-digits", ["train.compile=true", "train.compile_mode=max-autotune"]).train.compile_mode \
+        == "max-autotune"
+    with pytest.raises(ValueError, match="train.compile_mode applies only with train.compile=true"):
+        load_recipe("vit-digits", ["train.compile_mode=max-autotune"])  # silently ignored before
     with pytest.raises(ConfigError, match="compile_mode"):
         load_recipe("vit-digits", ["train.compile_mode=fastest"])
 

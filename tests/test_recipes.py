@@ -5,11 +5,13 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from attnlab.cli import main
 from attnlab.engine.config import ConfigError
 from attnlab.engine.metrics import read_metrics
 from attnlab.recipes import list_recipes, load_recipe
+from attnlab.tasks.common import read_recipe
 
 
 def test_shipped_recipes_are_listed_and_valid():
@@ -47,10 +49,14 @@ def test_train_writes_a_complete_run_directory_and_resumes(tmp_path, capsys):
     assert (run_dir / "config.yaml").read_text().startswith("description:")
     assert {r["kind"] for r in read_metrics(run_dir / "metrics.jsonl")} == {"train", "eval"}
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best", "step_000000003", "step_000000006"]
-    # Resume with more steps continues from step 6.
-    assert main(args[:2] + ["train.steps=9", "train.checkpoint_every=3", "train.warmup_steps=1", "--run-dir", str(run_dir),
-                            "--resume"]) == 0
+    # Resume with more steps (asked for explicitly) continues from step 6; the change is recorded.
+    config = (run_dir / "config.yaml").read_text()
+    assert main(["train", "--run-dir", str(run_dir), "--resume", "train.steps=9", "--allow-changes"]) == 0
     assert json.loads((run_dir / "results.json").read_text())["steps"] == 9
+    assert (run_dir / "config.yaml").read_text() == config  # the original is kept
+    changes = yaml.safe_load((run_dir / "config.changes.yaml").read_text())
+    assert [(c["step"], c["changed"]) for c in changes] == [(6, {"train.steps": {"from": 6, "to": 9}})]
+    assert read_recipe(run_dir).train.steps == 9
     steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert steps == sorted(set(steps))  # nothing logged twice
 

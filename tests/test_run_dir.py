@@ -156,7 +156,7 @@ def test_batched_fetch_equals_one_image_at_a_time(tiny_cifar):
 def test_a_second_run_into_the_same_folder_is_refused_and_resume_of_nothing_starts_fresh(run_dir, tmp_path, capsys):
     before = (run_dir / "config.yaml").read_text()
     assert main(["train", "vit-digits", *TINY, "--run-dir", str(run_dir)]) == 2
-    assert "already holds checkpoints of a run; pass --resume" in capsys.readouterr().err
+    assert "already holds a run (config.yaml, results.json" in capsys.readouterr().err
     assert (run_dir / "config.yaml").read_text() == before  # nothing was touched
     fresh = tmp_path / "fresh"
     assert main(["train", "vit-digits", *TINY, "train.steps=2", "--run-dir", str(fresh), "--resume"]) == 0

@@ -4,6 +4,7 @@
 import io
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -48,9 +49,13 @@ def test_eval_recomputes_the_test_accuracy(split_run):
 
 def test_predict_texts_and_standard_input(split_run, capsys, monkeypatch):
     texts = ["a gorgeous , witty , seductive movie .", "", "   ", "zzz ☃ qqq", "boring " * 200]
-    with pytest.warns(UserWarning, match="truncat"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")  # the module's marker hides truncation; here it is what is checked
         assert main(["predict", str(split_run), *texts]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    out, err = capsys.readouterr()
+    warning = [line for line in err.splitlines() if "truncated" in line]  # one line, no Python source line
+    assert len(warning) == 1 and warning[0].startswith("attnlab predict: warning: 1 of 5 texts")
+    lines = out.splitlines()
     assert len(lines) == len(texts)
     for line in lines:
         label, prob = line.split("\t")[:2]
@@ -59,6 +64,18 @@ def test_predict_texts_and_standard_input(split_run, capsys, monkeypatch):
     assert main(["predict", str(split_run)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 600 and len(set(lines)) == 1  # batched: the same sentence gets the same answer
+
+
+def test_predict_reports_a_line_that_is_not_utf8_and_classifies_the_others(split_run, capsys, monkeypatch):
+    stdin = io.TextIOWrapper(io.BytesIO(b"a gorgeous movie .\n\xff\xfe broken\na dull mess .\n"))
+    monkeypatch.setattr("sys.stdin", stdin)
+    assert main(["predict", str(split_run)]) == 2
+    out, err = capsys.readouterr()
+    assert [line.split("\t")[2] for line in out.splitlines()] == ["a gorgeous movie .", "a dull mess ."]
+    assert err.strip() == "attnlab: error: line 2 of standard input is not valid UTF-8 (at position 0); it was skipped"
+    assert main(["predict", str(split_run), "good", b"\xff".decode("utf-8", "surrogateescape")]) == 2
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1 and "argument 2 is not valid UTF-8" in err and "Traceback" not in err
 
 
 def test_cross_validation_runs_ten_folds_and_resumes_a_missing_one(tmp_path, capsys):

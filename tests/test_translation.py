@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -211,8 +212,26 @@ def test_translate_command(tiny_run, capsys, monkeypatch):
     assert main(["translate", str(tiny_run), "--beam-size", "1", "--max-length", "3", "--batch-size", "128"]) == 0
     out = capsys.readouterr().out.split("\n")[:-1]
     assert len(out) == 2200 and all(o == "" for o in out[1::2]) and len(set(out[0::2])) == 1
-    with pytest.warns(UserWarning, match="1 of 1 texts are longer than 31 tokens and were truncated"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")  # the module's marker hides truncation; here it is what is checked
         assert main(["translate", str(tiny_run), "Hund " * 100, "--max-length", "4"]) == 0
+    err = capsys.readouterr().err.splitlines()  # one line each, without Python's source line
+    assert [e for e in err if "truncated" in e] == [e for e in err if e.startswith(
+        "attnlab translate: warning: 1 of 1 texts are longer than 31 tokens and were truncated")] != []
+
+
+def test_translate_reports_a_line_that_is_not_utf8_and_translates_the_others(tiny_run, capsys, monkeypatch):
+    stdin = io.TextIOWrapper(io.BytesIO("Ein Hund.\n".encode() + b"caf\xe9 latin-1\n" + "Zwei Hunde.\n".encode()))
+    monkeypatch.setattr("sys.stdin", stdin)
+    assert main(["translate", str(tiny_run), "--beam-size", "1", "--max-length", "3"]) == 2
+    out, err = capsys.readouterr()
+    lines = out.split("\n")[:-1]
+    assert len(lines) == 3 and lines[0] and lines[1] == "" and lines[2]  # aligned: the bad line gives an empty one
+    assert err.strip() == "attnlab: error: line 2 of standard input is not valid UTF-8 (at position 3); it was skipped"
+    bad_argument = b"caf\xe9".decode("utf-8", "surrogateescape")  # what Python makes of such bytes in argv
+    assert main(["translate", str(tiny_run), "Ein Hund.", bad_argument, "--beam-size", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert len(out.split("\n")[:-1]) == 2 and "argument 2 is not valid UTF-8" in err and "Traceback" not in err
 
 
 def test_translate_bad_input(tiny_run, tmp_path, capsys, monkeypatch):

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
+from pathlib import Path
 from typing import Sequence
 
 from . import __version__
+from .engine.trainer import NonFiniteLossError
+from .io import WriteError
 
 
 class UsageError(Exception):
@@ -104,6 +108,8 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from .engine import distributed
 
+    if args.allow_changes and not args.resume:
+        raise UsageError("--allow-changes applies to --resume: it lets a resumed run continue with changed settings")
     try:
         code = _train(args)
     except BaseException:
@@ -117,18 +123,18 @@ def _train(args: argparse.Namespace) -> int:
     import time
 
     from .engine import distributed
-    from .recipes import load_recipe
-    from .tasks import image_classification, sentiment, translation
 
-    recipe = load_recipe(args.recipe, args.overrides)  # validated before any work starts
+    recipe, name = _train_recipe(args)  # validated before any work starts
     distributed.init_distributed(recipe.train.device)  # under torchrun: join the group; else nothing
-    name = args.recipe if not args.recipe.endswith((".yaml", ".yml")) else args.recipe.rsplit("/", 1)[-1].rsplit(".", 1)[0]
     # Under torchrun all ranks take rank 0's name (their clocks may straddle a second).
     run_dir = args.run_dir or distributed.broadcast_object(f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if distributed.is_main():
-        print(f"attnlab train {args.recipe}: {recipe.model.name} on {recipe.data.name}, run directory {run_dir}")
+        verb = "resuming" if args.resume else "train"
+        print(f"attnlab {verb} {name}: {recipe.model.name} on {recipe.data.name}, run directory {run_dir}")
+    from .tasks import image_classification, sentiment, translation
+
     task = {"image_classification": image_classification, "sentiment": sentiment, "translation": translation}
-    results = task[recipe.task].run(recipe, run_dir, resume=args.resume)
+    results = task[recipe.task].run(recipe, run_dir, resume=args.resume, allow_changes=args.allow_changes)
     if not distributed.is_main():  # rank 0 alone prints the results
         return 0
     print()
@@ -147,6 +153,32 @@ def _train(args: argparse.Namespace) -> int:
     print(f"| throughput | {results['samples_per_s']:,.0f} {unit}/s |")
     print(f"\nrun directory: {run_dir}")
     return 0
+
+
+def _train_recipe(args: argparse.Namespace):
+    """``(recipe, name)``: the named recipe with its overrides; or, for ``--resume``
+    without a recipe, the run's own (its config.yaml and recorded changes) with the
+    overrides applied on top."""
+    from .engine.config import apply_overrides, from_dict
+    from .recipes import Recipe, load_recipe
+    from .tasks.common import read_config, read_recipe
+
+    if args.recipe is not None and "=" in args.recipe and not Path(args.recipe).is_file():
+        args.overrides.insert(0, args.recipe)  # `attnlab train --resume --run-dir D train.steps=2000`
+        args.recipe = None
+    if args.recipe is None:
+        if not (args.resume and args.run_dir):
+            raise UsageError("give a RECIPE (see 'attnlab recipes'), or --run-dir DIR --resume to continue a run "
+                             "with its own recipe")
+        if not (Path(args.run_dir) / "config.yaml").exists():
+            raise UsageError(f"--run-dir {args.run_dir} holds no run to resume (no config.yaml); give a RECIPE "
+                             f"to start one there")
+        read_recipe(args.run_dir)  # a damaged config.yaml is named before the overrides are applied
+        recipe = from_dict(Recipe, apply_overrides(read_config(Path(args.run_dir)), args.overrides))
+        return recipe, Path(args.run_dir).name
+    recipe = load_recipe(args.recipe, args.overrides)
+    name = args.recipe if not args.recipe.endswith((".yaml", ".yml")) else args.recipe.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    return recipe, name
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -175,7 +207,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from .tasks import image_classification, sentiment
     from .tasks.common import read_recipe
 
-    if read_recipe(args.run_dir).task == "sentiment":
+    kind = read_recipe(args.run_dir).task
+    if kind == "translation":
+        raise UsageError(f"{args.run_dir} is a translation run: 'attnlab translate {args.run_dir} TEXT ...' "
+                         f"translates with it; predict classifies images and texts")
+    if kind == "sentiment":
         return _predict_texts(args, sentiment)
     if not args.inputs:
         raise UsageError("give one or more image FILEs to classify")
@@ -187,13 +223,50 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _predict_texts(args: argparse.Namespace, sentiment) -> int:
-    """Texts from the command line, else one per line from standard input, in batches."""
-    texts = args.inputs if args.inputs else [line.rstrip("\n") for line in sys.stdin]
+    """Texts from the command line, else one per line from standard input, in batches.
+    A text that is not valid UTF-8 is reported on standard error and left out; the
+    others are classified, and the exit status is then 2."""
+    texts = _checked_arguments(args.inputs) if args.inputs else list(_stdin_lines())
     if not texts:
         raise UsageError("give texts to classify, or lines on standard input")
-    for text, (label, p) in zip(texts, sentiment.predict_texts(args.run_dir, texts, args.checkpoint)):
+    good = [t for t in texts if t is not None]
+    for text, (label, p) in zip(good, sentiment.predict_texts(args.run_dir, good, args.checkpoint) if good else []):
         print(f"{label}\t{p:.3f}\t{text}")
-    return 0
+    return 2 if len(good) < len(texts) else 0
+
+
+def _report_bad_text(where: str, position: int) -> None:
+    print(f"attnlab: error: {where} is not valid UTF-8 (at position {position}); it was skipped", file=sys.stderr)
+
+
+def _checked_arguments(texts: Sequence[str]) -> list[str | None]:
+    """Command-line texts, ``None`` for one that is not valid UTF-8 (Python keeps such
+    bytes as lone surrogates, which no tokenizer can encode)."""
+    out: list[str | None] = []
+    for i, text in enumerate(texts, 1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            _report_bad_text(f"argument {i}", exc.start)
+            out.append(None)
+            continue
+        out.append(text)
+    return out
+
+
+def _stdin_lines():
+    """Lines of standard input without their newline, decoded as UTF-8 one by one:
+    ``None`` (reported on standard error) for a line that is not valid UTF-8."""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # a text stream put in place of stdin (tests, embedding programs)
+        yield from (line.rstrip("\n").rstrip("\r") for line in sys.stdin)
+        return
+    for number, raw in enumerate(stream, 1):
+        try:
+            yield raw.decode("utf-8").rstrip("\n").rstrip("\r")
+        except UnicodeDecodeError as exc:
+            _report_bad_text(f"line {number} of standard input", exc.start)
+            yield None
 
 
 def cmd_visualize(args: argparse.Namespace) -> int:
@@ -217,11 +290,11 @@ def _query(text: str) -> tuple[int, int]:
     return row, col
 
 
-def _line_chunks(lines, size: int):
-    """Lists of up to ``size`` lines (newlines removed) from an iterable, as they arrive."""
-    chunk: list[str] = []
-    for line in lines:
-        chunk.append(line.rstrip("\n").rstrip("\r"))
+def _chunks(items, size: int):
+    """Lists of up to ``size`` items from an iterable, as they arrive."""
+    chunk: list = []
+    for item in items:
+        chunk.append(item)
         if len(chunk) == size:
             yield chunk
             chunk = []
@@ -231,21 +304,24 @@ def _line_chunks(lines, size: int):
 
 def cmd_translate(args: argparse.Namespace) -> int:
     """Texts from the command line, else standard input line by line: each translated
-    batch is printed as soon as it is done, so a long file streams through."""
+    batch is printed as soon as it is done, so a long file streams through. A line that
+    is not valid UTF-8 is reported on standard error and gives an empty line, so output
+    lines stay aligned with input lines; the exit status is then 2."""
     from .tasks import translation
 
     recipe, src_tok, tgt_tok, model, _ = translation.load_run(args.run_dir, args.checkpoint)
-    chunks = [args.texts] if args.texts else _line_chunks(sys.stdin, 16 * args.batch_size)
-    seen = 0
-    for chunk in chunks:
+    texts = _checked_arguments(args.texts) if args.texts else _stdin_lines()
+    seen = bad = 0
+    for chunk in _chunks(texts, 16 * args.batch_size):
         seen += len(chunk)
-        out = translation.translate_as_recipe(recipe, model, src_tok, tgt_tok, chunk, num_beams=args.beam_size,
-                                              max_length=args.max_length, batch_size=args.batch_size,
-                                              device=args.device)
+        bad += sum(t is None for t in chunk)
+        out = translation.translate_as_recipe(recipe, model, src_tok, tgt_tok, [t or "" for t in chunk],
+                                              num_beams=args.beam_size, max_length=args.max_length,
+                                              batch_size=args.batch_size, device=args.device)
         print("\n".join(out), flush=True)
     if not seen:
         raise UsageError("give texts to translate, or lines on standard input")
-    return 0
+    return 2 if bad else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -326,10 +402,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_recipes)
 
     p = sub.add_parser("train", help="train a recipe: attnlab train RECIPE [key.sub=value ...]")
-    p.add_argument("recipe", help="a shipped recipe name (see 'attnlab recipes') or a YAML file")
+    p.add_argument("recipe", nargs="?", default=None,
+                   help="a shipped recipe name (see 'attnlab recipes') or a YAML file; with --resume it may be "
+                        "left out: the run's own recipe")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=3e-4 model.options.depth=2")
     p.add_argument("--run-dir", default=None, help="default: runs/<recipe>-<time>")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    p.add_argument("--allow-changes", action="store_true",
+                   help="with --resume: continue with settings that differ from the run's (more steps, another "
+                        "learning rate); the change is recorded in config.changes.yaml")
     p.set_defaults(func=cmd_train)
 
     checkpoint_help = "best, last or a checkpoint folder (default: best when the run has one, else last)"
@@ -433,14 +514,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    try:
-        return args.func(args)
-    except (UsageError, ValueError, FileNotFoundError) as exc:
-        print(f"attnlab {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    prefix = f"attnlab {args.command}"
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warnings(prefix)
+        try:
+            return args.func(args)
+        except (UsageError, ValueError, FileNotFoundError) as exc:
+            print(f"{prefix}: error: {exc}", file=sys.stderr)
+            return 2
+        except WriteError as exc:  # a full disk or a file system gone read-only, mid-run
+            hint = ("; every checkpoint written before is intact: free space, then continue with --resume"
+                    if args.command == "train" else "")
+            print(f"{prefix}: error: {exc}{hint}", file=sys.stderr)
+            return 1
+        except OSError as exc:  # a file given by the user that cannot be read: no permission, a folder, ...
+            where = f"{exc.filename}: " if exc.filename else ""
+            print(f"{prefix}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+            return 2
+        except NonFiniteLossError as exc:
+            print(f"{prefix}: error: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+
+
+def _one_line_warnings(prefix: str):
+    """``warnings.showwarning`` for the command line: ``attnlab train: warning: ...``, one
+    line, without the Python source line that the default format adds."""
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+        text = " ".join(str(message).split())
+        print(f"{prefix}: warning: {text}", file=file or sys.stderr)
+
+    return show
 
 
 if __name__ == "__main__":

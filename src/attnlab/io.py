@@ -5,12 +5,16 @@
   old file or the new one, never a half-written one, even after a power cut.
 * :func:`read_state_dict`: tensors from ``.safetensors``, or from ``.pth``/``.pt``/
   ``.bin`` with ``torch.load(weights_only=True)``: a pickle that would run code is refused.
+* :class:`WriteError`: a file that could not be written (full disk, read-only file
+  system, no permission), named in its message.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +23,18 @@ from typing import IO, Iterator
 import torch
 from torch import Tensor
 
-__all__ = ["atomic_write", "atomic_write_bytes", "read_state_dict", "sha256_file"]
+__all__ = ["WriteError", "atomic_write", "atomic_write_bytes", "read_state_dict", "sha256_file", "torch_load_safely",
+           "read_json_mapping", "read_yaml_mapping"]
+
+
+class WriteError(OSError):
+    """A file that could not be written: ``could not write PATH: No space left on device``.
+
+    An :class:`OSError` with ``errno``, ``strerror`` and ``filename`` set, so callers can
+    tell a full disk (``errno.ENOSPC``) from a read-only file system (``errno.EROFS``)."""
+
+    def __str__(self) -> str:
+        return f"could not write {self.filename}: {self.strerror}"
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -49,14 +64,20 @@ def atomic_write(path: str | Path, mode: str = "wb") -> Iterator[IO]:
     previous content.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _write_error(exc, path) from None
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; give it the mode open() would
         with os.fdopen(fd, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+            try:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError as exc:  # the disk filled up, or the file system went read-only
+                raise _write_error(exc, path) from None
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -64,9 +85,66 @@ def atomic_write(path: str | Path, mode: str = "wb") -> Iterator[IO]:
     _fsync_dir(path.parent)
 
 
+def _write_error(exc: OSError, path: Path) -> OSError:
+    """``exc`` as a :class:`WriteError` naming ``path`` (one that already is one passes through)."""
+    if isinstance(exc, WriteError):
+        return exc
+    return WriteError(exc.errno, exc.strerror or str(exc), str(path))
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     with atomic_write(path) as f:
         f.write(data)
+
+
+def _read_text(path: Path) -> str:
+    """A UTF-8 text file, with one ``ValueError`` naming it for what can go wrong."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{path} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a folder, not a file") from None
+    except OSError as exc:
+        raise ValueError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})") from None
+    if not text.strip():
+        raise ValueError(f"{path} is empty")
+    return text
+
+
+def read_json_mapping(path: str | Path) -> dict:
+    """A JSON file that must hold an object: ``ValueError`` naming the file when it is
+    missing, unreadable, empty, not JSON or not an object."""
+    path = Path(path)
+    text = _read_text(path)
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object; got {type(data).__name__}")
+    return data
+
+
+def read_yaml_mapping(path: str | Path) -> dict:
+    """A YAML file that must hold a mapping: ``ValueError`` naming the file when it is
+    missing, unreadable, empty, not YAML or not a mapping (an empty file is an error, not
+    an empty mapping)."""
+    import yaml
+
+    path = Path(path)
+    text = _read_text(path)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a YAML mapping of settings; got {type(data).__name__}")
+    return data
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -93,13 +171,29 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
             raise ValueError(f"could not read {path} as safetensors: {exc}") from None
     if path.suffix not in (".pth", ".pt", ".bin"):
         raise ValueError(f"checkpoint must be .safetensors, .pth, .pt or .bin; got {path.name}")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # an unpickling error names the forbidden global
-        raise ValueError(f"could not load {path} as a weights-only state dict: {exc}") from None
+    obj = torch_load_safely(path, "cpu")
     for key in ("state_dict", "model"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
     if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
         raise ValueError(f"{path} does not hold a state dict (a mapping of names to tensors)")
     return obj
+
+
+def torch_load_safely(path: str | Path, map_location: str | torch.device = "cpu") -> object:
+    """``torch.load(path, weights_only=True)``, with its failures as one ``ValueError``
+    that names the file and never suggests loading it unsafely: a pickle naming another
+    object than tensors, numbers, strings and containers is refused, since unpickling
+    it could run code."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # UnpicklingError, RuntimeError (not a zip, truncated), EOFError, ...
+        if isinstance(exc, OSError) and not isinstance(exc, EOFError):
+            raise ValueError(f"could not read {path}: {exc.strerror or exc}") from None
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        if found or "Weights only load failed" in str(exc):
+            what = f"an object of {found.group(1)}" if found else "objects other than tensors and plain values"
+            raise ValueError(f"{path} was refused: it holds {what}, and unpickling it could run code; "
+                             f"attnlab loads only tensors, numbers, strings and containers") from None
+        raise ValueError(f"{path} is not a readable PyTorch file (truncated or corrupted?): "
+                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..io import atomic_write, atomic_write_bytes, sha256_file
+from ..io import atomic_write, atomic_write_bytes, sha256_file, torch_load_safely
 
 __all__ = [
     "CheckpointError",
@@ -41,6 +41,8 @@ __all__ = [
     "latest_checkpoint",
     "save_named_checkpoint",
     "resolve_checkpoint",
+    "checkpoint_step",
+    "load_weights_into",
     "capture_rng_state",
     "restore_rng_state",
 ]
@@ -69,26 +71,49 @@ def _untie(weights: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str
 
 def save_checkpoint(root: str | Path, step: int, weights: dict[str, Tensor], state: dict[str, Any],
                     *, keep: int = 2) -> Path:
-    """Write checkpoint ``step`` under ``root`` and keep only the newest ``keep``.
+    """Write checkpoint ``step`` under ``root`` and keep the newest ``keep`` valid ones.
 
     ``weights``: a model's ``state_dict()``. ``state``: anything ``torch.load`` reads
     back with ``weights_only=True`` (tensors, numbers, strings, lists, dicts), e.g.
     ``{"optimizer": opt.state_dict(), "rng": capture_rng_state(), "epoch": 3}``.
+
+    Pruning removes only checkpoints older than ``step`` that verify, beyond the
+    ``keep - 1`` newest of them: the one just written is never removed, and neither is a
+    damaged or newer folder (a damaged one is no substitute for a valid one, and what it
+    holds is the user's to inspect).
     """
     if keep < 1:
         raise ValueError(f"keep must be >= 1; got {keep}")
     folder = Path(root) / f"step_{step:09d}"
-    _write(folder, step, weights, state)
-    for old in list_checkpoints(root, valid_only=False)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    _replace(folder, step, weights, state)
+    kept = 1
+    for old in reversed([p for p in list_checkpoints(root) if checkpoint_step(p) < step]):
+        if not _is_valid(old):
+            continue
+        if kept < keep:
+            kept += 1
+        else:
+            shutil.rmtree(old, ignore_errors=True)
     return folder
+
+
+def checkpoint_step(folder: str | Path) -> int:
+    """The step in a checkpoint folder's name: ``step_000000800`` (or the
+    ``.step_000000800.old`` standing in for it) -> ``800``."""
+    return int(Path(folder).name.removeprefix(".").removesuffix(".old").removeprefix("step_"))
+
+
+def _is_valid(folder: Path) -> bool:
+    try:
+        _verify(folder)
+    except CheckpointError:
+        return False
+    return True
 
 
 def _write(folder: Path, step: int, weights: dict[str, Tensor], state: dict[str, Any]) -> None:
     from safetensors.torch import save
 
-    if folder.exists():  # a re-save of the same step (e.g. after resume): start clean
-        shutil.rmtree(folder)
     unique, aliases = _untie(weights)
     atomic_write_bytes(folder / WEIGHTS, save(unique, metadata={"aliases": json.dumps(aliases)}))
     with atomic_write(folder / STATE) as f:
@@ -97,16 +122,15 @@ def _write(folder: Path, step: int, weights: dict[str, Tensor], state: dict[str,
     atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
 
 
-def save_named_checkpoint(root: str | Path, name: str, step: int, weights: dict[str, Tensor],
-                          state: dict[str, Any]) -> Path:
-    """Write ``root/<name>/`` (e.g. ``best``), replacing the previous one as a whole.
-
-    The new checkpoint is completed in ``.<name>.new`` first; the old one is moved to
-    ``.<name>.old`` only then, and removed last. :func:`resolve_checkpoint` falls back
-    to ``.<name>.old`` if a crash lands between the two renames.
-    """
-    root = Path(root)
-    folder, new, old = root / name, root / f".{name}.new", root / f".{name}.old"
+def _replace(folder: Path, step: int, weights: dict[str, Tensor], state: dict[str, Any]) -> None:
+    """Write ``folder`` whole, replacing any folder of that name only once the new one is
+    complete: it is written in ``.<name>.new`` first, the old one moved to ``.<name>.old``,
+    the new one renamed into place, and the old one removed last. A crash between the two
+    renames leaves ``.<name>.old``, which :func:`resolve_checkpoint` and
+    :func:`list_checkpoints` fall back to."""
+    new, old = folder.with_name(f".{folder.name}.new"), folder.with_name(f".{folder.name}.old")
+    if new.exists():  # left by an interrupted save
+        shutil.rmtree(new)
     _write(new, step, weights, state)
     if old.exists():
         shutil.rmtree(old)
@@ -114,6 +138,14 @@ def save_named_checkpoint(root: str | Path, name: str, step: int, weights: dict[
         folder.rename(old)
     new.rename(folder)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def save_named_checkpoint(root: str | Path, name: str, step: int, weights: dict[str, Tensor],
+                          state: dict[str, Any]) -> Path:
+    """Write ``root/<name>/`` (e.g. ``best``), replacing the previous one as a whole
+    (see :func:`_replace`: a crash at any moment leaves the old one or the new one)."""
+    folder = Path(root) / name
+    _replace(folder, step, weights, state)
     return folder
 
 
@@ -138,14 +170,24 @@ def resolve_checkpoint(root: str | Path, which: str = "last") -> Path:
 
 
 def _verify(folder: Path) -> dict[str, Any]:
+    """The manifest of a complete, undamaged checkpoint, else :class:`CheckpointError`.
+    The manifest must name both files with their sha256 (an empty or foreign manifest
+    would skip every check) and each file must match it."""
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
         raise CheckpointError(f"{folder} is not a complete checkpoint (no {MANIFEST}: the save was interrupted)")
     try:
-        manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError) as exc:
+        manifest = json.loads(manifest_path.read_bytes())
+    except (OSError, ValueError) as exc:
         raise CheckpointError(f"{manifest_path} is unreadable: {exc}") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if (not isinstance(files, dict) or not {WEIGHTS, STATE} <= files.keys()
+            or not all(isinstance(d, str) and len(d) == 64 for d in files.values())
+            or not all(isinstance(n, str) and n and "/" not in n and "\\" not in n and n not in (".", "..")
+                       for n in files)
+            or not isinstance(manifest.get("step"), int)):
+        raise CheckpointError(f"{manifest_path} is damaged: expected {{\"step\": N, \"files\": {{\"{WEIGHTS}\": "
+                              f"SHA256, \"{STATE}\": SHA256}}}}; got {json.dumps(manifest)[:200]}")
     for name, digest in files.items():
         path = folder / name
         if not path.is_file():
@@ -168,20 +210,48 @@ def load_checkpoint(folder: str | Path, map_location: str | torch.device = "cpu"
     for alias, name in aliases.items():
         weights[alias] = weights[name]
     try:
-        state = torch.load(folder / STATE, map_location=map_location, weights_only=True)
-    except Exception as exc:  # a pickle that would run code, or a foreign file
+        state = torch_load_safely(folder / STATE, map_location)
+    except ValueError as exc:  # a pickle that would run code, or a foreign file
         raise CheckpointError(f"{folder / STATE} could not be loaded safely: {exc}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{folder / STATE} must hold a mapping of training state; got {type(state).__name__}")
     return weights, state
 
 
+def load_weights_into(model: torch.nn.Module, weights: dict[str, Tensor], source: str | Path) -> None:
+    """``model.load_state_dict(weights)``, refused with a :class:`CheckpointError` that
+    names ``source`` and the mismatched keys when the weights belong to another model
+    (torch's own error is a wall of text that reads like a crash)."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in weights]
+    unexpected = [k for k in weights if k not in own]
+    shapes = [f"{k} {tuple(weights[k].shape)} (model {tuple(own[k].shape)})"
+              for k in own if k in weights and weights[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        def few(keys: list[str]) -> str:
+            return ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+
+        parts = [f"{what} {few(keys)}" for what, keys in
+                 (("missing", missing), ("unexpected", unexpected), ("other shapes:", shapes)) if keys]
+        raise CheckpointError(f"the weights in {source} do not fit this model ({type(model).__name__}): "
+                              f"{'; '.join(parts)}; they were written for another model or configuration")
+    model.load_state_dict(weights)
+
+
 def list_checkpoints(root: str | Path, *, valid_only: bool = True) -> list[Path]:
-    """Checkpoint folders under ``root``, oldest first; by default only complete ones
-    (with a manifest; checksums are verified on load)."""
+    """Checkpoint folders ``step_<N>`` under ``root``, oldest first; by default only
+    complete ones (with a manifest; checksums are verified on load). A ``.step_<N>.old``
+    left by a crash while a folder was being replaced stands in for its missing ``step_<N>``."""
     root = Path(root)
     if not root.is_dir():
         return []
-    found = sorted(p for p in root.glob("step_*") if p.is_dir())
-    return [p for p in found if (p / MANIFEST).is_file()] if valid_only else found
+    found = {p.name: p for p in root.glob("step_*") if p.is_dir() and p.name[5:].isdigit()}
+    for p in root.glob(".step_*.old"):
+        name = p.name[1:-4]
+        if p.is_dir() and name[5:].isdigit() and name not in found:
+            found[name] = p
+    ordered = [found[n] for n in sorted(found)]
+    return [p for p in ordered if (p / MANIFEST).is_file()] if valid_only else ordered
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
@@ -190,7 +260,8 @@ def latest_checkpoint(root: str | Path) -> Path | None:
         try:
             _verify(folder)
         except CheckpointError as exc:
-            warnings.warn(f"skipping damaged checkpoint: {exc}")
+            warnings.warn(f"skipping damaged checkpoint: {exc}; an older one is used instead, "
+                          f"and the damaged folder is left in place (delete it once you no longer need it)")
             continue
         return folder
     return None

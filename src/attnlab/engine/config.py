@@ -5,13 +5,17 @@ command-line overrides, with errors that name the key.
 
 Unknown keys are errors that suggest the close matches; values are checked against the
 field's type annotation (``int``, ``float``, ``str``, ``bool``, ``Literal[...]``,
-``Optional[...]``, ``list``, ``dict``, nested dataclasses) and against ``min``/``max``
-bounds given in the field's metadata: ``field(default=0.1, metadata={"min": 0, "max": 1})``.
+``Optional[...]``, ``list``, ``dict``, nested dataclasses) and against bounds given in the
+field's metadata: ``min``/``max`` (inclusive) and ``gt``/``lt`` (exclusive), e.g.
+``field(default=0.1, metadata={"min": 0, "lt": 1})``. A float is never NaN or infinite.
+A dataclass built directly in Python gets the same bound checks from
+:func:`check_bounds` in its ``__post_init__``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -20,7 +24,7 @@ import yaml
 
 from ..suggest import did_you_mean
 
-__all__ = ["ConfigError", "from_dict", "to_dict", "apply_overrides", "parse_override"]
+__all__ = ["ConfigError", "from_dict", "to_dict", "apply_overrides", "parse_override", "check_bounds"]
 
 T = TypeVar("T")
 
@@ -72,6 +76,8 @@ def _check(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where} must be a number; got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where} must be a finite number; got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -90,18 +96,34 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
         if key not in fields:
             raise ConfigError(f"unknown key {name!r}" + did_you_mean(key, fields, "valid keys"))
         value = _check(value, hints[key], name)
-        meta = fields[key].metadata
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if "min" in meta and value < meta["min"]:
-                raise ConfigError(f"{name} must be >= {meta['min']}; got {value!r}")
-            if "max" in meta and value > meta["max"]:
-                raise ConfigError(f"{name} must be <= {meta['max']}; got {value!r}")
+        _check_bound(value, fields[key].metadata, name)
         kwargs[key] = value
     missing = [n for n, f in fields.items() if n not in kwargs
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise ConfigError(f"missing key {(where + '.' if where else '') + missing[0]!r}")
     return cls(**kwargs)
+
+
+_BOUNDS = {"min": (lambda v, b: v >= b, ">="), "max": (lambda v, b: v <= b, "<="),
+           "gt": (lambda v, b: v > b, ">"), "lt": (lambda v, b: v < b, "<")}
+
+
+def _check_bound(value: Any, meta: Any, name: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number; got {value!r}")
+    for key, (ok, word) in _BOUNDS.items():
+        if key in meta and not ok(value, meta[key]):
+            raise ConfigError(f"{name} must be {word} {meta[key]}; got {value!r}")
+
+
+def check_bounds(cfg: Any, where: str = "") -> None:
+    """Check every number field of dataclass ``cfg`` against its metadata bounds and for
+    finiteness (what :func:`from_dict` checks, for a config built directly in Python)."""
+    for f in dataclasses.fields(cfg):
+        _check_bound(getattr(cfg, f.name), f.metadata, f"{where}.{f.name}" if where else f.name)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,14 +23,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import distributed
-from .checkpoint import (capture_rng_state, latest_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint,
-                         save_named_checkpoint)
+from .config import check_bounds
+from .checkpoint import (capture_rng_state, latest_checkpoint, load_checkpoint, load_weights_into, restore_rng_state,
+                         save_checkpoint, save_named_checkpoint)
 from .device import autocast, make_grad_scaler, seed_everything
 from .metrics import MetricsLog, TensorBoardLog
 from .progress import Progress
 from .optim import build_optimizer, warmup_cosine
 
-__all__ = ["TrainConfig", "EpochSampler", "Trainer", "IGNORE_INDEX", "flatten_tokens"]
+__all__ = ["TrainConfig", "EpochSampler", "Trainer", "NonFiniteLossError", "IGNORE_INDEX", "flatten_tokens"]
 
 IGNORE_INDEX = -100  # target value of padding in sequence targets (torch's and Hugging Face's convention)
 
@@ -41,21 +43,21 @@ class TrainConfig:
     steps: int = field(default=1000, metadata={"min": 1})  # optimizer steps in all
     batch_size: int = field(default=64, metadata={"min": 1})
     optimizer: Literal["adamw", "sgd"] = "adamw"
-    lr: float = field(default=1e-3, metadata={"min": 0.0})
+    lr: float = field(default=1e-3, metadata={"gt": 0.0})
     weight_decay: float = field(default=0.05, metadata={"min": 0.0})
-    momentum: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})
+    momentum: float = field(default=0.9, metadata={"min": 0.0, "lt": 1.0})
     warmup_steps: int = field(default=0, metadata={"min": 0})
     min_lr_ratio: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
-    label_smoothing: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
-    grad_clip: Optional[float] = 1.0
+    label_smoothing: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0})
+    grad_clip: Optional[float] = field(default=1.0, metadata={"gt": 0.0})  # max gradient norm; null: no clipping
     accum_steps: int = field(default=1, metadata={"min": 1})
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    ema_decay: Optional[float] = None
+    ema_decay: Optional[float] = field(default=None, metadata={"gt": 0.0, "lt": 1.0})
     grad_checkpointing: bool = False
     channels_last: bool = False  # NHWC weights and image batches: faster convolutions on CPU and CUDA
     compile: bool = False  # train through torch.compile(model); evaluation and checkpoints use the plain module
     compile_mode: Optional[Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = None
-    seed: int = 0
+    seed: int = field(default=0, metadata={"min": 0, "max": 2**32 - 1})
     deterministic: bool = False
     device: str = "auto"
     log_every: int = field(default=50, metadata={"min": 0})
@@ -66,14 +68,27 @@ class TrainConfig:
     # Less padding, the same randomness across epochs (Hugging Face's group_by_length).
     group_by_length: bool = False
     keep_checkpoints: int = field(default=2, metadata={"min": 1})
+    # A step whose loss (or gradient norm) is NaN or infinite stops the run with NonFiniteLossError,
+    # before the optimizer applies it, so the last checkpoint holds good weights. With N > 0 up to N
+    # such steps in a row are skipped instead (no update; the batch is consumed), as large-scale trainers do.
+    skip_nonfinite: int = field(default=0, metadata={"min": 0})
     tensorboard: bool = True  # event files in run_dir/tensorboard, beside metrics.jsonl
     progress: bool = True  # a live bar on a terminal; plain lines every progress_seconds otherwise
     progress_seconds: float = field(default=30.0, metadata={"min": 0.0})
 
     def __post_init__(self) -> None:
+        check_bounds(self, "train")  # also for a TrainConfig built directly in Python
         if self.warmup_steps > self.steps:
             raise ValueError(f"train.warmup_steps must not exceed train.steps; got warmup_steps={self.warmup_steps}, "
                              f"steps={self.steps}")
+        if self.compile_mode is not None and not self.compile:
+            raise ValueError(f"train.compile_mode applies only with train.compile=true; got compile_mode="
+                             f"{self.compile_mode!r} with compile=false")
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training stopped: a step's loss or gradient norm was NaN or infinite. The weights
+    were not updated by that step, and no checkpoint was written after it."""
 
 
 class EpochSampler:
@@ -180,6 +195,7 @@ class Trainer:
         self.scaler = make_grad_scaler(self.device, config.precision)
         self.ema = copy.deepcopy(model).eval().requires_grad_(False) if config.ema_decay else None
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
+        self._nonfinite_in_a_row = 0  # steps skipped in a row for a non-finite loss (train.skip_nonfinite)
         self._saved_step: int | None = None  # the step whose checkpoint run_dir already holds
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.metrics: MetricsLog | None = None
@@ -200,6 +216,7 @@ class Trainer:
     def state(self) -> dict[str, Any]:
         state = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "best": self.best,
                  "train_seconds": self.train_seconds + self._session_seconds(),
+                 "nonfinite_in_a_row": self._nonfinite_in_a_row,
                  "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "scaler": self.scaler.state_dict(), "rng": capture_rng_state(), "config": asdict(self.cfg)}
         if self.ema is not None:
@@ -228,7 +245,7 @@ class Trainer:
             if self.run_dir is None or (folder := distributed.broadcast_object(found)) is None:
                 raise ValueError(f"no checkpoint to resume from in {self.run_dir}")
         weights, state = load_checkpoint(folder, map_location=self.device)
-        self.model.load_state_dict(weights)
+        load_weights_into(self.model, weights, folder)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -237,6 +254,7 @@ class Trainer:
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         self.best = state.get("best")
         self.train_seconds = state.get("train_seconds", 0.0)
+        self._nonfinite_in_a_row = state.get("nonfinite_in_a_row", 0)
         restore_rng_state(state["rng"])
         if self.run_dir is not None and Path(folder).parent == self.run_dir / "checkpoints":
             self._saved_step = self.step  # this run's own checkpoint: save() need not write it again
@@ -283,9 +301,18 @@ class Trainer:
                     loss = self.loss_fn(_call(self.train_model, x), y) / cfg.accum_steps
                 self.scaler.scale(loss).backward()
             total += loss.item()
-        if cfg.grad_clip:
+        finite = math.isfinite(total)
+        if finite and cfg.grad_clip:
             self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            # fp16's scaler skips steps with inf gradients itself; elsewhere they are divergence
+            finite = self.scaler.is_enabled() or bool(torch.isfinite(norm))
+        if distributed.world_size() > 1:  # every rank takes the same decision
+            finite = distributed.all_reduce_sum(torch.tensor([float(not finite)], device=self.device)).item() == 0
+        if not finite:
+            self._skip_nonfinite(total)
+            return total
+        self._nonfinite_in_a_row = 0
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -299,6 +326,24 @@ class Trainer:
                         e.copy_(p)
         self.step += 1
         return total
+
+    def _skip_nonfinite(self, loss: float) -> None:
+        """A step with a non-finite loss or gradient: no update. Stop (the default), or
+        skip it while fewer than ``skip_nonfinite`` such steps came in a row."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._nonfinite_in_a_row += 1
+        what = f"loss {loss}" if not math.isfinite(loss) else "gradient norm not finite"
+        if self._nonfinite_in_a_row > self.cfg.skip_nonfinite:
+            kept = "" if self._saved_step is None else (
+                f"; checkpoint step {self._saved_step} in {self.run_dir / 'checkpoints'} holds the last saved weights")
+            in_a_row = f" ({self._nonfinite_in_a_row} such steps in a row)" if self._nonfinite_in_a_row > 1 else ""
+            raise NonFiniteLossError(
+                f"training diverged at step {self.step + 1}: {what}{in_a_row}; the weights were not updated{kept}. "
+                f"Lower train.lr, set train.grad_clip, or set train.skip_nonfinite=N to skip up to N such steps")
+        self.log(f"warning: step {self.step + 1}: {what}; skipped without an update "
+                 f"({self._nonfinite_in_a_row} of at most {self.cfg.skip_nonfinite} in a row)")
+        self.scheduler.step()  # the step is consumed, so a resumed run replays the same schedule
+        self.step += 1
 
     @torch.no_grad()
     def evaluate(self, data: Any = None, model: nn.Module | None = None) -> dict[str, float]:

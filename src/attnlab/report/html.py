@@ -18,9 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..io import atomic_write_bytes
+from ..io import atomic_write_bytes, read_json_mapping
 from .curves import plot_curves, read_metrics
 from .markdown import markdown_to_html
 from .page import Html, Image, Note, Part, Pre, Section, Table, data_uri, render_html
@@ -84,7 +82,7 @@ def _results(run_dir: Path) -> tuple[Section, dict[str, Any]]:
     if not path.is_file():
         return Section("Results", [Note("No results.json yet: the run has not finished.")]), {}
     try:
-        results = json.loads(path.read_text())
+        results = read_json_mapping(path)
     except ValueError as exc:
         return Section("Results", [Note(f"results.json could not be read: {_why(exc)}")]), {}
     parts: list[Part] = [Table([(k, _value(k, v)) for k, v in results.items()], ("result", "value"))]
@@ -96,16 +94,21 @@ def _results(run_dir: Path) -> tuple[Section, dict[str, Any]]:
 
 
 def _config(run_dir: Path) -> Section:
-    text = (run_dir / "config.yaml").read_text()
+    from ..tasks.common import CHANGES, read_config
+
     try:
-        rows = _flatten(yaml.safe_load(text) or {})
-    except yaml.YAMLError as exc:
-        return Section("Configuration", [Note(f"config.yaml could not be read ({_why(exc)}); as written:"), Pre(text)])
-    return Section("Configuration", [
+        rows = _flatten(read_config(run_dir))
+    except ValueError as exc:
+        return Section("Configuration", [Note(f"The configuration could not be read: {_why(exc)}")])
+    parts: list[Part] = [
         "The resolved recipe the run was trained with; keys are the dotted names that "
         "'attnlab train RECIPE key=value' overrides.",
         Table([(k, _yaml_value(v)) for k, v in rows], ("key", "value")),
-    ])
+    ]
+    if (run_dir / CHANGES).is_file():
+        parts += ["Settings changed when the run was resumed (config.yaml keeps the original; the table above "
+                  "shows the settings in force at the end):", Pre((run_dir / CHANGES).read_text())]
+    return Section("Configuration", parts)
 
 
 def _curves(run_dir: Path) -> Section:
@@ -223,7 +226,7 @@ def write_bench_report(out_dir: str | Path, out: str | Path | None = None) -> Pa
     if not (out_dir / "results.json").is_file():
         raise ValueError(f"out_dir must be an 'attnlab bench attention' output folder with results.json; "
                          f"{out_dir} has none")
-    data = json.loads((out_dir / "results.json").read_text())
+    data = read_json_mapping(out_dir / "results.json")
     table = out_dir / "table.md"
     if table.is_file():
         text = table.read_text(encoding="utf-8")

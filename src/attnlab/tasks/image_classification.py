@@ -11,11 +11,11 @@ from PIL import Image
 from torch import nn
 
 from ..data import load_digits_dataset
-from ..data.images import CIFAR10, CIFAR10_CLASSES
+from ..data.images import CIFAR10, CIFAR10_CLASSES, decompression_bomb_sizes
 from ..data.transforms import cifar_eval_transforms, cifar_train_transforms, digits_transforms
 from ..models import create_model
 from ..recipes import Recipe
-from .common import evaluate_model, load_weights, prepare_run_dir, read_recipe, train_and_test
+from .common import evaluate_model, load_weights, open_run, read_recipe, train_and_test
 
 
 class _Transformed:
@@ -64,16 +64,18 @@ def build_data(recipe: Recipe) -> tuple[Any, Any]:
     raise ValueError(f"data.name must be 'digits' or 'cifar10'; got {data.name!r}")
 
 
-def run(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, log=print) -> dict[str, Any]:
-    """Train ``recipe`` into ``run_dir`` (config.yaml, metrics.jsonl, checkpoints/, results.json)."""
+def run(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
+        log=print) -> dict[str, Any]:
+    """Train ``recipe`` into ``run_dir`` (config.yaml, metrics.jsonl, checkpoints/, results.json);
+    see :func:`~attnlab.tasks.common.open_run` for ``resume`` and ``allow_changes``."""
     run_dir = Path(run_dir)
-    has_checkpoint = prepare_run_dir(recipe, run_dir, resume)
-    train_set, test_set = build_data(recipe)
-    return train_and_test(
-        recipe, run_dir, lambda: create_model(recipe.model.name, **recipe.model.options), train_set, test_set,
-        test_set, resume=resume, has_checkpoint=has_checkpoint, log=log,
-        extra={"classes": list(DATA_INFO[recipe.data.name]["classes"])},
-    )
+    with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, log=log) as resume_from:
+        train_set, test_set = build_data(recipe)
+        return train_and_test(
+            recipe, run_dir, lambda: create_model(recipe.model.name, **recipe.model.options), train_set, test_set,
+            test_set, resume_from=resume_from, log=log,
+            extra={"classes": list(DATA_INFO[recipe.data.name]["classes"])},
+        )
 
 
 # ---------------------------------------------------------------------------- a finished run
@@ -107,6 +109,13 @@ def read_image(path: str | Path, mode: str, size: tuple[int, int]) -> torch.Tens
             array = np.array(im, dtype=np.uint8)  # a writable copy
     except FileNotFoundError:
         raise ValueError(f"FILE {str(path)!r} does not exist") from None
+    except Image.DecompressionBombError as exc:  # not an OSError
+        pixels, limit = decompression_bomb_sizes(exc)
+        raise ValueError(
+            f"FILE {str(path)!r} is too large to read safely: {pixels} pixels, more than Pillow's limit of "
+            f"{limit} pixels (a guard against decompression bombs); downscale it (the model reads it at "
+            f"{size[0]}x{size[1]}) and try again"
+        ) from None
     except (OSError, ValueError) as exc:
         raise ValueError(f"FILE {str(path)!r} is not a readable image ({exc})") from None
     return torch.from_numpy(array.reshape(size[0], size[1], -1)).permute(2, 0, 1).contiguous()

@@ -26,11 +26,10 @@ from ..data.mr import load_mr, mr_folds, mr_split
 from ..data.text import SentimentDataset
 from ..data.tokenize import TextTokenizer
 from ..engine import distributed
-from ..io import atomic_write_bytes
+from ..io import atomic_write_bytes, read_json_mapping
 from ..models import create_model
 from ..recipes import Recipe
-from .common import (evaluate_model, load_weights, prepare_run_dir, read_recipe, train_and_test,
-                     write_report_safely)
+from .common import evaluate_model, load_weights, open_run, read_recipe, train_and_test, write_report_safely
 
 CLASSES = ("negative", "positive")  # label 0, label 1
 
@@ -49,11 +48,17 @@ def build_model(recipe: Recipe, tokenizer: TextTokenizer) -> nn.Module:
 
 
 def _one_run(recipe: Recipe, run_dir: Path, texts: list[str], labels: list[int], train_idx: list[int],
-             eval_idx: list[int] | None, test_idx: list[int], *, resume: bool, log) -> dict[str, Any]:
-    has_checkpoint = prepare_run_dir(recipe, run_dir, resume)
+             eval_idx: list[int] | None, test_idx: list[int], *, resume: bool, allow_changes: bool,
+             log) -> dict[str, Any]:
+    with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, log=log) as resume_from:
+        return _train_one(recipe, run_dir, texts, labels, train_idx, eval_idx, test_idx, resume_from, log)
+
+
+def _train_one(recipe: Recipe, run_dir: Path, texts: list[str], labels: list[int], train_idx: list[int],
+               eval_idx: list[int] | None, test_idx: list[int], resume_from: Path | None, log) -> dict[str, Any]:
     pick = lambda idx: ([texts[i] for i in idx], [labels[i] for i in idx])  # noqa: E731
     tokenizer_path = run_dir / "tokenizer.json"
-    if resume and tokenizer_path.is_file():
+    if tokenizer_path.is_file():
         tokenizer = TextTokenizer.load(tokenizer_path)  # the resumed weights belong to this vocabulary
     else:
         tokenizer = build_tokenizer(recipe, pick(train_idx)[0])
@@ -67,42 +72,48 @@ def _one_run(recipe: Recipe, run_dir: Path, texts: list[str], labels: list[int],
              "test_size": len(test), "vocab_size": tokenizer.vocab_size}
     # A fold's report would repeat the cross-validation's top-level one, which covers all ten folds.
     return train_and_test(recipe, run_dir, lambda: build_model(recipe, tokenizer), train, dev, test,
-                          resume=resume, has_checkpoint=has_checkpoint, log=log, extra=extra,
+                          resume_from=resume_from, log=log, extra=extra,
                           report=recipe.data.protocol == "split")
 
 
-def run(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, log=print) -> dict[str, Any]:
-    """Train and test ``recipe`` on MR into ``run_dir``; returns ``results.json``'s content."""
+def run(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
+        log=print) -> dict[str, Any]:
+    """Train and test ``recipe`` on MR into ``run_dir``; returns ``results.json``'s content
+    (see :func:`~attnlab.tasks.common.open_run` for ``resume`` and ``allow_changes``)."""
     run_dir = Path(run_dir)
     texts, labels = load_mr(recipe.data.data_dir)
     if recipe.data.protocol == "split":
         train_idx, dev_idx, test_idx = mr_split(labels, seed=recipe.data.seed)
-        return _one_run(recipe, run_dir, texts, labels, train_idx, dev_idx, test_idx, resume=resume, log=log)
-    prepare_run_dir(recipe, run_dir, resume)  # config.yaml at the top too; the folds hold the checkpoints
-    start = time.perf_counter()
-    folds = []
-    for k, (train_idx, test_idx) in enumerate(mr_folds(labels, 10, seed=recipe.data.seed)):
-        fold_dir = run_dir / f"fold_{k}"
-        done = fold_dir / "results.json"
-        if resume and done.is_file():  # a finished fold of an interrupted cross-validation
-            folds.append(json.loads(done.read_text()))
-            continue
-        log(f"fold {k + 1}/10: {len(train_idx)} training, {len(test_idx)} test sentences")
-        fold_resume = resume and fold_dir.is_dir()
-        folds.append(_one_run(recipe, fold_dir, texts, labels, train_idx, None, test_idx, resume=fold_resume, log=log))
-        log(f"fold {k + 1}/10: test accuracy {100 * folds[-1]['test_accuracy']:.2f}%")
-    accuracies = [f["test_accuracy"] for f in folds]
-    results = {
-        "protocol": "cv10", "test_accuracy": statistics.mean(accuracies), "test_accuracy_std": statistics.stdev(accuracies),
-        "fold_accuracies": accuracies, "params": folds[0]["params"], "model": recipe.model.name,
-        "train_seconds": sum(f["train_seconds"] for f in folds),
-        "samples_per_s": statistics.mean(f["samples_per_s"] for f in folds),
-        "steps": folds[0]["steps"], "wall_seconds": time.perf_counter() - start, "classes": list(CLASSES),
-    }
-    if distributed.is_main():
-        atomic_write_bytes(run_dir / "results.json", json.dumps(results, indent=1).encode())
-        write_report_safely(run_dir, log)
-    return results
+        return _one_run(recipe, run_dir, texts, labels, train_idx, dev_idx, test_idx, resume=resume,
+                        allow_changes=allow_changes, log=log)
+    # config.yaml and the lock at the top too; the folds hold the checkpoints
+    with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, checkpoints=False, log=log):
+        start = time.perf_counter()
+        folds = []
+        for k, (train_idx, test_idx) in enumerate(mr_folds(labels, 10, seed=recipe.data.seed)):
+            fold_dir = run_dir / f"fold_{k}"
+            done = fold_dir / "results.json"
+            if resume and done.is_file() and not allow_changes:  # a finished fold of an interrupted cross-validation
+                folds.append(read_json_mapping(done))
+                continue
+            log(f"fold {k + 1}/10: {len(train_idx)} training, {len(test_idx)} test sentences")
+            fold_resume = resume and fold_dir.is_dir()
+            folds.append(_one_run(recipe, fold_dir, texts, labels, train_idx, None, test_idx, resume=fold_resume,
+                                  allow_changes=allow_changes, log=log))
+            log(f"fold {k + 1}/10: test accuracy {100 * folds[-1]['test_accuracy']:.2f}%")
+        accuracies = [f["test_accuracy"] for f in folds]
+        results = {
+            "protocol": "cv10", "test_accuracy": statistics.mean(accuracies),
+            "test_accuracy_std": statistics.stdev(accuracies),
+            "fold_accuracies": accuracies, "params": folds[0]["params"], "model": recipe.model.name,
+            "train_seconds": sum(f["train_seconds"] for f in folds),
+            "samples_per_s": statistics.mean(f["samples_per_s"] for f in folds),
+            "steps": folds[0]["steps"], "wall_seconds": time.perf_counter() - start, "classes": list(CLASSES),
+        }
+        if distributed.is_main():
+            atomic_write_bytes(run_dir / "results.json", json.dumps(results, indent=1).encode())
+            write_report_safely(run_dir, log)
+        return results
 
 
 # ---------------------------------------------------------------------------- a finished run

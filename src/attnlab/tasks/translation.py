@@ -33,12 +33,12 @@ from ..data.multi30k import load_multi30k
 from ..data.tokenize import TextTokenizer
 from ..data.translation import TranslationDataset
 from ..engine import distributed
-from ..engine.checkpoint import average_checkpoints, list_checkpoints, save_named_checkpoint
+from ..engine.checkpoint import average_checkpoints, checkpoint_step, list_checkpoints, save_named_checkpoint
 from ..engine.device import select_device
 from ..io import atomic_write_bytes
 from ..models import create_model
 from ..recipes import Recipe
-from .common import load_weights, prepare_run_dir, read_recipe, train_and_test, write_report_safely
+from .common import load_weights, open_run, read_recipe, train_and_test, write_report_safely
 
 __all__ = ["run", "load_run", "translate", "translate_as_recipe", "translate_texts", "bleu_scores", "evaluate_run"]
 
@@ -125,7 +125,9 @@ def translate(model: nn.Module, src_tok: TextTokenizer, tgt_tok: TextTokenizer, 
     limit = max_source_length - 1
     cut = sum(len(row) > limit for row in ids)
     if cut:
-        warnings.warn(f"{cut} of {len(ids)} texts are longer than {limit} tokens and were truncated", stacklevel=2)
+        longest = max(len(row) for row in ids) + 1  # with the end token
+        warnings.warn(f"{cut} of {len(ids)} texts are longer than {limit} tokens and were truncated; pass "
+                      f"max_source_length={longest} or more (the run's text.max_length) to keep them whole", stacklevel=2)
     ids = [row[:limit] + [src_tok.eos_id] for row in ids]
     device_ = select_device(device) if isinstance(device, str) else device
     model.to(device_).eval()
@@ -157,7 +159,7 @@ def average_last_checkpoints(run_dir: Path, count: int) -> Path | None:
     if count < 2 or len(folders) < 2:
         return None
     weights = average_checkpoints(folders)
-    step = int(folders[-1].name.removeprefix("step_"))
+    step = checkpoint_step(folders[-1])
     return save_named_checkpoint(run_dir / "checkpoints", "averaged", step, weights,
                                  {"step": step, "averaged": [f.name for f in folders]})
 
@@ -175,13 +177,19 @@ def _load_split(recipe: Recipe, split: str) -> list[tuple[str, str]]:
     return load_multi30k(split, recipe.data.data_dir, recipe.data.source, recipe.data.target)
 
 
-def run(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, log=print) -> dict[str, Any]:
-    """Train and test ``recipe`` on Multi30k into ``run_dir``; returns ``results.json``'s content."""
+def run(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
+        log=print) -> dict[str, Any]:
+    """Train and test ``recipe`` on Multi30k into ``run_dir``; returns ``results.json``'s content
+    (see :func:`~attnlab.tasks.common.open_run` for ``resume`` and ``allow_changes``)."""
     run_dir = Path(run_dir)
-    has_checkpoint = prepare_run_dir(recipe, run_dir, resume)
+    with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, log=log) as resume_from:
+        return _run(recipe, run_dir, resume_from, log)
+
+
+def _run(recipe: Recipe, run_dir: Path, resume_from: Path | None, log) -> dict[str, Any]:
     splits = {name: _load_split(recipe, name) for name in ("train", "val", "test")}
     src_path, tgt_path = _tokenizer_paths(run_dir, recipe.text.joint_vocab)
-    if resume and src_path.is_file() and tgt_path.is_file():  # the resumed weights belong to these vocabularies
+    if src_path.is_file() and tgt_path.is_file():  # the resumed weights belong to these vocabularies
         src_tok = TextTokenizer.load(src_path)
         tgt_tok = src_tok if recipe.text.joint_vocab else TextTokenizer.load(tgt_path)
     else:
@@ -195,7 +203,7 @@ def run(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, log=print)
              "src_vocab_size": src_tok.vocab_size, "tgt_vocab_size": tgt_tok.vocab_size,
              "joint_vocab": src_tok is tgt_tok, "metric": "token accuracy (teacher forcing)"}
     results = train_and_test(recipe, run_dir, lambda: build_model(recipe, src_tok, tgt_tok), data["train"],
-                             data["val"], data["test"], resume=resume, has_checkpoint=has_checkpoint, log=log,
+                             data["val"], data["test"], resume_from=resume_from, log=log,
                              extra=extra, report=False)  # written below, once BLEU is in results.json
     if not distributed.is_main():
         return results

@@ -1,0 +1,288 @@
+"""No setting trains silently wrong, a diverging run stops, and bad files and inputs get
+one clear message (exit 2 for the user's mistake, 1 for a full disk or divergence), never
+a traceback."""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from attnlab.cli import main
+from attnlab.engine import TrainConfig, Trainer
+from attnlab.engine import checkpoint as checkpoint_module
+from attnlab.engine.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from attnlab.engine.trainer import NonFiniteLossError
+from attnlab.io import read_state_dict
+
+TINY = ["model.options.depth=1", "model.options.embed_dim=32", "model.options.num_heads=2", "train.steps=4",
+        "train.warmup_steps=1", "train.batch_size=32", "train.checkpoint_every=2", "train.eval_every=2",
+        "train.log_every=1", "train.progress=false", "train.tensorboard=false"]
+
+
+def _train(run_dir: Path, *extra: str) -> int:
+    return main(["train", "vit-digits", *TINY, *extra, "--run-dir", str(run_dir)])
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("finished") / "run"
+    assert _train(run) == 0
+    return run
+
+
+def _copy(run: Path, dst: Path) -> Path:
+    shutil.copytree(run, dst)
+    return dst
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.grad_clip=-1", "train.grad_clip must be > 0.0; got -1.0"),
+    ("train.grad_clip=0", "train.grad_clip must be > 0.0; got 0.0"),
+    ("train.lr=inf", "train.lr must be a finite number; got inf"),
+    ("train.lr=nan", "train.lr must be a finite number; got nan"),
+    ("train.lr=-0.1", "train.lr must be > 0.0; got -0.1"),
+    ("train.weight_decay=-inf", "train.weight_decay must be a finite number; got -inf"),
+    ("train.ema_decay=1", "train.ema_decay must be < 1.0; got 1.0"),
+    ("train.momentum=1", "train.momentum must be < 1.0; got 1.0"),
+    ("train.label_smoothing=1", "train.label_smoothing must be < 1.0; got 1.0"),
+    ("train.seed=-1", "train.seed must be >= 0; got -1"),
+    ("train.progress_seconds=nan", "train.progress_seconds must be a finite number; got nan"),
+    ("train.compile_mode=default", "train.compile_mode applies only with train.compile=true"),
+    ("translate.length_penalty=inf", "translate.length_penalty must be a finite number; got inf"),
+])
+def test_a_setting_that_would_train_wrong_is_refused_before_anything_is_written(tmp_path, capsys, override, message):
+    assert _train(tmp_path / "run", override) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_config_built_in_python_is_checked_too():
+    with pytest.raises(ValueError, match="train.lr must be a finite number; got inf"):
+        TrainConfig(lr=math.inf)
+    with pytest.raises(ValueError, match="train.grad_clip must be > 0.0; got -1"):
+        TrainConfig(grad_clip=-1.0)
+
+
+def test_fp16_on_a_cpu_is_refused_before_the_run_directory_is_made(tmp_path, capsys):
+    assert _train(tmp_path / "run", "train.precision=fp16", "train.device=cpu") == 2
+    assert "'fp16' needs a CUDA device" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------- divergence
+
+
+class _Scalar(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        return x * self.w
+
+
+class _Data:
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i):
+        return torch.full((3,), float(i % 7)), 0
+
+
+def _nan_at(steps: set[int]):
+    """A loss that is NaN at the given (1-based) steps, else the mean output."""
+    calls = {"n": 0}
+
+    def loss_fn(out, y):
+        calls["n"] += 1
+        loss = out.mean()
+        return loss * math.nan if calls["n"] in steps else loss
+
+    return loss_fn
+
+
+def test_a_non_finite_loss_stops_training_before_the_update_keeping_the_last_checkpoint(tmp_path):
+    cfg = TrainConfig(steps=6, batch_size=8, lr=0.1, checkpoint_every=1, log_every=0, progress=False,
+                      tensorboard=False, grad_clip=None, device="cpu")
+    trainer = Trainer(_Scalar(), _Data(), cfg, run_dir=tmp_path, loss_fn=_nan_at({3}), log=lambda _: None)
+    with pytest.raises(NonFiniteLossError, match="training diverged at step 3: loss nan; the weights were not "
+                                                 "updated; checkpoint step 2"):
+        trainer.fit()
+    assert trainer.step == 2 and [p.name for p in list_checkpoints(tmp_path / "checkpoints")][-1] == "step_000000002"
+    weights, _ = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
+    assert torch.equal(trainer.model.w.detach(), weights["w"])  # the NaN step changed nothing
+    assert torch.isfinite(trainer.model.w).all()
+
+
+def test_skip_nonfinite_skips_that_many_steps_in_a_row_then_stops(tmp_path):
+    cfg = TrainConfig(steps=6, batch_size=8, lr=0.1, log_every=0, progress=False, tensorboard=False,
+                      skip_nonfinite=1, device="cpu")
+    logged: list[str] = []
+    trainer = Trainer(_Scalar(), _Data(), cfg, loss_fn=_nan_at({2}), log=logged.append)
+    trainer.fit()  # one NaN step: skipped
+    assert trainer.step == 6 and torch.isfinite(trainer.model.w).all()
+    assert any("step 2: loss nan; skipped without an update (1 of at most 1 in a row)" in m for m in logged)
+    trainer = Trainer(_Scalar(), _Data(), cfg, loss_fn=_nan_at({2, 3}), log=lambda _: None)
+    with pytest.raises(NonFiniteLossError, match="at step 3: loss nan \\(2 such steps in a row\\)"):
+        trainer.fit()
+
+
+def test_a_diverging_run_exits_1_with_one_message_and_keeps_its_checkpoint(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(run, "train.lr=1e30", "train.warmup_steps=0", "train.checkpoint_every=1") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("attnlab train: error: training diverged at step 2: loss nan") and "Traceback" not in err
+    assert latest_checkpoint(run / "checkpoints").name == "step_000000001" and not (run / "results.json").exists()
+
+
+# ---------------------------------------------------------------------------- the run directory's path
+
+
+def test_a_run_dir_that_is_a_file_is_refused(tmp_path, capsys):
+    path = tmp_path / "notes.txt"
+    path.write_text("mine")
+    assert _train(path) == 2
+    assert f"--run-dir {path} is a file; expected a folder" in capsys.readouterr().err
+    assert path.read_text() == "mine"
+
+
+def test_a_run_dir_under_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert _train(tmp_path / "notes.txt" / "run") == 2
+    assert f"lies under {tmp_path / 'notes.txt'}, which is a file" in capsys.readouterr().err
+
+
+def _read_only(monkeypatch, inside: Path) -> None:
+    """Every file or folder created under ``inside`` fails as on a read-only file system
+    (tests run as root, for whom permissions do not stop a write)."""
+    real_open, real_mkdir = os.open, os.mkdir
+
+    def refuse(path, *args, **kwargs):
+        if str(path).startswith(str(inside)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: refuse(path) or real_open(path, *a, **k))
+    monkeypatch.setattr(os, "mkdir", lambda path, *a, **k: refuse(path) or real_mkdir(path, *a, **k))
+
+
+def test_a_run_dir_on_a_read_only_file_system_is_refused(tmp_path, monkeypatch, capsys):
+    existing = tmp_path / "ro"
+    existing.mkdir()
+    _read_only(monkeypatch, tmp_path)
+    assert _train(existing) == 2
+    assert f"--run-dir {existing} is not writable: Read-only file system" in capsys.readouterr().err
+    assert _train(tmp_path / "ro" / "new") == 2
+    assert "cannot be created: Read-only file system" in capsys.readouterr().err
+
+
+def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if isinstance(obj, dict) and obj.get("step") == 4:
+            f.write(b"half a checkpoint")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", save)
+    assert _train(run) == 1
+    err = capsys.readouterr().err
+    assert f"could not write {run / 'checkpoints' / '.step_000000004.new' / 'state.pt'}: No space left on device" in err
+    assert "free space, then continue with --resume" in err and "Traceback" not in err
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_000000002"]
+    load_checkpoint(run / "checkpoints" / "step_000000002")  # still valid
+    monkeypatch.undo()
+    assert _train(run, "--resume") == 0  # space freed: the run continues and finishes
+    assert json.loads((run / "results.json").read_text())["steps"] == 4
+
+
+# ---------------------------------------------------------------------------- a run's own files
+
+
+@pytest.mark.parametrize("content, message", [
+    ("", "config.yaml is empty"),
+    ("   \n", "config.yaml is empty"),
+    ("task: [unclosed", "config.yaml is not valid YAML"),
+    ("- a list\n", "config.yaml must hold a YAML mapping of settings; got list"),
+    ("train: {lr: fast}\n", "config.yaml is not a valid recipe: train.lr must be a number; got 'fast'"),
+    (b"\xff\xfe", "config.yaml is not UTF-8 text"),
+])
+def test_a_bad_config_yaml_is_named_not_taken_for_the_default_recipe(finished, tmp_path, capsys, content, message):
+    run = _copy(finished, tmp_path / "run")
+    config = run / "config.yaml"
+    config.write_bytes(content if isinstance(content, bytes) else content.encode())
+    for argv in (["eval", str(run)], ["report", str(run)], ["train", "--run-dir", str(run), "--resume"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and str(config) in err and "Traceback" not in err, (argv, err)
+
+
+@pytest.mark.parametrize("content", ["", "[1, 2]", "{not json"])
+def test_a_bad_results_json_does_not_stop_the_report(finished, tmp_path, capsys, content):
+    run = _copy(finished, tmp_path / "run")
+    (run / "results.json").write_text(content)
+    assert main(["report", str(run)]) == 0
+    assert "results.json could not be read" in (run / "report.html").read_text()
+
+
+def test_a_bad_manifest_is_named_by_eval(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    folder = list_checkpoints(run / "checkpoints")[-1]
+    (folder / "manifest.json").write_text("{not json")
+    assert main(["eval", str(run), "--checkpoint", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder / 'manifest.json'} is unreadable" in err and "Traceback" not in err
+    assert main(["eval", str(run), "--checkpoint", "last"]) == 0  # the damaged newest one is skipped
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if "warning" in line] == [
+        f"attnlab eval: warning: skipping damaged checkpoint: {folder / 'manifest.json'} is unreadable: Expecting "
+        f"property name enclosed in double quotes: line 1 column 2 (char 1); an older one is used instead, and the "
+        f"damaged folder is left in place (delete it once you no longer need it)"]
+
+
+def test_weights_of_another_model_name_the_mismatched_keys(finished, tmp_path, capsys):
+    other = tmp_path / "other"
+    assert _train(other, "model.options.depth=2") == 0
+    capsys.readouterr()
+    assert main(["eval", str(finished), "--checkpoint", str(other / "checkpoints" / "best")]) == 2
+    err = capsys.readouterr().err
+    assert f"the weights in {other / 'checkpoints' / 'best'} do not fit this model" in err
+    assert "unexpected blocks.1." in err and "Traceback" not in err
+
+
+def test_a_pickled_weights_file_that_would_run_code_is_refused_without_suggesting_an_unsafe_load(tmp_path):
+    class Payload:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    path = tmp_path / "weights.pt"
+    torch.save({"w": torch.ones(2), "x": Payload()}, path)
+    with pytest.raises(ValueError) as info:
+        read_state_dict(path)
+    message = str(info.value)
+    assert message.startswith(f"{path} was refused: it holds an object of ") and "print" in message
+    assert "weights_only" not in message and "False" not in message
+    path.write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(ValueError, match="is not a readable PyTorch file"):
+        read_state_dict(path)
+
+
+def test_predict_on_a_translation_run_says_to_translate(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    config = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(config.replace("task: image_classification", "task: translation")
+                                     .replace("name: digits", "name: multi30k"))
+    assert main(["predict", str(run), "x"]) == 2
+    assert "is a translation run: 'attnlab translate" in capsys.readouterr().err

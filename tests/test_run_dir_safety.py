@@ -1,0 +1,268 @@
+"""A run directory is never overwritten by another run: resume with another recipe,
+a new run over a finished one, two trainings at once, pruning next to damaged
+checkpoints, damaged manifests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from attnlab.cli import main
+from attnlab.engine.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from attnlab.engine.rundir import RunDirError, RunLock
+from attnlab.tasks import image_classification as ic
+
+TINY = ["model.options.depth=1", "model.options.embed_dim=32", "model.options.num_heads=2", "train.steps=4",
+        "train.warmup_steps=1", "train.batch_size=32", "train.checkpoint_every=2", "train.eval_every=2",
+        "train.log_every=2", "train.progress=false", "train.tensorboard=false"]
+
+
+def _train(run_dir: Path, *extra: str) -> int:
+    return main(["train", "vit-digits", *TINY, *extra, "--run-dir", str(run_dir)])
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("finished") / "run"
+    assert _train(run) == 0
+    return run
+
+
+def _copy(run: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(run, dst)
+    return dst
+
+
+def _snapshot(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+# ---------------------------------------------------------------------------- resume with another recipe
+
+
+def test_resume_with_another_model_is_refused_before_anything_is_written(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    before = _snapshot(run)
+    assert _train(run, "model.options.depth=2", "--resume") == 2
+    err = capsys.readouterr().err
+    assert "model.options.depth (1 -> 2)" in err and "cannot continue" in err and "Traceback" not in err
+    assert _snapshot(run) == before  # config.yaml, checkpoints, results: all untouched
+    assert ic.evaluate_run(run)["samples"] == 360  # and the run can still be evaluated
+
+
+@pytest.mark.parametrize("override, key", [("data.name=cifar10", "data.name"), ("train.optimizer=sgd", "train.optimizer"),
+                                           ("model.name=vit_cifar_patch4", "model.name")])
+def test_resume_with_another_task_data_or_optimizer_is_refused(finished, tmp_path, capsys, override, key):
+    run = _copy(finished, tmp_path / "run")
+    assert _train(run, override, "--resume", "--allow-changes") == 2  # not even when asked: the run cannot continue
+    assert key in capsys.readouterr().err
+    assert not (run / "config.changes.yaml").exists()
+
+
+def test_resume_with_more_steps_needs_allow_changes_and_records_the_change(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    config = (run / "config.yaml").read_text()
+    assert _train(run, "train.steps=6", "--resume") == 2
+    err = capsys.readouterr().err
+    assert "train.steps (4 -> 6)" in err and "--allow-changes" in err
+    assert (run / "config.yaml").read_text() == config and not (run / "config.changes.yaml").exists()
+
+    assert _train(run, "train.steps=6", "train.lr=0.0005", "--resume", "--allow-changes") == 0
+    assert json.loads((run / "results.json").read_text())["steps"] == 6
+    assert (run / "config.yaml").read_text() == config  # the original config is kept
+    [change] = yaml.safe_load((run / "config.changes.yaml").read_text())
+    assert change["step"] == 4
+    assert change["changed"] == {"train.lr": {"from": 0.002, "to": 0.0005}, "train.steps": {"from": 4, "to": 6}}
+    assert ic.read_recipe(run).train.steps == 6  # what eval and report read: the run as it was trained
+    # Resuming again with the same recipe is no change; the run's own recipe is the changed one.
+    assert main(["train", "--run-dir", str(run), "--resume"]) == 0
+    assert len(yaml.safe_load((run / "config.changes.yaml").read_text())) == 1
+
+
+def test_settings_that_do_not_change_the_result_may_differ_on_resume(finished, tmp_path):
+    run = _copy(finished, tmp_path / "run")
+    assert main(["train", "--run-dir", str(run), "--resume", "train.device=cpu", "train.progress_seconds=5"]) == 0
+
+
+def test_allow_changes_without_resume_is_a_usage_error(tmp_path, capsys):
+    assert _train(tmp_path / "new", "--allow-changes") == 2
+    assert "--allow-changes applies to --resume" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- a new run over an old one
+
+
+def test_new_run_into_a_finished_run_without_step_checkpoints_is_refused(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    for folder in list_checkpoints(run / "checkpoints", valid_only=False):
+        import shutil
+
+        shutil.rmtree(folder)  # pruned by hand: results.json, best/ and metrics.jsonl remain
+    before = _snapshot(run)
+    assert _train(run) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run (config.yaml, results.json, metrics.jsonl" in err and "checkpoints/best" in err
+    assert _snapshot(run) == before
+
+
+def _damage_every_step_checkpoint(run: Path) -> None:
+    for folder in list_checkpoints(run / "checkpoints"):
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100])
+
+
+def test_new_run_into_a_run_whose_checkpoints_are_all_damaged_is_refused(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    _damage_every_step_checkpoint(run)
+    before = _snapshot(run)
+    assert _train(run) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert _snapshot(run) == before
+
+
+def test_resume_when_every_checkpoint_is_damaged_is_refused_saying_what_was_found(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    _damage_every_step_checkpoint(run)
+    before = _snapshot(run)
+    assert _train(run, "--resume") == 2
+    err = capsys.readouterr().err
+    assert "no valid checkpoint to continue from" in err and "damaged checkpoints step_000000004" in err
+    assert "model.safetensors is corrupted or truncated" in err
+    assert _snapshot(run) == before  # not restarted from step 0 over the old files
+
+
+def test_resume_skips_a_damaged_newest_checkpoint_with_a_one_line_warning(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    newest = list_checkpoints(run / "checkpoints")[-1]
+    (newest / "state.pt").write_bytes(b"garbage")
+    assert _train(run, "--resume") == 0
+    out = capsys.readouterr().out
+    assert f"warning: skipping damaged checkpoint {newest.name}: state.pt is corrupted or truncated" in out
+    assert "it is left in place" in out
+    assert "step 4/4" in out and "step 2/4" not in out  # resumed from step 2
+    assert load_checkpoint(latest_checkpoint(run / "checkpoints"))[1]["step"] == 4  # step 4 written anew, whole
+
+
+# ---------------------------------------------------------------------------- two trainings at once
+
+
+def test_a_second_training_on_a_locked_run_dir_is_refused_naming_the_holder(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    with RunLock(run):
+        assert _train(run) == 2
+        err = capsys.readouterr().err
+        assert f"--run-dir {run} is in use by another training (pid {os.getpid()} on " in err
+    assert not (run / "config.yaml").exists()
+    assert _train(run) == 0  # once the holder is gone, the folder is free
+    assert not (run / ".lock").exists()
+
+
+def test_two_trainings_started_together_one_wins_and_nothing_is_lost(tmp_path):
+    """Two real processes on one folder: exactly one trains, the other exits 2 naming it."""
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "attnlab", "train", "vit-digits", *TINY, "train.steps=30", "--run-dir", str(run)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2], outs
+    loser = next(err for (_, err), p in zip(outs, procs) if p.returncode == 2)
+    assert "is in use by another training (pid" in loser and "Traceback" not in loser
+    results = json.loads((run / "results.json").read_text())
+    assert results["steps"] == 30 and latest_checkpoint(run / "checkpoints").name == "step_000000030"
+
+
+def test_a_stale_lock_left_by_a_dead_process_is_taken_over(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    record = {"pid": int(dead.stdout), "host": "h", "started": "2026-01-01 00:00:00", "command": "attnlab train x"}
+    (run / ".lock").write_text(json.dumps(record))  # as a SIGKILLed training leaves it
+    assert _train(run) == 0
+    assert f"was left by a training that has ended (pid {record['pid']}" in capsys.readouterr().out
+
+
+def test_lock_refusal_names_holder_from_another_process(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom attnlab.engine.rundir import RunLock\n"
+                               "with RunLock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(60)\n",
+                               str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirError, match=f"in use by another training \\(pid {holder.pid} on "):
+            RunLock(run).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    with RunLock(run) as lock:  # killed: the kernel released its lock; the file it left is stale
+        assert lock.took_over and f"pid {holder.pid}" in lock.took_over
+
+
+# ---------------------------------------------------------------------------- pruning and manifests
+
+
+def _weights(value: float) -> dict[str, torch.Tensor]:
+    return {"w": torch.full((4,), value)}
+
+
+def test_pruning_never_deletes_the_checkpoint_just_written_next_to_damaged_newer_ones(tmp_path):
+    for step in (1, 2, 7, 8):
+        save_checkpoint(tmp_path, step, _weights(step), {"step": step}, keep=4)
+    for step in (7, 8):  # damaged higher-numbered folders, e.g. from a crashed later attempt
+        (tmp_path / f"step_{step:09d}" / "model.safetensors").write_bytes(b"garbage")
+    save_checkpoint(tmp_path, 3, _weights(3), {"step": 3}, keep=1)
+    assert load_checkpoint(tmp_path / "step_000000003")[1]["step"] == 3  # what was just written survives
+    names = [p.name for p in list_checkpoints(tmp_path, valid_only=False)]
+    assert names == ["step_000000003", "step_000000007", "step_000000008"]  # damaged ones are left alone
+    with pytest.warns(UserWarning, match="skipping damaged checkpoint"):
+        assert latest_checkpoint(tmp_path).name == "step_000000003"
+
+
+def test_pruning_keeps_valid_older_checkpoints_instead_of_damaged_ones(tmp_path):
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, _weights(step), {"step": step}, keep=3)
+    (tmp_path / "step_000000002" / "state.pt").write_bytes(b"garbage")
+    save_checkpoint(tmp_path, 3, _weights(3), {"step": 3}, keep=2)
+    assert (tmp_path / "step_000000001").is_dir()  # the one valid older checkpoint is kept
+    save_checkpoint(tmp_path, 4, _weights(4), {"step": 4}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000000002", "step_000000003", "step_000000004"]
+
+
+@pytest.mark.parametrize("manifest", [
+    {"step": 1, "files": {}},
+    {"step": 1, "files": []},
+    [],
+    "step 1",
+    {"step": 1},
+    {"files": {"model.safetensors": "0" * 64, "state.pt": "0" * 64}},
+    {"step": 1, "files": {"model.safetensors": "0" * 64}},
+    {"step": 1, "files": {"model.safetensors": "0" * 64, "state.pt": "0" * 64, "../../x": "0" * 64}},
+])
+def test_a_manifest_that_checks_nothing_is_a_damaged_checkpoint(tmp_path, manifest):
+    folder = save_checkpoint(tmp_path, 1, _weights(1), {"step": 1})
+    (folder / "model.safetensors").write_bytes(b"garbage weights")
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="manifest.json is (damaged|unreadable)"):
+        load_checkpoint(folder)
+    with pytest.warns(UserWarning, match="skipping damaged checkpoint"):
+        assert latest_checkpoint(tmp_path) is None
+
+
+def test_resave_of_a_step_replaces_it_whole(tmp_path):
+    save_checkpoint(tmp_path, 1, _weights(1), {"step": 1})
+    save_checkpoint(tmp_path, 1, _weights(5), {"step": 1, "again": True})
+    weights, state = load_checkpoint(tmp_path / "step_000000001")
+    assert torch.equal(weights["w"], _weights(5)["w"]) and state["again"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000000001"]  # no .new / .old left
