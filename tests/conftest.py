@@ -1,5 +1,32 @@
+import shutil
+
 import pytest
 import torch
+
+# A digits ViT small enough to train in a second: for tests of run directories.
+TINY_DIGITS = ["model.options.depth=1", "model.options.embed_dim=32", "model.options.num_heads=2", "train.steps=4",
+               "train.warmup_steps=1", "train.batch_size=32", "train.checkpoint_every=2", "train.eval_every=2",
+               "train.log_every=1", "train.progress=false", "train.tensorboard=false"]
+
+
+def train_digits(run_dir, *extra: str) -> int:
+    """``attnlab train vit-digits`` with :data:`TINY_DIGITS`, ``extra`` and ``--run-dir``; its exit status."""
+    from attnlab.cli import main
+
+    return main(["train", "vit-digits", *TINY_DIGITS, *extra, "--run-dir", str(run_dir)])
+
+
+@pytest.fixture(scope="session")
+def _finished_digits_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("finished") / "run"
+    assert train_digits(run) == 0
+    return run
+
+
+@pytest.fixture
+def digits_run(_finished_digits_run, tmp_path):
+    """A finished tiny digits run (4 steps, checkpoints at 2 and 4, best/), a fresh copy for each test."""
+    return shutil.copytree(_finished_digits_run, tmp_path / "run")
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,6 @@ import errno
 import json
 import math
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -22,25 +21,8 @@ from attnlab.engine.checkpoint import latest_checkpoint, list_checkpoints, load_
 from attnlab.engine.trainer import NonFiniteLossError
 from attnlab.io import read_state_dict
 
-TINY = ["model.options.depth=1", "model.options.embed_dim=32", "model.options.num_heads=2", "train.steps=4",
-        "train.warmup_steps=1", "train.batch_size=32", "train.checkpoint_every=2", "train.eval_every=2",
-        "train.log_every=1", "train.progress=false", "train.tensorboard=false"]
+from conftest import train_digits  # the tiny digits run shared by tests of run directories
 
-
-def _train(run_dir: Path, *extra: str) -> int:
-    return main(["train", "vit-digits", *TINY, *extra, "--run-dir", str(run_dir)])
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("finished") / "run"
-    assert _train(run) == 0
-    return run
-
-
-def _copy(run: Path, dst: Path) -> Path:
-    shutil.copytree(run, dst)
-    return dst
 
 
 # ---------------------------------------------------------------------------- settings
@@ -62,7 +44,7 @@ def _copy(run: Path, dst: Path) -> Path:
     ("translate.length_penalty=inf", "translate.length_penalty must be a finite number; got inf"),
 ])
 def test_a_setting_that_would_train_wrong_is_refused_before_anything_is_written(tmp_path, capsys, override, message):
-    assert _train(tmp_path / "run", override) == 2
+    assert train_digits(tmp_path / "run", override) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
@@ -76,7 +58,7 @@ def test_train_config_built_in_python_is_checked_too():
 
 
 def test_fp16_on_a_cpu_is_refused_before_the_run_directory_is_made(tmp_path, capsys):
-    assert _train(tmp_path / "run", "train.precision=fp16", "train.device=cpu") == 2
+    assert train_digits(tmp_path / "run", "train.precision=fp16", "train.device=cpu") == 2
     assert "'fp16' needs a CUDA device" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
@@ -140,7 +122,7 @@ def test_skip_nonfinite_skips_that_many_steps_in_a_row_then_stops(tmp_path):
 
 def test_a_diverging_run_exits_1_with_one_message_and_keeps_its_checkpoint(tmp_path, capsys):
     run = tmp_path / "run"
-    assert _train(run, "train.lr=1e30", "train.warmup_steps=0", "train.checkpoint_every=1") == 1
+    assert train_digits(run, "train.lr=1e30", "train.warmup_steps=0", "train.checkpoint_every=1") == 1
     err = capsys.readouterr().err
     assert err.startswith("attnlab train: error: training diverged at step 2: loss nan") and "Traceback" not in err
     assert latest_checkpoint(run / "checkpoints").name == "step_000000001" and not (run / "results.json").exists()
@@ -152,14 +134,14 @@ def test_a_diverging_run_exits_1_with_one_message_and_keeps_its_checkpoint(tmp_p
 def test_a_run_dir_that_is_a_file_is_refused(tmp_path, capsys):
     path = tmp_path / "notes.txt"
     path.write_text("mine")
-    assert _train(path) == 2
+    assert train_digits(path) == 2
     assert f"--run-dir {path} is a file; expected a folder" in capsys.readouterr().err
     assert path.read_text() == "mine"
 
 
 def test_a_run_dir_under_a_file_is_refused(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("mine")
-    assert _train(tmp_path / "notes.txt" / "run") == 2
+    assert train_digits(tmp_path / "notes.txt" / "run") == 2
     assert f"lies under {tmp_path / 'notes.txt'}, which is a file" in capsys.readouterr().err
 
 
@@ -180,9 +162,9 @@ def test_a_run_dir_on_a_read_only_file_system_is_refused(tmp_path, monkeypatch, 
     existing = tmp_path / "ro"
     existing.mkdir()
     _read_only(monkeypatch, tmp_path)
-    assert _train(existing) == 2
+    assert train_digits(existing) == 2
     assert f"--run-dir {existing} is not writable: Read-only file system" in capsys.readouterr().err
-    assert _train(tmp_path / "ro" / "new") == 2
+    assert train_digits(tmp_path / "ro" / "new") == 2
     assert "cannot be created: Read-only file system" in capsys.readouterr().err
 
 
@@ -197,14 +179,14 @@ def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_previous_checkpo
         return real_save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(checkpoint_module.torch, "save", save)
-    assert _train(run) == 1
+    assert train_digits(run) == 1
     err = capsys.readouterr().err
     assert f"could not write {run / 'checkpoints' / '.step_000000004.new' / 'state.pt'}: No space left on device" in err
     assert "free space, then continue with --resume" in err and "Traceback" not in err
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_000000002"]
     load_checkpoint(run / "checkpoints" / "step_000000002")  # still valid
     monkeypatch.undo()
-    assert _train(run, "--resume") == 0  # space freed: the run continues and finishes
+    assert train_digits(run, "--resume") == 0  # space freed: the run continues and finishes
     assert json.loads((run / "results.json").read_text())["steps"] == 4
 
 
@@ -219,8 +201,8 @@ def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_previous_checkpo
     ("train: {lr: fast}\n", "config.yaml is not a valid recipe: train.lr must be a number; got 'fast'"),
     (b"\xff\xfe", "config.yaml is not UTF-8 text"),
 ])
-def test_a_bad_config_yaml_is_named_not_taken_for_the_default_recipe(finished, tmp_path, capsys, content, message):
-    run = _copy(finished, tmp_path / "run")
+def test_a_bad_config_yaml_is_named_not_taken_for_the_default_recipe(digits_run, tmp_path, capsys, content, message):
+    run = digits_run
     config = run / "config.yaml"
     config.write_bytes(content if isinstance(content, bytes) else content.encode())
     for argv in (["eval", str(run)], ["report", str(run)], ["train", "--run-dir", str(run), "--resume"]):
@@ -230,15 +212,15 @@ def test_a_bad_config_yaml_is_named_not_taken_for_the_default_recipe(finished, t
 
 
 @pytest.mark.parametrize("content", ["", "[1, 2]", "{not json"])
-def test_a_bad_results_json_does_not_stop_the_report(finished, tmp_path, capsys, content):
-    run = _copy(finished, tmp_path / "run")
+def test_a_bad_results_json_does_not_stop_the_report(digits_run, tmp_path, capsys, content):
+    run = digits_run
     (run / "results.json").write_text(content)
     assert main(["report", str(run)]) == 0
     assert "results.json could not be read" in (run / "report.html").read_text()
 
 
-def test_a_bad_manifest_is_named_by_eval(finished, tmp_path, capsys):
-    run = _copy(finished, tmp_path / "run")
+def test_a_bad_manifest_is_named_by_eval(digits_run, tmp_path, capsys):
+    run = digits_run
     folder = list_checkpoints(run / "checkpoints")[-1]
     (folder / "manifest.json").write_text("{not json")
     assert main(["eval", str(run), "--checkpoint", str(folder)]) == 2
@@ -252,11 +234,11 @@ def test_a_bad_manifest_is_named_by_eval(finished, tmp_path, capsys):
         f"damaged folder is left in place (delete it once you no longer need it)"]
 
 
-def test_weights_of_another_model_name_the_mismatched_keys(finished, tmp_path, capsys):
+def test_weights_of_another_model_name_the_mismatched_keys(digits_run, tmp_path, capsys):
     other = tmp_path / "other"
-    assert _train(other, "model.options.depth=2") == 0
+    assert train_digits(other, "model.options.depth=2") == 0
     capsys.readouterr()
-    assert main(["eval", str(finished), "--checkpoint", str(other / "checkpoints" / "best")]) == 2
+    assert main(["eval", str(digits_run), "--checkpoint", str(other / "checkpoints" / "best")]) == 2
     err = capsys.readouterr().err
     assert f"the weights in {other / 'checkpoints' / 'best'} do not fit this model" in err
     assert "unexpected blocks.1." in err and "Traceback" not in err
@@ -279,8 +261,8 @@ def test_a_pickled_weights_file_that_would_run_code_is_refused_without_suggestin
         read_state_dict(path)
 
 
-def test_predict_on_a_translation_run_says_to_translate(finished, tmp_path, capsys):
-    run = _copy(finished, tmp_path / "run")
+def test_predict_on_a_translation_run_says_to_translate(digits_run, tmp_path, capsys):
+    run = digits_run
     config = (run / "config.yaml").read_text()
     (run / "config.yaml").write_text(config.replace("task: image_classification", "task: translation")
                                      .replace("name: digits", "name: multi30k"))

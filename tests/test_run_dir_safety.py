@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,27 +20,8 @@ from attnlab.engine.checkpoint import CheckpointError, latest_checkpoint, list_c
 from attnlab.engine.rundir import RunDirError, RunLock
 from attnlab.tasks import image_classification as ic
 
-TINY = ["model.options.depth=1", "model.options.embed_dim=32", "model.options.num_heads=2", "train.steps=4",
-        "train.warmup_steps=1", "train.batch_size=32", "train.checkpoint_every=2", "train.eval_every=2",
-        "train.log_every=2", "train.progress=false", "train.tensorboard=false"]
+from conftest import TINY_DIGITS, train_digits  # the tiny digits run shared by tests of run directories
 
-
-def _train(run_dir: Path, *extra: str) -> int:
-    return main(["train", "vit-digits", *TINY, *extra, "--run-dir", str(run_dir)])
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("finished") / "run"
-    assert _train(run) == 0
-    return run
-
-
-def _copy(run: Path, dst: Path) -> Path:
-    import shutil
-
-    shutil.copytree(run, dst)
-    return dst
 
 
 def _snapshot(run: Path) -> dict[str, bytes]:
@@ -49,10 +31,10 @@ def _snapshot(run: Path) -> dict[str, bytes]:
 # ---------------------------------------------------------------------------- resume with another recipe
 
 
-def test_resume_with_another_model_is_refused_before_anything_is_written(finished, tmp_path, capsys):
-    run = _copy(finished, tmp_path / "run")
+def test_resume_with_another_model_is_refused_before_anything_is_written(digits_run, tmp_path, capsys):
+    run = digits_run
     before = _snapshot(run)
-    assert _train(run, "model.options.depth=2", "--resume") == 2
+    assert train_digits(run, "model.options.depth=2", "--resume") == 2
     err = capsys.readouterr().err
     assert "model.options.depth (1 -> 2)" in err and "cannot continue" in err and "Traceback" not in err
     assert _snapshot(run) == before  # config.yaml, checkpoints, results: all untouched
@@ -61,22 +43,22 @@ def test_resume_with_another_model_is_refused_before_anything_is_written(finishe
 
 @pytest.mark.parametrize("override, key", [("data.name=cifar10", "data.name"), ("train.optimizer=sgd", "train.optimizer"),
                                            ("model.name=vit_cifar_patch4", "model.name")])
-def test_resume_with_another_task_data_or_optimizer_is_refused(finished, tmp_path, capsys, override, key):
-    run = _copy(finished, tmp_path / "run")
-    assert _train(run, override, "--resume", "--allow-changes") == 2  # not even when asked: the run cannot continue
+def test_resume_with_another_task_data_or_optimizer_is_refused(digits_run, tmp_path, capsys, override, key):
+    run = digits_run
+    assert train_digits(run, override, "--resume", "--allow-changes") == 2  # not even when asked: the run cannot continue
     assert key in capsys.readouterr().err
     assert not (run / "config.changes.yaml").exists()
 
 
-def test_resume_with_more_steps_needs_allow_changes_and_records_the_change(finished, tmp_path, capsys):
-    run = _copy(finished, tmp_path / "run")
+def test_resume_with_more_steps_needs_allow_changes_and_records_the_change(digits_run, tmp_path, capsys):
+    run = digits_run
     config = (run / "config.yaml").read_text()
-    assert _train(run, "train.steps=6", "--resume") == 2
+    assert train_digits(run, "train.steps=6", "--resume") == 2
     err = capsys.readouterr().err
     assert "train.steps (4 -> 6)" in err and "--allow-changes" in err
     assert (run / "config.yaml").read_text() == config and not (run / "config.changes.yaml").exists()
 
-    assert _train(run, "train.steps=6", "train.lr=0.0005", "--resume", "--allow-changes") == 0
+    assert train_digits(run, "train.steps=6", "train.lr=0.0005", "--resume", "--allow-changes") == 0
     assert json.loads((run / "results.json").read_text())["steps"] == 6
     assert (run / "config.yaml").read_text() == config  # the original config is kept
     [change] = yaml.safe_load((run / "config.changes.yaml").read_text())
@@ -88,27 +70,25 @@ def test_resume_with_more_steps_needs_allow_changes_and_records_the_change(finis
     assert len(yaml.safe_load((run / "config.changes.yaml").read_text())) == 1
 
 
-def test_settings_that_do_not_change_the_result_may_differ_on_resume(finished, tmp_path):
-    run = _copy(finished, tmp_path / "run")
+def test_settings_that_do_not_change_the_result_may_differ_on_resume(digits_run, tmp_path):
+    run = digits_run
     assert main(["train", "--run-dir", str(run), "--resume", "train.device=cpu", "train.progress_seconds=5"]) == 0
 
 
 def test_allow_changes_without_resume_is_a_usage_error(tmp_path, capsys):
-    assert _train(tmp_path / "new", "--allow-changes") == 2
+    assert train_digits(tmp_path / "new", "--allow-changes") == 2
     assert "--allow-changes applies to --resume" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------- a new run over an old one
 
 
-def test_new_run_into_a_finished_run_without_step_checkpoints_is_refused(finished, tmp_path, capsys):
-    run = _copy(finished, tmp_path / "run")
+def test_new_run_into_a_finished_run_without_step_checkpoints_is_refused(digits_run, tmp_path, capsys):
+    run = digits_run
     for folder in list_checkpoints(run / "checkpoints", valid_only=False):
-        import shutil
-
         shutil.rmtree(folder)  # pruned by hand: results.json, best/ and metrics.jsonl remain
     before = _snapshot(run)
-    assert _train(run) == 2
+    assert train_digits(run) == 2
     err = capsys.readouterr().err
     assert "already holds a run (config.yaml, results.json, metrics.jsonl" in err and "checkpoints/best" in err
     assert _snapshot(run) == before
@@ -120,31 +100,31 @@ def _damage_every_step_checkpoint(run: Path) -> None:
         weights.write_bytes(weights.read_bytes()[:100])
 
 
-def test_new_run_into_a_run_whose_checkpoints_are_all_damaged_is_refused(finished, tmp_path, capsys):
-    run = _copy(finished, tmp_path / "run")
+def test_new_run_into_a_run_whose_checkpoints_are_all_damaged_is_refused(digits_run, tmp_path, capsys):
+    run = digits_run
     _damage_every_step_checkpoint(run)
     before = _snapshot(run)
-    assert _train(run) == 2
+    assert train_digits(run) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert _snapshot(run) == before
 
 
-def test_resume_when_every_checkpoint_is_damaged_is_refused_saying_what_was_found(finished, tmp_path, capsys):
-    run = _copy(finished, tmp_path / "run")
+def test_resume_when_every_checkpoint_is_damaged_is_refused_saying_what_was_found(digits_run, tmp_path, capsys):
+    run = digits_run
     _damage_every_step_checkpoint(run)
     before = _snapshot(run)
-    assert _train(run, "--resume") == 2
+    assert train_digits(run, "--resume") == 2
     err = capsys.readouterr().err
     assert "no valid checkpoint to continue from" in err and "damaged checkpoints step_000000004" in err
     assert "model.safetensors is corrupted or truncated" in err
     assert _snapshot(run) == before  # not restarted from step 0 over the old files
 
 
-def test_resume_skips_a_damaged_newest_checkpoint_with_a_one_line_warning(finished, tmp_path, capsys):
-    run = _copy(finished, tmp_path / "run")
+def test_resume_skips_a_damaged_newest_checkpoint_with_a_one_line_warning(digits_run, tmp_path, capsys):
+    run = digits_run
     newest = list_checkpoints(run / "checkpoints")[-1]
     (newest / "state.pt").write_bytes(b"garbage")
-    assert _train(run, "--resume") == 0
+    assert train_digits(run, "--resume") == 0
     out = capsys.readouterr().out
     assert f"warning: skipping damaged checkpoint {newest.name}: state.pt is corrupted or truncated" in out
     assert "it is left in place" in out
@@ -159,11 +139,11 @@ def test_a_second_training_on_a_locked_run_dir_is_refused_naming_the_holder(tmp_
     run = tmp_path / "run"
     run.mkdir()
     with RunLock(run):
-        assert _train(run) == 2
+        assert train_digits(run) == 2
         err = capsys.readouterr().err
         assert f"--run-dir {run} is in use by another training (pid {os.getpid()} on " in err
     assert not (run / "config.yaml").exists()
-    assert _train(run) == 0  # once the holder is gone, the folder is free
+    assert train_digits(run) == 0  # once the holder is gone, the folder is free
     assert not (run / ".lock").exists()
 
 
@@ -171,7 +151,7 @@ def test_two_trainings_started_together_one_wins_and_nothing_is_lost(tmp_path):
     """Two real processes on one folder: exactly one trains, the other exits 2 naming it."""
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "attnlab", "train", "vit-digits", *TINY, "train.steps=30", "--run-dir", str(run)]
+    cmd = [sys.executable, "-m", "attnlab", "train", "vit-digits", *TINY_DIGITS, "train.steps=30", "--run-dir", str(run)]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
@@ -189,7 +169,7 @@ def test_a_stale_lock_left_by_a_dead_process_is_taken_over(tmp_path, capsys):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     record = {"pid": int(dead.stdout), "host": "h", "started": "2026-01-01 00:00:00", "command": "attnlab train x"}
     (run / ".lock").write_text(json.dumps(record))  # as a SIGKILLed training leaves it
-    assert _train(run) == 0
+    assert train_digits(run) == 0
     assert f"was left by a training that has ended (pid {record['pid']}" in capsys.readouterr().out
 
 
