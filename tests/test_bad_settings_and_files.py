@@ -42,6 +42,8 @@ from conftest import train_digits  # the tiny digits run shared by tests of run 
     ("train.progress_seconds=nan", "train.progress_seconds must be a finite number; got nan"),
     ("train.compile_mode=default", "train.compile_mode applies only with train.compile=true"),
     ("translate.length_penalty=inf", "translate.length_penalty must be a finite number; got inf"),
+    ("model.options.drop_rate=nan", "model.options.drop_rate must be a finite number; got nan"),
+    ("data.seed=-1", "data.seed must be >= 0; got -1"),
 ])
 def test_a_setting_that_would_train_wrong_is_refused_before_anything_is_written(tmp_path, capsys, override, message):
     assert train_digits(tmp_path / "run", override) == 2

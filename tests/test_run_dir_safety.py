@@ -132,6 +132,18 @@ def test_resume_skips_a_damaged_newest_checkpoint_with_a_one_line_warning(digits
     assert load_checkpoint(latest_checkpoint(run / "checkpoints"))[1]["step"] == 4  # step 4 written anew, whole
 
 
+def test_a_new_run_that_fails_before_its_first_step_leaves_no_run_behind(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert train_digits(run, "model.options.depth=-1") == 2  # the model refuses its options
+    assert "depth must be a positive integer; got -1" in capsys.readouterr().err
+    assert not run.exists()  # so the mended command can use the same folder
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    assert train_digits(run, "model.options.depth=-1") == 2
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+    assert train_digits(run) == 0
+
+
 # ---------------------------------------------------------------------------- two trainings at once
 
 

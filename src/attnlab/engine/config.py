@@ -64,6 +64,7 @@ def _check(value: Any, tp: Any, where: str) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping; got {value!r}")
+        _check_finite(value, where)  # free-form options: no schema here, but never NaN or infinity
         return dict(value)
     if tp is bool:
         if not isinstance(value, bool):
@@ -103,6 +104,17 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     if missing:
         raise ConfigError(f"missing key {(where + '.' if where else '') + missing[0]!r}")
     return cls(**kwargs)
+
+
+def _check_finite(value: Any, where: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where} must be a finite number; got {value!r}")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_finite(item, f"{where}[{i}]")
 
 
 _BOUNDS = {"min": (lambda v, b: v >= b, ">="), "max": (lambda v, b: v <= b, "<="),

@@ -24,7 +24,7 @@ class DataConfig:
     # MR: "split" trains on a fixed 80/10/10 split (dev for model selection, test once);
     # "cv10" is the standard protocol: 10 stratified folds, mean and spread of test accuracy.
     protocol: Literal["split", "cv10"] = "split"
-    seed: int = 0  # of the split and the folds
+    seed: int = field(default=0, metadata={"min": 0, "max": 2**32 - 1})  # of the split and the folds
     source: Literal["de", "en", "fr", "cs"] = "de"  # translation: source and target languages
     target: Literal["de", "en", "fr", "cs"] = "en"
 

@@ -196,6 +196,8 @@ def open_run(recipe: Recipe, run_dir: str | Path, *, resume: bool, allow_changes
     lock = RunLock(run_dir)
     outcome: tuple[bool, Any] = (True, None)
     error: Exception | None = None
+    existed = run_dir.exists()
+    forgotten = False
     try:
         if distributed.is_main():
             try:
@@ -205,9 +207,30 @@ def open_run(recipe: Recipe, run_dir: str | Path, *, resume: bool, allow_changes
         ok, value = distributed.broadcast_object(outcome)
         if not ok:
             raise error if error is not None else RunDirError(value)
-        yield value
+        claimed = not resume
+        try:
+            yield value
+        except BaseException:
+            forgotten = claimed and distributed.is_main() and _forget_unstarted_run(run_dir)
+            raise
     finally:
         lock.release()
+        if forgotten and not existed:
+            try:
+                run_dir.rmdir()  # the folder this call made, now empty
+            except OSError:
+                pass
+
+
+def _forget_unstarted_run(run_dir: Path) -> bool:
+    """A new run that failed before its first step (a bad model option, missing data):
+    remove the config and tokenizers it wrote, so that the same command can be run again
+    once mended. A run that logged or saved anything is kept as it is."""
+    if any((run_dir / name).exists() for name in ("metrics.jsonl", "checkpoints", "results.json", "tensorboard")):
+        return False
+    for name in (CONFIG, "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json"):
+        (run_dir / name).unlink(missing_ok=True)
+    return True
 
 
 def train_and_test(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module], train_set: Any,
