@@ -57,3 +57,21 @@ def test_data_list_and_unknown_download(tmp_path, capsys):
     assert f"data directory: {tmp_path}" in out and "mr" in out and "missing" in out
     r = run("data", "download", "imagenet", "--data-dir", str(tmp_path))
     assert r.returncode == 2 and "unknown data set 'imagenet'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_internal_error_is_not_a_usage_error_it_shows_the_traceback_and_says_it_is_a_bug(monkeypatch, capsys):
+    import attnlab.cli as cli
+
+    def broken(args):
+        return {}["no such key"]  # a bug in a command, not the user's input
+
+    def plain_value_error(args):
+        raise ValueError("math domain error")  # e.g. from numpy deep inside: still ours, not the user's
+
+    for fn in (broken, plain_value_error):
+        monkeypatch.setattr(cli, "cmd_recipes", fn)
+        assert cli.main(["recipes"]) == 1
+        err = capsys.readouterr().err
+        assert "Traceback (most recent call last)" in err
+        assert err.rstrip().endswith("please report it with the command line and the traceback above")
+        assert "attnlab recipes: internal error: this is a bug in attnlab" in err

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 import warnings
 from pathlib import Path
 from typing import Sequence
 
 from . import __version__
 from .engine.trainer import NonFiniteLossError
+from .errors import InputError
 from .io import WriteError
 
 
-class UsageError(Exception):
+class UsageError(InputError):
     """Bad input from the command line: printed as one line, exit status 2."""
 
 
@@ -519,7 +521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.showwarning = _one_line_warnings(prefix)
         try:
             return args.func(args)
-        except (UsageError, ValueError, FileNotFoundError) as exc:
+        except (InputError, FileNotFoundError) as exc:  # the user's input: one line
             print(f"{prefix}: error: {exc}", file=sys.stderr)
             return 2
         except WriteError as exc:  # a full disk or a file system gone read-only, mid-run
@@ -537,6 +539,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
+        except Exception:  # noqa: BLE001  # anything else is attnlab's fault, not the user's
+            traceback.print_exc()
+            print(f"{prefix}: internal error: this is a bug in attnlab {__version__}, not a mistake in your input; "
+                  f"please report it with the command line and the traceback above", file=sys.stderr)
+            return 1
 
 
 def _one_line_warnings(prefix: str):

@@ -23,6 +23,8 @@ from typing import IO, Iterator
 import torch
 from torch import Tensor
 
+from .errors import InputError
+
 __all__ = ["WriteError", "atomic_write", "atomic_write_bytes", "read_state_dict", "sha256_file", "torch_load_safely",
            "read_json_mapping", "read_yaml_mapping"]
 
@@ -102,17 +104,17 @@ def _read_text(path: Path) -> str:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise ValueError(f"{path} does not exist") from None
+        raise InputError(f"{path} does not exist") from None
     except IsADirectoryError:
-        raise ValueError(f"{path} is a folder, not a file") from None
+        raise InputError(f"{path} is a folder, not a file") from None
     except OSError as exc:
-        raise ValueError(f"{path} cannot be read: {exc.strerror or exc}") from None
+        raise InputError(f"{path} cannot be read: {exc.strerror or exc}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path} is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})") from None
+        raise InputError(f"{path} is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})") from None
     if not text.strip():
-        raise ValueError(f"{path} is empty")
+        raise InputError(f"{path} is empty")
     return text
 
 
@@ -124,9 +126,9 @@ def read_json_mapping(path: str | Path) -> dict:
     try:
         data = json.loads(text)
     except ValueError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+        raise InputError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object; got {type(data).__name__}")
+        raise InputError(f"{path} must hold a JSON object; got {type(data).__name__}")
     return data
 
 
@@ -141,9 +143,9 @@ def read_yaml_mapping(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
+        raise InputError(f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a YAML mapping of settings; got {type(data).__name__}")
+        raise InputError(f"{path} must hold a YAML mapping of settings; got {type(data).__name__}")
     return data
 
 
@@ -168,15 +170,15 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
         try:
             return load_file(str(path))
         except Exception as exc:  # SafetensorError: truncated or not a safetensors file
-            raise ValueError(f"could not read {path} as safetensors: {exc}") from None
+            raise InputError(f"could not read {path} as safetensors: {exc}") from None
     if path.suffix not in (".pth", ".pt", ".bin"):
-        raise ValueError(f"checkpoint must be .safetensors, .pth, .pt or .bin; got {path.name}")
+        raise InputError(f"checkpoint must be .safetensors, .pth, .pt or .bin; got {path.name}")
     obj = torch_load_safely(path, "cpu")
     for key in ("state_dict", "model"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
     if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
-        raise ValueError(f"{path} does not hold a state dict (a mapping of names to tensors)")
+        raise InputError(f"{path} does not hold a state dict (a mapping of names to tensors)")
     return obj
 
 
@@ -189,11 +191,11 @@ def torch_load_safely(path: str | Path, map_location: str | torch.device = "cpu"
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # UnpicklingError, RuntimeError (not a zip, truncated), EOFError, ...
         if isinstance(exc, OSError) and not isinstance(exc, EOFError):
-            raise ValueError(f"could not read {path}: {exc.strerror or exc}") from None
+            raise InputError(f"could not read {path}: {exc.strerror or exc}") from None
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
         if found or "Weights only load failed" in str(exc):
             what = f"an object of {found.group(1)}" if found else "objects other than tensors and plain values"
-            raise ValueError(f"{path} was refused: it holds {what}, and unpickling it could run code; "
+            raise InputError(f"{path} was refused: it holds {what}, and unpickling it could run code; "
                              f"attnlab loads only tensors, numbers, strings and containers") from None
-        raise ValueError(f"{path} is not a readable PyTorch file (truncated or corrupted?): "
+        raise InputError(f"{path} is not a readable PyTorch file (truncated or corrupted?): "
                          f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None

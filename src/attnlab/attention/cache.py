@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import InputError
+
 __all__ = ["KVCache"]
 
 
@@ -53,7 +55,7 @@ class KVCache:
         if self.static and self.filled:
             return self.k, self.v  # type: ignore[return-value]
         if k is None or v is None:
-            raise ValueError("KVCache.update needs k and v until the cache is filled")
+            raise InputError("KVCache.update needs k and v until the cache is filled")
         if self._k is None or self.static:
             self._k, self._v, self._len = k, v, k.shape[2]
             return k, v

@@ -41,6 +41,7 @@ from typing import Callable, Iterator, Sequence
 
 from torch import Tensor, nn
 
+from ..errors import InputError
 from .multihead import MultiHeadAttention
 from .variants.relpos2d import RelPosSelfAttention2d
 
@@ -58,11 +59,11 @@ def _targets(model: nn.Module, include: str | Sequence[str] | None) -> list[tupl
         return found
     patterns = [include] if isinstance(include, str) else list(include)
     if not patterns or not all(isinstance(p, str) for p in patterns):
-        raise ValueError(f"include must be None, a name pattern or a list of them; got {include!r}")
+        raise InputError(f"include must be None, a name pattern or a list of them; got {include!r}")
     chosen = [(n, m) for n, m in found if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
     if not chosen:
         names = ", ".join(repr(n) for n, _ in found) or "none"
-        raise ValueError(f"include={include!r} matches no attention module of the model; "
+        raise InputError(f"include={include!r} matches no attention module of the model; "
                          f"its attention modules: {names}")
     return chosen
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..dropout import dropout
+from ..errors import InputError
 
 __all__ = ["scaled_dot_product_attention", "merge_masks", "causal_mask"]
 
@@ -43,7 +44,7 @@ def causal_mask(lq: int, lk: int, device: torch.device | str | None = None) -> T
 
 def _check_mask_dtype(name: str, mask: Tensor) -> None:
     if mask.dtype != torch.bool and not mask.is_floating_point():
-        raise ValueError(
+        raise InputError(
             f"{name} must be a torch.bool mask (True = blocked) or a floating additive mask; "
             f"got dtype {mask.dtype}"
         )
@@ -89,23 +90,23 @@ def merge_masks(
 
 def _validate(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None) -> None:
     if q.dim() not in (3, 4):
-        raise ValueError(f"q must be (B, Lq, D) or (B, H, Lq, D); got shape {_shape(q)}")
+        raise InputError(f"q must be (B, Lq, D) or (B, H, Lq, D); got shape {_shape(q)}")
     for name, t in (("k", k), ("v", v)):
         if t.dim() != q.dim():
-            raise ValueError(f"{name} must have the rank of q ({q.dim()}); got shape {_shape(t)}")
+            raise InputError(f"{name} must have the rank of q ({q.dim()}); got shape {_shape(t)}")
         if t.shape[:-2] != q.shape[:-2]:
-            raise ValueError(
+            raise InputError(
                 f"{name} must share the batch/head sizes {tuple(q.shape[:-2])} of q; got shape {_shape(t)}"
             )
     if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"k must have q's feature size {q.shape[-1]}; got shape {_shape(k)}")
+        raise InputError(f"k must have q's feature size {q.shape[-1]}; got shape {_shape(k)}")
     if v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"v must have k's length {k.shape[-2]}; got shape {_shape(v)} for k {_shape(k)}")
+        raise InputError(f"v must have k's length {k.shape[-2]}; got shape {_shape(v)} for k {_shape(k)}")
     lq, lk = q.shape[-2], k.shape[-2]
     if key_padding_mask is not None:
         _check_mask_dtype("key_padding_mask", key_padding_mask)
         if tuple(key_padding_mask.shape) != (q.shape[0], lk):
-            raise ValueError(
+            raise InputError(
                 f"key_padding_mask must have shape (B, Lk) = ({q.shape[0]}, {lk}); got {_shape(key_padding_mask)}"
             )
     if attn_mask is not None:
@@ -118,7 +119,7 @@ def _validate(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, key_pad
             and all(m in (1, f) for m, f in zip(attn_mask.shape, full))
         )
         if not ok:
-            raise ValueError(
+            raise InputError(
                 f"attn_mask must have shape (Lq, Lk) = ({lq}, {lk}) or be broadcastable to {full}; "
                 f"got {_shape(attn_mask)}"
             )

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import InputError
 from .cache import KVCache
 from .functional import _shape, scaled_dot_product_attention
 from .registry import register_attention
@@ -69,13 +70,13 @@ class MultiHeadAttention(nn.Module):
     ) -> None:
         super().__init__()
         if embed_dim <= 0 or num_heads <= 0:
-            raise ValueError(f"embed_dim and num_heads must be positive; got {embed_dim} and {num_heads}")
+            raise InputError(f"embed_dim and num_heads must be positive; got {embed_dim} and {num_heads}")
         if embed_dim % num_heads != 0:
-            raise ValueError(
+            raise InputError(
                 f"embed_dim must be divisible by num_heads; got embed_dim={embed_dim}, num_heads={num_heads}"
             )
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+            raise InputError(f"dropout must be in [0, 1); got {dropout}")
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
@@ -134,20 +135,20 @@ class MultiHeadAttention(nn.Module):
     # ------------------------------------------------------------------ checks
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor, cache: KVCache | None) -> None:
         if query.dim() != 3 or query.shape[-1] != self.embed_dim:
-            raise ValueError(f"query must have shape (B, Lq, {self.embed_dim}); got {_shape(query)}")
+            raise InputError(f"query must have shape (B, Lq, {self.embed_dim}); got {_shape(query)}")
         skip_kv = cache is not None and cache.static and cache.filled
         if not skip_kv:
             for name, t, dim in (("key", key, self.kdim), ("value", value, self.vdim)):
                 if t.dim() != 3 or t.shape[-1] != dim:
-                    raise ValueError(f"{name} must have shape (B, Lk, {dim}); got {_shape(t)}")
+                    raise InputError(f"{name} must have shape (B, Lk, {dim}); got {_shape(t)}")
                 if t.shape[0] != query.shape[0]:
-                    raise ValueError(
+                    raise InputError(
                         f"{name} must have the batch size {query.shape[0]} of query; got shape {_shape(t)}"
                     )
             if value.shape[1] != key.shape[1]:
-                raise ValueError(f"value must have key's length {key.shape[1]}; got {_shape(value)} for key {_shape(key)}")
+                raise InputError(f"value must have key's length {key.shape[1]}; got {_shape(value)} for key {_shape(key)}")
         if cache is not None and cache.filled and cache.batch_size != query.shape[0]:
-            raise ValueError(
+            raise InputError(
                 f"cache holds batch size {cache.batch_size} but query has shape {_shape(query)}; "
                 "use a fresh KVCache, or reorder it, for a new batch"
             )
@@ -157,7 +158,7 @@ class MultiHeadAttention(nn.Module):
         if attn_mask is None or attn_mask.dim() != 3:
             return attn_mask
         if attn_mask.shape[0] != batch * self.num_heads:
-            raise ValueError(
+            raise InputError(
                 f"a 3-D attn_mask must have shape (B*H, Lq, Lk) with B*H = {batch * self.num_heads}; "
                 f"got {_shape(attn_mask)}"
             )
@@ -220,7 +221,7 @@ class MultiHeadAttention(nn.Module):
         attnlab is always batch-first; ``module.batch_first`` does not change the weights.
         """
         if module.bias_k is not None or module.add_zero_attn:
-            raise ValueError("from_torch: add_bias_kv and add_zero_attn are not supported")
+            raise InputError("from_torch: add_bias_kv and add_zero_attn are not supported")
         p = module.in_proj_weight if module.in_proj_weight is not None else module.q_proj_weight
         new = cls(
             module.embed_dim,
@@ -304,7 +305,7 @@ class CrossAttention(MultiHeadAttention):
         """``x``: ``(B, Lq, E)``; ``context``: ``(B, Lk, kdim)`` (``None`` when a filled
         static cache holds its keys and values) -> ``(B, Lq, E)``."""
         if context is None and not (cache is not None and cache.static and cache.filled):
-            raise ValueError("context is required unless a filled static cache is given")
+            raise InputError("context is required unless a filled static cache is given")
         return super().forward(
             x,
             x if context is None else context,

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from torch import Tensor, nn
 
+from ..errors import InputError
 from ..suggest import did_you_mean
 
 __all__ = ["register_attention", "build_attention", "list_attention", "attention_family", "attend_grid"]
@@ -41,11 +42,11 @@ _KINDS: dict[str, AttentionEntry] = {}
 def register_attention(name: str, family: str = "tokens") -> Callable[[type], type]:
     """Class decorator: make ``cls`` buildable as ``build_attention(name, ...)``."""
     if family not in ("tokens", "grid"):
-        raise ValueError(f"family must be 'tokens' or 'grid'; got {family!r}")
+        raise InputError(f"family must be 'tokens' or 'grid'; got {family!r}")
 
     def deco(cls: type) -> type:
         if name in _KINDS:
-            raise ValueError(f"attention kind {name!r} is already registered")
+            raise InputError(f"attention kind {name!r} is already registered")
         _KINDS[name] = AttentionEntry(name, family, cls)
         return cls
 
@@ -54,7 +55,7 @@ def register_attention(name: str, family: str = "tokens") -> Callable[[type], ty
 
 def _entry(name: str) -> AttentionEntry:
     if name not in _KINDS:
-        raise ValueError(f"unknown attention {name!r}" + did_you_mean(name, _KINDS))
+        raise InputError(f"unknown attention {name!r}" + did_you_mean(name, _KINDS))
     return _KINDS[name]
 
 

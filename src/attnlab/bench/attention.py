@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..errors import InputError
 from ..io import atomic_write_bytes
 
 __all__ = ["run_bench", "PARTS", "DEFAULT_LENGTHS", "QUICK_LENGTHS", "machine_info"]
@@ -122,11 +123,11 @@ def run_bench(out: str | Path, *, parts: Sequence[str] = PARTS, variants: Sequen
 
     for p in parts:
         if p not in PARTS:
-            raise ValueError(f"parts must be among {list(PARTS)}; got {p!r}")
+            raise InputError(f"parts must be among {list(PARTS)}; got {p!r}")
     variants = list(variants or VARIANTS)
     for v in variants:
         if v not in VARIANTS:
-            raise ValueError(f"variant must be one of {sorted(VARIANTS)}; got {v!r}")
+            raise InputError(f"variant must be one of {sorted(VARIANTS)}; got {v!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     store = _Store(out, fresh)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..engine.trainer import Trainer, TrainConfig
+from ..errors import InputError
 from ..models import create_model
 
 __all__ = ["NeedleDataset", "needle_accuracy", "mr_accuracy", "NUM_VALUES"]
@@ -43,7 +44,7 @@ class NeedleDataset:
 
     def __init__(self, size: int, n: int, seed: int) -> None:
         if n < 2 or size < 1:
-            raise ValueError(f"NeedleDataset needs size >= 1 and n >= 2; got size={size}, n={n}")
+            raise InputError(f"NeedleDataset needs size >= 1 and n >= 2; got size={size}, n={n}")
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(VALUE0 + NUM_VALUES, VOCAB, (size, n), generator=g)
         ids[:, 0] = CLS

@@ -40,6 +40,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..errors import InputError
+
 __all__ = ["Variant", "VARIANTS", "measure_point", "first_call_peak", "repeat_times", "run_module", "run_point", "fit_exponent", "crossover", "predicted_bytes"]
 
 PASSES = ("fwd", "fwd_bwd")
@@ -132,9 +134,9 @@ def measure_point(variant: str, n: int, pass_: str, *, device: str = "cpu", batc
     from ..attention import build_attention
 
     if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {sorted(VARIANTS)}; got {variant!r}")
+        raise InputError(f"variant must be one of {sorted(VARIANTS)}; got {variant!r}")
     if pass_ not in PASSES:
-        raise ValueError(f"pass must be one of {PASSES}; got {pass_!r}")
+        raise InputError(f"pass must be one of {PASSES}; got {pass_!r}")
     spec = VARIANTS[variant]
     torch.manual_seed(seed)
     dev, dt = torch.device(device), getattr(torch, dtype)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Mapping
 
+from ..errors import InputError
 from ..io import sha256_file
 from .paths import data_dir as _resolve_data_dir
 
@@ -35,7 +36,7 @@ _CHUNK = 1 << 20
 _TIMEOUT_S = 60
 
 
-class DownloadError(ValueError):
+class DownloadError(InputError):
     """A download or extraction failed; the message is one line meant for the user."""
 
 
@@ -150,7 +151,7 @@ def download(
     one-line messages (``None``: silent). A data set already present is not fetched.
     """
     if name not in DATASETS:
-        raise ValueError(f"unknown data set {name!r}; choose from: {', '.join(DATASETS)}")
+        raise InputError(f"unknown data set {name!r}; choose from: {', '.join(DATASETS)}")
     spec = DATASETS[name]
     say = progress if progress is not None else (lambda _msg: None)
     root = _resolve_data_dir(data_dir)

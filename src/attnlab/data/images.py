@@ -29,6 +29,7 @@ from PIL import Image
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from ..errors import InputError
 from .paths import data_dir, require
 
 __all__ = [
@@ -52,7 +53,7 @@ Images = Tensor | list[Tensor]
 
 def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
     if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
+        raise InputError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
 
 
 def _describe(images: Images | None) -> str:
@@ -82,16 +83,16 @@ class ImageTensorDataset(Dataset):
     ) -> None:
         if isinstance(images, Tensor):
             if images.dim() != 4:
-                raise ValueError(f"images must be a (N, C, H, W) tensor; got shape {tuple(images.shape)}")
+                raise InputError(f"images must be a (N, C, H, W) tensor; got shape {tuple(images.shape)}")
         elif not all(isinstance(im, Tensor) and im.dim() == 3 for im in images):
-            raise ValueError("images must be a (N, C, H, W) tensor or a list of (C, H, W) tensors")
+            raise InputError("images must be a (N, C, H, W) tensor or a list of (C, H, W) tensors")
         targets = torch.as_tensor(targets, dtype=torch.long)
         if targets.dim() != 1 or len(targets) != len(images):
-            raise ValueError(
+            raise InputError(
                 f"targets must have shape ({len(images)},) to match images; got {tuple(targets.shape)}"
             )
         if len(targets) and (int(targets.min()) < 0 or int(targets.max()) >= len(classes)):
-            raise ValueError(
+            raise InputError(
                 f"targets must lie in [0, {len(classes)}) for {len(classes)} classes; "
                 f"got values in [{int(targets.min())}, {int(targets.max())}]"
             )
@@ -139,7 +140,7 @@ def load_digits_dataset(
     """
     _check_choice("split", split, ("train", "test", "all"))
     if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1); got {test_fraction!r}")
+        raise InputError(f"test_fraction must be in (0, 1); got {test_fraction!r}")
     from sklearn.datasets import load_digits  # imported here: sklearn is slow to import
     from sklearn.model_selection import train_test_split
 
@@ -204,11 +205,11 @@ def _decode_failure(path: str, exc: Exception) -> tuple[str, str]:
     )
 
 
-def _decode_error(path: str, exc: Exception) -> ValueError:
+def _decode_error(path: str, exc: Exception) -> InputError:
     what, todo = _decode_failure(path, exc)
     if isinstance(exc, Image.DecompressionBombError):
         what = f"{what}; {todo}"
-    return ValueError(what)
+    return InputError(what)
 
 
 def _decode_or_raise(path: str, mode: str) -> np.ndarray:
@@ -261,7 +262,7 @@ def decode_images(
     paths = [str(p) for p in paths]
     workers = _default_workers() if workers is None else workers
     if workers < 0:
-        raise ValueError(f"workers must be >= 0; got {workers}")
+        raise InputError(f"workers must be >= 0; got {workers}")
 
     # Threads, not processes: Pillow drops the GIL in its C decoder and copies, and a
     # thread pool needs no fork of a process that holds torch's thread pools. Pillow
@@ -303,17 +304,17 @@ def _scan(root: Path, classes: Sequence[str] | None) -> tuple[list[str], list[tu
     found = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
     if classes is None:
         if not found:
-            raise ValueError(
+            raise InputError(
                 f"root must hold one folder per class (root/<class>/<image>); found no class folders in {root}"
             )
         classes = found
     else:
         classes = list(classes)
         if len(set(classes)) != len(classes) or not classes:
-            raise ValueError(f"classes must be a non-empty list of distinct folder names; got {classes}")
+            raise InputError(f"classes must be a non-empty list of distinct folder names; got {classes}")
         missing = [c for c in classes if c not in found]
         if missing:
-            raise ValueError(f"classes must name folders of {root}; missing: {', '.join(missing)}")
+            raise InputError(f"classes must name folders of {root}; missing: {', '.join(missing)}")
 
     samples: list[tuple[str, int]] = []
     empty: list[str] = []
@@ -330,7 +331,7 @@ def _scan(root: Path, classes: Sequence[str] | None) -> tuple[list[str], list[tu
             empty.append(name)
         samples += [(f, index) for f in files]
     if empty:
-        raise ValueError(
+        raise InputError(
             f"every class folder must hold images ({', '.join(IMG_EXTENSIONS)}); "
             f"none in {', '.join(str(root / e) for e in empty)}"
         )
@@ -379,7 +380,7 @@ class ImageFolder(ImageTensorDataset):
             decoded, kept = decode_images([p for p, _ in samples], mode, workers=workers, on_error=on_error)
             samples = [samples[i] for i in kept]
             if not samples:
-                raise ValueError(f"root must hold at least one readable image; every image in {self.root} failed")
+                raise InputError(f"root must hold at least one readable image; every image in {self.root} failed")
             images = decoded if cache else None
         self.samples = samples
         targets = torch.tensor([t for _, t in samples], dtype=torch.long)
@@ -418,7 +419,7 @@ def _numpy_global(*candidates: tuple[str, str]) -> Any:
     return None
 
 
-class CifarBatchError(ValueError, pickle.UnpicklingError):
+class CifarBatchError(InputError, pickle.UnpicklingError):
     """A CIFAR batch file that cannot be read safely (refused, truncated, empty or not a
     pickle). A ``ValueError``, so that the command line prints one line, and a
     ``pickle.UnpicklingError``, which :func:`load_cifar_batch` raised before."""
@@ -534,7 +535,7 @@ def load_cifar_batch(path: str | Path) -> dict[str, Any]:
                 f"format ({type(exc).__name__}: {exc}); {_REFETCH}"
             ) from exc
     if not isinstance(obj, dict):
-        raise ValueError(
+        raise InputError(
             f"{path} is not a CIFAR-10 batch: it must hold a pickled dict (with keys 'data' and 'labels'); "
             f"got {_a(type(obj).__name__)}"
         )
@@ -545,10 +546,10 @@ def _read_batch(path: Path, side: int = 32) -> tuple[np.ndarray, np.ndarray]:
     batch = load_cifar_batch(path)
     if "data" not in batch or "labels" not in batch:
         keys = ", ".join(sorted(repr(k) for k in batch)) or "none"
-        raise ValueError(f"{path} is not a CIFAR-10 batch: it must hold keys 'data' and 'labels'; it has {keys}")
+        raise InputError(f"{path} is not a CIFAR-10 batch: it must hold keys 'data' and 'labels'; it has {keys}")
     data = batch["data"]
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * side * side:
-        raise ValueError(
+        raise InputError(
             f"{path}: data must be a uint8 array (N, {3 * side * side}); got "
             f"{getattr(data, 'dtype', type(data).__name__)} {getattr(data, 'shape', '')}"
         )
@@ -556,11 +557,11 @@ def _read_batch(path: Path, side: int = 32) -> tuple[np.ndarray, np.ndarray]:
         labels = np.asarray(batch["labels"])
     except ValueError:  # a ragged list of lists
         kind = type(batch["labels"]).__name__
-        raise ValueError(
+        raise InputError(
             f"{path}: labels must be {len(data)} integers; got {_a(kind)} of items of mixed shapes"
         ) from None
     if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"{path}: labels must be {len(data)} integers; got {labels.dtype} {labels.shape}")
+        raise InputError(f"{path}: labels must be {len(data)} integers; got {labels.dtype} {labels.shape}")
     # Each row is the R plane, then G, then B, each 32x32 row-major: exactly (3, 32, 32).
     return data.reshape(-1, 3, side, side), labels.astype(np.int64)
 
@@ -616,21 +617,21 @@ class CIFAR10(ImageTensorDataset):
             label_names = load_cifar_batch(meta).get("label_names", [])
             if not isinstance(label_names, (list, tuple)):
                 kind = _a(type(label_names).__name__)
-                raise ValueError(f"{meta}: label_names must be the list {list(CIFAR10_CLASSES)}; got {kind}")
+                raise InputError(f"{meta}: label_names must be the list {list(CIFAR10_CLASSES)}; got {kind}")
             label_names = [_text(n) for n in label_names]
             if tuple(label_names) != CIFAR10_CLASSES:
-                raise ValueError(f"{meta}: label_names must be {list(CIFAR10_CLASSES)}; got {label_names}")
+                raise InputError(f"{meta}: label_names must be {list(CIFAR10_CLASSES)}; got {label_names}")
         data = np.concatenate([d for d, _ in parts])
         labels = np.concatenate([lab for _, lab in parts])
         if len(labels) and (labels.min() < 0 or labels.max() >= len(CIFAR10_CLASSES)):
-            raise ValueError(f"{folder}: labels must lie in [0, 10); got [{labels.min()}, {labels.max()}]")
+            raise InputError(f"{folder}: labels must lie in [0, 10); got [{labels.min()}, {labels.max()}]")
         return torch.from_numpy(np.ascontiguousarray(data)), torch.from_numpy(labels)
 
     def _load_folder(self, folder: Path, split: str, workers: int | None) -> tuple[Tensor, Tensor]:
         split_dir = require(folder / split, "cifar10", self.root)
         images = ImageFolder(split_dir, classes=CIFAR10_CLASSES, mode="RGB", workers=workers)
         if not isinstance(images.images, Tensor) or tuple(images.images.shape[1:]) != (3, 32, 32):
-            raise ValueError(f"{split_dir}: CIFAR-10 images must all be 32x32 RGB; got {_describe(images.images)}")
+            raise InputError(f"{split_dir}: CIFAR-10 images must all be 32x32 RGB; got {_describe(images.images)}")
         return images.images, images.targets
 
     def __repr__(self) -> str:

@@ -18,6 +18,8 @@ import math
 import torch
 from torch import Tensor
 
+from ..errors import InputError
+
 __all__ = ["Mixup", "one_hot", "cutmix_box"]
 
 
@@ -69,14 +71,14 @@ class Mixup:
         num_classes: int,
     ) -> None:
         if alpha < 0 or cutmix_alpha < 0:
-            raise ValueError(f"alpha and cutmix_alpha must be >= 0; got {alpha} and {cutmix_alpha}")
+            raise InputError(f"alpha and cutmix_alpha must be >= 0; got {alpha} and {cutmix_alpha}")
         if alpha == 0 and cutmix_alpha == 0:
-            raise ValueError("alpha or cutmix_alpha must be > 0; got both 0 (nothing to mix)")
+            raise InputError("alpha or cutmix_alpha must be > 0; got both 0 (nothing to mix)")
         for name, value in (("prob", prob), ("switch_prob", switch_prob), ("label_smoothing", label_smoothing)):
             if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1]; got {value!r}")
+                raise InputError(f"{name} must be in [0, 1]; got {value!r}")
         if not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"num_classes must be an int >= 2; got {num_classes!r}")
+            raise InputError(f"num_classes must be an int >= 2; got {num_classes!r}")
         self.alpha, self.cutmix_alpha = float(alpha), float(cutmix_alpha)
         self.prob, self.switch_prob = prob, switch_prob
         self.label_smoothing, self.num_classes = label_smoothing, num_classes
@@ -87,16 +89,16 @@ class Mixup:
 
     def __call__(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         if images.dim() != 4 or not images.is_floating_point():
-            raise ValueError(
+            raise InputError(
                 f"images must be a floating batch (B, C, H, W); got {images.dtype} of shape {tuple(images.shape)}"
             )
         if labels.dim() != 1 or labels.shape[0] != images.shape[0] or labels.is_floating_point():
-            raise ValueError(
+            raise InputError(
                 f"labels must be integer class indices of shape ({images.shape[0]},); "
                 f"got {labels.dtype} of shape {tuple(labels.shape)}"
             )
         if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
-            raise ValueError(
+            raise InputError(
                 f"labels must lie in [0, {self.num_classes}); got values in [{int(labels.min())}, {int(labels.max())}]"
             )
         targets = one_hot(labels, self.num_classes, self.label_smoothing).to(images.dtype)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from torch import Tensor
 
+from ..errors import InputError
 from .paths import data_dir, require
 from .text import decode_lines
 
@@ -48,7 +49,7 @@ def load_mr(root: str | Path | None = None) -> tuple[list[str], list[int]]:
 def _labels(labels: Sequence[int] | Tensor | np.ndarray) -> np.ndarray:
     y = np.asarray(labels)
     if y.ndim != 1 or len(y) == 0 or not np.issubdtype(y.dtype, np.integer):
-        raise ValueError(f"labels must be a non-empty 1-D sequence of integers; got {y.dtype} of shape {y.shape}")
+        raise InputError(f"labels must be a non-empty 1-D sequence of integers; got {y.dtype} of shape {y.shape}")
     return y
 
 
@@ -66,7 +67,7 @@ def mr_folds(
     counts = np.bincount(y - y.min())
     smallest = int(counts[counts > 0].min())
     if not isinstance(k, int) or k < 2 or k > smallest:
-        raise ValueError(f"k must be an integer in [2, {smallest}] (the smallest class size); got {k!r}")
+        raise InputError(f"k must be an integer in [2, {smallest}] (the smallest class size); got {k!r}")
     from sklearn.model_selection import StratifiedKFold  # imported here: sklearn is slow to import
 
     splitter = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
@@ -85,9 +86,9 @@ def mr_split(
     y = _labels(labels)
     for name, value in (("dev_fraction", dev_fraction), ("test_fraction", test_fraction)):
         if not 0.0 < value < 1.0:
-            raise ValueError(f"{name} must be in (0, 1); got {value!r}")
+            raise InputError(f"{name} must be in (0, 1); got {value!r}")
     if dev_fraction + test_fraction >= 1.0:
-        raise ValueError(f"dev_fraction + test_fraction must be below 1; got {dev_fraction} + {test_fraction}")
+        raise InputError(f"dev_fraction + test_fraction must be below 1; got {dev_fraction} + {test_fraction}")
     from sklearn.model_selection import train_test_split
 
     index = np.arange(len(y))

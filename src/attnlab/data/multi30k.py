@@ -13,6 +13,7 @@ import gzip
 import zlib
 from pathlib import Path
 
+from ..errors import InputError
 from .paths import data_dir, require
 from .text import decode_lines
 
@@ -34,7 +35,7 @@ def read_gzip_lines(path: str | Path) -> list[str]:
         with gzip.open(path, "rb") as f:
             data = f.read()
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
-        raise ValueError(f"{path} must be a whole gzip file; reading it failed: {exc}") from None
+        raise InputError(f"{path} must be a whole gzip file; reading it failed: {exc}") from None
     return decode_lines(data, path, "utf-8")
 
 
@@ -53,18 +54,18 @@ def load_multi30k(
     ``ValueError`` naming both files when their line counts differ.
     """
     if split not in MULTI30K_SPLITS:
-        raise ValueError(f"split must be one of {', '.join(map(repr, MULTI30K_SPLITS))}; got {split!r}")
+        raise InputError(f"split must be one of {', '.join(map(repr, MULTI30K_SPLITS))}; got {split!r}")
     for name, lang in (("src", src), ("tgt", tgt)):
         if lang not in MULTI30K_LANGUAGES:
-            raise ValueError(f"{name} must be one of {', '.join(map(repr, MULTI30K_LANGUAGES))}; got {lang!r}")
+            raise InputError(f"{name} must be one of {', '.join(map(repr, MULTI30K_LANGUAGES))}; got {lang!r}")
     if src == tgt:
-        raise ValueError(f"src and tgt must be different languages; got {src!r} for both")
+        raise InputError(f"src and tgt must be different languages; got {src!r} for both")
     root = data_dir(root)
     prefix = MULTI30K_SPLITS[split]
     src_path, tgt_path = (require(root / "multi30k" / f"{prefix}.{lang}.gz", "multi30k", root) for lang in (src, tgt))
     sources, targets = read_gzip_lines(src_path), read_gzip_lines(tgt_path)
     if len(sources) != len(targets):
-        raise ValueError(
+        raise InputError(
             f"{src_path} has {len(sources)} lines but {tgt_path} has {len(targets)}; "
             f"parallel files must have one line per sentence pair"
         )

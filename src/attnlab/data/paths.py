@@ -16,6 +16,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import InputError
+
 __all__ = ["ENV_VAR", "DEFAULT_DATA_DIR", "data_dir", "require"]
 
 ENV_VAR = "ATTNLAB_DATA_DIR"
@@ -44,7 +46,7 @@ def require(path: str | Path | Sequence[str | Path], name: str, root: str | Path
     """
     candidates = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
     if not candidates:
-        raise ValueError(f"path must name at least one candidate for {name!r}; got an empty sequence")
+        raise InputError(f"path must name at least one candidate for {name!r}; got an empty sequence")
     for candidate in candidates:
         if candidate.exists():
             return candidate

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..errors import InputError
 from .tokenize import TextTokenizer
 
 __all__ = ["read_lines", "decode_lines", "SentimentDataset"]
@@ -35,7 +36,7 @@ def decode_lines(data: bytes, source: str | Path, encoding: str = "utf-8") -> li
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
         utf8 = encoding.lower().replace("-", "").replace("_", "") == "utf8"
         hint = " (re-save it as UTF-8, e.g. iconv -f cp1252 -t utf-8)" if utf8 else ""
-        raise ValueError(
+        raise InputError(
             f"{source}: line {line} is not valid {encoding}: byte 0x{data[exc.start]:02x} at column {column}; "
             f"the file must be {encoding}-encoded text{hint}"
         ) from None
@@ -97,11 +98,11 @@ class SentimentDataset:
     ) -> None:
         targets = torch.as_tensor(labels)
         if targets.dim() != 1 or targets.dtype.is_floating_point or targets.dtype == torch.bool:
-            raise ValueError(f"labels must be N integers; got {targets.dtype} of shape {tuple(targets.shape)}")
+            raise InputError(f"labels must be N integers; got {targets.dtype} of shape {tuple(targets.shape)}")
         if len(texts) == 0:
-            raise ValueError("texts must hold at least one text; got none")
+            raise InputError("texts must hold at least one text; got none")
         if len(texts) != len(targets):
-            raise ValueError(
+            raise InputError(
                 f"texts and labels must have the same length; got {len(texts)} texts and {len(targets)} labels"
             )
         self.texts = list(texts)
@@ -135,7 +136,7 @@ class SentimentDataset:
         """``({"input_ids": (B, L), "attention_mask": (B, L)}, labels (B,))``, ``L`` = longest in the batch."""
         index = torch.as_tensor(indices, dtype=torch.long)
         if index.dim() != 1 or len(index) == 0:
-            raise ValueError(f"indices must be a non-empty 1-D sequence of ints; got shape {tuple(index.shape)}")
+            raise InputError(f"indices must be a non-empty 1-D sequence of ints; got shape {tuple(index.shape)}")
         lengths = self.lengths[index]
         width = max(int(lengths.max()), 1)
         ids = self.input_ids[index, :width]

@@ -40,6 +40,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from torch import Tensor
 
+from ..errors import InputError
 from ..io import atomic_write_bytes
 
 __all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "TextTokenizer", "key_padding_mask"]
@@ -112,11 +113,11 @@ def _parse_tokenizer(data: bytes, file: Path) -> Tokenizer:
     bad = f"could not read {file} as a Hugging Face tokenizer.json"
     redo = "point at a tokenizer.json saved by attnlab (TextTokenizer.save) or by Hugging Face tokenizers"
     if not data.strip():
-        raise ValueError(f"{bad}: the file is empty ({'0 bytes' if not data else 'only white space'}); {redo}")
+        raise InputError(f"{bad}: the file is empty ({'0 bytes' if not data else 'only white space'}); {redo}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(
+        raise InputError(
             f"{bad}: it is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); {redo}"
         ) from None
     text = text.removeprefix("\ufeff")
@@ -124,17 +125,17 @@ def _parse_tokenizer(data: bytes, file: Path) -> Tokenizer:
         spec = json.loads(text)
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno}, column {exc.colno}: {exc.msg}"
-        raise ValueError(f"{bad}: it is not valid JSON ({where}); {redo}") from None
+        raise InputError(f"{bad}: it is not valid JSON ({where}); {redo}") from None
     if not isinstance(spec, dict):
-        raise ValueError(f"{bad}: it must hold a JSON object with a \"model\"; got {_json_kind(spec)}; {redo}")
+        raise InputError(f"{bad}: it must hold a JSON object with a \"model\"; got {_json_kind(spec)}; {redo}")
     if "model" not in spec:
-        raise ValueError(f"{bad}: its JSON object has no \"model\" (keys: {', '.join(spec) or 'none'}); {redo}")
+        raise InputError(f"{bad}: its JSON object has no \"model\" (keys: {', '.join(spec) or 'none'}); {redo}")
     if not isinstance(spec["model"], dict):
-        raise ValueError(f"{bad}: its \"model\" must be a JSON object; got {_json_kind(spec['model'])}; {redo}")
+        raise InputError(f"{bad}: its \"model\" must be a JSON object; got {_json_kind(spec['model'])}; {redo}")
     try:
         return Tokenizer.from_str(text)
     except Exception as exc:  # the Rust side raises a bare Exception for a field it does not expect
-        raise ValueError(f"{bad}: {exc}; {redo}") from None
+        raise InputError(f"{bad}: {exc}; {redo}") from None
 
 
 def _tokenizer_file(path: str | Path) -> Path:
@@ -161,7 +162,7 @@ class TextTokenizer:
         self.kind = type(tokenizer.model).__name__.lower()
         ids = {role: _first_id(tokenizer, names) for role, names in _ROLES.items()}
         if ids["pad"] is None:
-            raise ValueError(
+            raise InputError(
                 f"{source} must have a padding token ({' or '.join(_ROLES['pad'])}) in its vocabulary; "
                 f"it has none among its {tokenizer.get_vocab_size()} tokens"
             )
@@ -186,18 +187,18 @@ class TextTokenizer:
         (a new token) must occur at least this often. Special tokens get ids 0..5.
         """
         if kind not in TOKENIZER_KINDS:
-            raise ValueError(f"kind must be one of {', '.join(map(repr, TOKENIZER_KINDS))}; got {kind!r}")
+            raise InputError(f"kind must be one of {', '.join(map(repr, TOKENIZER_KINDS))}; got {kind!r}")
         texts = _check_texts(texts)
         if not any(t.strip() for t in texts):
-            raise ValueError(
+            raise InputError(
                 f"texts must hold at least one non-blank string to learn a vocabulary from; got {len(texts)} blank"
             )
         floor = len(SPECIAL_TOKENS) + (256 if kind == "bpe" else 1)
         if not isinstance(vocab_size, int) or vocab_size < floor:
             extra = " (256 bytes + 6 special tokens)" if kind == "bpe" else ""
-            raise ValueError(f"vocab_size must be an integer >= {floor} for kind={kind!r}{extra}; got {vocab_size!r}")
+            raise InputError(f"vocab_size must be an integer >= {floor} for kind={kind!r}{extra}; got {vocab_size!r}")
         if not isinstance(min_frequency, int) or min_frequency < 0:
-            raise ValueError(f"min_frequency must be a non-negative integer; got {min_frequency!r}")
+            raise InputError(f"min_frequency must be a non-negative integer; got {min_frequency!r}")
         tok = _new_tokenizer(kind, lowercase)
         common = dict(
             vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS), show_progress=False
@@ -222,7 +223,7 @@ class TextTokenizer:
         any Hugging Face tokenizer file whose vocabulary has a padding token."""
         file = _tokenizer_file(path)
         if file.is_dir():
-            raise ValueError(f"path must be a tokenizer.json file or a folder holding one; {file} is a folder")
+            raise InputError(f"path must be a tokenizer.json file or a folder holding one; {file} is a folder")
         if not file.exists():
             raise FileNotFoundError(
                 f"path must be a tokenizer.json file or a folder holding one; {file} does not exist"
@@ -230,7 +231,7 @@ class TextTokenizer:
         try:
             data = file.read_bytes()
         except OSError as exc:
-            raise ValueError(f"could not read {file}: {exc.strerror or exc}") from None
+            raise InputError(f"could not read {file}: {exc.strerror or exc}") from None
         return cls(_parse_tokenizer(data, file), source=str(file))
 
     # ------------------------------------------------------------------ encode
@@ -248,14 +249,14 @@ class TextTokenizer:
 
     def _specials(self, add_cls: bool, add_bos: bool, add_eos: bool) -> tuple[list[int], list[int]]:
         if add_cls and (add_bos or add_eos):
-            raise ValueError(
+            raise InputError(
                 "add_cls must be False when add_bos or add_eos is True: a text is [CLS] ... [SEP] or [BOS] ... [EOS]"
             )
         wanted = [("add_cls", add_cls, ("cls", "sep")), ("add_bos", add_bos, ("bos",)), ("add_eos", add_eos, ("eos",))]
         for flag, on, roles in wanted:
             missing = [_ROLES[r][0] for r in roles if getattr(self, f"{r}_id") is None]
             if on and missing:
-                raise ValueError(
+                raise InputError(
                     f"{flag}=True needs {' and '.join(missing)} in the vocabulary; this tokenizer has no such token"
                 )
         prefix = [self.cls_id] if add_cls else [self.bos_id] if add_bos else []
@@ -303,7 +304,7 @@ class TextTokenizer:
         prefix, suffix = self._specials(add_cls, add_bos, add_eos)
         n_special = len(prefix) + len(suffix)
         if max_length is not None and (not isinstance(max_length, int) or max_length <= n_special):
-            raise ValueError(
+            raise InputError(
                 f"max_length must be an integer > {n_special} (room for {n_special} special tokens and one more); "
                 f"got {max_length!r}"
             )
@@ -314,7 +315,7 @@ class TextTokenizer:
             budget = max_length - n_special
             cut = [len(p) + n_special for p in pieces if len(p) > budget]
             if cut and not truncation:
-                raise ValueError(
+                raise InputError(
                     f"{len(cut)} of {len(texts)} texts are longer than max_length={max_length} tokens (the longest: "
                     f"{max(cut)}); pass truncation=True or a larger max_length"
                 )
@@ -330,7 +331,7 @@ class TextTokenizer:
         if length is None:
             length = max(longest, 1)
         elif longest > length:
-            raise ValueError(f"length must be >= the longest sequence ({longest} ids); got {length}")
+            raise InputError(f"length must be >= the longest sequence ({longest} ids); got {length}")
         flat = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=int(lengths.sum()))
         mask = np.arange(length) < lengths[:, None]
         ids = np.full((len(sequences), length), self.pad_id, dtype=np.int64)
@@ -356,9 +357,9 @@ class TextTokenizer:
         texts and special tokens: see :meth:`tokenize`.
         """
         if padding is not True and padding not in ("longest", "max_length"):
-            raise ValueError(f"padding must be True, 'longest' or 'max_length'; got {padding!r}")
+            raise InputError(f"padding must be True, 'longest' or 'max_length'; got {padding!r}")
         if padding == "max_length" and max_length is None:
-            raise ValueError("max_length must be given when padding='max_length'; got None")
+            raise InputError("max_length must be given when padding='max_length'; got None")
         ids = self.tokenize(texts, max_length, truncation=truncation, add_cls=add_cls, add_bos=add_bos, add_eos=add_eos)
         return self.pad(ids, max_length if padding == "max_length" else None)
 
@@ -368,21 +369,21 @@ class TextTokenizer:
         subwords joined (``##`` pieces, or bytes for byte-level BPE)."""
         if isinstance(ids, Tensor):
             if ids.dim() != 1:
-                raise ValueError(
+                raise InputError(
                     f"ids must be one sequence (L,); got shape {tuple(ids.shape)} (use decode_batch for (B, L))"
                 )
             ids = ids.tolist()
         ids = [int(i) for i in ids]
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
-            raise ValueError(f"ids must lie in [0, {self.vocab_size}) (the vocabulary size); got {bad[:5]}")
+            raise InputError(f"ids must lie in [0, {self.vocab_size}) (the vocabulary size); got {bad[:5]}")
         specials = {self.pad_id, self.bos_id, self.eos_id, self.cls_id, self.sep_id}
         return self.tokenizer.decode([i for i in ids if i not in specials], skip_special_tokens=True)
 
     def decode_batch(self, ids: Sequence[Sequence[int]] | Tensor) -> list[str]:
         """``(B, L)`` ids -> ``B`` texts, as :meth:`decode`."""
         if isinstance(ids, Tensor) and ids.dim() != 2:
-            raise ValueError(f"ids must be a batch (B, L); got shape {tuple(ids.shape)}")
+            raise InputError(f"ids must be a batch (B, L); got shape {tuple(ids.shape)}")
         return [self.decode(row) for row in ids]
 
     def __repr__(self) -> str:

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..errors import InputError
+
 __all__ = [
     "CIFAR10_MEAN",
     "CIFAR10_STD",
@@ -45,15 +47,15 @@ DIGITS_STD = (0.3759,)
 def _check_image(x: Tensor, who: str) -> None:
     if not isinstance(x, Tensor) or x.dim() not in (3, 4):
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"{who} input must be an image (C, H, W) or a batch (B, C, H, W); got {shape}")
+        raise InputError(f"{who} input must be an image (C, H, W) or a batch (B, C, H, W); got {shape}")
     if x.dtype != torch.uint8 and not x.is_floating_point():
-        raise ValueError(f"{who} input must be uint8 or floating point; got {x.dtype}")
+        raise InputError(f"{who} input must be uint8 or floating point; got {x.dtype}")
 
 
 def _pair(size: int | Sequence[int], name: str) -> tuple[int, int]:
     pair = (size, size) if isinstance(size, int) else tuple(size)
     if len(pair) != 2 or not all(isinstance(s, int) and s > 0 for s in pair):
-        raise ValueError(f"{name} must be a positive int or a pair (height, width); got {size!r}")
+        raise InputError(f"{name} must be a positive int or a pair (height, width); got {size!r}")
     return pair  # type: ignore[return-value]
 
 
@@ -78,7 +80,7 @@ class ToFloat:
 
     def __init__(self, dtype: torch.dtype = torch.float32) -> None:
         if not dtype.is_floating_point:
-            raise ValueError(f"dtype must be a floating dtype; got {dtype}")
+            raise InputError(f"dtype must be a floating dtype; got {dtype}")
         self.dtype = dtype
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -97,18 +99,18 @@ class Normalize:
     def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
         mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         if len(mean) != len(std) or not mean:
-            raise ValueError(f"mean and std must have one value per channel each; got {len(mean)} and {len(std)}")
+            raise InputError(f"mean and std must have one value per channel each; got {len(mean)} and {len(std)}")
         if any(s <= 0 for s in std):
-            raise ValueError(f"std must be positive; got {std}")
+            raise InputError(f"std must be positive; got {std}")
         self.mean, self.std = mean, std
 
     def __call__(self, x: Tensor) -> Tensor:
         _check_image(x, "Normalize")
         if not x.is_floating_point():
-            raise ValueError(f"Normalize input must be floating point (put ToFloat() first); got {x.dtype}")
+            raise InputError(f"Normalize input must be floating point (put ToFloat() first); got {x.dtype}")
         channels = x.shape[-3]
         if len(self.mean) not in (1, channels):
-            raise ValueError(f"Normalize input must have {len(self.mean)} channels; got shape {tuple(x.shape)}")
+            raise InputError(f"Normalize input must have {len(self.mean)} channels; got shape {tuple(x.shape)}")
         mean = torch.tensor(self.mean, dtype=x.dtype, device=x.device).view(-1, 1, 1)
         std = torch.tensor(self.std, dtype=x.dtype, device=x.device).view(-1, 1, 1)
         return (x - mean) / std
@@ -129,9 +131,9 @@ class RandomCrop:
     ) -> None:
         self.size = _pair(size, "size")
         if not isinstance(padding, int) or padding < 0:
-            raise ValueError(f"padding must be an int >= 0; got {padding!r}")
+            raise InputError(f"padding must be an int >= 0; got {padding!r}")
         if padding_mode not in ("constant", "reflect"):
-            raise ValueError(f"padding_mode must be 'constant' or 'reflect'; got {padding_mode!r}")
+            raise InputError(f"padding_mode must be 'constant' or 'reflect'; got {padding_mode!r}")
         self.padding, self.padding_mode, self.fill = padding, padding_mode, fill
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -142,7 +144,7 @@ class RandomCrop:
         if p:
             if self.padding_mode == "reflect":
                 if p >= min(xb.shape[-2:]):
-                    raise ValueError(
+                    raise InputError(
                         f"padding must be smaller than the image side for reflect padding; "
                         f"got {p} for shape {tuple(x.shape)}"
                     )
@@ -152,7 +154,7 @@ class RandomCrop:
         b, c, hp, wp = xb.shape
         h, w = self.size
         if h > hp or w > wp:
-            raise ValueError(f"size must fit the padded image {hp}x{wp}; got {h}x{w}")
+            raise InputError(f"size must fit the padded image {hp}x{wp}; got {h}x{w}")
         top = torch.randint(0, hp - h + 1, (b,))
         left = torch.randint(0, wp - w + 1, (b,))
         rows = (top[:, None] + torch.arange(h)).to(x.device)  # (B, h)
@@ -171,7 +173,7 @@ class RandomHorizontalFlip:
 
     def __init__(self, p: float = 0.5) -> None:
         if not 0.0 <= p <= 1.0:
-            raise ValueError(f"p must be in [0, 1]; got {p!r}")
+            raise InputError(f"p must be in [0, 1]; got {p!r}")
         self.p = p
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -192,7 +194,7 @@ class Resize:
     def __init__(self, size: int | Sequence[int], antialias: bool = True) -> None:
         self.size = size if isinstance(size, int) else _pair(size, "size")
         if isinstance(size, int) and size <= 0:
-            raise ValueError(f"size must be a positive int or a pair (height, width); got {size!r}")
+            raise InputError(f"size must be a positive int or a pair (height, width); got {size!r}")
         self.antialias = antialias
 
     def _target(self, h: int, w: int) -> tuple[int, int]:
@@ -388,15 +390,15 @@ class TrivialAugment:
         interpolation: str = "nearest",
     ) -> None:
         if not isinstance(num_magnitude_bins, int) or num_magnitude_bins < 2:
-            raise ValueError(f"num_magnitude_bins must be an int >= 2; got {num_magnitude_bins!r}")
+            raise InputError(f"num_magnitude_bins must be an int >= 2; got {num_magnitude_bins!r}")
         ops = tuple(self.OPS if ops is None else ops)
         unknown = [o for o in ops if o not in self.OPS]
         if unknown or not ops:
-            raise ValueError(f"ops must be a non-empty list drawn from {list(self.OPS)}; got {list(ops)}")
+            raise InputError(f"ops must be a non-empty list drawn from {list(self.OPS)}; got {list(ops)}")
         if not 0.0 <= fill <= 1.0:
-            raise ValueError(f"fill must be in [0, 1] (0 = black, 1 = white); got {fill!r}")
+            raise InputError(f"fill must be in [0, 1] (0 = black, 1 = white); got {fill!r}")
         if interpolation not in ("nearest", "bilinear"):
-            raise ValueError(f"interpolation must be 'nearest' or 'bilinear'; got {interpolation!r}")
+            raise InputError(f"interpolation must be 'nearest' or 'bilinear'; got {interpolation!r}")
         self.num_magnitude_bins, self.ops = num_magnitude_bins, ops
         self.max_translate, self.fill, self.interpolation = float(max_translate), float(fill), interpolation
 
@@ -407,7 +409,7 @@ class TrivialAugment:
             return _COLOR_OPS[op][0](x, magnitude)
         if op in _GEOMETRIC_OPS:
             return _GEOMETRIC_OPS[op][0](x, magnitude, self.fill, self.interpolation)
-        raise ValueError(f"op must be one of {list(self.OPS)}; got {op!r}")
+        raise InputError(f"op must be one of {list(self.OPS)}; got {op!r}")
 
     def _sample(self) -> tuple[str, float]:
         op = self.ops[int(torch.randint(len(self.ops), ()))]
@@ -432,7 +434,7 @@ class TrivialAugment:
     def __call__(self, x: Tensor) -> Tensor:
         _check_image(x, "TrivialAugment")
         if x.is_floating_point() and x.numel() and (float(x.min()) < 0.0 or float(x.max()) > 1.0):
-            raise ValueError(
+            raise InputError(
                 "TrivialAugment input must be uint8 or floating point in [0, 1] (apply it before Normalize); "
                 f"got values in [{float(x.min()):.3g}, {float(x.max()):.3g}]"
             )

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..engine.trainer import IGNORE_INDEX  # label of padding: -100, torch's cross_entropy default
+from ..errors import InputError
 from .tokenize import TextTokenizer
 
 __all__ = ["TranslationDataset"]
@@ -51,16 +52,16 @@ class TranslationDataset:
     def __init__(self, pairs: Sequence[tuple[str, str]], src_tokenizer: TextTokenizer, tgt_tokenizer: TextTokenizer,
                  max_source_length: int = 128, max_target_length: int = 128) -> None:
         if len(pairs) == 0:
-            raise ValueError("pairs must hold at least one (source, target) pair; got none")
+            raise InputError("pairs must hold at least one (source, target) pair; got none")
         for name, tok, needs in (("src_tokenizer", src_tokenizer, ("eos",)),
                                  ("tgt_tokenizer", tgt_tokenizer, ("bos", "eos"))):
             missing = [r for r in needs if getattr(tok, f"{r}_id") is None]
             if missing:
-                raise ValueError(f"{name} must have {', '.join(f'[{r.upper()}]' for r in missing)} tokens; "
+                raise InputError(f"{name} must have {', '.join(f'[{r.upper()}]' for r in missing)} tokens; "
                                  f"its vocabulary has none")
         for name, n in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
             if not isinstance(n, int) or n < 2:
-                raise ValueError(f"{name} must be an integer >= 2 (one token and [EOS]); got {n!r}")
+                raise InputError(f"{name} must be an integer >= 2 (one token and [EOS]); got {n!r}")
         self.pairs = [(str(s), str(t)) for s, t in pairs]
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         self.max_source_length, self.max_target_length = max_source_length, max_target_length
@@ -88,7 +89,7 @@ class TranslationDataset:
         """``({"src": (B, Ls), "tgt": (B, Lt)}, labels (B, Lt))``; see the module docstring."""
         index = torch.as_tensor(indices, dtype=torch.long).tolist()
         if len(index) == 0:
-            raise ValueError("indices must name at least one pair; got none")
+            raise InputError("indices must name at least one pair; got none")
         s_tok, t_tok = self.src_tokenizer, self.tgt_tokenizer
         src = _padded([self.src_ids[i] + [s_tok.eos_id] for i in index], s_tok.pad_id)
         tgt = _padded([[t_tok.bos_id] + self.tgt_ids[i] for i in index], t_tok.pad_id)

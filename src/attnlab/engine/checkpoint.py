@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import InputError
 from ..io import atomic_write, atomic_write_bytes, sha256_file, torch_load_safely
 
 __all__ = [
@@ -50,7 +51,7 @@ __all__ = [
 WEIGHTS, STATE, MANIFEST = "model.safetensors", "state.pt", "manifest.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint that is incomplete, corrupted or not one."""
 
 
@@ -83,7 +84,7 @@ def save_checkpoint(root: str | Path, step: int, weights: dict[str, Tensor], sta
     holds is the user's to inspect).
     """
     if keep < 1:
-        raise ValueError(f"keep must be >= 1; got {keep}")
+        raise InputError(f"keep must be >= 1; got {keep}")
     folder = Path(root) / f"step_{step:09d}"
     _replace(folder, step, weights, state)
     kept = 1
@@ -328,7 +329,7 @@ def average_checkpoints(folders: list[str | Path]) -> dict[str, Tensor]:
     averaging the last checkpoints). Floating-point tensors are averaged in float64 and
     cast back; other tensors (counters) are taken from the last folder."""
     if not folders:
-        raise ValueError("folders must name at least one checkpoint; got none")
+        raise InputError("folders must name at least one checkpoint; got none")
     total: dict[str, Tensor] = {}
     dtypes: dict[str, torch.dtype] = {}
     for folder in folders:

@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
+from ..errors import InputError
 from ..suggest import did_you_mean
 
 __all__ = ["ConfigError", "from_dict", "to_dict", "apply_overrides", "parse_override", "check_bounds"]
@@ -29,7 +30,7 @@ __all__ = ["ConfigError", "from_dict", "to_dict", "apply_overrides", "parse_over
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A configuration key or value that does not fit its schema."""
 
 

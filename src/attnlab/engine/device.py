@@ -10,6 +10,8 @@ from typing import ContextManager
 import numpy as np
 import torch
 
+from ..errors import InputError
+
 __all__ = ["select_device", "autocast", "make_grad_scaler", "seed_everything", "PRECISIONS"]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -27,14 +29,14 @@ def select_device(name: str = "auto") -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"device must be auto, cpu, cuda, cuda:N or mps; got {name!r}") from None
+        raise InputError(f"device must be auto, cpu, cuda, cuda:N or mps; got {name!r}") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r}: CUDA is not available on this machine")
+            raise InputError(f"device {name!r}: CUDA is not available on this machine")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+            raise InputError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
     if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ValueError(f"device {name!r}: MPS is not available on this machine")
+        raise InputError(f"device {name!r}: MPS is not available on this machine")
     return device
 
 
@@ -42,11 +44,11 @@ def autocast(device: torch.device, precision: str) -> ContextManager:
     """Mixed-precision context for the forward pass and the loss: bf16 on CPU and CUDA,
     fp16 on CUDA only (with :func:`make_grad_scaler`); fp32 is a no-op."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+        raise InputError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision == "fp16" and device.type != "cuda":
-        raise ValueError(f"precision 'fp16' needs a CUDA device (a gradient scaler); got {device.type}; use bf16")
+        raise InputError(f"precision 'fp16' needs a CUDA device (a gradient scaler); got {device.type}; use bf16")
     return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..errors import InputError
 from .device import select_device
 
 __all__ = ["launched", "initialized", "init_distributed", "local_device", "rank", "world_size", "is_main",
@@ -63,7 +64,7 @@ def local_device(device_pref: str = "auto") -> torch.device:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"distributed training runs on cpu or cuda devices; got {device}")
+        raise InputError(f"distributed training runs on cpu or cuda devices; got {device}")
     return device
 
 
@@ -83,7 +84,7 @@ def init_distributed(device_pref: str = "auto") -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     elif device.type != "cpu":
-        raise ValueError(f"distributed training runs on cpu or cuda devices; got {device}")
+        raise InputError(f"distributed training runs on cpu or cuda devices; got {device}")
     if not initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     return device

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
+
 __all__ = ["MetricsLog", "TensorBoardLog", "read_metrics"]
 
 
@@ -42,7 +44,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             if i == len(lines) - 1:
                 break  # written while the process died
-            raise ValueError(f"{path}: line {i + 1} is not JSON") from None
+            raise InputError(f"{path}: line {i + 1} is not JSON") from None
     return records
 
 

@@ -13,6 +13,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from ..errors import InputError
+
 __all__ = ["param_groups", "build_optimizer", "warmup_cosine", "NO_DECAY_NAMES"]
 
 # Parameter-name fragments that never get weight decay (besides every 1-D tensor).
@@ -48,7 +50,7 @@ def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-3, wei
         return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas))  # type: ignore[arg-type]
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0)
-    raise ValueError(f"optimizer must be 'adamw' or 'sgd'; got {name!r}")
+    raise InputError(f"optimizer must be 'adamw' or 'sgd'; got {name!r}")
 
 
 def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0,
@@ -56,7 +58,7 @@ def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ste
     """Linear warm-up from 0 to the base rate over ``warmup_steps``, then a cosine decay
     to ``min_lr_ratio`` x the base rate at ``total_steps``. Step it once per optimizer step."""
     if total_steps <= 0 or not 0 <= warmup_steps <= total_steps:
-        raise ValueError(f"need 0 <= warmup_steps <= total_steps and total_steps > 0; "
+        raise InputError(f"need 0 <= warmup_steps <= total_steps and total_steps > 0; "
                          f"got warmup_steps={warmup_steps}, total_steps={total_steps}")
 
     def factor(step: int) -> float:

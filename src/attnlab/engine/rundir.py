@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checkpoint import CheckpointError, MANIFEST, _verify, list_checkpoints
+from ..errors import InputError
+from .checkpoint import MANIFEST, CheckpointError, _verify, list_checkpoints
 
 try:
     import fcntl
@@ -38,7 +39,7 @@ RUN_FILES = ("config.yaml", "config.changes.yaml", "results.json", "metrics.json
              "report.html", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json", "translations.test.txt")
 
 
-class RunDirError(ValueError):
+class RunDirError(InputError):
     """A run directory that cannot be used as asked; the message says what was found and what to do."""
 
 

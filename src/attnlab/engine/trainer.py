@@ -16,22 +16,24 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import distributed
+from ..errors import InputError
 from .config import check_bounds
 from .checkpoint import (capture_rng_state, latest_checkpoint, load_checkpoint, load_weights_into, restore_rng_state,
                          save_checkpoint, save_named_checkpoint)
-from .device import autocast, make_grad_scaler, seed_everything
+from .device import autocast, make_grad_scaler, seed_everything, select_device
 from .metrics import MetricsLog, TensorBoardLog
 from .progress import Progress
 from .optim import build_optimizer, warmup_cosine
 
-__all__ = ["TrainConfig", "EpochSampler", "Trainer", "NonFiniteLossError", "IGNORE_INDEX", "flatten_tokens"]
+__all__ = ["TrainConfig", "EpochSampler", "Trainer", "NonFiniteLossError", "IGNORE_INDEX", "flatten_tokens",
+           "evaluate_model"]
 
 IGNORE_INDEX = -100  # target value of padding in sequence targets (torch's and Hugging Face's convention)
 
@@ -79,10 +81,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_bounds(self, "train")  # also for a TrainConfig built directly in Python
         if self.warmup_steps > self.steps:
-            raise ValueError(f"train.warmup_steps must not exceed train.steps; got warmup_steps={self.warmup_steps}, "
+            raise InputError(f"train.warmup_steps must not exceed train.steps; got warmup_steps={self.warmup_steps}, "
                              f"steps={self.steps}")
         if self.compile_mode is not None and not self.compile:
-            raise ValueError(f"train.compile_mode applies only with train.compile=true; got compile_mode="
+            raise InputError(f"train.compile_mode applies only with train.compile=true; got compile_mode="
                              f"{self.compile_mode!r} with compile=false")
 
 
@@ -104,9 +106,9 @@ class EpochSampler:
     def __init__(self, size: int, batch_size: int, seed: int = 0, rank: int = 0, world: int = 1, *,
                  lengths: Tensor | Sequence[int] | None = None, window: int = 50) -> None:
         if size < batch_size * world:
-            raise ValueError(f"the dataset has {size} samples, fewer than one global batch ({batch_size} x {world})")
+            raise InputError(f"the dataset has {size} samples, fewer than one global batch ({batch_size} x {world})")
         if lengths is not None and len(lengths) != size:
-            raise ValueError(f"lengths must have one entry per sample ({size}); got {len(lengths)}")
+            raise InputError(f"lengths must have one entry per sample ({size}); got {len(lengths)}")
         self.size, self.batch_size, self.seed, self.rank, self.world = size, batch_size, seed, rank, world
         self.lengths = None if lengths is None else torch.as_tensor(lengths)
         self.window = window
@@ -152,6 +154,57 @@ def _collate(items: Sequence[tuple[Any, Any]]) -> tuple[Tensor, Tensor]:
     return torch.stack(list(xs)), torch.as_tensor(ys)
 
 
+def _move(x: Any, device: torch.device, channels_last: bool = False) -> Any:
+    """A tensor, or a dict of tensors (e.g. ``input_ids`` and ``attention_mask``), to the device."""
+    if isinstance(x, dict):
+        return {k: _move(v, device, channels_last) for k, v in x.items()}
+    x = x.to(device, non_blocking=True)
+    if channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
+def _batch(data: Any, idx: list[int], collate: Callable = _collate) -> tuple[Any, Tensor]:
+    """A batch from ``data.get_batch(idx)`` when the data set has one (batched transforms), else collated items."""
+    if hasattr(data, "get_batch"):
+        return data.get_batch(idx)
+    return collate([data[i] for i in idx])
+
+
+def _eval_sums(model: nn.Module, data: Any, starts: Iterable[int], batch_size: int,
+               fetch: Callable[[Any, list[int]], tuple[Any, Tensor]], device: torch.device,
+               precision: str) -> tuple[float, int, int]:
+    """``(summed loss, correct, counted)`` over the batches starting at ``starts``."""
+    loss_sum, correct, count = 0.0, 0, 0
+    for start in starts:
+        x, y = fetch(data, list(range(start, min(start + batch_size, len(data)))))
+        with autocast(device, precision):
+            out = _call(model, x)
+        out, y = flatten_tokens(out.float(), y)
+        real = y != IGNORE_INDEX
+        loss_sum += F.cross_entropy(out, y, reduction="sum", ignore_index=IGNORE_INDEX).item()
+        correct += ((out.argmax(-1) == y) & real).sum().item()
+        count += int(real.sum())
+    return loss_sum, correct, count
+
+
+@torch.no_grad()
+def evaluate_model(model: nn.Module, data: Any, *, batch_size: int = 256, device: str | torch.device = "auto",
+                   precision: str = "fp32", channels_last: bool = False) -> dict[str, float]:
+    """Mean ``loss`` and ``accuracy`` of ``model`` over ``data`` (per sample, or per target
+    token for sequence outputs), and ``samples``: exactly what :meth:`Trainer.evaluate`
+    computes with the same batch size, precision and memory format, so a finished run's
+    test figures can be recomputed to the last digit."""
+    device_ = select_device(device) if isinstance(device, str) else device
+    model = model.to(device_).eval()
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    fetch = lambda d, idx: tuple(_move(t, device_, channels_last) for t in _batch(d, idx))  # noqa: E731
+    loss_sum, correct, count = _eval_sums(model, data, range(0, len(data), batch_size), batch_size, fetch,
+                                          device_, precision)
+    return {"loss": loss_sum / count, "accuracy": correct / count, "samples": len(data)}
+
+
 class Trainer:
     """``Trainer(model, train_data, config, eval_data=..., run_dir=...).fit()``.
 
@@ -175,7 +228,7 @@ class Trainer:
             self.model = self.model.to(memory_format=torch.channels_last)
         if config.grad_checkpointing:
             if not hasattr(model, "set_grad_checkpointing"):
-                raise ValueError(f"grad_checkpointing: {type(model).__name__} has no set_grad_checkpointing()")
+                raise InputError(f"grad_checkpointing: {type(model).__name__} has no set_grad_checkpointing()")
             model.set_grad_checkpointing(True)
         self.train_data, self.eval_data, self.collate = train_data, eval_data, collate
         self.log = log if distributed.is_main() else (lambda _msg: None)  # rank 0 alone logs and writes
@@ -185,7 +238,7 @@ class Trainer:
         )
         lengths = getattr(train_data, "lengths", None) if config.group_by_length else None
         if config.group_by_length and lengths is None:
-            raise ValueError(f"train.group_by_length needs a data set with per-sample lengths; "
+            raise InputError(f"train.group_by_length needs a data set with per-sample lengths; "
                              f"{type(train_data).__name__} has no 'lengths'")
         self.sampler = EpochSampler(len(train_data), config.batch_size, config.seed,
                                     rank=distributed.rank(), world=distributed.world_size(), lengths=lengths)
@@ -226,7 +279,7 @@ class Trainer:
     def save(self) -> Path:
         """Checkpoint the current step. Under torchrun every rank calls it, rank 0 alone writes."""
         if self.run_dir is None:
-            raise ValueError("save needs a run_dir")
+            raise InputError("save needs a run_dir")
         folder = self.run_dir / "checkpoints" / f"step_{self.step:09d}"
         if self._saved_step == self.step:  # written by fit, or resumed from: rewriting it would only
             return folder                  # open a window in which a kill loses it
@@ -243,7 +296,7 @@ class Trainer:
         if folder is None:
             found = latest_checkpoint(self.run_dir / "checkpoints") if self.run_dir and distributed.is_main() else None
             if self.run_dir is None or (folder := distributed.broadcast_object(found)) is None:
-                raise ValueError(f"no checkpoint to resume from in {self.run_dir}")
+                raise InputError(f"no checkpoint to resume from in {self.run_dir}")
         weights, state = load_checkpoint(folder, map_location=self.device)
         load_weights_into(self.model, weights, folder)
         self.optimizer.load_state_dict(state["optimizer"])
@@ -267,23 +320,9 @@ class Trainer:
                 yield idx
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
 
-    def _move(self, x: Any) -> Any:
-        """A tensor, or a dict of tensors (e.g. ``input_ids`` and ``attention_mask``), to the device."""
-        if isinstance(x, dict):
-            return {k: self._move(v) for k, v in x.items()}
-        x = x.to(self.device, non_blocking=True)
-        if self.cfg.channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x
-
-    def _to_device(self, x: Any, y: Tensor) -> tuple[Any, Tensor]:
-        return self._move(x), y.to(self.device, non_blocking=True)
-
-    def _fetch(self, data: Any, idx: list[int]) -> tuple[Tensor, Tensor]:
-        """A batch from ``data.get_batch(idx)`` when the data set has one (batched transforms), else collated items."""
-        if hasattr(data, "get_batch"):
-            return self._to_device(*data.get_batch(idx))
-        return self._to_device(*self.collate([data[i] for i in idx]))
+    def _fetch(self, data: Any, idx: list[int]) -> tuple[Any, Tensor]:
+        x, y = _batch(data, idx, self.collate)
+        return _move(x, self.device, self.cfg.channels_last), y.to(self.device, non_blocking=True)
 
     def _load(self, idx: list[int]) -> tuple[Tensor, Tensor]:
         return self._fetch(self.train_data, idx)
@@ -354,17 +393,9 @@ class Trainer:
         ``world``-th batch and all get the summed result."""
         data = self.eval_data if data is None else data
         model = (model or self.ema or self.model).eval()
-        loss_sum, correct, count = 0.0, 0, 0
         world, bs = distributed.world_size(), self.cfg.batch_size
-        for start in range(distributed.rank() * bs, len(data), bs * world):
-            x, y = self._fetch(data, list(range(start, min(start + bs, len(data)))))
-            with autocast(self.device, self.cfg.precision):
-                out = _call(model, x)
-            out, y = flatten_tokens(out.float(), y)
-            real = y != IGNORE_INDEX
-            loss_sum += F.cross_entropy(out, y, reduction="sum", ignore_index=IGNORE_INDEX).item()
-            correct += ((out.argmax(-1) == y) & real).sum().item()
-            count += int(real.sum())
+        starts = range(distributed.rank() * bs, len(data), bs * world)
+        loss_sum, correct, count = _eval_sums(model, data, starts, bs, self._fetch, self.device, self.cfg.precision)
         if world > 1:
             sums = distributed.all_reduce_sum(torch.tensor([loss_sum, correct, count], dtype=torch.float64,
                                                            device=self.device))

@@ -9,14 +9,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
+
 __all__ = ["SqueezeExcite", "CBAM", "ChannelGate", "SpatialGate", "build_channel_attention", "CHANNEL_ATTENTION"]
 
 
 def _hidden(channels: int, reduction: int) -> int:
     if not isinstance(channels, int) or channels <= 0:
-        raise ValueError(f"channels must be a positive integer; got {channels!r}")
+        raise InputError(f"channels must be a positive integer; got {channels!r}")
     if not isinstance(reduction, int) or reduction <= 0:
-        raise ValueError(f"reduction must be a positive integer; got {reduction!r}")
+        raise InputError(f"reduction must be a positive integer; got {reduction!r}")
     # At least one hidden unit, so that narrow layers (channels < reduction) still work.
     return max(channels // reduction, 1)
 
@@ -75,7 +77,7 @@ class SpatialGate(nn.Module):
     def __init__(self, kernel_size: int = 7) -> None:
         super().__init__()
         if not isinstance(kernel_size, int) or kernel_size <= 0 or kernel_size % 2 == 0:
-            raise ValueError(f"spatial_kernel must be a positive odd integer; got {kernel_size!r}")
+            raise InputError(f"spatial_kernel must be a positive odd integer; got {kernel_size!r}")
         self.conv = nn.Conv2d(2, 1, kernel_size, padding=kernel_size // 2)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -111,11 +113,11 @@ def build_channel_attention(name: str | None, channels: int, **options) -> nn.Mo
     to the constructor (``reduction``; ``spatial_kernel`` for CBAM)."""
     if name is None or name == "none":
         if options:
-            raise ValueError(f"channel attention options need channel_attention 'se' or 'cbam'; got {options}")
+            raise InputError(f"channel attention options need channel_attention 'se' or 'cbam'; got {options}")
         return nn.Identity()
     if name == "se":
         return SqueezeExcite(channels, **options)
     if name == "cbam":
         return CBAM(channels, **options)
     choices = ", ".join(map(repr, CHANNEL_ATTENTION))
-    raise ValueError(f"channel_attention must be None or one of {choices}; got {name!r}")
+    raise InputError(f"channel_attention must be None or one of {choices}; got {name!r}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from ..errors import InputError
+
 __all__ = ["DropPath", "drop_path_rates"]
 
 
@@ -14,7 +16,7 @@ class DropPath(nn.Module):
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()
         if not 0.0 <= p < 1.0:
-            raise ValueError(f"drop path probability must be in [0, 1); got {p}")
+            raise InputError(f"drop path probability must be in [0, 1); got {p}")
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..dropout import Dropout
+from ..errors import InputError
 
 __all__ = ["Mlp", "get_activation", "ACTIVATIONS"]
 
@@ -20,7 +21,7 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 
 def get_activation(name: str) -> Callable[[Tensor], Tensor]:
     if name not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}; got {name!r}")
+        raise InputError(f"activation must be one of {sorted(ACTIVATIONS)}; got {name!r}")
     return ACTIVATIONS[name]
 
 

@@ -11,6 +11,7 @@ from typing import Callable
 from torch import Tensor, nn
 
 from ..attention.functional import _shape
+from ..errors import InputError
 
 __all__ = ["LayerNorm", "TokenBatchNorm", "build_norm", "NORMS"]
 
@@ -37,9 +38,9 @@ class TokenBatchNorm(nn.BatchNorm1d):
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:  # type: ignore[override]
         if x.dim() != 3 or x.shape[-1] != self.num_features:
-            raise ValueError(f"x must have shape (B, L, {self.num_features}); got {_shape(x)}")
+            raise InputError(f"x must have shape (B, L, {self.num_features}); got {_shape(x)}")
         if padding_mask is not None and tuple(padding_mask.shape) != tuple(x.shape[:2]):
-            raise ValueError(
+            raise InputError(
                 f"padding_mask must have shape (B, L) = ({x.shape[0]}, {x.shape[1]}); got {_shape(padding_mask)}"
             )
         batch_stats = self.training or not self.track_running_stats
@@ -62,5 +63,5 @@ def build_norm(name: str, dim: int, eps: float = 1e-5) -> nn.Module:
     """A norm by name: ``"layernorm"`` (``"ln"``) or ``"batchnorm"`` (``"bn"``)."""
     key = _ALIASES.get(name.lower(), name.lower()) if isinstance(name, str) else name
     if key not in NORMS:
-        raise ValueError(f"norm must be one of {sorted(NORMS)}; got {name!r}")
+        raise InputError(f"norm must be one of {sorted(NORMS)}; got {name!r}")
     return NORMS[key](dim, eps=eps)

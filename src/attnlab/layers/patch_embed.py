@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from ..errors import InputError
+
 __all__ = ["PatchEmbed", "to_2tuple"]
 
 
@@ -12,7 +14,7 @@ def to_2tuple(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
         return (x, x)
     t = tuple(x)
     if len(t) != 2:
-        raise ValueError(f"expected an int or a pair (height, width); got {x!r}")
+        raise InputError(f"expected an int or a pair (height, width); got {x!r}")
     return t  # type: ignore[return-value]
 
 
@@ -37,12 +39,12 @@ class PatchEmbed(nn.Module):
         feat = (self.img_size[0] // backbone_stride, self.img_size[1] // backbone_stride)
         for side, f, p in zip(("height", "width"), feat, self.patch_size):
             if f % p != 0:
-                raise ValueError(f"image {side} {f * backbone_stride} is not divisible by the patch size {p * backbone_stride}")
+                raise InputError(f"image {side} {f * backbone_stride} is not divisible by the patch size {p * backbone_stride}")
         self.grid_size = (feat[0] // self.patch_size[0], feat[1] // self.patch_size[1])
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         chans = backbone_channels if backbone is not None else in_chans
         if chans is None:
-            raise ValueError("backbone_channels is required with a backbone")
+            raise InputError("backbone_channels is required with a backbone")
         self.in_chans = in_chans
         self.proj = nn.Conv2d(chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
 
@@ -50,14 +52,14 @@ class PatchEmbed(nn.Module):
         """The token grid an input of this size gives; raises if it does not divide."""
         ph, pw = self.patch_size[0] * self.stride, self.patch_size[1] * self.stride
         if height % ph or width % pw:
-            raise ValueError(
+            raise InputError(
                 f"image size ({height}, {width}) must be divisible by the patch size ({ph}, {pw})"
             )
         return height // ph, width // pw
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 4 or x.shape[1] != self.in_chans:
-            raise ValueError(f"images must have shape (B, {self.in_chans}, H, W); got {tuple(x.shape)}")
+            raise InputError(f"images must have shape (B, {self.in_chans}, H, W); got {tuple(x.shape)}")
         self.grid_for(x.shape[2], x.shape[3])
         if self.backbone is not None:
             x = self.backbone(x)

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import InputError
+
 __all__ = ["sincos_2d", "resample_pos_embed", "RelativePositionBias"]
 
 
@@ -14,7 +16,7 @@ def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10000.0) -> 
     """``(H*W, dim)`` fixed 2-D sin-cos embedding: half of the features encode the row,
     half the column (as in MoCo v3 / "Simple ViT"). ``dim`` must be divisible by 4."""
     if dim % 4 != 0:
-        raise ValueError(f"embed_dim must be divisible by 4 for 2-D sin-cos positions; got {dim}")
+        raise InputError(f"embed_dim must be divisible by 4 for 2-D sin-cos positions; got {dim}")
     h, w = grid
     y, x = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
     omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
@@ -33,10 +35,10 @@ def resample_pos_embed(
     if old_grid is None:
         side = int(round(n**0.5))
         if side * side != n:
-            raise ValueError(f"cannot infer a square grid from {n} position embeddings; pass old_grid")
+            raise InputError(f"cannot infer a square grid from {n} position embeddings; pass old_grid")
         old_grid = (side, side)
     if old_grid[0] * old_grid[1] != n:
-        raise ValueError(f"old_grid {old_grid} does not match {n} position embeddings")
+        raise InputError(f"old_grid {old_grid} does not match {n} position embeddings")
     if tuple(old_grid) == tuple(new_grid):
         return pos_embed
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
+
 __all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEncoding", "build_pos_encoding"]
 
 
@@ -27,9 +29,9 @@ class _PositionalEncoding(nn.Module):
 
     def _check(self, x: Tensor, offset: int) -> None:
         if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape (B, L, {self.dim}); got {tuple(x.shape)}")
+            raise InputError(f"x must have shape (B, L, {self.dim}); got {tuple(x.shape)}")
         if offset + x.shape[1] > self.max_len:
-            raise ValueError(
+            raise InputError(
                 f"positions {offset}..{offset + x.shape[1] - 1} exceed max_len={self.max_len}; "
                 "build the model with a larger max_len"
             )
@@ -72,7 +74,7 @@ def build_pos_encoding(name: str, dim: int, max_len: int) -> nn.Module:
         return LearnedPositionalEncoding(dim, max_len)
     if name == "none":
         return _NoPositions()
-    raise ValueError(f"pos_encoding must be one of ['learned', 'none', 'sinusoidal']; got {name!r}")
+    raise InputError(f"pos_encoding must be one of ['learned', 'none', 'sinusoidal']; got {name!r}")
 
 
 class _NoPositions(nn.Module):

@@ -30,6 +30,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
+
 __all__ = ["RelativePositionBias", "relative_position_bucket"]
 
 
@@ -74,7 +76,7 @@ class RelativePositionBias(nn.Module):
         side = num_buckets // 2 if bidirectional else num_buckets
         # Each side needs an exact bucket and a log bucket, and room to grow past the exact ones.
         if num_heads <= 0 or side < 2 or max_distance <= side // 2:
-            raise ValueError(
+            raise InputError(
                 f"need num_heads > 0, num_buckets >= {4 if bidirectional else 2} and max_distance > "
                 f"{max(side // 2, 1)}; got num_heads={num_heads}, num_buckets={num_buckets}, "
                 f"max_distance={max_distance}, bidirectional={bidirectional}"

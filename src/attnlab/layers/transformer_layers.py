@@ -11,6 +11,7 @@ from torch.utils.checkpoint import checkpoint
 from ..attention.cache import KVCache
 from ..attention.multihead import MultiHeadAttention
 from ..dropout import Dropout
+from ..errors import InputError
 from .mlp import Mlp
 from .norms import build_norm
 
@@ -197,7 +198,7 @@ class TransformerDecoder(_Stack):
         cache: DecoderCache | None = None,
     ) -> Tensor:
         if cache is not None and len(cache.self_attn) != len(self.layers):
-            raise ValueError(
+            raise InputError(
                 f"cache has {len(cache.self_attn)} layers but the decoder has {len(self.layers)}; "
                 "make it with DecoderCache.empty(num_layers)"
             )

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from ..attention.functional import scaled_dot_product_attention
 from ..attention.multihead import MultiHeadAttention
 from ..dropout import Dropout
+from ..errors import InputError
 from ..layers.channel_attention import build_channel_attention
 from ..layers.norms import TokenBatchNorm
 from .registry import build_config, register_model
@@ -99,9 +100,9 @@ class AttentionCNNConfig:
     def __post_init__(self) -> None:
         self.widths = tuple(self.widths)  # type: ignore[assignment]
         if len(self.widths) != 2 or any(w <= 0 for w in self.widths):
-            raise ValueError(f"widths must be two positive channel counts; got {self.widths!r}")
+            raise InputError(f"widths must be two positive channel counts; got {self.widths!r}")
         if self.attention not in ("pixel", "conv_sa_bn"):
-            raise ValueError(f"attention must be 'pixel' or 'conv_sa_bn'; got {self.attention!r}")
+            raise InputError(f"attention must be 'pixel' or 'conv_sa_bn'; got {self.attention!r}")
 
 
 class AttentionCNN(nn.Module):

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from ..attention.registry import attend_grid, attention_family, build_attention
 from ..attention.variants import relpos2d  # noqa: F401  (registers "relpos2d")
+from ..errors import InputError
 from ..layers.channel_attention import build_channel_attention
 from .registry import register_model
 from .resnet import ResNet, ResNetConfig, conv1x1, projection
@@ -51,10 +52,10 @@ class BoTBlock(nn.Module):
     ) -> None:
         super().__init__()
         if stride not in (1, 2):
-            raise ValueError(f"stride must be 1 or 2; got {stride!r}")
+            raise InputError(f"stride must be 1 or 2; got {stride!r}")
         if stride == 2 and (size[0] % 2 or size[1] % 2):
             # An odd map would pool to floor(H/2) but the strided shortcut gives ceil(H/2).
-            raise ValueError(f"a stride-2 BoT block needs an even map size; got size={tuple(size)}")
+            raise InputError(f"a stride-2 BoT block needs an even map size; got size={tuple(size)}")
         out_chans = planes * self.expansion
         options = dict(attention_options or {})
         self.family = attention_family(attention)
@@ -62,7 +63,7 @@ class BoTBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(planes)
         if self.family == "grid":
             if "size" in options:
-                raise ValueError("attention_options must not set 'size': it follows the model's image_size")
+                raise InputError("attention_options must not set 'size': it follows the model's image_size")
             self.attn = build_attention(attention, planes, num_heads, size=tuple(size), **options)
         else:
             self.attn = build_attention(attention, planes, num_heads, **options)
@@ -112,16 +113,16 @@ class BoTNetConfig(ResNetConfig):
         super().__post_init__()
         size = (self.image_size, self.image_size) if isinstance(self.image_size, int) else tuple(self.image_size)
         if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
-            raise ValueError(f"image_size must be a positive integer or a pair (H, W); got {self.image_size!r}")
+            raise InputError(f"image_size must be a positive integer or a pair (H, W); got {self.image_size!r}")
         self.image_size = size
         if not isinstance(self.heads, int) or self.heads <= 0:
-            raise ValueError(f"heads must be a positive integer; got {self.heads!r}")
+            raise InputError(f"heads must be a positive integer; got {self.heads!r}")
         if self.widths[3] % self.heads != 0:
-            raise ValueError(
+            raise InputError(
                 f"widths[3] must be divisible by heads; got widths[3]={self.widths[3]}, heads={self.heads}"
             )
         if not isinstance(self.attention_options, dict):
-            raise ValueError(f"attention_options must be a dict; got {self.attention_options!r}")
+            raise InputError(f"attention_options must be a dict; got {self.attention_options!r}")
         attention_family(self.attention)  # unknown kind: ValueError listing the known ones
 
 
@@ -172,7 +173,7 @@ class BoTNet(ResNet):
     def _check_input(self, x: Tensor) -> None:
         super()._check_input(x)
         if tuple(x.shape[2:]) != self.config.image_size:
-            raise ValueError(
+            raise InputError(
                 f"x must have the spatial size image_size={self.config.image_size} that the attention was built "
                 f"for; got ({', '.join(map(str, x.shape))})"
             )

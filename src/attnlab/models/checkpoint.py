@@ -7,6 +7,7 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
+from ..errors import InputError
 from ..io import read_state_dict
 
 __all__ = ["read_state_dict", "timm_vit_to_attnlab", "attnlab_vit_to_timm", "load_checkpoint"]
@@ -72,7 +73,7 @@ def load_checkpoint(model: nn.Module, path: str | Path) -> nn.Module:
             parts.append(f"unexpected keys: {', '.join(map(timm_name, unexpected))}")
         if bad_shapes:
             parts.append(f"shape mismatches: {'; '.join(timm_name(b.split(':')[0]) + ':' + b.split(':', 1)[1] for b in bad_shapes)}")
-        raise ValueError(f"checkpoint {path} does not fit {type(model).__name__}: " + " | ".join(parts))
+        raise InputError(f"checkpoint {path} does not fit {type(model).__name__}: " + " | ".join(parts))
     if dropped_head:
         warnings.warn(f"{path}: the checkpoint's classifier head does not fit this model's "
                       f"num_classes and was not loaded ({', '.join(dropped_head)}); it starts fresh")

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.registry import attention_family, build_attention
+from ..errors import InputError
 from .registry import build_config, register_model
 
 __all__ = ["FastAttentionCNN", "FastAttentionCNNConfig"]
@@ -47,14 +48,14 @@ class FastAttentionCNNConfig:
         self.widths = tuple(self.widths)
         self.attention_after = tuple(self.attention_after)
         if not self.widths or any(not isinstance(w, int) or w <= 0 for w in self.widths):
-            raise ValueError(f"widths must be positive channel counts; got {self.widths!r}")
+            raise InputError(f"widths must be positive channel counts; got {self.widths!r}")
         for i in self.attention_after:
             if not 0 <= i < len(self.widths):
-                raise ValueError(f"attention_after must index widths (0..{len(self.widths) - 1}); got {i}")
+                raise InputError(f"attention_after must index widths (0..{len(self.widths) - 1}); got {i}")
             if self.widths[i] % self.num_heads:
-                raise ValueError(f"widths[{i}]={self.widths[i]} must be divisible by num_heads={self.num_heads}")
+                raise InputError(f"widths[{i}]={self.widths[i]} must be divisible by num_heads={self.num_heads}")
         if attention_family(self.attention) != "tokens":
-            raise ValueError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
+            raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
 
 
 class ConvGroup(nn.Module):
@@ -110,7 +111,7 @@ class FastAttentionCNN(nn.Module):
 
     def forward_features(self, x: Tensor) -> Tensor:
         if x.dim() != 4 or x.shape[1] != self.config.in_chans:
-            raise ValueError(f"x must be (B, {self.config.in_chans}, H, W); got {tuple(x.shape)}")
+            raise InputError(f"x must be (B, {self.config.in_chans}, H, W); got {tuple(x.shape)}")
         return self.features(F.gelu(self.stem(x)))
 
     def forward(self, x: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ from typing import Any, Callable, TypeVar
 
 from torch import nn
 
+from ..errors import InputError
 from ..suggest import did_you_mean
 
 __all__ = ["register_model", "create_model", "list_models", "model_entry", "build_config", "count_parameters"]
@@ -34,7 +35,7 @@ def register_model(family: str) -> Callable[[F], F]:
     def deco(fn: F) -> F:
         name = fn.__name__
         if name in _REGISTRY:
-            raise ValueError(f"model {name!r} is already registered")
+            raise InputError(f"model {name!r} is already registered")
         doc = (fn.__doc__ or "").strip().splitlines()
         _REGISTRY[name] = ModelEntry(name, family, fn, doc[0] if doc else "")
         return fn
@@ -42,8 +43,8 @@ def register_model(family: str) -> Callable[[F], F]:
     return deco
 
 
-def _unknown(kind: str, name: str, known: list[str]) -> ValueError:
-    return ValueError(f"unknown {kind} {name!r}" + did_you_mean(name, known))
+def _unknown(kind: str, name: str, known: list[str]) -> InputError:
+    return InputError(f"unknown {kind} {name!r}" + did_you_mean(name, known))
 
 
 def model_entry(name: str) -> ModelEntry:

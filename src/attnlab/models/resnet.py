@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from ..errors import InputError
 from ..layers.channel_attention import CHANNEL_ATTENTION, build_channel_attention
 from .registry import build_config, register_model
 
@@ -124,20 +125,20 @@ class ResNetConfig:
     def __post_init__(self) -> None:
         self.layers, self.widths = tuple(self.layers), tuple(self.widths)
         if self.block not in BLOCKS:
-            raise ValueError(f"block must be one of {sorted(BLOCKS)}; got {self.block!r}")
+            raise InputError(f"block must be one of {sorted(BLOCKS)}; got {self.block!r}")
         for name in ("layers", "widths"):
             value = getattr(self, name)
             if len(value) != 4 or not all(isinstance(v, int) and v > 0 for v in value):
-                raise ValueError(f"{name} must be 4 positive integers, one per stage; got {value!r}")
+                raise InputError(f"{name} must be 4 positive integers, one per stage; got {value!r}")
         if self.stem not in STEMS:
-            raise ValueError(f"stem must be one of {', '.join(map(repr, STEMS))}; got {self.stem!r}")
+            raise InputError(f"stem must be one of {', '.join(map(repr, STEMS))}; got {self.stem!r}")
         for name in ("in_chans", "stem_width"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)!r}")
+                raise InputError(f"{name} must be a positive integer; got {getattr(self, name)!r}")
         if not isinstance(self.num_classes, int) or self.num_classes < 0:
-            raise ValueError(f"num_classes must be a non-negative integer; got {self.num_classes!r}")
+            raise InputError(f"num_classes must be a non-negative integer; got {self.num_classes!r}")
         if self.channel_attention is not None and self.channel_attention not in CHANNEL_ATTENTION:
-            raise ValueError(
+            raise InputError(
                 f"channel_attention must be None or one of {', '.join(map(repr, CHANNEL_ATTENTION))}; "
                 f"got {self.channel_attention!r}"
             )
@@ -241,7 +242,7 @@ class ResNet(nn.Module):
         keys are a subset of this model's. ``stage_channels[n - 1]`` is its output width.
         """
         if not isinstance(n, int) or not 0 <= n <= 4:
-            raise ValueError(f"n must be an integer in [0, 4]; got {n!r}")
+            raise InputError(f"n must be an integer in [0, 4]; got {n!r}")
         mods = OrderedDict(conv1=self.conv1, bn1=self.bn1, relu=self.relu, maxpool=self.maxpool)
         for i in range(n):
             mods[f"layer{i + 1}"] = self.stage_list()[i]
@@ -269,7 +270,7 @@ class ResNet(nn.Module):
 
     def _check_input(self, x: Tensor) -> None:
         if x.dim() != 4 or x.shape[1] != self.config.in_chans:
-            raise ValueError(
+            raise InputError(
                 f"x must have shape (B, {self.config.in_chans}, H, W); got ({', '.join(map(str, x.shape))})"
             )
 

@@ -55,6 +55,7 @@ from torch import Tensor, nn
 
 from ..attention.registry import attention_family, build_attention
 from ..dropout import Dropout
+from ..errors import InputError
 from ..layers.norms import build_norm
 from ..layers.pos_encoding import build_pos_encoding
 from ..layers.relative_bias import RelativePositionBias
@@ -95,32 +96,32 @@ class SentimentConfig:
         for name in ("vocab_size", "num_classes", "embed_dim", "num_heads", "max_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+                raise InputError(f"{name} must be a positive integer; got {value!r}")
         if not isinstance(self.depth, int) or isinstance(self.depth, bool) or self.depth < 0:
-            raise ValueError(f"depth must be a non-negative integer; got {self.depth!r}")
+            raise InputError(f"depth must be a non-negative integer; got {self.depth!r}")
         if self.embed_dim % self.num_heads:
-            raise ValueError(
+            raise InputError(
                 f"embed_dim must be divisible by num_heads; got embed_dim={self.embed_dim}, num_heads={self.num_heads}"
             )
         if not self.mlp_ratio > 0:
-            raise ValueError(f"mlp_ratio must be positive; got {self.mlp_ratio!r}")
+            raise InputError(f"mlp_ratio must be positive; got {self.mlp_ratio!r}")
         for name in ("dropout", "attn_dropout", "embed_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1); got {getattr(self, name)!r}")
+                raise InputError(f"{name} must be in [0, 1); got {getattr(self, name)!r}")
         if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {list(POOLINGS)}; got {self.pooling!r}")
+            raise InputError(f"pooling must be one of {list(POOLINGS)}; got {self.pooling!r}")
         if self.pos_encoding not in POS_ENCODINGS:
-            raise ValueError(f"pos_encoding must be one of {list(POS_ENCODINGS)}; got {self.pos_encoding!r}")
+            raise InputError(f"pos_encoding must be one of {list(POS_ENCODINGS)}; got {self.pos_encoding!r}")
         if self.padding_idx is not None and not 0 <= self.padding_idx < self.vocab_size:
-            raise ValueError(
+            raise InputError(
                 f"padding_idx must be None or in [0, vocab_size={self.vocab_size}); got {self.padding_idx}"
             )
         if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
-            raise ValueError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
+            raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         if "dropout" in self.attention_options:
-            raise ValueError("attention_options must not set 'dropout'; use attn_dropout")
+            raise InputError("attention_options must not set 'dropout'; use attn_dropout")
         if self.pos_encoding == "relative" and self.attention != "exact":  # the other kinds take no attn_mask
-            raise ValueError(
+            raise InputError(
                 f"pos_encoding='relative' needs attention='exact' (the bias is an attn_mask); "
                 f"got attention={self.attention!r}"
             )
@@ -198,13 +199,13 @@ class AttentionSentimentClassifier(nn.Module):
     def padding_mask(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor | None:
         """attnlab's ``key_padding_mask`` ``(B, L)``, ``True`` = padding (``None``: no padding)."""
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
-            raise ValueError(
+            raise InputError(
                 f"input_ids must be integer token ids of shape (B, L); got {input_ids.dtype} {tuple(input_ids.shape)}"
             )
         if attention_mask is None:
             return None if self.config.padding_idx is None else input_ids == self.config.padding_idx
         if attention_mask.shape != input_ids.shape:
-            raise ValueError(
+            raise InputError(
                 f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}; "
                 f"got {tuple(attention_mask.shape)}"
             )

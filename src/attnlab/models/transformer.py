@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from ..attention.registry import attention_family, build_attention
 from ..dropout import Dropout
+from ..errors import InputError
 from ..layers.norms import build_norm
 from ..layers.pos_encoding import build_pos_encoding
 from ..layers.transformer_layers import (
@@ -88,7 +89,7 @@ class Transformer(nn.Module):
         enc0 = module.encoder.layers[0]
         act = {1: "relu", 2: "gelu"}.get(getattr(enc0, "activation_relu_or_gelu", 0))
         if act is None:
-            raise ValueError("from_torch: only 'relu' and 'gelu' activations are supported")
+            raise InputError("from_torch: only 'relu' and 'gelu' activations are supported")
         new = cls(
             d_model=module.d_model, nhead=module.nhead, num_encoder_layers=len(module.encoder.layers),
             num_decoder_layers=len(module.decoder.layers), dim_feedforward=enc0.linear1.out_features,
@@ -151,29 +152,29 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "nhead", "dim_feedforward", "max_len"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)!r}")
+                raise InputError(f"{name} must be a positive integer; got {getattr(self, name)!r}")
         for name in ("num_encoder_layers", "num_decoder_layers"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be a non-negative integer; got {getattr(self, name)!r}")
+                raise InputError(f"{name} must be a non-negative integer; got {getattr(self, name)!r}")
         if self.d_model % self.nhead != 0:
-            raise ValueError(f"d_model must be divisible by nhead; got d_model={self.d_model}, nhead={self.nhead}")
+            raise InputError(f"d_model must be divisible by nhead; got d_model={self.d_model}, nhead={self.nhead}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
+            raise InputError(f"dropout must be in [0, 1); got {self.dropout}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
-            raise ValueError(
+            raise InputError(
                 "share_embeddings needs src_vocab_size == tgt_vocab_size; "
                 f"got {self.src_vocab_size} and {self.tgt_vocab_size}"
             )
         for name in ("pad_id", "bos_id", "eos_id"):
             idx = getattr(self, name)
             if not 0 <= idx < min(self.src_vocab_size, self.tgt_vocab_size):
-                raise ValueError(f"{name} must index both vocabularies; got {idx}")
+                raise InputError(f"{name} must index both vocabularies; got {idx}")
         if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
-            raise ValueError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
+            raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         if "dropout" in self.attention_options:
-            raise ValueError("attention_options must not set 'dropout'; use attention_dropout")
+            raise InputError("attention_options must not set 'dropout'; use attention_dropout")
         if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
-            raise ValueError(f"pad_id, bos_id and eos_id must differ; got {self.pad_id}, {self.bos_id}, {self.eos_id}")
+            raise InputError(f"pad_id, bos_id and eos_id must differ; got {self.pad_id}, {self.bos_id}, {self.eos_id}")
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -224,7 +225,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def _check_ids(self, name: str, ids: Tensor) -> None:
         if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"{name} must be integer token ids of shape (B, L); got {ids.dtype} {tuple(ids.shape)}")
+            raise InputError(f"{name} must be integer token ids of shape (B, L); got {ids.dtype} {tuple(ids.shape)}")
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """``src`` ``(B, Ls)`` -> memory ``(B, Ls, E)`` and its padding mask ``(B, Ls)``."""
@@ -246,7 +247,7 @@ class Seq2SeqTransformer(nn.Module):
         """
         self._check_ids("tgt", tgt)
         if memory.shape[0] != tgt.shape[0]:
-            raise ValueError(f"memory must have tgt's batch size {tgt.shape[0]}; got shape {tuple(memory.shape)}")
+            raise InputError(f"memory must have tgt's batch size {tgt.shape[0]}; got shape {tuple(memory.shape)}")
         offset = 0 if cache is None else cache.seq_len
         x = self.embed_drop(self.tgt_pos(self.tgt_embed(tgt) * self.embed_scale, offset))
         tgt_pad = None if cache is not None or last_only else tgt == self.config.pad_id
@@ -279,9 +280,9 @@ class Seq2SeqTransformer(nn.Module):
         if max_new_tokens is None:
             max_new_tokens = min(src.shape[1] + 50, self.config.max_len)
         if not 0 < max_new_tokens <= self.config.max_len:
-            raise ValueError(f"max_new_tokens must be in [1, {self.config.max_len}]; got {max_new_tokens}")
+            raise InputError(f"max_new_tokens must be in [1, {self.config.max_len}]; got {max_new_tokens}")
         if not isinstance(num_beams, int) or num_beams < 1:
-            raise ValueError(f"num_beams must be a positive integer; got {num_beams!r}")
+            raise InputError(f"num_beams must be a positive integer; got {num_beams!r}")
         if num_beams == 1:
             return greedy_search(self, src, max_new_tokens, use_cache=use_cache)[0]
         return beam_search(self, src, num_beams, max_new_tokens, length_penalty=length_penalty, use_cache=use_cache)[0]

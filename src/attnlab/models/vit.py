@@ -11,6 +11,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..attention.registry import attention_family, build_attention
 from ..dropout import Dropout
+from ..errors import InputError
 from ..layers.drop_path import DropPath, drop_path_rates
 from ..layers.mlp import Mlp
 from ..layers.patch_embed import PatchEmbed, to_2tuple
@@ -49,17 +50,17 @@ class ViTConfig:
         for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+                raise InputError(f"{name} must be a positive integer; got {value!r}")
         if self.num_classes < 0:
-            raise ValueError(f"num_classes must be >= 0 (0: no head); got {self.num_classes}")
+            raise InputError(f"num_classes must be >= 0 (0: no head); got {self.num_classes}")
         if self.embed_dim % self.num_heads:
-            raise ValueError(f"embed_dim must be divisible by num_heads; got {self.embed_dim} and {self.num_heads}")
+            raise InputError(f"embed_dim must be divisible by num_heads; got {self.embed_dim} and {self.num_heads}")
         if self.global_pool not in ("token", "avg"):
-            raise ValueError(f"global_pool must be 'token' or 'avg'; got {self.global_pool!r}")
+            raise InputError(f"global_pool must be 'token' or 'avg'; got {self.global_pool!r}")
         if self.global_pool == "token" and not self.class_token:
-            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
+            raise InputError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
         if self.pos_embed not in ("learned", "sincos2d", "relative", "none"):
-            raise ValueError(f"pos_embed must be one of learned, sincos2d, relative, none; got {self.pos_embed!r}")
+            raise InputError(f"pos_embed must be one of learned, sincos2d, relative, none; got {self.pos_embed!r}")
         attention_family(self.attention)  # unknown names fail here, with suggestions
 
 
@@ -160,7 +161,7 @@ class VisionTransformer(nn.Module):
     def _positions(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         cfg = self.config
         if cfg.pos_embed == "relative" and grid != self.patch_embed.grid_size:
-            raise ValueError(
+            raise InputError(
                 f"relative position bias is built for a {self.patch_embed.grid_size} grid; got {grid}"
             )
         if cfg.pos_embed == "learned":

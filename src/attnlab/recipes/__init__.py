@@ -11,6 +11,7 @@ import yaml
 
 from ..engine.config import ConfigError, apply_overrides, from_dict
 from ..engine.trainer import TrainConfig
+from ..errors import InputError
 from ..suggest import did_you_mean
 
 __all__ = ["Recipe", "DataConfig", "ModelConfig", "TextConfig", "TranslateConfig", "list_recipes", "load_recipe"]
@@ -73,15 +74,15 @@ class Recipe:
         wanted = {"image_classification": ("digits", "cifar10"), "sentiment": ("mr",),
                   "translation": ("multi30k",)}[self.task]
         if self.data.name not in wanted:
-            raise ValueError(f"data.name must be one of {', '.join(map(repr, wanted))} for task {self.task!r}; "
+            raise InputError(f"data.name must be one of {', '.join(map(repr, wanted))} for task {self.task!r}; "
                              f"got {self.data.name!r}")
         if self.task == "translation":
             if self.data.source == self.data.target:
-                raise ValueError(f"data.source and data.target must differ; got {self.data.source!r} for both")
+                raise InputError(f"data.source and data.target must differ; got {self.data.source!r} for both")
             if self.text.tokenizer_file and not self.text.joint_vocab:
-                raise ValueError("text.tokenizer_file gives one joint vocabulary; set text.joint_vocab=true with it")
+                raise InputError("text.tokenizer_file gives one joint vocabulary; set text.joint_vocab=true with it")
             if self.translate.average_checkpoints > self.train.keep_checkpoints:
-                raise ValueError(
+                raise InputError(
                     f"translate.average_checkpoints must not exceed train.keep_checkpoints (the checkpoints kept); "
                     f"got {self.translate.average_checkpoints} > {self.train.keep_checkpoints}")
 

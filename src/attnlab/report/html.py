@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
 from .curves import plot_curves, read_metrics
 from .markdown import markdown_to_html
@@ -224,7 +225,7 @@ def write_bench_report(out_dir: str | Path, out: str | Path | None = None) -> Pa
 
     out_dir = Path(out_dir)
     if not (out_dir / "results.json").is_file():
-        raise ValueError(f"out_dir must be an 'attnlab bench attention' output folder with results.json; "
+        raise InputError(f"out_dir must be an 'attnlab bench attention' output folder with results.json; "
                          f"{out_dir} has none")
     data = read_json_mapping(out_dir / "results.json")
     table = out_dir / "table.md"

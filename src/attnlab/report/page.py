@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, Union
 
+from ..errors import InputError
+
 __all__ = ["Section", "Image", "Table", "Pre", "Note", "Html", "render_html", "data_uri"]
 
 
@@ -100,7 +102,7 @@ def data_uri(source: bytes | str | Path) -> str:
     mime = next((m for magic, m in _MIME if data.startswith(magic)), None)
     if mime is None:
         name = "bytes" if isinstance(source, bytes) else str(source)
-        raise ValueError(f"image must be PNG, JPEG or GIF data; {name} is none of them")
+        raise InputError(f"image must be PNG, JPEG or GIF data; {name} is none of them")
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 

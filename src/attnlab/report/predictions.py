@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ..errors import InputError
+
 __all__ = ["ClassifierPredictions", "classifier_predictions", "confusion_png", "image_samples_png",
            "translation_samples", "is_cross_validation"]
 
@@ -100,13 +102,13 @@ def classifier_predictions(run_dir: str | Path, checkpoint: str = "last", device
         return ClassifierPredictions(list(ic.DATA_INFO[recipe.data.name]["classes"]), true, pred, prob,
                                      _step(folder), [test.ds[i][0] for i in shown], shown)
     if recipe.task != "sentiment":
-        raise ValueError(f"run_dir must be a classification run; {run_dir} is a {recipe.task!r} run")
+        raise InputError(f"run_dir must be a classification run; {run_dir} is a {recipe.task!r} run")
     from ..tasks import sentiment
 
     folds = [run_dir / f"fold_{k}" for k in range(10) if (run_dir / f"fold_{k}" / "checkpoints").is_dir()]
     folders = folds if is_cross_validation(run_dir) else [run_dir]
     if not folders:
-        raise ValueError(f"run_dir must hold trained folds; {run_dir} has no fold_<k>/checkpoints yet")
+        raise InputError(f"run_dir must hold trained folds; {run_dir} has no fold_<k>/checkpoints yet")
     out = ClassifierPredictions(list(sentiment.CLASSES), [], [], [], "")
     for folder in folders:
         recipe, tokenizer, model, weights = sentiment.load_run(folder, checkpoint)
@@ -163,7 +165,7 @@ def image_samples_png(p: ClassifierPredictions) -> bytes:
 
     count = len(p.examples)
     if not count:
-        raise ValueError("image_samples_png needs predictions with examples; got none")
+        raise InputError("image_samples_png needs predictions with examples; got none")
     cols = min(6, count)
     rows = (count + cols - 1) // cols
     fig = Figure(figsize=(1.9 * cols, 2.2 * rows))
@@ -195,7 +197,7 @@ def translation_samples(run_dir: str | Path, count: int = 8) -> list[tuple[str, 
     recipe = read_recipe(run_dir)
     path = run_dir / "translations.test.txt"
     if not path.is_file():
-        raise ValueError(f"run_dir must hold translations.test.txt (written at the end of training); "
+        raise InputError(f"run_dir must hold translations.test.txt (written at the end of training); "
                          f"{run_dir} has none")
     hyps = path.read_text(encoding="utf-8").splitlines()
     pairs = load_multi30k("test", recipe.data.data_dir, recipe.data.source, recipe.data.target)

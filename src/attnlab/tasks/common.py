@@ -29,6 +29,7 @@ from ..engine.config import ConfigError, from_dict
 from ..engine.device import select_device
 from ..engine.rundir import RunDirError, RunLock, inspect_run_dir, make_run_dir
 from ..engine.trainer import IGNORE_INDEX, Trainer, flatten_tokens
+from ..errors import InputError
 from ..io import atomic_write_bytes, read_yaml_mapping
 from ..models import count_parameters
 from ..recipes import Recipe
@@ -95,11 +96,11 @@ def _read_changes(run_dir: Path) -> list[dict[str, Any]]:
     try:
         records = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path} cannot be read: {exc}") from None
+        raise InputError(f"{path} cannot be read: {exc}") from None
     if not isinstance(records, list) or not all(
             isinstance(r, dict) and isinstance(r.get("changed"), dict)
             and all(isinstance(c, dict) and "to" in c for c in r["changed"].values()) for r in records):
-        raise ValueError(f"{path} is damaged: expected a list of {{step, time, changed: {{key: {{from, to}}}}}} records")
+        raise InputError(f"{path} is damaged: expected a list of {{step, time, changed: {{key: {{from, to}}}}}} records")
     return records
 
 
@@ -109,12 +110,12 @@ def read_recipe(run_dir: str | Path) -> Recipe:
     empty or not a valid recipe."""
     run_dir = Path(run_dir)
     if not (run_dir / CONFIG).exists():
-        raise ValueError(f"run_dir must be an attnlab run directory with {CONFIG}; {run_dir} has none")
+        raise InputError(f"run_dir must be an attnlab run directory with {CONFIG}; {run_dir} has none")
     data = read_config(run_dir)
     try:
         return from_dict(Recipe, data)
     except ValueError as exc:
-        raise ValueError(f"{run_dir / CONFIG} is not a valid recipe: {exc}") from None
+        raise InputError(f"{run_dir / CONFIG} is not a valid recipe: {exc}") from None
 
 
 def _record_changes(run_dir: Path, changes: dict[str, tuple[Any, Any]], step: int) -> None:

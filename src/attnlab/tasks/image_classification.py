@@ -13,6 +13,7 @@ from torch import nn
 from ..data import load_digits_dataset
 from ..data.images import CIFAR10, CIFAR10_CLASSES, decompression_bomb_sizes
 from ..data.transforms import cifar_eval_transforms, cifar_train_transforms, digits_transforms
+from ..errors import InputError
 from ..models import create_model
 from ..recipes import Recipe
 from .common import evaluate_model, load_weights, open_run, read_recipe, train_and_test
@@ -61,7 +62,7 @@ def build_data(recipe: Recipe) -> tuple[Any, Any]:
         train, test = CIFAR10(data.data_dir, "train"), CIFAR10(data.data_dir, "test")
         augment = cifar_train_transforms() if data.augment else cifar_eval_transforms()
         return _Transformed(train, augment), _Transformed(test, cifar_eval_transforms())
-    raise ValueError(f"data.name must be 'digits' or 'cifar10'; got {data.name!r}")
+    raise InputError(f"data.name must be 'digits' or 'cifar10'; got {data.name!r}")
 
 
 def run(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
@@ -108,16 +109,16 @@ def read_image(path: str | Path, mode: str, size: tuple[int, int]) -> torch.Tens
                 im = im.resize((size[1], size[0]), Image.BILINEAR)
             array = np.array(im, dtype=np.uint8)  # a writable copy
     except FileNotFoundError:
-        raise ValueError(f"FILE {str(path)!r} does not exist") from None
+        raise InputError(f"FILE {str(path)!r} does not exist") from None
     except Image.DecompressionBombError as exc:  # not an OSError
         pixels, limit = decompression_bomb_sizes(exc)
-        raise ValueError(
+        raise InputError(
             f"FILE {str(path)!r} is too large to read safely: {pixels} pixels, more than Pillow's limit of "
             f"{limit} pixels (a guard against decompression bombs); downscale it (the model reads it at "
             f"{size[0]}x{size[1]}) and try again"
         ) from None
     except (OSError, ValueError) as exc:
-        raise ValueError(f"FILE {str(path)!r} is not a readable image ({exc})") from None
+        raise InputError(f"FILE {str(path)!r} is not a readable image ({exc})") from None
     return torch.from_numpy(array.reshape(size[0], size[1], -1)).permute(2, 0, 1).contiguous()
 
 

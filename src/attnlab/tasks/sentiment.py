@@ -26,6 +26,7 @@ from ..data.mr import load_mr, mr_folds, mr_split
 from ..data.text import SentimentDataset
 from ..data.tokenize import TextTokenizer
 from ..engine import distributed
+from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
 from ..models import create_model
 from ..recipes import Recipe
@@ -126,7 +127,7 @@ def load_run(run_dir: str | Path, checkpoint: str = "auto") -> tuple[Recipe, Tex
     recipe = read_recipe(run_dir)
     if not (run_dir / "tokenizer.json").is_file():
         hint = " (a cross-validation run: use one of its fold_<k> folders)" if (run_dir / "fold_0").is_dir() else ""
-        raise ValueError(f"run_dir must hold the run's tokenizer.json; {run_dir} has none{hint}")
+        raise InputError(f"run_dir must hold the run's tokenizer.json; {run_dir} has none{hint}")
     tokenizer = TextTokenizer.load(run_dir / "tokenizer.json")
     model = build_model(recipe, tokenizer)
     folder = load_weights(run_dir, model, checkpoint)
@@ -142,7 +143,7 @@ def held_out_set(run_dir: str | Path, recipe: Recipe, tokenizer: TextTokenizer) 
     else:
         k = run_dir.name.removeprefix("fold_")
         if not k.isdigit() or not 0 <= int(k) < 10:
-            raise ValueError(f"run_dir of a cross-validation run must be a fold_<k> folder; got {run_dir}")
+            raise InputError(f"run_dir of a cross-validation run must be a fold_<k> folder; got {run_dir}")
         test_idx = mr_folds(labels, 10, seed=recipe.data.seed)[int(k)][1]
     return SentimentDataset([texts[i] for i in test_idx], [labels[i] for i in test_idx], tokenizer,
                             recipe.text.max_length)

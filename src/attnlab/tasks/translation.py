@@ -35,6 +35,7 @@ from ..data.translation import TranslationDataset
 from ..engine import distributed
 from ..engine.checkpoint import average_checkpoints, checkpoint_step, list_checkpoints, save_named_checkpoint
 from ..engine.device import select_device
+from ..errors import InputError
 from ..io import atomic_write_bytes
 from ..models import create_model
 from ..recipes import Recipe
@@ -52,7 +53,7 @@ def bleu_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[st
     import sacrebleu
 
     if len(hypotheses) != len(references):
-        raise ValueError(f"hypotheses and references must pair up; got {len(hypotheses)} and {len(references)}")
+        raise InputError(f"hypotheses and references must pair up; got {len(hypotheses)} and {len(references)}")
     cased = sacrebleu.BLEU()
     lower = sacrebleu.BLEU(lowercase=True)
     hyps, refs = list(hypotheses), [list(references)]
@@ -88,7 +89,7 @@ def build_tokenizers(recipe: Recipe, pairs: Sequence[tuple[str, str]]) -> tuple[
 def build_model(recipe: Recipe, src_tok: TextTokenizer, tgt_tok: TextTokenizer) -> nn.Module:
     ids = {"pad_id": tgt_tok.pad_id, "bos_id": tgt_tok.bos_id, "eos_id": tgt_tok.eos_id}
     if src_tok.pad_id != tgt_tok.pad_id:
-        raise ValueError(f"source and target tokenizers must share the [PAD] id; got {src_tok.pad_id} and "
+        raise InputError(f"source and target tokenizers must share the [PAD] id; got {src_tok.pad_id} and "
                          f"{tgt_tok.pad_id}")
     options = {"max_len": max(recipe.text.max_length, 64) + 64, "share_embeddings": src_tok is tgt_tok,
                **ids, **recipe.model.options}
@@ -108,11 +109,11 @@ def translate(model: nn.Module, src_tok: TextTokenizer, tgt_tok: TextTokenizer, 
     model's ``max_len``).
     """
     if not isinstance(num_beams, int) or num_beams < 1:
-        raise ValueError(f"num_beams must be a positive integer; got {num_beams!r}")
+        raise InputError(f"num_beams must be a positive integer; got {num_beams!r}")
     if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
-        raise ValueError(f"max_length must be a positive integer; got {max_length!r}")
+        raise InputError(f"max_length must be a positive integer; got {max_length!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
+        raise InputError(f"batch_size must be a positive integer; got {batch_size!r}")
     texts = list(texts)
     out = [""] * len(texts)
     live = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
@@ -238,11 +239,11 @@ def load_run(run_dir: str | Path, checkpoint: str = "auto") -> tuple[Recipe, Tex
     run_dir = Path(run_dir)
     recipe = read_recipe(run_dir)
     if recipe.task != "translation":
-        raise ValueError(f"run_dir must be a translation run; {run_dir} is a {recipe.task!r} run")
+        raise InputError(f"run_dir must be a translation run; {run_dir} is a {recipe.task!r} run")
     src_path, tgt_path = _tokenizer_paths(run_dir, recipe.text.joint_vocab)
     for path in (src_path, tgt_path):
         if not path.is_file():
-            raise ValueError(f"run_dir must hold the run's {path.name}; {run_dir} has none")
+            raise InputError(f"run_dir must hold the run's {path.name}; {run_dir} has none")
     src_tok = TextTokenizer.load(src_path)
     tgt_tok = src_tok if recipe.text.joint_vocab else TextTokenizer.load(tgt_path)
     model = build_model(recipe, src_tok, tgt_tok)

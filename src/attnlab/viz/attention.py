@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..errors import InputError
 from ..io import atomic_write
 
 __all__ = [
@@ -53,7 +54,7 @@ def save_figure(fig: Any, path: str | Path) -> Path:
     """Write ``fig`` as a PNG at ``path`` atomically (folders created); returns the path."""
     path = Path(path)
     if path.suffix.lower() != ".png":
-        raise ValueError(f"path must end in .png; got {str(path)!r}")
+        raise InputError(f"path must end in .png; got {str(path)!r}")
     with atomic_write(path) as f:
         fig.savefig(f, format="png", dpi=DPI)
     return path
@@ -101,13 +102,13 @@ def attention_rollout(maps: Sequence[Tensor]) -> Tensor:
         token ``i``; rows sum to 1.
     """
     if len(maps) == 0:
-        raise ValueError("maps must hold one attention tensor per layer; got none")
+        raise InputError("maps must hold one attention tensor per layer; got none")
     result: Tensor | None = None
     for i, w in enumerate(maps):
         if w.dim() < 3 or w.shape[-1] != w.shape[-2]:
-            raise ValueError(f"maps[{i}] must have shape (..., H, N, N); got {tuple(w.shape)}")
+            raise InputError(f"maps[{i}] must have shape (..., H, N, N); got {tuple(w.shape)}")
         if result is not None and w.shape[-1] != result.shape[-1]:
-            raise ValueError(f"maps[{i}] has {w.shape[-1]} tokens but maps[0] has {result.shape[-1]}")
+            raise InputError(f"maps[{i}] has {w.shape[-1]} tokens but maps[0] has {result.shape[-1]}")
         a = w.detach().float().mean(dim=-3)
         a = a + torch.eye(a.shape[-1], device=a.device)
         a = a / a.sum(dim=-1, keepdim=True)
@@ -141,10 +142,10 @@ def token_heatmaps(weights: Tensor, query_labels: Sequence[str], key_labels: Seq
         max_cols: panels per row.
     """
     if weights.dim() != 3:
-        raise ValueError(f"weights must have shape (H, Lq, Lk) for one example; got {tuple(weights.shape)}")
+        raise InputError(f"weights must have shape (H, Lq, Lk) for one example; got {tuple(weights.shape)}")
     h, lq, lk = weights.shape
     if len(query_labels) != lq or len(key_labels) != lk:
-        raise ValueError(f"query_labels and key_labels must have {lq} and {lk} entries (the shape of weights); "
+        raise InputError(f"query_labels and key_labels must have {lq} and {lk} entries (the shape of weights); "
                          f"got {len(query_labels)} and {len(key_labels)}")
     w = _numpy(weights)
     panels = [(f"head {i}", w[i]) for i in range(h)] + [("mean of heads", w.mean(axis=0))]
@@ -172,16 +173,16 @@ def alignment_figure(layers: Sequence[Tensor], source_labels: Sequence[str], tar
         layer_names: a title per panel (default ``decoder layer i``).
     """
     if len(layers) == 0:
-        raise ValueError("layers must hold at least one cross-attention tensor; got none")
+        raise InputError("layers must hold at least one cross-attention tensor; got none")
     names = list(layer_names) if layer_names is not None else [f"decoder layer {i}" for i in range(len(layers))]
     if len(names) != len(layers):
-        raise ValueError(f"layer_names must have one name per layer ({len(layers)}); got {len(names)}")
+        raise InputError(f"layer_names must have one name per layer ({len(layers)}); got {len(names)}")
     mats = []
     for i, w in enumerate(layers):
         if w.dim() == 3:
             w = w.float().mean(dim=0)
         if w.dim() != 2 or tuple(w.shape) != (len(target_labels), len(source_labels)):
-            raise ValueError(f"layers[{i}] must have shape (H, Lt, Ls) or (Lt, Ls) with (Lt, Ls) = "
+            raise InputError(f"layers[{i}] must have shape (H, Lt, Ls) or (Lt, Ls) with (Lt, Ls) = "
                              f"({len(target_labels)}, {len(source_labels)}); got {tuple(layers[i].shape)}")
         mats.append(_numpy(w))
     lt, ls = len(target_labels), len(source_labels)
@@ -200,7 +201,7 @@ def alignment_figure(layers: Sequence[Tensor], source_labels: Sequence[str], tar
 def _rgb(image: Tensor) -> np.ndarray:
     """``(C, H, W)`` image (``uint8``, or float of any range) -> ``(H, W, 3)`` in [0, 1]."""
     if image.dim() != 3 or image.shape[0] not in (1, 3):
-        raise ValueError(f"image must have shape (C, H, W) with C = 1 or 3; got {tuple(image.shape)}")
+        raise InputError(f"image must have shape (C, H, W) with C = 1 or 3; got {tuple(image.shape)}")
     x = image.detach().float().cpu()
     if image.dtype == torch.uint8:
         x = x / 255.0
@@ -243,7 +244,7 @@ def image_attention_figure(image: Tensor, maps: Tensor, titles: Sequence[str], p
         alpha: weight of the colour-mapped attention in the blend.
     """
     if maps.dim() != 3 or len(titles) != maps.shape[0]:
-        raise ValueError(f"maps must be (K, h, w) with one title each; got shape {tuple(maps.shape)} and "
+        raise InputError(f"maps must be (K, h, w) with one title each; got shape {tuple(maps.shape)} and "
                          f"{len(titles)} titles")
     rgb = _rgb(image)
     rows, cols = _grid(maps.shape[0] + 1, max_cols)
@@ -275,15 +276,15 @@ def pixel_query_figure(image: Tensor, weights: Tensor, map_size: tuple[int, int]
     """
     h, w = map_size
     if weights.dim() != 3 or weights.shape[1:] != (h * w, h * w):
-        raise ValueError(f"weights must have shape (heads, h*w, h*w) = (heads, {h * w}, {h * w}) for "
+        raise InputError(f"weights must have shape (heads, h*w, h*w) = (heads, {h * w}, {h * w}) for "
                          f"map_size={tuple(map_size)}; got {tuple(weights.shape)}")
     rgb = _rgb(image)
     H, W = rgb.shape[:2]
     if not queries:
-        raise ValueError("queries must name at least one (row, col) pixel; got none")
+        raise InputError("queries must name at least one (row, col) pixel; got none")
     for r, c in queries:
         if not (0 <= r < H and 0 <= c < W):
-            raise ValueError(f"queries: ({r}, {c}) lies outside the {H}x{W} image; need 0 <= row < {H}, 0 <= col < {W}")
+            raise InputError(f"queries: ({r}, {c}) lies outside the {H}x{W} image; need 0 <= row < {H}, 0 <= col < {W}")
     from matplotlib.patches import Rectangle
 
     heads = weights.shape[0]

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from ..attention.capture import capture_attention
 from ..attention.registry import attention_family
+from ..errors import InputError
 from .attention import (_printable, _short, alignment_figure, attention_rollout, image_attention_figure,
                         pixel_query_figure, token_heatmaps)
 
@@ -40,7 +41,7 @@ def _require_weights(run_dir: Path, kind: str, allowed: Sequence[str]) -> None:
         return
     why = ("computes its output without forming the attention weights" if attention_family(kind) == "tokens"
            else "has weights that capture_attention does not record")
-    raise ValueError(f"run {run_dir} cannot be visualized: its attention kind {kind!r} {why}; "
+    raise InputError(f"run {run_dir} cannot be visualized: its attention kind {kind!r} {why}; "
                      f"visualize needs {' or '.join(repr(a) for a in allowed)} attention")
 
 
@@ -51,10 +52,10 @@ def _check_queries(queries: Sequence[Sequence[int]] | None) -> list[tuple[int, i
     for q in queries:
         if (not isinstance(q, (tuple, list)) or len(q) != 2
                 or not all(isinstance(v, int) and not isinstance(v, bool) for v in q)):
-            raise ValueError(f"queries must be (row, col) pairs of integers; got {q!r}")
+            raise InputError(f"queries must be (row, col) pairs of integers; got {q!r}")
         out.append((int(q[0]), int(q[1])))
     if not out:
-        raise ValueError("queries must hold at least one (row, col) pair, or be None; got none")
+        raise InputError("queries must hold at least one (row, col) pair, or be None; got none")
     return out
 
 
@@ -86,7 +87,7 @@ def _mr_test_texts(recipe: Any, run_dir: Path, n: int) -> list[str]:
     else:
         k = run_dir.name.removeprefix("fold_")
         if not k.isdigit() or not 0 <= int(k) < 10:
-            raise ValueError(f"run_dir of a cross-validation run must be a fold_<k> folder; got {run_dir}")
+            raise InputError(f"run_dir of a cross-validation run must be a fold_<k> folder; got {run_dir}")
         idx = mr_folds(labels, 10, seed=recipe.data.seed)[int(k)][1]
     return [texts[i] for i in idx[:n]]
 
@@ -94,7 +95,7 @@ def _mr_test_texts(recipe: Any, run_dir: Path, n: int) -> list[str]:
 def _check_texts(inputs: list[Any]) -> list[str]:
     for i, t in enumerate(inputs):
         if not isinstance(t, str):
-            raise ValueError(f"inputs[{i}] must be a text (str) for a text run; got {type(t).__name__}")
+            raise InputError(f"inputs[{i}] must be a text (str) for a text run; got {type(t).__name__}")
     return inputs
 
 
@@ -106,7 +107,7 @@ def _sentiment(run_dir: Path, inputs: list[Any] | None, out: Path, max_inputs: i
     recipe, tok, model, _ = sentiment.load_run(run_dir, checkpoint)
     _require_weights(run_dir, model.config.attention, ("exact",))
     if model.config.depth == 0:
-        raise ValueError(f"run {run_dir} cannot be visualized: its classifier has no attention layers (depth=0)")
+        raise InputError(f"run {run_dir} cannot be visualized: its classifier has no attention layers (depth=0)")
     texts = _check_texts(inputs) if inputs is not None else _mr_test_texts(recipe, run_dir, max_inputs)
     model.to(device)
     paths = []
@@ -171,7 +172,7 @@ def _images(recipe: Any, inputs: list[Any] | None, max_inputs: int) -> tuple[Ten
     if inputs is not None:
         for i, f in enumerate(inputs):
             if not isinstance(f, (str, Path)):
-                raise ValueError(f"inputs[{i}] must be an image file path for an image run; got {type(f).__name__}")
+                raise InputError(f"inputs[{i}] must be an image file path for an image run; got {type(f).__name__}")
         images = torch.stack([ic.read_image(f, info["mode"], info["size"]) for f in inputs])
         return images, [Path(f).name for f in inputs]
     if recipe.data.name == "digits":
@@ -263,16 +264,16 @@ def _image(run_dir: Path, inputs: list[Any] | None, out: Path, max_inputs: int, 
         _require_weights(run_dir, model.config.attention, ("relpos2d", "exact"))
         kind = "botnet"
     else:
-        raise ValueError(f"run {run_dir} cannot be visualized: visualize draws ViT (hybrid too) and BoTNet image "
+        raise InputError(f"run {run_dir} cannot be visualized: visualize draws ViT (hybrid too) and BoTNet image "
                          f"models, and this run's model is {recipe.model.name!r}")
     if queries is not None and kind != "botnet":
-        raise ValueError(f"queries (--query) choose BoTNet query pixels; run {run_dir} is a ViT")
+        raise InputError(f"queries (--query) choose BoTNet query pixels; run {run_dir} is a ViT")
     images, names = _images(recipe, inputs, max_inputs)
     if queries is not None:
         h, w = images.shape[-2:]
         for r, c in queries:
             if not (0 <= r < h and 0 <= c < w):
-                raise ValueError(f"queries: ({r}, {c}) lies outside the {h}x{w} image the model sees; "
+                raise InputError(f"queries: ({r}, {c}) lies outside the {h}x{w} image the model sees; "
                                  f"need 0 <= row < {h} and 0 <= col < {w}")
     prep = cifar_eval_transforms() if recipe.data.name == "cifar10" else digits_transforms(train=False)
     model.to(device)
@@ -314,17 +315,17 @@ def visualize_run(run_dir: str | Path, inputs: Sequence[Any] | None = None, out_
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise ValueError(f"run_dir must be a run directory; {run_dir} does not exist")
+        raise InputError(f"run_dir must be a run directory; {run_dir} does not exist")
     recipe = read_recipe(run_dir)
     if not isinstance(max_inputs, int) or isinstance(max_inputs, bool) or max_inputs < 1:
-        raise ValueError(f"max_inputs must be a positive integer; got {max_inputs!r}")
+        raise InputError(f"max_inputs must be a positive integer; got {max_inputs!r}")
     if inputs is not None:
         inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
         if not inputs:
-            raise ValueError("inputs must hold at least one text or image file (None: the run's test examples)")
+            raise InputError("inputs must hold at least one text or image file (None: the run's test examples)")
     checked = _check_queries(queries)
     if checked is not None and recipe.task != "image_classification":
-        raise ValueError(f"queries (--query) choose BoTNet query pixels; run {run_dir} is a {recipe.task} run")
+        raise InputError(f"queries (--query) choose BoTNet query pixels; run {run_dir} is a {recipe.task} run")
     out = Path(out_dir) if out_dir is not None else run_dir / "visualize"
     dev = select_device(device)
     if recipe.task == "sentiment":

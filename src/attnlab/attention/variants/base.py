@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ...errors import InputError
 from ..functional import _shape
 
 __all__ = ["TokenAttention"]
@@ -41,10 +42,10 @@ class TokenAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
         if dim <= 0 or num_heads <= 0 or dim % num_heads:
-            raise ValueError(f"{self.kind}: dim must be a positive multiple of num_heads; got dim={dim}, "
+            raise InputError(f"{self.kind}: dim must be a positive multiple of num_heads; got dim={dim}, "
                              f"num_heads={num_heads}")
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"{self.kind}: dropout must be in [0, 1); got {dropout}")
+            raise InputError(f"{self.kind}: dropout must be in [0, 1); got {dropout}")
         self.embed_dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.dropout = dropout
         self.in_proj = nn.Linear(dim, 3 * dim, bias=bias)
@@ -66,24 +67,24 @@ class TokenAttention(nn.Module):
                 average_attn_weights: bool = True) -> tuple[Tensor, None]:
         """``x`` ``(B, L, E)`` -> ``((B, L, E), None)``, the call of exact self-attention."""
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
-            raise ValueError(f"{self.kind}: x must have shape (B, L, {self.embed_dim}); got {_shape(x)}")
+            raise InputError(f"{self.kind}: x must have shape (B, L, {self.embed_dim}); got {_shape(x)}")
         if attn_mask is not None:
-            raise ValueError(f"{self.kind} attention takes no attn_mask (use key_padding_mask or is_causal); "
+            raise InputError(f"{self.kind} attention takes no attn_mask (use key_padding_mask or is_causal); "
                              f"got {_shape(attn_mask)}")
         if need_weights:
-            raise ValueError(f"{self.kind} attention never forms the weight matrix; need_weights must be False "
+            raise InputError(f"{self.kind} attention never forms the weight matrix; need_weights must be False "
                              f"(use 'exact' attention to see the weights)")
         if is_causal and not self.supports_causal:
-            raise ValueError(f"{self.kind} attention cannot be causal (each query mixes every position)")
+            raise InputError(f"{self.kind} attention cannot be causal (each query mixes every position)")
         b, n, _ = x.shape
         if key_padding_mask is not None:
             if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (b, n):
-                raise ValueError(f"{self.kind}: key_padding_mask must be bool of shape ({b}, {n}) (True = padding); "
+                raise InputError(f"{self.kind}: key_padding_mask must be bool of shape ({b}, {n}) (True = padding); "
                                  f"got {key_padding_mask.dtype} {_shape(key_padding_mask)}")
             if not bool(key_padding_mask.any()):
                 key_padding_mask = None  # nothing to mask: the fast path (and fine for any kind)
             elif not self.supports_padding:
-                raise ValueError(f"{self.kind} attention cannot mask padding; pass key_padding_mask=None")
+                raise InputError(f"{self.kind} attention cannot mask padding; pass key_padding_mask=None")
         q, k, v = self.in_proj(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         out = self.attend(q, k, v, key_padding_mask=key_padding_mask, is_causal=is_causal)
         return self.out_proj(out.transpose(1, 2).reshape(b, n, self.embed_dim)), None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ...errors import InputError
+
 __all__ = ["grid_size", "check_heads", "check_map"]
 
 
@@ -12,18 +14,18 @@ def grid_size(size: int | tuple[int, int] | list[int] | None, *, optional: bool 
     pair = (size, size) if isinstance(size, int) else tuple(size) if isinstance(size, (tuple, list)) else ()
     if len(pair) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in pair):
         allowed = "None, a positive integer" if optional else "a positive integer"
-        raise ValueError(f"size must be {allowed} or a pair (H, W) of them; got {size!r}")
+        raise InputError(f"size must be {allowed} or a pair (H, W) of them; got {size!r}")
     return pair  # type: ignore[return-value]
 
 
 def check_heads(dim: int, num_heads: int, dropout: float) -> None:
     """``dim`` and ``num_heads`` positive integers, ``num_heads`` dividing ``dim``; ``dropout`` in [0, 1)."""
     if not isinstance(dim, int) or not isinstance(num_heads, int) or dim <= 0 or num_heads <= 0:
-        raise ValueError(f"dim and num_heads must be positive integers; got dim={dim!r}, num_heads={num_heads!r}")
+        raise InputError(f"dim and num_heads must be positive integers; got dim={dim!r}, num_heads={num_heads!r}")
     if dim % num_heads != 0:
-        raise ValueError(f"dim must be divisible by num_heads; got dim={dim}, num_heads={num_heads}")
+        raise InputError(f"dim must be divisible by num_heads; got dim={dim}, num_heads={num_heads}")
     if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+        raise InputError(f"dropout must be in [0, 1); got {dropout}")
 
 
 def check_map(x, dim: int, size: tuple[int, int] | None) -> None:
@@ -33,5 +35,5 @@ def check_map(x, dim: int, size: tuple[int, int] | None) -> None:
         ok = tuple(x.shape[2:]) == size
     if not ok:
         hw = "H, W" if size is None else f"{size[0]}, {size[1]}"
-        raise ValueError(f"x must have shape (B, {dim}, {hw}) (channels dim={dim}, size={size}); "
+        raise InputError(f"x must have shape (B, {dim}, {hw}) (channels dim={dim}, size={size}); "
                          f"got ({', '.join(map(str, x.shape))})")

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...errors import InputError
 from ..registry import register_attention
 from .base import TokenAttention
 
@@ -62,7 +63,7 @@ def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, key_padding_mask: 
         ``(B, H, L, D)`` in ``v``'s dtype, computed in float32 at least.
     """
     if chunk <= 0:
-        raise ValueError(f"chunk must be positive; got {chunk}")
+        raise InputError(f"chunk must be positive; got {chunk}")
     out_dtype = v.dtype
     ct = torch.promote_types(_compute_dtype(v), torch.promote_types(phi_q.dtype, phi_k.dtype))
     phi_q, phi_k, v = phi_q.to(ct), phi_k.to(ct), v.to(ct)
@@ -166,7 +167,7 @@ class LinearAttention(TokenAttention):
                  eps: float = 1e-6) -> None:
         super().__init__(dim, num_heads, dropout=dropout, bias=bias)
         if not eps > 0:
-            raise ValueError(f"{self.kind}: eps must be positive; got {eps}")
+            raise InputError(f"{self.kind}: eps must be positive; got {eps}")
         self.eps = eps
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: Tensor | None,

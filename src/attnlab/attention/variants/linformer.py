@@ -30,6 +30,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ...errors import InputError
 from ..functional import scaled_dot_product_attention
 from ..registry import register_attention
 from .base import TokenAttention
@@ -56,7 +57,7 @@ class LinformerAttention(TokenAttention):
                  seq_len: int = 512, k: int = 64, share_kv: bool = False) -> None:
         super().__init__(dim, num_heads, dropout=dropout, bias=bias)
         if seq_len <= 0 or k <= 0:
-            raise ValueError(f"{self.kind}: seq_len and k must be positive; got seq_len={seq_len}, k={k}")
+            raise InputError(f"{self.kind}: seq_len and k must be positive; got seq_len={seq_len}, k={k}")
         self.seq_len, self.k, self.share_kv = seq_len, k, share_kv
         self.E = nn.Parameter(torch.randn(k, seq_len) / math.sqrt(k))
         self.F = None if share_kv else nn.Parameter(torch.randn(k, seq_len) / math.sqrt(k))
@@ -65,7 +66,7 @@ class LinformerAttention(TokenAttention):
                is_causal: bool) -> Tensor:
         n = k.shape[-2]
         if n > self.seq_len:
-            raise ValueError(f"{self.kind}: input length {n} exceeds seq_len={self.seq_len}; "
+            raise InputError(f"{self.kind}: input length {n} exceeds seq_len={self.seq_len}; "
                              f"build the module with seq_len >= {n}")
         if key_padding_mask is not None:
             pad = key_padding_mask[:, None, :, None]  # (B, 1, L, 1)

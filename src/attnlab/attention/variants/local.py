@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...dropout import dropout
+from ...errors import InputError
 from ..registry import register_attention
 from .base import TokenAttention
 
@@ -120,7 +121,7 @@ class LocalAttention(TokenAttention):
     def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  window: int = 128) -> None:
         if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window <= 0:
-            raise ValueError(f"{self.kind}: window must be a positive int; got window={window!r}")
+            raise InputError(f"{self.kind}: window must be a positive int; got window={window!r}")
         super().__init__(dim, num_heads, dropout=dropout, bias=bias)
         self.window = int(window)
 

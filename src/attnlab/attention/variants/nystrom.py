@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...dropout import dropout
+from ...errors import InputError
 from ..functional import scaled_dot_product_attention
 from ..registry import register_attention
 from .base import TokenAttention
@@ -96,11 +97,11 @@ class NystromAttention(TokenAttention):
                  num_landmarks: int = 64, pinv_iters: int = 6, conv_kernel: int | None = None) -> None:
         super().__init__(dim, num_heads, dropout=dropout, bias=bias)
         if num_landmarks <= 0:
-            raise ValueError(f"{self.kind}: num_landmarks must be positive; got {num_landmarks}")
+            raise InputError(f"{self.kind}: num_landmarks must be positive; got {num_landmarks}")
         if pinv_iters <= 0:
-            raise ValueError(f"{self.kind}: pinv_iters must be positive; got {pinv_iters}")
+            raise InputError(f"{self.kind}: pinv_iters must be positive; got {pinv_iters}")
         if conv_kernel is not None and (conv_kernel <= 0 or conv_kernel % 2 == 0):
-            raise ValueError(f"{self.kind}: conv_kernel must be a positive odd int or None; got {conv_kernel}")
+            raise InputError(f"{self.kind}: conv_kernel must be a positive odd int or None; got {conv_kernel}")
         self.num_landmarks, self.pinv_iters, self.conv_kernel = num_landmarks, pinv_iters, conv_kernel
         self.conv = None
         if conv_kernel is not None:

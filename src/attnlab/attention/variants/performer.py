@@ -31,6 +31,7 @@ import math
 import torch
 from torch import Tensor
 
+from ...errors import InputError
 from ..registry import register_attention
 from .base import TokenAttention
 from .linear import kernel_attention
@@ -102,7 +103,7 @@ def favor_causal(phi_q: Tensor, expo_k: Tensor, v: Tensor, eps: float = 1e-20, c
     previous chunk's end, rescaled by ``exp(M_prev - M_i) <= 1``.
     """
     if chunk <= 0:
-        raise ValueError(f"chunk must be positive; got {chunk}")
+        raise InputError(f"chunk must be positive; got {chunk}")
     out_dtype = v.dtype
     ct = torch.promote_types(torch.promote_types(v.dtype, torch.float32), phi_q.dtype)
     phi_q, expo_k, v = phi_q.to(ct), expo_k.to(ct), v.to(ct)
@@ -171,7 +172,7 @@ class PerformerAttention(TokenAttention):
         if num_features is None:
             num_features = max(d, int(round(d * math.log(d))))
         if not isinstance(num_features, int) or num_features <= 0:
-            raise ValueError(f"{self.kind}: num_features must be a positive integer; got {num_features!r}")
+            raise InputError(f"{self.kind}: num_features must be a positive integer; got {num_features!r}")
         self.num_features, self.redraw, self.seed = num_features, bool(redraw), int(seed)
         self._draws = 0
         self.register_buffer("projection", self._draw(), persistent=True)

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from ...errors import InputError
 from ..functional import scaled_dot_product_attention
 from ..registry import register_attention
 from .grid import check_heads, grid_size
@@ -107,7 +108,7 @@ class RelPosSelfAttention2d(nn.Module):
     def _check_input(self, x: Tensor) -> None:
         h, w = self.size
         if x.dim() != 4 or x.shape[1] != self.dim or tuple(x.shape[2:]) != (h, w):
-            raise ValueError(
+            raise InputError(
                 f"x must have shape (B, {self.dim}, {h}, {w}) (channels dim={self.dim}, size={self.size}); "
                 f"got ({', '.join(map(str, x.shape))})"
             )

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...dropout import dropout
+from ...errors import InputError
 from ..registry import register_attention
 from .base import TokenAttention
 
@@ -54,7 +55,7 @@ _CACHE_SIZE = 16
 
 def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"sparse: {name} must be an integer >= {minimum}; got {value!r}")
+        raise InputError(f"sparse: {name} must be an integer >= {minimum}; got {value!r}")
     return value
 
 
@@ -69,7 +70,7 @@ class SparseAttention(TokenAttention):
                  pattern: str = "bigbird", block: int = 32, window_blocks: int = 3, global_blocks: int = 1,
                  random_blocks: int = 2, stride_blocks: int = 4, seed: int = 0) -> None:
         if pattern not in _PATTERNS:
-            raise ValueError(f"sparse: pattern must be one of {', '.join(map(repr, _PATTERNS))}; got {pattern!r}")
+            raise InputError(f"sparse: pattern must be one of {', '.join(map(repr, _PATTERNS))}; got {pattern!r}")
         self.block = _check_int("block", block, 1)
         self.window_blocks = _check_int("window_blocks", window_blocks, 1)
         self.global_blocks = _check_int("global_blocks", global_blocks, 0)

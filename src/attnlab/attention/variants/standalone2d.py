@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...errors import InputError
 from ..functional import scaled_dot_product_attention
 from ..registry import register_attention
 from .grid import check_heads, check_map, grid_size
@@ -80,7 +81,7 @@ class StandAloneSelfAttention2d(nn.Module):
         super().__init__()
         check_heads(dim, num_heads, dropout)
         if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size <= 0 or kernel_size % 2 == 0:
-            raise ValueError(f"kernel_size must be an odd positive integer; got {kernel_size!r}")
+            raise InputError(f"kernel_size must be an odd positive integer; got {kernel_size!r}")
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.size = grid_size(size, optional=True)
         self.kernel_size = kernel_size
