@@ -20,6 +20,7 @@ from attnlab.engine import checkpoint as checkpoint_module
 from attnlab.engine.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from attnlab.engine.trainer import NonFiniteLossError
 from attnlab.io import read_state_dict
+from attnlab.recipes import load_recipe
 
 from conftest import train_digits  # the tiny digits run shared by tests of run directories
 
@@ -41,7 +42,8 @@ from conftest import train_digits  # the tiny digits run shared by tests of run 
     ("train.seed=-1", "train.seed must be >= 0; got -1"),
     ("train.progress_seconds=nan", "train.progress_seconds must be a finite number; got nan"),
     ("train.compile_mode=default", "train.compile_mode applies only with train.compile=true"),
-    ("translate.length_penalty=inf", "translate.length_penalty must be a finite number; got inf"),
+    ("train.min_lr_ratio=inf", "train.min_lr_ratio must be a finite number; got inf"),
+    ("text.max_length=64", "unknown key 'text'"),  # an image recipe has no text section
     ("model.options.drop_rate=nan", "model.options.drop_rate must be a finite number; got nan"),
     ("data.seed=-1", "data.seed must be >= 0; got -1"),
 ])
@@ -263,10 +265,13 @@ def test_a_pickled_weights_file_that_would_run_code_is_refused_without_suggestin
         read_state_dict(path)
 
 
-def test_predict_on_a_translation_run_says_to_translate(digits_run, tmp_path, capsys):
-    run = digits_run
-    config = (run / "config.yaml").read_text()
-    (run / "config.yaml").write_text(config.replace("task: image_classification", "task: translation")
-                                     .replace("name: digits", "name: multi30k"))
-    assert main(["predict", str(run), "x"]) == 2
-    assert "is a translation run: 'attnlab translate" in capsys.readouterr().err
+def test_translate_on_a_classifier_run_says_to_predict(digits_run, capsys):
+    assert main(["translate", str(digits_run), "x"]) == 2
+    err = capsys.readouterr().err
+    assert "is a run of the image_classification task: its predictions are labels; 'attnlab predict" in err
+    assert "Traceback" not in err
+
+
+def test_a_translation_setting_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="translate.length_penalty must be a finite number; got inf"):
+        load_recipe("translate-multi30k", ["translate.length_penalty=inf"])

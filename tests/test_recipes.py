@@ -1,6 +1,7 @@
 """Recipes and the train command: validated before work, a complete run directory, resume."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -11,14 +12,66 @@ from attnlab.cli import main
 from attnlab.engine.config import ConfigError
 from attnlab.engine.metrics import read_metrics
 from attnlab.recipes import list_recipes, load_recipe
-from attnlab.tasks.common import read_recipe
+from attnlab.tasks import read_recipe, recipe_dict
 
 
 def test_shipped_recipes_are_listed_and_valid():
-    names = [name for name, _ in list_recipes()]
-    assert "vit-digits" in names
-    for name in names:
-        assert load_recipe(name).train.steps > 0
+    rows = list_recipes()
+    assert ("vit-digits", "image_classification") in [(name, task) for name, task, _ in rows]
+    assert {task for _, task, _ in rows} == {"image_classification", "text_classification", "translation", "reverse"}
+    for name, task, _ in rows:
+        recipe = load_recipe(name)
+        assert recipe.task == task and recipe.train.steps > 0
+
+
+def test_a_run_config_holds_only_the_keys_of_its_task(tmp_path):
+    assert main(["train", "vit-digits", "train.steps=2", "model.options.depth=1", "--run-dir", str(tmp_path / "r")]) == 0
+    config = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
+    assert list(config) == ["description", "task", "data", "model", "train"]  # no text.*, no translate.*
+    assert set(config["data"]) == {"name", "data_dir", "augment", "val_size", "seed"}
+    assert list(recipe_dict(load_recipe("translate-multi30k"))) == [
+        "description", "task", "data", "model", "text", "translate", "train"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.options.dropout=0.1", "model 'vit_digits_patch2': unknown ViTConfig field 'dropout'; did you mean drop_rate"),
+    ("model.options.depth=-1", "model 'vit_digits_patch2': depth must be a positive integer; got -1"),
+    ("model.options.attention=lineer", "unknown attention 'lineer'; did you mean linear"),
+    ("model.options.attention_options={windw: 4}", "unknown option 'windw' of attention 'exact'"),
+    ("model.name=vit_digit_patch2", "unknown model 'vit_digit_patch2'; did you mean vit_digits_patch2"),
+    ("task=sentimnt", "unknown task 'sentimnt'"),
+])
+def test_model_and_attention_options_are_checked_when_the_recipe_is_loaded(tmp_path, capsys, override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_recipe("vit-digits", [override])
+    assert main(["train", "vit-digits", override, "--run-dir", str(tmp_path / "r")]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "r").exists()  # before a run directory is made
+
+
+def test_attention_options_of_another_kind_are_checked_against_it():
+    with pytest.raises(ConfigError, match="unknown option 'windw' of attention 'local'; did you mean window"):
+        load_recipe("sentiment-mr", ["model.options.attention=local", "model.options.attention_options={windw: 4}"])
+    load_recipe("sentiment-mr", ["model.options.attention=local", "model.options.attention_options={window: 4}"])
+
+
+def test_recipes_command_prints_the_resolved_recipe_and_its_keys(capsys):
+    assert main(["recipes", "vit-digits", "train.steps=7"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["train"]["steps"] == 7 and printed["data"]["val_size"] == 0.1 and "text" not in printed
+    assert main(["recipes", "sentiment-mr", "--keys"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line.split() for line in lines if line.startswith("text.max_length "))
+    assert row[1:4] == ["int", "64", "96"] and "tokens per text" in " ".join(row)
+    assert any(line.startswith("model.options.embed_dim ") for line in lines)  # the model's own configuration
+    assert any(line.startswith("train.warmup_steps ") and "capped" in line for line in lines)
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path, capsys):
+    path = tmp_path / "mine.yaml"
+    path.write_text("task: image_classification\ntrain: {steps: 3\nmodel: x\n")
+    assert main(["train", str(path), "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"attnlab train: error: {path} is not valid YAML at line 3, column ") and err.count("\n") == 1
 
 
 def test_overrides_and_errors():

@@ -9,19 +9,29 @@ import json
 import os
 import re
 import shutil
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image as PILImage
 
+from attnlab.bench.report import write_bench_report
 from attnlab.cli import main
-from attnlab.report import Image, Note, Pre, Section, Table, plot_curves, render_html, write_bench_report
-from attnlab.report.html import RUN_SECTIONS, write_run_report
+from attnlab.report import Image, Note, Pre, Section, Table, plot_curves, render_html
+from attnlab.report.html import write_run_report
 from attnlab.report.markdown import markdown_to_html
-from attnlab.report.predictions import classifier_predictions
+from attnlab.tasks import get_task, read_recipe
+
+# The sections of a run's page, from what its task reports (in this order).
+CLASSIFIER_SECTIONS = ["Results", "Configuration", "Training curves", "Confusion matrix", "Sample predictions",
+                       "Attention"]
+TRANSLATION_SECTIONS = ["Results", "Configuration", "Training curves", "Sample translations", "Attention"]
+
+
+def classifier_predictions(run_dir, device="cpu"):
+    """What the run's task hands the report: its predictions on the test set."""
+    [predictions] = get_task(read_recipe(run_dir).task).report_items(Path(run_dir), device=device)
+    return predictions
 
 DATA = os.environ.get("ATTNLAB_DATA_DIR")
 pytestmark = pytest.mark.filterwarnings("ignore:.*were truncated")  # the tiny text runs cut texts at 32 tokens
@@ -99,7 +109,7 @@ def test_no_logged_values_draw_no_curve(tmp_path):
 def test_training_writes_a_self_contained_report(run_dir, capsys):
     page = (run_dir / "report.html").read_text()
     _assert_self_contained(page)
-    assert _headings(page) == list(RUN_SECTIONS["image_classification"])
+    assert _headings(page) == CLASSIFIER_SECTIONS
     assert len(_images(page)) >= 6  # four curves, the confusion matrix, the sample images
     results = json.loads((run_dir / "results.json").read_text())
     assert f"{100 * results['test_accuracy']:.2f}%" in page and "vit_digits_patch2" in page
@@ -116,17 +126,13 @@ def test_confusion_matrix_agrees_with_the_results(run_dir):
 
 
 def test_a_failing_attention_drawing_is_a_note_not_a_failure(run_dir, tmp_path, monkeypatch):
-    viz = types.ModuleType("attnlab.viz.run")
-
     def visualize_run(*args, **kwargs):
         raise RuntimeError("linear attention forms no weights")
 
-    viz.visualize_run = visualize_run
-    monkeypatch.setitem(sys.modules, "attnlab.viz", types.ModuleType("attnlab.viz"))
-    monkeypatch.setitem(sys.modules, "attnlab.viz.run", viz)
+    monkeypatch.setattr("attnlab.report.html.visualize_run", visualize_run)
     page = write_run_report(run_dir, tmp_path / "r.html", device="cpu").read_text()
     assert "No attention maps: RuntimeError: linear attention forms no weights" in page
-    assert _headings(page) == list(RUN_SECTIONS["image_classification"])
+    assert _headings(page) == CLASSIFIER_SECTIONS
 
 
 def test_render_html_escapes_text_and_embeds_images(tmp_path):
@@ -194,7 +200,7 @@ def test_a_failing_report_does_not_lose_the_run(tmp_path, monkeypatch, capsys):
     def broken(run_dir, *args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr("attnlab.report.write_run_report", broken)
+    monkeypatch.setattr("attnlab.report.html.write_run_report", broken)
     run = tmp_path / "run"
     assert main(["train", "vit-digits", *TINY, "train.steps=2", "train.eval_every=0", "--run-dir", str(run)]) == 0
     out = capsys.readouterr().out
@@ -209,10 +215,8 @@ def test_a_failing_report_does_not_lose_the_run(tmp_path, monkeypatch, capsys):
 def no_attention_drawing():
     """The text runs' reports without attention maps: drawing them is attnlab.viz's to
     test (tests/test_visualize.py), and costs most of these reports' time."""
-    viz = types.ModuleType("attnlab.viz.run")
-    viz.visualize_run = lambda *args, **kwargs: []
     with pytest.MonkeyPatch.context() as m:
-        m.setitem(sys.modules, "attnlab.viz.run", viz)
+        m.setattr("attnlab.report.html.visualize_run", lambda *args, **kwargs: [])
         yield
 
 
@@ -234,8 +238,8 @@ def mr_run(tmp_path_factory, no_attention_drawing):
 def test_sentiment_report_has_a_confusion_matrix_and_sentences(mr_run):
     page = (mr_run / "report.html").read_text()
     _assert_self_contained(page)
-    assert _headings(page) == list(RUN_SECTIONS["sentiment"])
-    assert "<th>test sentence</th>" in page and page.count("<td>positive</td>") + page.count("<td>negative</td>") >= 12
+    assert _headings(page) == CLASSIFIER_SECTIONS
+    assert "<th>test input</th>" in page and page.count("<td>positive</td>") + page.count("<td>negative</td>") >= 12
     assert "No attention maps: the drawing returned none" in page
     p = classifier_predictions(mr_run, device="cpu")
     results = json.loads((mr_run / "results.json").read_text())
@@ -262,7 +266,7 @@ def test_cross_validation_report_pools_the_folds(mr_run, tmp_path, no_attention_
     (top / "fold_0" / "report.html").unlink()
     page = write_run_report(top, device="cpu").read_text()
     _assert_self_contained(page)
-    assert _headings(page) == list(RUN_SECTIONS["sentiment"]) and "10-fold cross-validation" in page
+    assert _headings(page) == CLASSIFIER_SECTIONS and "10-fold cross-validation" in page
     assert "training loss (solid)" in page and "No results.json yet" in page  # the folds are still running
     p = classifier_predictions(top, device="cpu")
     folds = mr_folds(load_mr(DATA)[1], 10, seed=config["data"]["seed"])
@@ -301,7 +305,7 @@ def test_translation_report_shows_sources_references_and_translations(mini_multi
                  "translate.average_checkpoints=2", "translate.num_beams=2"]) == 0
     page = (run / "report.html").read_text()
     _assert_self_contained(page)
-    assert _headings(page) == list(RUN_SECTIONS["translation"])
+    assert _headings(page) == TRANSLATION_SECTIONS
     assert "<th>source</th><th>reference</th><th>translation</th>" in page
     source, reference = load_multi30k("test", mini_multi30k)[0]
     hypothesis = (run / "translations.test.txt").read_text(encoding="utf-8").splitlines()[0]

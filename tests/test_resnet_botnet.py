@@ -240,7 +240,7 @@ def test_botnet_attention_options():
     assert all(b.attn.dropout == 0.1 for b in m.layer4)
     with pytest.raises(ValueError, match="attention_options must not set 'size'"):
         create_model("botnet_cifar", attention_options={"size": 4})
-    with pytest.raises(TypeError, match="unexpected keyword argument 'window'"):
+    with pytest.raises(ValueError, match="unknown option 'window' of attention 'relpos2d'; options: bias, dropout"):
         create_model("botnet_cifar", attention_options={"window": 3})
     with pytest.raises(ValueError, match="unknown attention 'relpos'"):
         create_model("botnet_cifar", attention="relpos")
@@ -427,7 +427,7 @@ def test_relpos2d_bad_construction():
         build_attention("relpos2d", 10, 4, size=4)
     with pytest.raises(ValueError, match=r"size must be a positive integer or a pair \(H, W\) of them; got \(3, 0\)"):
         build_attention("relpos2d", 8, 2, size=(3, 0))
-    with pytest.raises(TypeError, match="unexpected keyword argument 'window'"):
+    with pytest.raises(ValueError, match="unknown option 'window' of attention 'relpos2d'"):
         build_attention("relpos2d", 8, 2, size=4, window=3)
     with pytest.raises(TypeError, match="size"):
         build_attention("relpos2d", 8, 2)

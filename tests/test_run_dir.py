@@ -12,10 +12,10 @@ from attnlab.cli import main
 from attnlab.data import load_digits_dataset
 from attnlab.data.images import CIFAR10_CLASSES
 from attnlab.engine.checkpoint import CheckpointError, resolve_checkpoint, save_named_checkpoint
-from attnlab.engine.config import ConfigError
 from attnlab.engine.metrics import read_metrics
 from attnlab.recipes import load_recipe
 from attnlab.tasks import image_classification as ic
+from attnlab.tasks import load_run
 
 TINY = ["train.steps=8", "train.warmup_steps=1", "train.batch_size=32", "train.eval_every=4",
         "train.checkpoint_every=4", "train.log_every=2", "model.options.depth=1"]
@@ -47,19 +47,20 @@ def test_best_checkpoint_holds_the_best_evaluation(run_dir):
     folder = resolve_checkpoint(run_dir / "checkpoints", "best")
     assert json.loads((folder / "manifest.json").read_text())["step"] == best["step"]
     results = json.loads((run_dir / "results.json").read_text())
-    assert results["best_accuracy"] == best["accuracy"]
-    assert results["classes"] == [str(d) for d in range(10)]
+    assert results["best_val_accuracy"] == best["accuracy"]  # picked on the validation images, never the test set
+    assert (results["train_size"], results["val_size"], results["test_size"]) == (1293, 144, 360)
+    assert results["test_checkpoint"] == "best" and results["classes"] == [str(d) for d in range(10)]
     assert resolve_checkpoint(run_dir / "checkpoints", "last").name == "step_000000008"
 
 
-def test_eval_command_recomputes_the_test_accuracy(run_dir, capsys):
+def test_eval_with_no_options_reproduces_results_json_exactly(run_dir, capsys):
     results = json.loads((run_dir / "results.json").read_text())
-    assert main(["eval", str(run_dir), "--checkpoint", "last"]) == 0
+    assert main(["eval", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert f"| test accuracy | {100 * results['test_accuracy']:.2f}% |" in out and "| test samples | 360 |" in out
-    res = ic.evaluate_run(run_dir, "last")
-    assert res["accuracy"] == pytest.approx(results["test_accuracy"], abs=1e-12)
-    assert res["loss"] == pytest.approx(results["test_loss"], rel=1e-5)
+    assert f"checkpoint: {run_dir / 'checkpoints' / 'best'}" in out
+    res = load_run(run_dir).evaluate()
+    assert (res["test_accuracy"], res["test_loss"]) == (results["test_accuracy"], results["test_loss"])
 
 
 def test_predict_command_classifies_image_files(run_dir, tmp_path, capsys):
@@ -73,7 +74,7 @@ def test_predict_command_classifies_image_files(run_dir, tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4
     # The files hold exactly the test images: the printed label is the model's argmax on them.
-    _, model, _ = ic.load_run(run_dir, "last")
+    model = load_run(run_dir, "last").model
     from attnlab.data.transforms import digits_transforms
 
     with torch.no_grad():
@@ -115,9 +116,11 @@ def test_named_checkpoint_survives_a_crash_between_renames(tmp_path):
         resolve_checkpoint(tmp_path, "best")
 
 
-def test_warmup_longer_than_training_is_a_config_error():
-    with pytest.raises((ConfigError, ValueError), match="warmup_steps must not exceed train.steps"):
-        load_recipe("vit-digits", ["train.steps=10", "train.warmup_steps=20"])
+def test_a_recipe_shortened_below_its_warmup_trains_with_the_warmup_capped(tmp_path, capsys):
+    assert load_recipe("vit-digits", ["train.steps=10"]).train.warmup_steps == 100  # the recipe's, kept as given
+    assert main(["train", "vit-digits", "train.steps=3", "model.options.depth=1", "--run-dir", str(tmp_path / "r")]) == 0
+    assert "note: train.warmup_steps=100 is longer than train.steps=3; the warm-up is capped at 3 steps" in \
+        capsys.readouterr().out
 
 
 @pytest.fixture
@@ -136,17 +139,20 @@ def tiny_cifar(tmp_path):
 @pytest.mark.parametrize("recipe", ["attncnn-cifar10", "botnet-cifar10", "vit-cifar10", "resnet-cifar10"])
 def test_cifar10_recipes_train_from_an_image_folder(tiny_cifar, tmp_path, recipe):
     run = tmp_path / "run"
-    argv = ["train", recipe, f"data.data_dir={tiny_cifar}", "train.steps=2", "train.warmup_steps=1",
-            "train.batch_size=8", "train.eval_every=0", "train.checkpoint_every=0", "--run-dir", str(run)]
+    argv = ["train", recipe, f"data.data_dir={tiny_cifar}", "data.val_size=10", "train.steps=2",
+            "train.warmup_steps=1", "train.batch_size=8", "train.eval_every=0", "train.checkpoint_every=0",
+            "--run-dir", str(run)]
     assert main(argv) == 0
     results = json.loads((run / "results.json").read_text())
     assert results["steps"] == 2 and results["classes"] == list(CIFAR10_CLASSES)
-    assert ic.evaluate_run(run)["samples"] == 20
+    assert (results["train_size"], results["val_size"]) == (30, 10)
+    assert load_run(run).evaluate()["test_samples"] == 20
 
 
 def test_batched_fetch_equals_one_image_at_a_time(tiny_cifar):
-    recipe = load_recipe("attncnn-cifar10", [f"data.data_dir={tiny_cifar}"])
-    _, test = ic.build_data(recipe)
+    recipe = load_recipe("attncnn-cifar10", [f"data.data_dir={tiny_cifar}", "data.val_size=10"])
+    _, val, test = ic.build_data(recipe)
+    assert sorted(val.ds.targets[val.indices].tolist()) == list(range(10))  # stratified: one image per class
     x, y = test.get_batch([3, 0, 7])
     for row, i in enumerate([3, 0, 7]):
         xi, yi = test[i]

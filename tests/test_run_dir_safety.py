@@ -18,7 +18,7 @@ import yaml
 from attnlab.cli import main
 from attnlab.engine.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from attnlab.engine.rundir import RunDirError, RunLock
-from attnlab.tasks import image_classification as ic
+from attnlab.tasks import load_run, read_recipe
 
 from conftest import TINY_DIGITS, train_digits  # the tiny digits run shared by tests of run directories
 
@@ -38,7 +38,7 @@ def test_resume_with_another_model_is_refused_before_anything_is_written(digits_
     err = capsys.readouterr().err
     assert "model.options.depth (1 -> 2)" in err and "cannot continue" in err and "Traceback" not in err
     assert _snapshot(run) == before  # config.yaml, checkpoints, results: all untouched
-    assert ic.evaluate_run(run)["samples"] == 360  # and the run can still be evaluated
+    assert load_run(run).evaluate()["test_samples"] == 360  # and the run can still be evaluated
 
 
 @pytest.mark.parametrize("override, key", [("data.name=cifar10", "data.name"), ("train.optimizer=sgd", "train.optimizer"),
@@ -64,7 +64,7 @@ def test_resume_with_more_steps_needs_allow_changes_and_records_the_change(digit
     [change] = yaml.safe_load((run / "config.changes.yaml").read_text())
     assert change["step"] == 4
     assert change["changed"] == {"train.lr": {"from": 0.002, "to": 0.0005}, "train.steps": {"from": 4, "to": 6}}
-    assert ic.read_recipe(run).train.steps == 6  # what eval and report read: the run as it was trained
+    assert read_recipe(run).train.steps == 6  # what eval and report read: the run as it was trained
     # Resuming again with the same recipe is no change; the run's own recipe is the changed one.
     assert main(["train", "--run-dir", str(run), "--resume"]) == 0
     assert len(yaml.safe_load((run / "config.changes.yaml").read_text())) == 1

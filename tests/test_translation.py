@@ -21,6 +21,7 @@ from attnlab.data.translation import TranslationDataset
 from attnlab.engine.checkpoint import average_checkpoints, save_checkpoint
 from attnlab.engine.trainer import EpochSampler, TrainConfig, Trainer
 from attnlab.recipes import load_recipe
+from attnlab.tasks import load_run
 from attnlab.tasks import translation
 
 DATA = os.environ.get("ATTNLAB_DATA_DIR")
@@ -186,7 +187,7 @@ def test_run_directory(tiny_run):
     assert (results["train_size"], results["dev_size"], results["test_size"]) == (400, 30, 30)
     assert results["steps"] == 24 and not results["joint_vocab"]
     assert 0 <= results["bleu"] <= 100 and 0 <= results["bleu_lowercase"] <= 100
-    assert results["bleu_checkpoint"] == "averaged" and results["num_beams"] == 2
+    assert results["test_checkpoint"] == "averaged" and results["num_beams"] == 2
     assert (tiny_run / "tokenizer.src.json").is_file() and (tiny_run / "tokenizer.tgt.json").is_file()
     lines = (tiny_run / "translations.test.txt").read_text().split("\n")
     assert len(lines) == 31 and lines[-1] == ""
@@ -194,10 +195,13 @@ def test_run_directory(tiny_run):
     assert state["step"] == 24
 
 
-def test_eval_reproduces_the_bleu(tiny_run, capsys):
+def test_eval_reproduces_results_json_exactly(tiny_run, capsys):
     results = json.loads((tiny_run / "results.json").read_text())
-    res = translation.evaluate_run(tiny_run, batch_size=7)  # other batches: the same translations
-    assert res["bleu"] == pytest.approx(results["bleu"], abs=1e-9)
+    run = load_run(tiny_run)
+    assert run.checkpoint.name == "averaged"  # the weights results.json names: BLEU and token accuracy alike
+    res = run.evaluate(batch_size=7)  # other decoding batches: the same translations
+    for key in ("bleu", "bleu_lowercase", "test_accuracy", "test_loss"):
+        assert res[key] == results[key], key
     assert main(["eval", str(tiny_run)]) == 0
     assert f"| test BLEU (sacreBLEU, cased) | {results['bleu']:.2f} |" in capsys.readouterr().out
 
@@ -243,7 +247,9 @@ def test_translate_bad_input(tiny_run, tmp_path, capsys, monkeypatch):
     assert main(["translate", str(tiny_run)]) == 2
     assert "give texts to translate" in capsys.readouterr().err
     with pytest.raises(ValueError, match="num_beams must be a positive integer"):
-        translation.translate_texts(tiny_run, ["x"], num_beams=0)
+        load_run(tiny_run).predict(["x"], num_beams=0)
+    assert main(["predict", str(tiny_run), "Ein Hund."]) == 0  # predict on a translation run: its translations
+    assert capsys.readouterr().out.strip()
 
 
 @needs_data
@@ -253,7 +259,7 @@ def test_joint_vocabulary_and_resume(mini_data, tmp_path):
             "translate.average_checkpoints=0", f"data.data_dir={mini_data}", "--run-dir", str(run)]
     assert main(args) == 0
     results = json.loads((run / "results.json").read_text())
-    assert results["joint_vocab"] and results["bleu_checkpoint"] == "best" and (run / "tokenizer.json").is_file()
+    assert results["joint_vocab"] and results["test_checkpoint"] == "best" and (run / "tokenizer.json").is_file()
     assert main(args) == 2  # the folder holds a run: refused without --resume
     assert main(args + ["--resume"]) == 0
     assert json.loads((run / "results.json").read_text())["bleu"] == results["bleu"]

@@ -1,7 +1,6 @@
 """Attention pictures: rollout arithmetic, the plotting functions (real pictures, written
 atomically), visualize_run on tiny run directories of each family, and 'attnlab visualize'."""
 
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ from PIL import Image
 from attnlab.cli import main
 from attnlab.data.tokenize import TextTokenizer
 from attnlab.engine.checkpoint import save_checkpoint
-from attnlab.models import create_model
+from attnlab.tasks import get_task, recipe_dict
 from attnlab.recipes import load_recipe
 from attnlab.viz import (
     alignment_figure,
@@ -101,7 +100,7 @@ def make_run(folder: Path, recipe_name: str, overrides: list[str], build) -> Pat
     """A finished-looking run directory: config.yaml and one checkpoint of ``build(recipe)``."""
     recipe = load_recipe(recipe_name, overrides)
     folder.mkdir(parents=True)
-    (folder / "config.yaml").write_text(yaml.safe_dump(asdict(recipe), sort_keys=False))
+    (folder / "config.yaml").write_text(yaml.safe_dump(recipe_dict(recipe), sort_keys=False))
     torch.manual_seed(0)
     model = build(recipe, folder)
     save_checkpoint(folder / "checkpoints", 1, model.state_dict(), {"step": 1})
@@ -109,7 +108,7 @@ def make_run(folder: Path, recipe_name: str, overrides: list[str], build) -> Pat
 
 
 def image_model(recipe, folder):
-    return create_model(recipe.model.name, **recipe.model.options)
+    return get_task(recipe.task).build_model(recipe)
 
 
 @pytest.fixture
@@ -144,11 +143,9 @@ def test_botnet_run_with_image_files_and_query_pixels(tmp_path, image_files):
 
 
 def sentiment_model(recipe, folder):
-    from attnlab.tasks import sentiment
-
     tok = TextTokenizer.train(SENTENCES, "wordpiece", 300, lowercase=True, min_frequency=1)
     tok.save(folder / "tokenizer.json")
-    return sentiment.build_model(recipe, tok)
+    return get_task(recipe.task).build_model(recipe, tok)
 
 
 def test_sentiment_run_draws_one_picture_per_layer(tmp_path):
@@ -161,11 +158,9 @@ def test_sentiment_run_draws_one_picture_per_layer(tmp_path):
 
 
 def translation_model(recipe, folder):
-    from attnlab.tasks import translation
-
     tok = TextTokenizer.train(SENTENCES, "bpe", 300, min_frequency=1)
     tok.save(folder / "tokenizer.json")
-    return translation.build_model(recipe, tok, tok)
+    return get_task(recipe.task).build_model(recipe, (tok, tok))
 
 
 def test_translation_run_draws_the_alignment_of_the_beam_search_output(tmp_path):

@@ -13,6 +13,7 @@ from . import __version__
 from .engine.trainer import NonFiniteLossError
 from .errors import InputError
 from .io import WriteError
+from .tasks import get_task
 
 
 class UsageError(InputError):
@@ -53,28 +54,40 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """``attnlab train demo-reverse`` into a temporary folder, with its examples."""
+    import tempfile
+
     import torch
 
-    from .tasks import reverse
+    from .recipes import load_recipe
+    from .tasks import load_run
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {args.device}: CUDA is not available on this machine")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    print(f"attnlab {__version__}: training transformer_tiny to reverse token strings "
+    recipe = load_recipe("demo-reverse", [f"train.steps={args.steps}", f"train.seed={args.seed}",
+                                          f"data.seed={args.seed}", f"train.device={args.device}",
+                                          "train.tensorboard=false", "train.progress=false"])
+    print(f"attnlab {__version__}: training {recipe.model.name} to reverse token strings "
           f"({args.steps} steps, device {args.device})")
-    res = reverse.run(steps=args.steps, seed=args.seed, device=args.device)
+    with tempfile.TemporaryDirectory(prefix="attnlab-demo-") as folder:
+        task = get_task(recipe.task)
+        results = task.train(recipe, folder)
+        run = load_run(folder)
+        examples = run.predict(["5 9 3 7", "12 4 4 18 6", "3 14 8 19 11 10 5"])
     print()
-    print("| metric | value |")
-    print("| --- | --- |")
-    print(f"| training steps | {res.steps} |")
-    print(f"| training time | {res.train_seconds:.1f} s |")
-    print(f"| final loss | {res.final_loss:.4f} |")
-    print(f"| exact match, greedy | {100 * res.greedy_accuracy:.1f}% |")
-    print(f"| exact match, beam 4 | {100 * res.beam_accuracy:.1f}% |")
+    _table([("training steps", f"{results['steps']}"), ("training time", f"{results['train_seconds']:.1f} s"),
+            *task.metric_rows(results)], ("metric", "value"))
     print()
-    for src, out in res.examples:
-        print(f"  {src} -> {out}")
+    for p in examples:
+        print(f"  {p.input} -> {p.output}")
     return 0
+
+
+def _table(rows: list[tuple[str, str]], header: tuple[str, str] = ("result", "value")) -> None:
+    print(f"| {header[0]} | {header[1]} |")
+    print("| --- | --- |")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
 
 
 def cmd_data_list(args: argparse.Namespace) -> int:
@@ -98,13 +111,41 @@ def cmd_data_download(args: argparse.Namespace) -> int:
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
-    from .recipes import list_recipes
+    """The shipped recipes; with NAME (or a YAML file) its resolved settings, with --keys
+    every key with its type, default and help."""
+    import yaml
 
-    rows = list_recipes()
-    width = max(len(name) for name, _ in rows)
-    for name, description in rows:
-        print(f"{name.ljust(width)}  {description}")
+    from .recipes import list_recipes, load_recipe, recipe_keys
+    from .tasks import recipe_dict
+
+    if args.name is None:
+        if args.keys:
+            raise UsageError("--keys lists the keys of one recipe: attnlab recipes NAME --keys")
+        rows = list_recipes()
+        width = max(len(name) for name, _, _ in rows)
+        task_width = max(len(task) for _, task, _ in rows)
+        for name, task, description in rows:
+            print(f"{name.ljust(width)}  {task.ljust(task_width)}  {description}")
+        return 0
+    recipe = load_recipe(args.name, args.overrides)
+    if not args.keys:
+        print(yaml.safe_dump(recipe_dict(recipe), sort_keys=False, allow_unicode=True), end="")
+        return 0
+    rows = [(key, tp, _shown(default), _shown(value), help_) for key, tp, default, value, help_ in recipe_keys(recipe)]
+    header = ("key", "type", "default", "value", "help")
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(4)]
+    for row in [header] + rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + ("  " + row[4] if row[4] else ""))
     return 0
+
+
+def _shown(value: object) -> str:
+    """A value as an override would spell it: ``null``, ``true``, ``[1, 2]``."""
+    import json
+
+    if value is None or isinstance(value, (bool, dict, list, tuple)):
+        return json.dumps(value)
+    return str(value)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -125,34 +166,25 @@ def _train(args: argparse.Namespace) -> int:
     import time
 
     from .engine import distributed
+    from .report import write_run_report_safely
 
     recipe, name = _train_recipe(args)  # validated before any work starts
+    task = get_task(recipe.task)
     distributed.init_distributed(recipe.train.device)  # under torchrun: join the group; else nothing
     # Under torchrun all ranks take rank 0's name (their clocks may straddle a second).
     run_dir = args.run_dir or distributed.broadcast_object(f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if distributed.is_main():
         verb = "resuming" if args.resume else "train"
-        print(f"attnlab {verb} {name}: {recipe.model.name} on {recipe.data.name}, run directory {run_dir}")
-    from .tasks import image_classification, sentiment, translation
-
-    task = {"image_classification": image_classification, "sentiment": sentiment, "translation": translation}
-    results = task[recipe.task].run(recipe, run_dir, resume=args.resume, allow_changes=args.allow_changes)
-    if not distributed.is_main():  # rank 0 alone prints the results
+        print(f"attnlab {verb} {name}: {recipe.model.name} on {recipe.data.name} ({task.name}), "
+              f"run directory {run_dir}")
+    results = task.train(recipe, run_dir, resume=args.resume, allow_changes=args.allow_changes)
+    if not distributed.is_main():  # rank 0 alone writes the report and prints the results
         return 0
+    write_run_report_safely(run_dir, print)
     print()
-    print("| result | value |")
-    print("| --- | --- |")
-    if recipe.task == "translation":
-        print(f"| test BLEU (sacreBLEU, cased) | {results['bleu']:.2f} |")
-        print(f"| test BLEU (lower-cased) | {results['bleu_lowercase']:.2f} |")
-        print(f"| test token accuracy | {100 * results['test_accuracy']:.2f}% |")
-    else:
-        spread = f" ± {100 * results['test_accuracy_std']:.2f} (10 folds)" if "test_accuracy_std" in results else ""
-        print(f"| test accuracy | {100 * results['test_accuracy']:.2f}%{spread} |")
-    print(f"| parameters | {results['params']:,} |")
-    print(f"| training time | {results['train_seconds']:.1f} s |")
-    unit = {"image_classification": "images", "sentiment": "sentences", "translation": "sentence pairs"}[recipe.task]
-    print(f"| throughput | {results['samples_per_s']:,.0f} {unit}/s |")
+    _table([*task.metric_rows(results), ("parameters", f"{results['params']:,}"),
+            ("training time", f"{results['train_seconds']:.1f} s"),
+            ("throughput", f"{results['samples_per_s']:,.0f} {task.sample_unit}/s")])
     print(f"\nrun directory: {run_dir}")
     return 0
 
@@ -161,9 +193,9 @@ def _train_recipe(args: argparse.Namespace):
     """``(recipe, name)``: the named recipe with its overrides; or, for ``--resume``
     without a recipe, the run's own (its config.yaml and recorded changes) with the
     overrides applied on top."""
-    from .engine.config import apply_overrides, from_dict
-    from .recipes import Recipe, load_recipe
-    from .tasks.common import read_config, read_recipe
+    from .engine.config import apply_overrides
+    from .recipes import load_recipe
+    from .tasks import read_recipe, recipe_dict, recipe_from_dict
 
     if args.recipe is not None and "=" in args.recipe and not Path(args.recipe).is_file():
         args.overrides.insert(0, args.recipe)  # `attnlab train --resume --run-dir D train.steps=2000`
@@ -175,66 +207,89 @@ def _train_recipe(args: argparse.Namespace):
         if not (Path(args.run_dir) / "config.yaml").exists():
             raise UsageError(f"--run-dir {args.run_dir} holds no run to resume (no config.yaml); give a RECIPE "
                              f"to start one there")
-        read_recipe(args.run_dir)  # a damaged config.yaml is named before the overrides are applied
-        recipe = from_dict(Recipe, apply_overrides(read_config(Path(args.run_dir)), args.overrides))
-        return recipe, Path(args.run_dir).name
+        own = recipe_dict(read_recipe(args.run_dir))  # a damaged config.yaml is named before the overrides apply
+        return recipe_from_dict(apply_overrides(own, args.overrides)), Path(args.run_dir).name
     recipe = load_recipe(args.recipe, args.overrides)
     name = args.recipe if not args.recipe.endswith((".yaml", ".yml")) else args.recipe.rsplit("/", 1)[-1].rsplit(".", 1)[0]
     return recipe, name
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .tasks import image_classification, sentiment, translation
-    from .tasks.common import read_recipe
+    """The test metrics of a run's checkpoint, recomputed; with no --checkpoint, those of
+    the weights results.json was tested with, to the last digit."""
+    from .tasks import load_run
 
-    kind = read_recipe(args.run_dir).task
-    task = {"sentiment": sentiment, "translation": translation}.get(kind, image_classification)
-    res = task.evaluate_run(args.run_dir, args.checkpoint, device=args.device)
-    print(f"checkpoint: {res['checkpoint']}")
-    print("| metric | value |")
-    print("| --- | --- |")
-    if kind == "translation":
-        print(f"| test BLEU (sacreBLEU, cased) | {res['bleu']:.2f} |")
-        print(f"| test BLEU (lower-cased) | {res['bleu_lowercase']:.2f} |")
-        print(f"| test sentences | {res['samples']:,} |")
-        print(f"sacreBLEU signature: {res['bleu_signature']}")
-        return 0
-    print(f"| test accuracy | {100 * res['accuracy']:.2f}% |")
-    print(f"| test loss | {res['loss']:.4f} |")
-    print(f"| test samples | {res['samples']:,} |")
+    run = load_run(args.run_dir, args.checkpoint)
+    metrics = run.evaluate(device=args.device)
+    print(f"checkpoint: {run.checkpoint}")
+    _table([*run.task.metric_rows(metrics), ("test samples", f"{metrics['test_samples']:,}")], ("metric", "value"))
+    if "bleu_signature" in metrics:
+        print(f"sacreBLEU signature: {metrics['bleu_signature']}")
     return 0
+
+
+def _run_for(args: argparse.Namespace, command: str):
+    """The run of ``args.run_dir``, refused when its task makes no predictions of the kind
+    ``command`` prints (labels for predict; generated text for translate)."""
+    from .tasks import load_run
+
+    run = load_run(args.run_dir, args.checkpoint)
+    task = run.task
+    if task.inputs is None:
+        raise UsageError(f"{args.run_dir} is a run of the {task.name} task, which makes no predictions on new "
+                         f"inputs")
+    if command == "translate" and task.outputs != "text":
+        raise UsageError(f"{args.run_dir} is a run of the {task.name} task: its predictions are labels; "
+                         f"'attnlab predict {args.run_dir} ...' gives them")
+    return run
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from .tasks import image_classification, sentiment
-    from .tasks.common import read_recipe
-
-    kind = read_recipe(args.run_dir).task
-    if kind == "translation":
-        raise UsageError(f"{args.run_dir} is a translation run: 'attnlab translate {args.run_dir} TEXT ...' "
-                         f"translates with it; predict classifies images and texts")
-    if kind == "sentiment":
-        return _predict_texts(args, sentiment)
-    if not args.inputs:
-        raise UsageError("give one or more image FILEs to classify")
-    rows = image_classification.predict_files(args.run_dir, args.inputs, args.checkpoint, top_k=args.top_k)
-    width = max(len(f) for f, _ in rows)
-    for file, preds in rows:
-        print(f"{file.ljust(width)}  " + "  ".join(f"{label} {p:.3f}" for label, p in preds))
-    return 0
+    """Labels (or generated texts) for image files, or for texts given as arguments or one
+    per line on standard input, printed as they are computed."""
+    run = _run_for(args, "predict")
+    options = {"top_k": args.top_k} if run.task.outputs == "labels" else {}
+    if run.task.inputs == "images":
+        if not args.inputs:
+            raise UsageError("give one or more image FILEs to classify")
+        predictions = run.predict(args.inputs, **options)
+        width = max(len(p.input) for p in predictions)
+        for p in predictions:
+            print(f"{p.input.ljust(width)}  " + "  ".join(f"{label} {q:.3f}" for label, q in p.labels))
+        return 0
+    return _stream(args, run, options, "give texts to classify, or lines on standard input")
 
 
-def _predict_texts(args: argparse.Namespace, sentiment) -> int:
-    """Texts from the command line, else one per line from standard input, in batches.
-    A text that is not valid UTF-8 is reported on standard error and left out; the
-    others are classified, and the exit status is then 2."""
-    texts = _checked_arguments(args.inputs) if args.inputs else list(_stdin_lines())
-    if not texts:
-        raise UsageError("give texts to classify, or lines on standard input")
-    good = [t for t in texts if t is not None]
-    for text, (label, p) in zip(good, sentiment.predict_texts(args.run_dir, good, args.checkpoint) if good else []):
-        print(f"{label}\t{p:.3f}\t{text}")
-    return 2 if len(good) < len(texts) else 0
+def cmd_translate(args: argparse.Namespace) -> int:
+    """Texts from the command line, else standard input line by line: each translated
+    batch is printed as soon as it is done, so a long file streams through."""
+    run = _run_for(args, "translate")
+    options = {"num_beams": args.beam_size, "max_length": args.max_length, "batch_size": args.batch_size,
+               "device": args.device}
+    return _stream(args, run, options, "give texts to translate, or lines on standard input",
+                   chunk=16 * args.batch_size)
+
+
+def _stream(args: argparse.Namespace, run, options: dict, empty: str, chunk: int = 1024) -> int:
+    """Texts of ``args.inputs`` or of standard input through ``run.predict`` in chunks, one
+    output line per input line. A text that is not valid UTF-8 is reported on standard
+    error; a label is left out for it, a generated text is an empty line (so that output
+    lines stay aligned with input lines); the exit status is then 2."""
+    texts = _checked_arguments(args.inputs) if args.inputs else _stdin_lines()
+    seen = bad = 0
+    for part in _chunks(texts, chunk):
+        seen += len(part)
+        bad += sum(t is None for t in part)
+        good = [t for t in part if t is not None]
+        if run.task.outputs == "text":
+            outs = iter(run.predict(good, **options) if good else [])
+            print("\n".join("" if t is None else next(outs).output for t in part), flush=True)
+            continue
+        for p in run.predict(good, **options) if good else []:
+            print("\t".join(f"{label}\t{q:.3f}" for label, q in p.labels) + f"\t{p.input}", flush=True)
+    if not seen:
+        raise UsageError(empty)
+    return 2 if bad else 0
 
 
 def _report_bad_text(where: str, position: int) -> None:
@@ -304,32 +359,9 @@ def _chunks(items, size: int):
         yield chunk
 
 
-def cmd_translate(args: argparse.Namespace) -> int:
-    """Texts from the command line, else standard input line by line: each translated
-    batch is printed as soon as it is done, so a long file streams through. A line that
-    is not valid UTF-8 is reported on standard error and gives an empty line, so output
-    lines stay aligned with input lines; the exit status is then 2."""
-    from .tasks import translation
-
-    recipe, src_tok, tgt_tok, model, _ = translation.load_run(args.run_dir, args.checkpoint)
-    texts = _checked_arguments(args.texts) if args.texts else _stdin_lines()
-    seen = bad = 0
-    for chunk in _chunks(texts, 16 * args.batch_size):
-        seen += len(chunk)
-        bad += sum(t is None for t in chunk)
-        out = translation.translate_as_recipe(recipe, model, src_tok, tgt_tok, [t or "" for t in chunk],
-                                              num_beams=args.beam_size, max_length=args.max_length,
-                                              batch_size=args.batch_size, device=args.device)
-        print("\n".join(out), flush=True)
-    if not seen:
-        raise UsageError("give texts to translate, or lines on standard input")
-    return 2 if bad else 0
-
-
 def cmd_report(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from .report import is_bench_dir, write_bench_report, write_run_report
+    from .bench.report import is_bench_dir, write_bench_report
+    from .report import write_run_report
 
     folder = Path(args.run_dir)
     if not (folder / "config.yaml").is_file() and not is_bench_dir(folder):
@@ -389,6 +421,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> its parser, for _parse
+    # Commands that read recipes or runs can name a module that registers tasks or models of one's own.
+    plugins = argparse.ArgumentParser(add_help=False)
+    plugins.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                         help="import MODULE first (a module or a .py file that registers a task or a model of "
+                              "your own; repeatable)")
 
     p = sub.add_parser("models", help="list registered models with their parameter counts")
     p.add_argument("pattern", nargs="?", default="*", help="shell-style name filter, e.g. 'transformer_*'")
@@ -400,10 +437,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("recipes", help="list the shipped training recipes")
+    p = sub.add_parser("recipes", parents=[plugins],
+                       help="list the shipped recipes; with NAME its resolved settings, with --keys every key")
+    p.add_argument("name", nargs="?", default=None, metavar="NAME", help="a shipped recipe or a YAML file")
+    p.add_argument("overrides", nargs="*", help="dotted overrides to apply before printing")
+    p.add_argument("--keys", action="store_true", help="every key of the recipe: type, default, value and help")
     p.set_defaults(func=cmd_recipes)
 
-    p = sub.add_parser("train", help="train a recipe: attnlab train RECIPE [key.sub=value ...]")
+    p = sub.add_parser("train", parents=[plugins], help="train a recipe: attnlab train RECIPE [key.sub=value ...]")
     p.add_argument("recipe", nargs="?", default=None,
                    help="a shipped recipe name (see 'attnlab recipes') or a YAML file; with --resume it may be "
                         "left out: the run's own recipe")
@@ -415,22 +456,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "learning rate); the change is recorded in config.changes.yaml")
     p.set_defaults(func=cmd_train)
 
-    checkpoint_help = "best, last or a checkpoint folder (default: best when the run has one, else last)"
-    p = sub.add_parser("eval", help="re-evaluate a run's checkpoint on its test set")
+    checkpoint_help = ("best, last, averaged or a checkpoint folder (default: the weights results.json was tested "
+                       "with)")
+    p = sub.add_parser("eval", parents=[plugins], help="re-evaluate a run's checkpoint on its test set")
     p.add_argument("run_dir", help="a run directory written by 'attnlab train'")
     p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default auto)")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("predict", help="classify images or texts with a trained run: label and probability")
+    p = sub.add_parser("predict", parents=[plugins],
+                       help="predict with a trained run: labels of images or texts, or generated texts")
     p.add_argument("run_dir", help="a run directory written by 'attnlab train'")
     p.add_argument("inputs", nargs="*", metavar="INPUT",
-                   help="image files for an image run; texts for a sentiment run (default: lines of standard input)")
+                   help="image files for an image run; texts for a text run (default: lines of standard input)")
     p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
     p.add_argument("--top-k", type=_positive_int, default=1, help="labels to show per file (default 1)")
     p.set_defaults(func=cmd_predict)
 
-    p = sub.add_parser("visualize", help="draw what a trained run's attention looks at (PNGs)")
+    p = sub.add_parser("visualize", parents=[plugins], help="draw what a trained run's attention looks at (PNGs)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by 'attnlab train'")
     p.add_argument("--input", dest="inputs", action="extend", nargs="+", default=None, metavar="X",
                    help="texts (text runs) or image files (image runs), after RUN_DIR; "
@@ -443,9 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="BoTNet: a query pixel of the input image (repeatable; default: centre and diagonal)")
     p.set_defaults(func=cmd_visualize)
 
-    p = sub.add_parser("translate", help="translate texts with a trained translation run")
+    p = sub.add_parser("translate", parents=[plugins],
+                       help="generate texts with a trained run that does (translation), with decoding options")
     p.add_argument("run_dir", help="a translation run directory written by 'attnlab train'")
-    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to translate (default: lines of standard input)")
+    p.add_argument("inputs", nargs="*", metavar="TEXT", help="texts to translate (default: lines of standard input)")
     p.add_argument("--beam-size", type=_positive_int, default=None, help="beams (default: the run's recipe, 4)")
     p.add_argument("--max-length", type=_positive_int, default=None,
                    help="most tokens per translation (default: source length + 50)")
@@ -455,7 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default auto)")
     p.set_defaults(func=cmd_translate)
 
-    p = sub.add_parser("report", help="write a self-contained report.html for a run (or a benchmark folder)")
+    p = sub.add_parser("report", parents=[plugins],
+                       help="write a self-contained report.html for a run (or a benchmark folder)")
     p.add_argument("run_dir", metavar="RUN_DIR",
                    help="a run directory written by 'attnlab train', or an 'attnlab bench attention' --out folder")
     p.add_argument("--out", default=None, metavar="FILE", help="where to write the page (default RUN_DIR/report.html)")
@@ -504,7 +549,7 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     return sub.parse_intermixed_args(rest, namespace=argparse.Namespace(command=command))
 
 
-INTERMIXED = ("train", "predict", "translate")  # commands with a free list of arguments
+INTERMIXED = ("train", "predict", "translate", "recipes")  # commands with a free list of arguments
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -520,6 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warnings(prefix)
         try:
+            import_plugins(getattr(args, "imports", []))
             return args.func(args)
         except (InputError, FileNotFoundError) as exc:  # the user's input: one line
             print(f"{prefix}: error: {exc}", file=sys.stderr)
@@ -544,6 +590,42 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{prefix}: internal error: this is a bug in attnlab {__version__}, not a mistake in your input; "
                   f"please report it with the command line and the traceback above", file=sys.stderr)
             return 1
+
+
+def import_plugins(modules: Sequence[str] = ()) -> list[str]:
+    """Import the modules that register tasks and models of one's own: each of ``modules``
+    (``--import``: a module name, importable from the current folder too, or a ``.py``
+    file), then every entry point of the group ``attnlab.plugins`` that an installed
+    package declares. Returns their names."""
+    import importlib
+    import importlib.metadata
+    import importlib.util
+
+    loaded = []
+    for spec in modules:
+        if spec.endswith(".py"):
+            path = Path(spec)
+            if not path.is_file():
+                raise UsageError(f"--import {spec}: no such file")
+            module_spec = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[path.stem] = module
+            module_spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path and str(Path.cwd()) not in sys.path:
+                sys.path.insert(0, str(Path.cwd()))  # as `python -m` would: the current folder's modules
+            try:
+                importlib.import_module(spec)
+            except ModuleNotFoundError as exc:
+                if exc.name and spec.split(".")[0] == exc.name.split(".")[0]:
+                    raise UsageError(f"--import {spec}: no module named {exc.name!r} (give a module importable "
+                                     f"from the current folder, or a .py file)") from None
+                raise
+        loaded.append(spec)
+    for entry in importlib.metadata.entry_points(group="attnlab.plugins"):
+        entry.load()
+        loaded.append(entry.value)
+    return loaded
 
 
 def _one_line_warnings(prefix: str):

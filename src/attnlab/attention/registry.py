@@ -18,6 +18,7 @@ map (see :func:`attend_grid`).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -64,8 +65,17 @@ def attention_family(name: str) -> str:
 
 
 def build_attention(name: str, dim: int, num_heads: int, **options: Any) -> nn.Module:
-    """Build attention kind ``name`` for width ``dim`` and ``num_heads`` heads."""
-    return _entry(name).cls(dim, num_heads, **options)
+    """Build attention kind ``name`` for width ``dim`` and ``num_heads`` heads; an option
+    the kind does not take is an error naming it (with the close matches)."""
+    cls = _entry(name).cls
+    params = inspect.signature(cls).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        known = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY
+                 or (p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and n not in ("dim", "embed_dim", "num_heads"))]
+        for key in options:
+            if key not in params:
+                raise InputError(f"unknown option {key!r} of attention {name!r}" + did_you_mean(key, known, "options"))
+    return cls(dim, num_heads, **options)
 
 
 def list_attention(family: str | None = None) -> list[str]:

@@ -118,7 +118,7 @@ def run_bench(out: str | Path, *, parts: Sequence[str] = PARTS, variants: Sequen
     that everything runs; its figures mean nothing.
     """
     from .quality import QUALITY_KINDS
-    from .report import write_report
+    from .report import write_bench_report, write_report
     from .scaling import VARIANTS
 
     for p in parts:
@@ -146,7 +146,6 @@ def run_bench(out: str | Path, *, parts: Sequence[str] = PARTS, variants: Sequen
 
         run_studies(store, out, quick=quick, device=device, data_dir=data_dir, log=log)
     write_report(store.data, out)
-    from ..report import write_bench_report
 
     write_bench_report(out)  # report.html: the tables and plots in one self-contained page
     if json_path is not None:

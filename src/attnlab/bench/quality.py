@@ -26,6 +26,8 @@ from torch import Tensor
 from ..engine.trainer import Trainer, TrainConfig
 from ..errors import InputError
 from ..models import create_model
+from ..recipes import load_recipe
+from ..tasks import get_task
 
 __all__ = ["NeedleDataset", "needle_accuracy", "mr_accuracy", "NUM_VALUES"]
 
@@ -100,13 +102,10 @@ def mr_accuracy(kind: str, options: dict[str, Any], run_dir: str | Path, *, over
 
     ``overrides`` are extra ``key.sub=value`` recipe overrides. Needs the MR data
     (``ATTNLAB_DATA_DIR``)."""
-    from ..recipes import load_recipe
-    from ..tasks import sentiment
-
     sets = [f"model.options.attention={kind}", f"model.options.attention_options={_yaml_flow(options)}",
             "train.progress=false", "train.tensorboard=false", *overrides]
     recipe = load_recipe("sentiment-mr", sets)
-    results = sentiment.run(recipe, run_dir, log=log)
+    results = get_task(recipe.task).train(recipe, run_dir, log=log)
     return {"task": "mr", "kind": kind, "options": options, "accuracy": results["test_accuracy"],
             "train_seconds": results["train_seconds"], "samples_per_s": results["samples_per_s"],
             "steps": results["steps"], "overrides": list(overrides)}

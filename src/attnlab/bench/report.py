@@ -8,13 +8,20 @@ papers' and are labelled as such.
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_write_bytes
+from .. import __version__
+from ..errors import InputError
+from ..io import atomic_write_bytes, read_json_mapping
+from ..report.html import value_text
+from ..report.markdown import markdown_to_html
+from ..report.page import Html, Image, Note, Part, Section, Table, render_html
 from .scaling import VARIANTS, crossover, fit_exponent
 
-__all__ = ["write_report", "markdown", "THEORY"]
+__all__ = ["write_report", "markdown", "THEORY", "is_bench_dir", "write_bench_report"]
 
 # variant -> (mechanism, compute (theory), memory (theory), expressiveness (theory))
 THEORY: dict[str, tuple[str, str, str, str]] = {
@@ -241,3 +248,49 @@ def write_report(data: dict[str, Any], out: str | Path) -> list[Path]:
     out = Path(out)
     atomic_write_bytes(out / "table.md", markdown(data).encode())
     return [out / "table.md", *_plots(data, out)]
+
+
+# ----------------------------------------------------------------------------- the page
+
+
+def is_bench_dir(folder: str | Path) -> bool:
+    """An ``attnlab bench attention`` output folder: its ``results.json``, no ``config.yaml``."""
+    folder = Path(folder)
+    if (folder / "config.yaml").is_file() or not (folder / "results.json").is_file():
+        return False
+    try:
+        data = json.loads((folder / "results.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and any(k in data for k in ("scaling", "quality", "studies"))
+
+
+def write_bench_report(out_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write ``out_dir/report.html`` (or ``out``) from the benchmark's ``results.json``,
+    ``table.md`` (its Markdown tables, as HTML tables) and ``time.png``/``memory.png``."""
+
+    out_dir = Path(out_dir)
+    if not (out_dir / "results.json").is_file():
+        raise InputError(f"out_dir must be an 'attnlab bench attention' output folder with results.json; "
+                         f"{out_dir} has none")
+    data = read_json_mapping(out_dir / "results.json")
+    table = out_dir / "table.md"
+    text = table.read_text(encoding="utf-8") if table.is_file() else markdown(data)
+    machine = data.get("machine", {})
+    about: list[Part] = [Table([(k, value_text(k, v)) for k, v in machine.items()], ("machine", "value"))]
+    if data.get("quick"):
+        about.insert(0, Note("A quick run (tiny sizes and budgets): it shows that the benchmark runs; "
+                             "the figures mean nothing."))
+    plots: list[Part] = [Image(out_dir / name, caption) for name, caption in
+                         (("time.png", "time against sequence length"),
+                          ("memory.png", "peak memory against sequence length")) if (out_dir / name).is_file()]
+    sections = [
+        Section("Machine", about),
+        Section("Tables", [Html(markdown_to_html(text))]),
+        Section("Plots", plots or [Note("No time.png or memory.png: the scaling part has not run.")]),
+    ]
+    subtitle = (f"{out_dir.resolve()}, report written {time.strftime('%Y-%m-%d %H:%M:%S')} "
+                f"by attnlab {__version__}.")
+    path = Path(out) if out is not None else out_dir / "report.html"
+    atomic_write_bytes(path, render_html("attnlab bench attention", sections, subtitle).encode())
+    return path

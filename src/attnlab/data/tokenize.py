@@ -43,7 +43,7 @@ from torch import Tensor
 from ..errors import InputError
 from ..io import atomic_write_bytes
 
-__all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "TextTokenizer", "key_padding_mask"]
+__all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "TextTokenizer", "key_padding_mask", "printable", "shorten"]
 
 SPECIAL_TOKENS = ("[PAD]", "[BOS]", "[EOS]", "[UNK]", "[CLS]", "[SEP]")
 TOKENIZER_KINDS = ("wordpiece", "bpe")
@@ -99,6 +99,17 @@ def _first_id(tokenizer: Tokenizer, names: Sequence[str]) -> int | None:
         if (i := tokenizer.token_to_id(name)) is not None:
             return i
     return None
+
+
+def printable(text: str) -> str:
+    """Control characters have no glyph in a font: show them escaped (``\\x03``)."""
+    return "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
+
+
+def shorten(text: str, n: int = 70) -> str:
+    """``text`` on one line, printable, cut to ``n`` characters with an ellipsis."""
+    text = printable(" ".join(text.split()))
+    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _json_kind(value: object) -> str:
@@ -385,6 +396,18 @@ class TextTokenizer:
         if isinstance(ids, Tensor) and ids.dim() != 2:
             raise InputError(f"ids must be a batch (B, L); got shape {tuple(ids.shape)}")
         return [self.decode(row) for row in ids]
+
+    def readable_tokens(self, ids: Sequence[int] | Tensor) -> list[str]:
+        """Readable strings for token ids, for pictures and tables: WordPiece pieces as
+        stored (``##ing``); byte-level BPE pieces decoded one by one (``Ġmann`` ->
+        ``mann``, ``Ã¼`` -> ``ü``), whitespace alone as ``▁``."""
+        out = []
+        for i in (ids.tolist() if isinstance(ids, Tensor) else ids):
+            piece = self.tokenizer.id_to_token(int(i)) or f"<{int(i)}>"
+            if self.kind == "bpe":  # whitespace alone decodes to nothing: keep its byte-level mark
+                piece = self.tokenizer.decode([int(i)], skip_special_tokens=False).strip() or piece.replace("Ġ", "▁")
+            out.append(printable(piece))  # a byte-level piece may be a control character
+        return out
 
     def __repr__(self) -> str:
         return (

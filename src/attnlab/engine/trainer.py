@@ -48,7 +48,7 @@ class TrainConfig:
     lr: float = field(default=1e-3, metadata={"gt": 0.0})
     weight_decay: float = field(default=0.05, metadata={"min": 0.0})
     momentum: float = field(default=0.9, metadata={"min": 0.0, "lt": 1.0})
-    warmup_steps: int = field(default=0, metadata={"min": 0})
+    warmup_steps: int = field(default=0, metadata={"min": 0})  # longer than steps: capped at steps, with a note
     min_lr_ratio: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
     label_smoothing: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0})
     grad_clip: Optional[float] = field(default=1.0, metadata={"gt": 0.0})  # max gradient norm; null: no clipping
@@ -80,9 +80,6 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_bounds(self, "train")  # also for a TrainConfig built directly in Python
-        if self.warmup_steps > self.steps:
-            raise InputError(f"train.warmup_steps must not exceed train.steps; got warmup_steps={self.warmup_steps}, "
-                             f"steps={self.steps}")
         if self.compile_mode is not None and not self.compile:
             raise InputError(f"train.compile_mode applies only with train.compile=true; got compile_mode="
                              f"{self.compile_mode!r} with compile=false")
@@ -244,7 +241,11 @@ class Trainer:
                                     rank=distributed.rank(), world=distributed.world_size(), lengths=lengths)
         self.optimizer = build_optimizer(model, config.optimizer, config.lr, config.weight_decay,
                                          momentum=config.momentum)
-        self.scheduler = warmup_cosine(self.optimizer, config.steps, config.warmup_steps, config.min_lr_ratio)
+        warmup = min(config.warmup_steps, config.steps)
+        if warmup < config.warmup_steps:  # a recipe shortened with train.steps=N keeps working
+            self.log(f"note: train.warmup_steps={config.warmup_steps} is longer than train.steps={config.steps}; "
+                     f"the warm-up is capped at {warmup} steps")
+        self.scheduler = warmup_cosine(self.optimizer, config.steps, warmup, config.min_lr_ratio)
         self.scaler = make_grad_scaler(self.device, config.precision)
         self.ema = copy.deepcopy(model).eval().requires_grad_(False) if config.ema_decay else None
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0

@@ -1,90 +1,32 @@
-"""Training recipes shipped with attnlab: YAML files, validated against :class:`Recipe`."""
+"""Training recipes: the YAML files shipped with attnlab, and the loader that turns one
+(or a user's own file) into its task's typed :class:`~attnlab.tasks.Recipe`.
+
+    recipe = load_recipe("vit-digits", ["train.lr=1e-3"])   # a shipped name, or a path to a YAML file
+    recipe_keys(recipe)                                      # every key: type, default, value, help
+
+The ``task:`` key picks the recipe's class, so a recipe holds only the keys of its task
+and model; unknown keys, wrong types, values out of range and ``model.options`` that the
+model does not take are errors that name the key (with did-you-mean suggestions),
+before any work starts.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+import inspect
+import typing
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+import torch
 import yaml
 
-from ..engine.config import ConfigError, apply_overrides, from_dict
-from ..engine.trainer import TrainConfig
-from ..errors import InputError
+from ..engine.config import ConfigError, apply_overrides
 from ..suggest import did_you_mean
+from ..tasks import Recipe, get_task, recipe_from_dict
 
-__all__ = ["Recipe", "DataConfig", "ModelConfig", "TextConfig", "TranslateConfig", "list_recipes", "load_recipe"]
-
-
-@dataclass
-class DataConfig:
-    name: Literal["digits", "cifar10", "mr", "multi30k"] = "digits"
-    data_dir: str | None = None  # default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab
-    augment: bool = False
-    # MR: "split" trains on a fixed 80/10/10 split (dev for model selection, test once);
-    # "cv10" is the standard protocol: 10 stratified folds, mean and spread of test accuracy.
-    protocol: Literal["split", "cv10"] = "split"
-    seed: int = field(default=0, metadata={"min": 0, "max": 2**32 - 1})  # of the split and the folds
-    source: Literal["de", "en", "fr", "cs"] = "de"  # translation: source and target languages
-    target: Literal["de", "en", "fr", "cs"] = "en"
-
-
-@dataclass
-class TextConfig:
-    """Tokenization of text tasks (ignored by image tasks)."""
-
-    tokenizer: Literal["wordpiece", "bpe"] = "wordpiece"
-    vocab_size: int = field(default=8000, metadata={"min": 263})
-    lowercase: bool = True
-    min_frequency: int = field(default=1, metadata={"min": 0})
-    max_length: int = field(default=64, metadata={"min": 3})  # tokens per text, [CLS] and [SEP] included
-    tokenizer_file: str | None = None  # a tokenizer.json to use instead of training one
-    joint_vocab: bool = True  # translation: one vocabulary (and embedding) for both languages
-
-
-@dataclass
-class TranslateConfig:
-    """Decoding and scoring of translation runs (ignored by other tasks)."""
-
-    num_beams: int = field(default=4, metadata={"min": 1})
-    length_penalty: float = field(default=1.0, metadata={"min": 0.0})  # hypotheses ranked by log p / length**this
-    batch_size: int = field(default=64, metadata={"min": 1})  # sentences per decoding batch
-    average_checkpoints: int = field(default=0, metadata={"min": 0})  # average the last N checkpoints (0, 1: no)
-    checkpoint: str = "auto"  # weights to translate with: auto (averaged > best > last), best, last, averaged
-
-
-@dataclass
-class ModelConfig:
-    name: str = "vit_digits_patch2"
-    options: dict = field(default_factory=dict)
-
-
-@dataclass
-class Recipe:
-    description: str = ""
-    task: Literal["image_classification", "sentiment", "translation"] = "image_classification"
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    text: TextConfig = field(default_factory=TextConfig)
-    translate: TranslateConfig = field(default_factory=TranslateConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-
-    def __post_init__(self) -> None:
-        wanted = {"image_classification": ("digits", "cifar10"), "sentiment": ("mr",),
-                  "translation": ("multi30k",)}[self.task]
-        if self.data.name not in wanted:
-            raise InputError(f"data.name must be one of {', '.join(map(repr, wanted))} for task {self.task!r}; "
-                             f"got {self.data.name!r}")
-        if self.task == "translation":
-            if self.data.source == self.data.target:
-                raise InputError(f"data.source and data.target must differ; got {self.data.source!r} for both")
-            if self.text.tokenizer_file and not self.text.joint_vocab:
-                raise InputError("text.tokenizer_file gives one joint vocabulary; set text.joint_vocab=true with it")
-            if self.translate.average_checkpoints > self.train.keep_checkpoints:
-                raise InputError(
-                    f"translate.average_checkpoints must not exceed train.keep_checkpoints (the checkpoints kept); "
-                    f"got {self.translate.average_checkpoints} > {self.train.keep_checkpoints}")
+__all__ = ["Recipe", "list_recipes", "load_recipe", "read_recipe_file", "recipe_keys"]
 
 
 def _shipped() -> dict[str, Any]:
@@ -92,22 +34,113 @@ def _shipped() -> dict[str, Any]:
     return {p.name[: -len(".yaml")]: p for p in folder.iterdir() if p.name.endswith(".yaml")}
 
 
-def list_recipes() -> list[tuple[str, str]]:
-    """``(name, description)`` of every shipped recipe."""
-    return [(name, yaml.safe_load(path.read_text()).get("description", "")) for name, path in sorted(_shipped().items())]
+def list_recipes() -> list[tuple[str, str, str]]:
+    """``(name, task, description)`` of every shipped recipe."""
+    rows = []
+    for name, path in sorted(_shipped().items()):
+        data = yaml.safe_load(path.read_text())
+        rows.append((name, get_task(data.get("task", "image_classification")).name, data.get("description", "")))
+    return rows
 
 
-def load_recipe(name_or_path: str, overrides: list[str] = ()) -> Recipe:
-    """A shipped recipe by name, or a YAML file by path, with ``key.sub=value`` overrides."""
+def read_recipe_file(name_or_path: str) -> tuple[dict[str, Any], str]:
+    """``(data, source)``: a shipped recipe by name, or a YAML file by path, as plain data.
+    A file that is missing, unreadable, not YAML (its line and column named) or not a
+    mapping is a :class:`ConfigError`."""
     shipped = _shipped()
     if name_or_path in shipped:
-        text = shipped[name_or_path].read_text()
+        text, source = shipped[name_or_path].read_text(), f"recipe {name_or_path}"
     elif Path(name_or_path).is_file():
-        text = Path(name_or_path).read_text()
+        source = str(name_or_path)
+        try:
+            text = Path(name_or_path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"recipe file {name_or_path} cannot be read: {exc}") from None
     else:
         raise ConfigError(f"unknown recipe {name_or_path!r} (neither a shipped recipe nor a file)"
                           + did_you_mean(name_or_path, shipped, "recipes"))
-    data = yaml.safe_load(text) or {}
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{source} is not valid YAML{where}: {problem}") from None
+    if data is None:
+        raise ConfigError(f"{source} is empty; a recipe needs at least its task and model")
     if not isinstance(data, dict):
-        raise ConfigError(f"recipe {name_or_path!r} must be a YAML mapping")
-    return from_dict(Recipe, apply_overrides(data, overrides))
+        raise ConfigError(f"{source} must be a YAML mapping of settings; got {type(data).__name__}")
+    return data, source
+
+
+def load_recipe(name_or_path: str, overrides: typing.Sequence[str] = ()) -> Recipe:
+    """A shipped recipe by name, or a YAML file by path, with ``key.sub=value`` overrides,
+    as its task's recipe class; checked before it is returned."""
+    data, source = read_recipe_file(name_or_path)
+    return recipe_from_dict(apply_overrides(data, overrides), source)
+
+
+def _comments(cls: type) -> dict[str, str]:
+    """The ``# ...`` comment after each field of a dataclass's source, as its help line."""
+    try:
+        lines = inspect.getsource(cls).splitlines()
+    except (OSError, TypeError):
+        return {}
+    out = {}
+    for line in lines:
+        head, _, comment = line.partition("  # ")
+        name = head.strip().split(":", 1)[0]
+        if comment and ":" in head and name.isidentifier():
+            out[name] = comment.strip()
+    return out
+
+
+def _type_name(tp: Any) -> str:
+    text = str(tp).replace("typing.", "")
+    return tp.__name__ if isinstance(tp, type) else text
+
+
+def recipe_keys(recipe: Recipe) -> list[tuple[str, str, Any, Any, str]]:
+    """``(key, type, default, value, help)`` for every key of ``recipe``'s class, dotted,
+    in reading order; ``model.options`` gives the model's own configuration fields when
+    the model's builder takes a configuration dataclass."""
+    rows: list[tuple[str, str, Any, Any, str]] = []
+
+    def walk(obj: Any, cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        comments: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            if dataclasses.is_dataclass(klass):
+                comments.update(_comments(klass))
+        for f in dataclasses.fields(cls):
+            key, value = f"{prefix}{f.name}", getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, type(value), key + ".")
+                continue
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            else:
+                default = None
+            rows.append((key, _type_name(hints[f.name]), default, value, comments.get(f.name, "")))
+
+    walk(recipe, type(recipe), "")
+    return [r for r in rows if r[0] != "model.options"] + _model_option_rows(recipe)
+
+
+def _model_option_rows(recipe: Recipe) -> list[tuple[str, str, Any, Any, str]]:
+    """``model.options.<field>`` rows from the model's configuration dataclass (built on the
+    meta device): the default is the registered model's, the value the recipe's."""
+    task = get_task(recipe.task)
+    with torch.device("meta"):
+        chosen = task.build_model(recipe)
+        plain = task.build_model(dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, options={})))
+    config = getattr(chosen, "config", None)
+    if not dataclasses.is_dataclass(config):
+        return [("model.options", "dict", {}, recipe.model.options, "overrides of the model's configuration")]
+    hints = typing.get_type_hints(type(config))
+    comments = _comments(type(config))
+    return [(f"model.options.{f.name}", _type_name(hints[f.name]), getattr(plain.config, f.name),
+             getattr(config, f.name), comments.get(f.name, "")) for f in dataclasses.fields(config)]
+

@@ -3,14 +3,13 @@
 * :func:`write_run_report`: ``RUN_DIR/report.html`` for a training run (results,
   configuration, curves, confusion matrix or translations, attention maps); written at
   the end of ``attnlab train`` and by ``attnlab report RUN_DIR``.
-* :func:`write_bench_report`: ``OUT/report.html`` for ``attnlab bench attention``.
 * :func:`plot_curves`: the curves of ``metrics.jsonl`` as PNGs.
 * :func:`render_html`: the page builder both use (sections of text, tables, images).
 """
 
 from .curves import plot_curves
-from .html import is_bench_dir, write_bench_report, write_run_report
+from .html import write_run_report, write_run_report_safely
 from .page import Html, Image, Note, Pre, Section, Table, render_html
 
-__all__ = ["write_run_report", "write_bench_report", "is_bench_dir", "plot_curves", "render_html", "Section",
+__all__ = ["write_run_report", "write_run_report_safely", "plot_curves", "render_html", "Section",
            "Image", "Table", "Pre", "Note", "Html"]

@@ -18,24 +18,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
+from ..tasks import CHANGES, ClassifierPredictions, SampleTable, Task, get_task, read_config, read_recipe
+from ..viz.run import visualize_run
 from .curves import plot_curves, read_metrics
-from .markdown import markdown_to_html
-from .page import Html, Image, Note, Part, Pre, Section, Table, data_uri, render_html
-from .predictions import (classifier_predictions, confusion_png, image_samples_png, is_cross_validation,
-                          translation_samples)
+from .page import Image, Note, Part, Pre, Section, Table, data_uri, render_html
+from .predictions import confusion_png, image_samples_png
 
-__all__ = ["write_run_report", "write_bench_report", "is_bench_dir", "render_html", "Section", "RUN_SECTIONS"]
-
-# The sections of a run's page, by task (in this order).
-RUN_SECTIONS = {
-    "image_classification": ("Results", "Configuration", "Training curves", "Confusion matrix",
-                             "Sample predictions", "Attention"),
-    "sentiment": ("Results", "Configuration", "Training curves", "Confusion matrix", "Sample predictions",
-                  "Attention"),
-    "translation": ("Results", "Configuration", "Training curves", "Sample translations", "Attention"),
-}
+__all__ = ["write_run_report", "write_run_report_safely", "render_html", "Section", "value_text"]
 
 
 def _why(exc: BaseException) -> str:
@@ -52,7 +44,8 @@ def _number(key: str, value: Any) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.1f}" if abs(value) >= 100 else f"{value:.4g}"
 
 
-def _value(key: str, value: Any) -> str:
+def value_text(key: str, value: Any) -> str:
+    """A results value for a table: accuracies as percentages, counts with separators."""
     if isinstance(value, list):
         return ", ".join(_number(key, v) for v in value)
     if isinstance(value, dict):
@@ -86,7 +79,7 @@ def _results(run_dir: Path) -> tuple[Section, dict[str, Any]]:
         results = read_json_mapping(path)
     except ValueError as exc:
         return Section("Results", [Note(f"results.json could not be read: {_why(exc)}")]), {}
-    parts: list[Part] = [Table([(k, _value(k, v)) for k, v in results.items()], ("result", "value"))]
+    parts: list[Part] = [Table([(k, value_text(k, v)) for k, v in results.items()], ("result", "value"))]
     if results.get("fold_accuracies"):
         parts += ["Test accuracy of each fold (each fold trained on the other nine, tested on its own):",
                   Table([(k, _number("accuracy", a)) for k, a in enumerate(results["fold_accuracies"])],
@@ -95,11 +88,9 @@ def _results(run_dir: Path) -> tuple[Section, dict[str, Any]]:
 
 
 def _config(run_dir: Path) -> Section:
-    from ..tasks.common import CHANGES, read_config
-
     try:
         rows = _flatten(read_config(run_dir))
-    except ValueError as exc:
+    except InputError as exc:
         return Section("Configuration", [Note(f"The configuration could not be read: {_why(exc)}")])
     parts: list[Part] = [
         "The resolved recipe the run was trained with; keys are the dotted names that "
@@ -112,11 +103,11 @@ def _config(run_dir: Path) -> Section:
     return Section("Configuration", parts)
 
 
-def _curves(run_dir: Path) -> Section:
+def _curves(run_dir: Path, task: Task) -> Section:
     try:
-        if is_cross_validation(run_dir):
-            series = {f"fold {k}": read_metrics(run_dir / f"fold_{k}" / "metrics.jsonl") for k in range(10)
-                      if (run_dir / f"fold_{k}").is_dir()}
+        sub_runs = task.sub_runs(run_dir)
+        if sub_runs:
+            series = {p.name.replace("_", " "): read_metrics(p / "metrics.jsonl") for p in sub_runs}
         else:
             series = {"": read_metrics(run_dir / "metrics.jsonl")}
         paths = plot_curves(series, run_dir / "curves")
@@ -130,41 +121,40 @@ def _curves(run_dir: Path) -> Section:
     return Section("Training curves", [Image(p, captions.get(p.stem, p.stem)) for p in paths])
 
 
-def _classifier(run_dir: Path, device: str) -> list[Section]:
-    try:
-        p = classifier_predictions(run_dir, device=device)
-    except Exception as exc:  # noqa: BLE001  # the data set or the checkpoint may be gone
-        note = Note(f"Predictions on the test set could not be computed: {_why(exc)}")
-        return [Section("Confusion matrix", [note]), Section("Sample predictions", [note])]
-    confusion = Section("Confusion matrix", [
-        Image(confusion_png(p), f"rows: true class, columns: predicted class; weights: {p.weights}"),
-    ])
-    if p.examples and not isinstance(p.examples[0], str):
-        shown: Part = Image(image_samples_png(p), "mistakes in red")
-    else:
-        shown = Table([(text, p.classes[p.true[i]], p.classes[p.pred[i]], f"{p.prob[i]:.3f}")
-                       for text, i in zip(p.examples, p.shown)], ("test sentence", "true", "predicted", "probability"))
-    return [confusion, Section("Sample predictions", [f"{len(p.examples)} test inputs, evenly spaced through the "
-                                                      f"test set, predicted by {p.weights}.", shown])]
+def _item_sections(item: object) -> list[Section]:
+    """The sections of one of a task's report items, drawn by its type."""
+    if isinstance(item, ClassifierPredictions):
+        confusion = Section("Confusion matrix", [
+            Image(confusion_png(item), f"rows: true class, columns: predicted class; weights: {item.weights}"),
+        ])
+        if item.examples and not isinstance(item.examples[0], str):
+            shown: Part = Image(image_samples_png(item), "mistakes in red")
+        else:
+            shown = Table([(text, item.classes[item.true[i]], item.classes[item.pred[i]], f"{item.prob[i]:.3f}")
+                           for text, i in zip(item.examples, item.shown)],
+                          ("test input", "true", "predicted", "probability"))
+        return [confusion, Section("Sample predictions", [f"{len(item.examples)} test inputs, evenly spaced through "
+                                                          f"the test set, predicted by {item.weights}.", shown])]
+    if isinstance(item, SampleTable):
+        return [Section(item.title, [item.text, Table(item.rows, item.header)])]
+    raise InputError(f"the report cannot show a {type(item).__name__}; tasks give views of attnlab.tasks.views")
 
 
-def _translations(run_dir: Path) -> Section:
+def _task_sections(run_dir: Path, task: Task, device: str) -> list[Section]:
+    """What the task shows beside results, configuration and curves; a failure (the data
+    set or a checkpoint gone) is a note under the task's usual headings."""
     try:
-        rows = translation_samples(run_dir)
+        return [section for item in task.report_items(run_dir, device=device) for section in _item_sections(item)]
     except Exception as exc:  # noqa: BLE001
-        return Section("Sample translations", [Note(f"No sample translations: {_why(exc)}")])
-    return Section("Sample translations", [
-        "The first test sentences (test_2016_flickr) with the run's beam-search translations.",
-        Table(rows, ("source", "reference", "translation")),
-    ])
+        heading = "Sample outputs" if task.outputs == "text" else "Sample predictions"
+        return [Section(heading, [Note(f"Predictions on the test set could not be computed: {_why(exc)}")])]
 
 
-def _attention(run_dir: Path) -> Section:
+def _attention(run_dir: Path, task: Task) -> Section:
     """Attention maps drawn by :func:`attnlab.viz.run.visualize_run`, when it can."""
-    target = run_dir / "fold_0" if is_cross_validation(run_dir) else run_dir
+    sub_runs = task.sub_runs(run_dir)
+    target = sub_runs[0] if sub_runs else run_dir
     try:
-        from ..viz.run import visualize_run
-
         paths = visualize_run(target, out_dir=run_dir / "attention", max_inputs=2)
         images = [Image(Path(path).read_bytes(), alt=f"attention map {Path(path).stem}") for path in paths]
         for image in images:
@@ -183,73 +173,27 @@ def write_run_report(run_dir: str | Path, out: str | Path | None = None, *, devi
     The curves' PNGs go to ``run_dir/curves/`` and the attention maps to
     ``run_dir/attention/``; the page embeds them and needs nothing beside itself.
     """
-    from .. import __version__
-    from ..tasks.common import read_recipe
-
     run_dir = Path(run_dir)
-    recipe = read_recipe(run_dir)  # ValueError naming run_dir when it is not a run directory
-    results_section, results = _results(run_dir)
-    sections = [results_section, _config(run_dir), _curves(run_dir)]
-    if recipe.task == "translation":
-        sections.append(_translations(run_dir))
-    else:
-        sections += _classifier(run_dir, device)
-    sections.append(_attention(run_dir))
-    what = "10-fold cross-validation" if is_cross_validation(run_dir) else recipe.task.replace("_", " ")
-    subtitle = (f"{what}: {recipe.model.name} on {recipe.data.name}. {run_dir.resolve()}, "
+    recipe = read_recipe(run_dir)  # InputError naming run_dir when it is not a run directory
+    task = get_task(recipe.task)
+    results_section, _ = _results(run_dir)
+    sections = [results_section, _config(run_dir), _curves(run_dir, task), *_task_sections(run_dir, task, device),
+                _attention(run_dir, task)]
+    subtitle = (f"{task.describe(recipe)}: {recipe.model.name} on {recipe.data.name}. {run_dir.resolve()}, "
                 f"report written {time.strftime('%Y-%m-%d %H:%M:%S')} by attnlab {__version__}.")
     path = Path(out) if out is not None else run_dir / "report.html"
     atomic_write_bytes(path, render_html(f"attnlab run {run_dir.resolve().name}", sections, subtitle).encode())
     return path
 
 
-# ----------------------------------------------------------------------------- the benchmark
-
-
-def is_bench_dir(folder: str | Path) -> bool:
-    """An ``attnlab bench attention`` output folder: its ``results.json``, no ``config.yaml``."""
-    folder = Path(folder)
-    if (folder / "config.yaml").is_file() or not (folder / "results.json").is_file():
-        return False
+def write_run_report_safely(run_dir: str | Path, log=print) -> Path | None:
+    """:func:`write_run_report` at the end of a training: a failure is one warning line,
+    never an exception (the trained run is worth more than its report)."""
     try:
-        data = json.loads((folder / "results.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and any(k in data for k in ("scaling", "quality", "studies"))
-
-
-def write_bench_report(out_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write ``out_dir/report.html`` (or ``out``) from the benchmark's ``results.json``,
-    ``table.md`` (its Markdown tables, as HTML tables) and ``time.png``/``memory.png``."""
-    from .. import __version__
-
-    out_dir = Path(out_dir)
-    if not (out_dir / "results.json").is_file():
-        raise InputError(f"out_dir must be an 'attnlab bench attention' output folder with results.json; "
-                         f"{out_dir} has none")
-    data = read_json_mapping(out_dir / "results.json")
-    table = out_dir / "table.md"
-    if table.is_file():
-        text = table.read_text(encoding="utf-8")
-    else:
-        from ..bench.report import markdown
-
-        text = markdown(data)
-    machine = data.get("machine", {})
-    about: list[Part] = [Table([(k, _value(k, v)) for k, v in machine.items()], ("machine", "value"))]
-    if data.get("quick"):
-        about.insert(0, Note("A quick run (tiny sizes and budgets): it shows that the benchmark runs; "
-                             "the figures mean nothing."))
-    plots: list[Part] = [Image(out_dir / name, caption) for name, caption in
-                         (("time.png", "time against sequence length"),
-                          ("memory.png", "peak memory against sequence length")) if (out_dir / name).is_file()]
-    sections = [
-        Section("Machine", about),
-        Section("Tables", [Html(markdown_to_html(text))]),
-        Section("Plots", plots or [Note("No time.png or memory.png: the scaling part has not run.")]),
-    ]
-    subtitle = (f"{out_dir.resolve()}, report written {time.strftime('%Y-%m-%d %H:%M:%S')} "
-                f"by attnlab {__version__}.")
-    path = Path(out) if out is not None else out_dir / "report.html"
-    atomic_write_bytes(path, render_html("attnlab bench attention", sections, subtitle).encode())
-    return path
+        start = time.perf_counter()
+        path = write_run_report(run_dir)
+        log(f"report: {path} ({time.perf_counter() - start:.1f} s)")
+        return path
+    except Exception as exc:  # noqa: BLE001  # any failure: the run's files are already safe on disk
+        log(f"warning: report.html not written: {type(exc).__name__}: {exc}")
+        return None

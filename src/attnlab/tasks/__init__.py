@@ -1,1 +1,26 @@
-"""Glue per task: data, model, metrics."""
+"""Tasks: image classification, text classification, translation and the reversal demo,
+each one class behind one protocol (:class:`Task`), registered by name.
+
+::
+
+    from attnlab.tasks import get_task, load_run
+    run = load_run("runs/mr")                  # a TrainedRun: recipe, model, tokenizer, classes, checkpoint
+    run.predict(["a gorgeous , witty film ."])  # [LabelPrediction(input=..., labels=[("positive", 0.93)])]
+    run.evaluate()                              # results.json's test figures, recomputed
+
+A task of one's own: subclass :class:`Task` (with a :class:`Recipe` subclass for its
+settings), decorate it with :func:`register_task`, and name it in a recipe's ``task:``;
+``attnlab train my.yaml --import my_module`` imports the module that registers it.
+"""
+
+from . import image_classification, reverse, text_classification, translation  # noqa: F401  # registers the tasks
+from .base import (DataConfig, ImageSpec, ModelConfig, Recipe, Task, TrainedRun, get_task, list_tasks,
+                   recipe_dict, recipe_from_dict, register_task)
+from .runs import CHANGES, CONFIG, RESULTS, load_run, open_run, read_config, read_recipe, read_results
+from .views import (AlignmentAttention, ClassifierPredictions, ImageAttention, LabelPrediction, PixelAttention,
+                    SampleTable, TextPrediction, TokenAttention)
+
+__all__ = ["Task", "TrainedRun", "Recipe", "DataConfig", "ModelConfig", "ImageSpec", "register_task", "get_task",
+           "list_tasks", "recipe_from_dict", "recipe_dict", "load_run", "open_run", "read_config", "read_recipe",
+           "read_results", "CONFIG", "CHANGES", "RESULTS", "LabelPrediction", "TextPrediction", "ClassifierPredictions", "SampleTable",
+           "TokenAttention", "AlignmentAttention", "ImageAttention", "PixelAttention"]

@@ -1,80 +1,197 @@
-"""A synthetic sequence task that trains in a minute on a CPU: reverse a token string.
+"""A synthetic sequence task that trains in a minute on a CPU: reverse a string of tokens.
 
 It exercises the whole encoder-decoder path (padding masks, causal decoder, tied
 embeddings, greedy and beam-search generation with the cache) on data that needs no
-download, and reports exact-match accuracy.
+download, through the same engine, run directory and protocol as the other tasks, and
+reports exact-match accuracy. ``attnlab demo`` trains it; ``attnlab train demo-reverse``
+too, into a run directory that ``predict`` and ``visualize`` then read.
+
+Strings are token ids ``FIRST..vocab_size-1`` (0, 1 and 2 are padding, begin and end);
+as text they are written as numbers separated by spaces: ``"5 9 3"`` -> ``"3 9 5"``.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence
 
 import torch
-import torch.nn.functional as F
+from torch import Tensor, nn
 
-from ..models import create_model
+from ..engine.trainer import IGNORE_INDEX, evaluate_model
+from ..errors import InputError
+from .base import DataConfig, ModelConfig, Recipe, Task, TrainedRun, check_texts, register_task
+from .runs import fit_run, load_weights, open_run, test_run, write_results
+from .translation import seq2seq_alignment, strip_padding
+from .views import TextPrediction
+
+__all__ = ["ReverseDataConfig", "ReverseRecipe", "Reverse", "ReverseDataset", "exact_match"]
 
 PAD, BOS, EOS, FIRST = 0, 1, 2, 3
 
 
 @dataclass
-class ReverseResult:
-    steps: int
-    train_seconds: float
-    final_loss: float
-    greedy_accuracy: float
-    beam_accuracy: float
-    examples: list[tuple[list[int], list[int]]]
+class ReverseDataConfig(DataConfig):
+    name: Literal["reverse"] = "reverse"
+    vocab_size: int = field(default=20, metadata={"min": FIRST + 1})  # ids 0-2 are padding, begin and end
+    min_length: int = field(default=2, metadata={"min": 1})
+    max_length: int = field(default=12, metadata={"min": 1})
+    train_size: int = field(default=50_000, metadata={"min": 1})
+    test_size: int = field(default=256, metadata={"min": 1})
+    seed: int = field(default=0, metadata={"min": 0, "max": 2**32 - 2})  # of the strings (the test set: seed + 1)
+
+    def __post_init__(self) -> None:
+        if self.min_length > self.max_length:
+            raise InputError(f"data.min_length must not exceed data.max_length; got {self.min_length} > "
+                             f"{self.max_length}")
 
 
-def make_batch(batch: int, vocab: int, min_len: int, max_len: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random strings (right-padded) and their reversals followed by EOS."""
-    lengths = torch.randint(min_len, max_len + 1, (batch,), generator=gen)
-    src = torch.full((batch, max_len), PAD, dtype=torch.long)
-    tgt = torch.full((batch, max_len + 1), PAD, dtype=torch.long)
-    for i, n in enumerate(lengths.tolist()):
-        s = torch.randint(FIRST, vocab, (n,), generator=gen)
-        src[i, :n] = s
-        tgt[i, :n] = s.flip(0)
-        tgt[i, n] = EOS
-    return src, tgt
+@dataclass
+class GenerateConfig:
+    num_beams: int = field(default=4, metadata={"min": 1})  # the beam search reported beside greedy decoding
 
 
-def exact_match(pred: torch.Tensor, tgt: torch.Tensor) -> float:
-    width = max(pred.shape[1], tgt.shape[1])
-    pred = F.pad(pred, (0, width - pred.shape[1]), value=PAD)
-    tgt = F.pad(tgt, (0, width - tgt.shape[1]), value=PAD)
-    return (pred == tgt).all(dim=1).float().mean().item()
+@dataclass
+class ReverseRecipe(Recipe):
+    task: str = "reverse"
+    data: ReverseDataConfig = field(default_factory=ReverseDataConfig)
+    model: ModelConfig = field(default_factory=lambda: ModelConfig("transformer_tiny", {"dropout": 0.0}))
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
 
 
-def run(steps: int = 600, batch: int = 64, vocab: int = 20, max_len: int = 12, seed: int = 0,
-        device: str = "cpu", log_every: int = 100, log=print) -> ReverseResult:
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
-    model = create_model("transformer_tiny", src_vocab_size=vocab, tgt_vocab_size=vocab, dropout=0.0,
-                         max_len=64).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=steps, pct_start=0.1)
-    start = time.perf_counter()
-    loss = torch.tensor(0.0)
-    model.train()
-    for step in range(1, steps + 1):
-        src, tgt = (t.to(device) for t in make_batch(batch, vocab, 2, max_len, gen))
-        dec_in = F.pad(tgt[:, :-1], (1, 0), value=BOS)
-        logits = model(src, dec_in)
-        loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=PAD)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if log_every and step % log_every == 0:
-            log(f"step {step:5d}  loss {loss.item():.4f}  {time.perf_counter() - start:6.1f}s")
-    train_seconds = time.perf_counter() - start
-    model.eval()
-    src, tgt = (t.to(device) for t in make_batch(256, vocab, 2, max_len, torch.Generator().manual_seed(seed + 1)))
-    greedy = model.generate(src, max_new_tokens=max_len + 1)
-    beam = model.generate(src, max_new_tokens=max_len + 1, num_beams=4)
-    examples = [(src[i][src[i] != PAD].tolist(), beam[i][beam[i] > EOS].tolist()) for i in range(3)]
-    return ReverseResult(steps, train_seconds, loss.item(), exact_match(greedy, tgt), exact_match(beam, tgt), examples)
+class ReverseDataset:
+    """``size`` random strings and their reversals, drawn once from ``seed``. Batches are
+    ``({"src": (B, Ls), "tgt": (B, Lt)}, labels (B, Lt))`` as in
+    :class:`~attnlab.data.translation.TranslationDataset`: the decoder input starts with
+    ``BOS``, the labels end with ``EOS``, padding is ``PAD`` in inputs and ``-100`` in labels."""
+
+    def __init__(self, size: int, vocab_size: int, min_length: int, max_length: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.lengths = torch.randint(min_length, max_length + 1, (size,), generator=gen)
+        tokens = torch.randint(FIRST, vocab_size, (size, max_length), generator=gen)
+        self.tokens = tokens.masked_fill(torch.arange(max_length) >= self.lengths[:, None], PAD)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def strings(self, indices: Sequence[int]) -> list[list[int]]:
+        return [self.tokens[i, : int(self.lengths[i])].tolist() for i in indices]
+
+    def get_batch(self, indices: Sequence[int]) -> tuple[dict[str, Tensor], Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        n = int(self.lengths[index].max())
+        src = self.tokens[index, :n]
+        rev = torch.full((len(index), n + 1), PAD, dtype=torch.long)
+        for row, i in enumerate(index.tolist()):
+            k = int(self.lengths[i])
+            rev[row, :k] = self.tokens[i, :k].flip(0)
+            rev[row, k] = EOS
+        tgt = torch.cat([torch.full((len(index), 1), BOS, dtype=torch.long), rev[:, :-1]], dim=1)
+        return {"src": src, "tgt": tgt}, rev.masked_fill(rev == PAD, IGNORE_INDEX)
+
+
+def exact_match(pred: Tensor, strings: list[list[int]]) -> float:
+    """The share of generated rows that are exactly the reversed string and ``EOS``."""
+    hits = sum(strip_padding(row, PAD) == s[::-1] + [EOS] for row, s in zip(pred.tolist(), strings))
+    return hits / max(len(strings), 1)
+
+
+def _parse(text: str, vocab_size: int) -> list[int]:
+    try:
+        ids = [int(t) for t in text.split()]
+    except ValueError:
+        raise InputError(f"a reversal input must be token ids separated by spaces (e.g. '5 9 3'); got {text!r}") from None
+    if not ids or not all(FIRST <= i < vocab_size for i in ids):
+        raise InputError(f"a reversal input must hold token ids in [{FIRST}, {vocab_size}); got {text!r}")
+    return ids
+
+
+@register_task
+class Reverse(Task):
+    name = "reverse"
+    recipe_class = ReverseRecipe
+    summary = "reverse random token strings (synthetic, no download): the demo"
+    inputs = "texts"
+    outputs = "text"
+    sample_unit = "strings"
+    fixed_on_resume = ("task", "data", "model", "train.optimizer")
+
+    def model_options(self, recipe: Recipe, info: Any = None) -> dict[str, Any]:
+        v = recipe.data.vocab_size
+        return {"src_vocab_size": v, "tgt_vocab_size": v, "max_len": 64, "pad_id": PAD, "bos_id": BOS, "eos_id": EOS}
+
+    def metric_rows(self, metrics: dict[str, Any]) -> list[tuple[str, str]]:
+        beams = metrics.get("num_beams", 4)
+        return [("exact match, greedy", f"{100 * metrics['exact_match_greedy']:.1f}%"),
+                (f"exact match, beam {beams}", f"{100 * metrics['exact_match_beam']:.1f}%"),
+                ("test token accuracy", f"{100 * metrics['test_accuracy']:.2f}%"),
+                ("test loss", f"{metrics['test_loss']:.4f}")]
+
+    def _data(self, recipe: Recipe, split: str) -> ReverseDataset:
+        d = recipe.data
+        size, seed = (d.train_size, d.seed) if split == "train" else (d.test_size, d.seed + 1)
+        return ReverseDataset(size, d.vocab_size, d.min_length, d.max_length, seed)
+
+    def train(self, recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
+              log: Callable[[str], None] = print) -> dict[str, Any]:
+        run_dir = Path(run_dir)
+        with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, log=log) as resume_from:
+            build = lambda: self.build_model(recipe)  # noqa: E731
+            results = fit_run(recipe, run_dir, build, self._data(recipe, "train"), None, resume_from=resume_from,
+                              log=log)
+            test = self._data(recipe, "test")
+            tested, model = test_run(recipe, run_dir, build, test)
+            results = {**tested, **self._exact_match(model, recipe, test), **results}
+            write_results(run_dir, results)
+            return results
+
+    @torch.no_grad()
+    def _exact_match(self, model: nn.Module, recipe: Recipe, test: ReverseDataset) -> dict[str, Any]:
+        model.eval()
+        strings = test.strings(range(len(test)))
+        src = test.get_batch(list(range(len(test))))[0]["src"].to(next(model.parameters()).device)
+        new = recipe.data.max_length + 1
+        beams = recipe.generate.num_beams
+        return {"exact_match_greedy": exact_match(model.generate(src, max_new_tokens=new).cpu(), strings),
+                "exact_match_beam": exact_match(model.generate(src, max_new_tokens=new, num_beams=beams).cpu(),
+                                                strings),
+                "num_beams": beams}
+
+    def load(self, run_dir: Path, recipe: Recipe, checkpoint: str = "auto") -> TrainedRun:
+        model = self.build_model(recipe)
+        folder = load_weights(run_dir, model, checkpoint)
+        return TrainedRun(self, run_dir, recipe, model.eval(), folder)
+
+    def evaluate(self, run: TrainedRun, *, device: str = "auto") -> dict[str, Any]:
+        cfg, test = run.recipe.train, self._data(run.recipe, "test")
+        res = evaluate_model(run.model, test, batch_size=cfg.batch_size, device=device, precision=cfg.precision)
+        return {"test_accuracy": res["accuracy"], "test_loss": res["loss"], "test_samples": res["samples"],
+                **self._exact_match(run.model, run.recipe, test)}
+
+    @torch.no_grad()
+    def predict(self, run: TrainedRun, inputs: Sequence[str], *, num_beams: int | None = None) -> list[TextPrediction]:
+        """``inputs``: strings of token ids (``"5 9 3"``); each gets the model's reversal."""
+        out = []
+        for text in check_texts(inputs, self.name):
+            ids = _parse(text, run.recipe.data.vocab_size)
+            hyp = run.model.generate(torch.tensor([ids]), max_new_tokens=len(ids) + 1,
+                                     num_beams=num_beams or run.recipe.generate.num_beams)[0].tolist()
+            out.append(TextPrediction(text, " ".join(str(i) for i in strip_padding(hyp, PAD) if i != EOS)))
+        return out
+
+    @torch.no_grad()
+    def attention_views(self, run: TrainedRun, inputs: Sequence[Any] | None, *, max_inputs: int = 2,
+                        queries: Sequence[tuple[int, int]] | None = None) -> list[Any]:
+        if queries is not None:
+            raise InputError(f"queries (--query) choose BoTNet query pixels; run {run.run_dir} is a {self.name} run")
+        strings = [_parse(t, run.recipe.data.vocab_size) for t in check_texts(inputs, self.name)] \
+            if inputs is not None else self._data(run.recipe, "test").strings(range(max_inputs))
+        views = []
+        for ids in strings:
+            src = torch.tensor([ids], device=next(run.model.parameters()).device)
+            hyp = strip_padding(run.model.generate(src, max_new_tokens=len(ids) + 1)[0].tolist(), PAD)
+            names = lambda row: ["<eos>" if i == EOS else str(i) for i in row]  # noqa: E731
+            views.append(seq2seq_alignment(run.model, ids, names(ids), hyp, names(hyp),
+                                           f"{' '.join(map(str, ids))} -> {' '.join(names(hyp))}"))
+        return views

@@ -1,5 +1,5 @@
-"""Multi30k German-to-English translation: BPE, a Transformer trained by the engine with
-label smoothing, optional checkpoint averaging, beam search, and BLEU on the test set.
+"""Translation (Multi30k German to English by default): BPE, a Transformer trained by the
+engine with label smoothing, checkpoint averaging, beam search, and BLEU on the test set.
 
 A run directory gains, beside the engine's files::
 
@@ -8,8 +8,10 @@ A run directory gains, beside the engine's files::
     checkpoints/averaged/             mean of the last translate.average_checkpoints checkpoints
     translations.test.txt             the test set's beam-search translations, one per line
 
-``results.json`` holds the test token accuracy and loss (teacher-forced), and the BLEU
-of the beam-search translations of ``test_2016_flickr``:
+The validation split (Multi30k ``val``) picks ``checkpoints/best``. The test set is
+evaluated once, with the weights of ``translate.checkpoint`` (``auto``: averaged, else
+best, else last), named in ``results.json``'s ``test_checkpoint``: its token accuracy and
+loss (teacher-forced), and the BLEU of the beam-search translations of ``test_2016_flickr``:
 
 * ``bleu``: sacreBLEU, detokenized and case-sensitive (its default ``13a`` tokenizer), the
   standard figure for this task;
@@ -20,28 +22,76 @@ of the beam-search translations of ``test_2016_flickr``:
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 from torch import nn
 
+from ..attention.capture import capture_attention
 from ..data.multi30k import load_multi30k
-from ..data.tokenize import TextTokenizer
+from ..data.tokenize import TextTokenizer, shorten
 from ..data.translation import TranslationDataset
 from ..engine import distributed
 from ..engine.checkpoint import average_checkpoints, checkpoint_step, list_checkpoints, save_named_checkpoint
 from ..engine.device import select_device
+from ..engine.trainer import evaluate_model
 from ..errors import InputError
 from ..io import atomic_write_bytes
-from ..models import create_model
-from ..recipes import Recipe
-from .common import load_weights, open_run, read_recipe, train_and_test, write_report_safely
+from .base import DataConfig, ModelConfig, Recipe, Task, TrainedRun, check_texts, register_task
+from .runs import fit_run, load_weights, open_run, read_recipe, resolve_weights, test_run, write_results
+from .text_classification import TextConfig
+from .views import AlignmentAttention, SampleTable, TextPrediction
 
-__all__ = ["run", "load_run", "translate", "translate_as_recipe", "translate_texts", "bleu_scores", "evaluate_run"]
+__all__ = ["TranslationDataConfig", "TranslationTextConfig", "TranslateConfig", "TranslationRecipe", "Translation",
+           "translate", "bleu_scores", "build_tokenizers", "seq2seq_alignment"]
+
+
+@dataclass
+class TranslationDataConfig(DataConfig):
+    name: Literal["multi30k"] = "multi30k"
+    source: Literal["de", "en", "fr", "cs"] = "de"
+    target: Literal["de", "en", "fr", "cs"] = "en"
+
+    def __post_init__(self) -> None:
+        if self.source == self.target:
+            raise InputError(f"data.source and data.target must differ; got {self.source!r} for both")
+
+
+@dataclass
+class TranslationTextConfig(TextConfig):
+    joint_vocab: bool = True  # one vocabulary (and embedding) for both languages
+
+
+@dataclass
+class TranslateConfig:
+    """Decoding and scoring of a translation run."""
+
+    num_beams: int = field(default=4, metadata={"min": 1})
+    length_penalty: float = field(default=1.0, metadata={"min": 0.0})  # hypotheses ranked by log p / length**this
+    batch_size: int = field(default=64, metadata={"min": 1})  # sentences per decoding batch
+    average_checkpoints: int = field(default=0, metadata={"min": 0})  # average the last N checkpoints (0, 1: no)
+    checkpoint: str = "auto"  # weights to test and translate with: auto (averaged > best > last), best, last, averaged
+
+
+@dataclass
+class TranslationRecipe(Recipe):
+    task: str = "translation"
+    data: TranslationDataConfig = field(default_factory=TranslationDataConfig)
+    model: ModelConfig = field(default_factory=lambda: ModelConfig("transformer_small"))
+    text: TranslationTextConfig = field(default_factory=TranslationTextConfig)
+    translate: TranslateConfig = field(default_factory=TranslateConfig)
+
+    def __post_init__(self) -> None:
+        if self.text.tokenizer_file and not self.text.joint_vocab:
+            raise InputError("text.tokenizer_file gives one joint vocabulary; set text.joint_vocab=true with it")
+        if self.translate.average_checkpoints > self.train.keep_checkpoints:
+            raise InputError(
+                f"translate.average_checkpoints must not exceed train.keep_checkpoints (the checkpoints kept); "
+                f"got {self.translate.average_checkpoints} > {self.train.keep_checkpoints}")
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -71,7 +121,7 @@ def _tokenizer_paths(run_dir: Path, joint: bool) -> tuple[Path, Path]:
     return run_dir / "tokenizer.src.json", run_dir / "tokenizer.tgt.json"
 
 
-def build_tokenizers(recipe: Recipe, pairs: Sequence[tuple[str, str]]) -> tuple[TextTokenizer, TextTokenizer]:
+def build_tokenizers(recipe: TranslationRecipe, pairs: Sequence[tuple[str, str]]) -> tuple[TextTokenizer, TextTokenizer]:
     """``(source, target)`` tokenizers: the recipe's ``text.tokenizer_file`` (joint), or
     trained on the training pairs, one for both languages or one each."""
     t = recipe.text
@@ -84,17 +134,6 @@ def build_tokenizers(recipe: Recipe, pairs: Sequence[tuple[str, str]]) -> tuple[
         tok = train([s for s, _ in pairs] + [e for _, e in pairs])
         return tok, tok
     return train([s for s, _ in pairs]), train([e for _, e in pairs])
-
-
-def build_model(recipe: Recipe, src_tok: TextTokenizer, tgt_tok: TextTokenizer) -> nn.Module:
-    ids = {"pad_id": tgt_tok.pad_id, "bos_id": tgt_tok.bos_id, "eos_id": tgt_tok.eos_id}
-    if src_tok.pad_id != tgt_tok.pad_id:
-        raise InputError(f"source and target tokenizers must share the [PAD] id; got {src_tok.pad_id} and "
-                         f"{tgt_tok.pad_id}")
-    options = {"max_len": max(recipe.text.max_length, 64) + 64, "share_embeddings": src_tok is tgt_tok,
-               **ids, **recipe.model.options}
-    return create_model(recipe.model.name, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size,
-                        **options)
 
 
 @torch.no_grad()
@@ -165,104 +204,185 @@ def average_last_checkpoints(run_dir: Path, count: int) -> Path | None:
                                  {"step": step, "averaged": [f.name for f in folders]})
 
 
-# ----------------------------------------------------------------------------- a run
+def seq2seq_alignment(model: nn.Module, src_ids: list[int], src_tokens: list[str], hyp: list[int],
+                      tgt_tokens: list[str], title: str) -> AlignmentAttention:
+    """The decoder's cross-attention for the hypothesis ``hyp`` of source ``src_ids``.
+
+    The chosen hypothesis is teacher-forced: row t is the step that produced ``hyp[t]``.
+    (Beam search reorders and drops rows between steps, so its per-step weights follow no
+    single hypothesis; this pass gives the weights that the cached steps computed.)"""
+    cfg, device = model.config, next(model.parameters()).device
+    src = torch.tensor([src_ids], device=device)
+    tgt_in = torch.tensor([[cfg.bos_id] + hyp[:-1]], device=device)
+    with capture_attention(model, include="transformer.decoder.layers.*.cross_attn", cpu=True) as maps:
+        memory, memory_pad = model.encode(src)
+        model.decode(tgt_in, memory, memory_pad)
+    return AlignmentAttention(title, src_tokens, tgt_tokens, [calls[0][0] for calls in maps.values() if calls])
 
 
-def _datasets(recipe: Recipe, src_tok: TextTokenizer, tgt_tok: TextTokenizer,
-              splits: dict[str, list[tuple[str, str]]]) -> dict[str, TranslationDataset]:
-    n = recipe.text.max_length
-    return {name: TranslationDataset(pairs, src_tok, tgt_tok, n, n) for name, pairs in splits.items()}
+def strip_padding(hyp: list[int], pad_id: int) -> list[int]:
+    """A generated row without its right padding (a batch pads its shorter rows)."""
+    while len(hyp) > 1 and hyp[-1] == pad_id:
+        hyp = hyp[:-1]
+    return hyp
 
 
 def _load_split(recipe: Recipe, split: str) -> list[tuple[str, str]]:
     return load_multi30k(split, recipe.data.data_dir, recipe.data.source, recipe.data.target)
 
 
-def run(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
-        log=print) -> dict[str, Any]:
-    """Train and test ``recipe`` on Multi30k into ``run_dir``; returns ``results.json``'s content
-    (see :func:`~attnlab.tasks.common.open_run` for ``resume`` and ``allow_changes``)."""
-    run_dir = Path(run_dir)
-    with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, log=log) as resume_from:
-        return _run(recipe, run_dir, resume_from, log)
+def _dataset(recipe: Recipe, src_tok: TextTokenizer, tgt_tok: TextTokenizer,
+             pairs: list[tuple[str, str]]) -> TranslationDataset:
+    n = recipe.text.max_length
+    return TranslationDataset(pairs, src_tok, tgt_tok, n, n)
 
 
-def _run(recipe: Recipe, run_dir: Path, resume_from: Path | None, log) -> dict[str, Any]:
-    splits = {name: _load_split(recipe, name) for name in ("train", "val", "test")}
-    src_path, tgt_path = _tokenizer_paths(run_dir, recipe.text.joint_vocab)
-    if src_path.is_file() and tgt_path.is_file():  # the resumed weights belong to these vocabularies
+@register_task
+class Translation(Task):
+    name = "translation"
+    recipe_class = TranslationRecipe
+    summary = "translate sentences: Multi30k (de, en, fr, cs), BLEU with sacreBLEU"
+    inputs = "texts"
+    outputs = "text"
+    sample_unit = "sentence pairs"
+    fixed_on_resume = ("task", "data.name", "data.source", "data.target", "model", "text", "train.optimizer")
+    legacy_keys = ("data.augment", "data.protocol", "data.seed")
+
+    def model_options(self, recipe: Recipe, info: tuple[TextTokenizer, TextTokenizer] | None = None) -> dict[str, Any]:
+        if info is None:
+            src = tgt = recipe.text.vocab_size
+            ids = {"pad_id": 0, "bos_id": 1, "eos_id": 2}  # TextTokenizer's special tokens come first
+            joint = recipe.text.joint_vocab
+        else:
+            src_tok, tgt_tok = info
+            if src_tok.pad_id != tgt_tok.pad_id:
+                raise InputError(f"source and target tokenizers must share the [PAD] id; got {src_tok.pad_id} and "
+                                 f"{tgt_tok.pad_id}")
+            src, tgt, joint = src_tok.vocab_size, tgt_tok.vocab_size, src_tok is tgt_tok
+            ids = {"pad_id": tgt_tok.pad_id, "bos_id": tgt_tok.bos_id, "eos_id": tgt_tok.eos_id}
+        return {"src_vocab_size": src, "tgt_vocab_size": tgt, "max_len": max(recipe.text.max_length, 64) + 64,
+                "share_embeddings": joint, **ids}
+
+    def metric_rows(self, metrics: dict[str, Any]) -> list[tuple[str, str]]:
+        rows = []
+        if "bleu" in metrics:
+            rows += [("test BLEU (sacreBLEU, cased)", f"{metrics['bleu']:.2f}"),
+                     ("test BLEU (lower-cased)", f"{metrics['bleu_lowercase']:.2f}")]
+        if "test_accuracy" in metrics:
+            rows.append(("test token accuracy", f"{100 * metrics['test_accuracy']:.2f}%"))
+        if "test_loss" in metrics:
+            rows.append(("test loss", f"{metrics['test_loss']:.4f}"))
+        return rows
+
+    # ------------------------------------------------------------------ training
+    def train(self, recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
+              log: Callable[[str], None] = print) -> dict[str, Any]:
+        run_dir = Path(run_dir)
+        with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, log=log) as resume_from:
+            splits = {name: _load_split(recipe, name) for name in ("train", "val", "test")}
+            src_path, tgt_path = _tokenizer_paths(run_dir, recipe.text.joint_vocab)
+            if src_path.is_file() and tgt_path.is_file():  # a resumed run: its weights belong to these
+                src_tok = TextTokenizer.load(src_path)
+                tgt_tok = src_tok if recipe.text.joint_vocab else TextTokenizer.load(tgt_path)
+            else:
+                src_tok, tgt_tok = build_tokenizers(recipe, splits["train"])
+                if distributed.is_main():
+                    src_tok.save(src_path)
+                    if tgt_tok is not src_tok:
+                        tgt_tok.save(tgt_path)
+            data = {name: _dataset(recipe, src_tok, tgt_tok, pairs) for name, pairs in splits.items()}
+            build = lambda: self.build_model(recipe, (src_tok, tgt_tok))  # noqa: E731
+            results = fit_run(recipe, run_dir, build, data["train"], data["val"], resume_from=resume_from, log=log)
+            tr = recipe.translate
+            if distributed.is_main():
+                averaged = average_last_checkpoints(run_dir, tr.average_checkpoints)
+                if averaged is not None:
+                    log(f"averaged the weights of the last {tr.average_checkpoints} checkpoints into {averaged}")
+            distributed.barrier()
+            tested, model = test_run(recipe, run_dir, build, data["test"], resolve_weights(run_dir, tr.checkpoint))
+            results = {**tested, **results, "train_size": len(data["train"]), "dev_size": len(data["val"]),
+                       "test_size": len(data["test"]), "src_vocab_size": src_tok.vocab_size,
+                       "tgt_vocab_size": tgt_tok.vocab_size, "joint_vocab": src_tok is tgt_tok,
+                       "metric": "token accuracy (teacher forcing)"}
+            if distributed.is_main():
+                start = time.perf_counter()
+                sources, references = zip(*splits["test"])
+                hyps = translate_as_recipe(recipe, model, src_tok, tgt_tok, sources, batch_size=tr.batch_size,
+                                           device=recipe.train.device)
+                seconds = time.perf_counter() - start
+                atomic_write_bytes(run_dir / "translations.test.txt", ("\n".join(hyps) + "\n").encode())
+                scores = bleu_scores(hyps, references)
+                log(f"test_2016_flickr BLEU {scores['bleu']:.2f} (sacreBLEU, cased), {scores['bleu_lowercase']:.2f} "
+                    f"(lower-cased); beam {tr.num_beams}, {len(hyps) / seconds:.1f} sentences/s, "
+                    f"weights {tested['test_checkpoint']}")
+                results.update(scores, num_beams=tr.num_beams, translate_seconds=seconds)
+            write_results(run_dir, results)
+            return results
+
+    # ------------------------------------------------------------------ a finished run
+    def load(self, run_dir: Path, recipe: Recipe, checkpoint: str = "auto") -> TrainedRun:
+        src_path, tgt_path = _tokenizer_paths(run_dir, recipe.text.joint_vocab)
+        for path in (src_path, tgt_path):
+            if not path.is_file():
+                raise InputError(f"run_dir must hold the run's {path.name}; {run_dir} has none")
         src_tok = TextTokenizer.load(src_path)
         tgt_tok = src_tok if recipe.text.joint_vocab else TextTokenizer.load(tgt_path)
-    else:
-        src_tok, tgt_tok = build_tokenizers(recipe, splits["train"])
-        if distributed.is_main():
-            src_tok.save(src_path)
-            if tgt_tok is not src_tok:
-                tgt_tok.save(tgt_path)
-    data = _datasets(recipe, src_tok, tgt_tok, splits)
-    extra = {"train_size": len(data["train"]), "dev_size": len(data["val"]), "test_size": len(data["test"]),
-             "src_vocab_size": src_tok.vocab_size, "tgt_vocab_size": tgt_tok.vocab_size,
-             "joint_vocab": src_tok is tgt_tok, "metric": "token accuracy (teacher forcing)"}
-    results = train_and_test(recipe, run_dir, lambda: build_model(recipe, src_tok, tgt_tok), data["train"],
-                             data["val"], data["test"], resume_from=resume_from, log=log,
-                             extra=extra, report=False)  # written below, once BLEU is in results.json
-    if not distributed.is_main():
-        return results
-    tr = recipe.translate
-    averaged = average_last_checkpoints(run_dir, tr.average_checkpoints)
-    if averaged is not None:
-        log(f"averaged the weights of the last {tr.average_checkpoints} checkpoints into {averaged}")
-    model = build_model(recipe, src_tok, tgt_tok)
-    folder = load_weights(run_dir, model, tr.checkpoint)
-    start = time.perf_counter()
-    sources, references = zip(*splits["test"])
-    hyps = translate_as_recipe(recipe, model, src_tok, tgt_tok, sources, batch_size=tr.batch_size,
-                               device=recipe.train.device)
-    seconds = time.perf_counter() - start
-    atomic_write_bytes(run_dir / "translations.test.txt", ("\n".join(hyps) + "\n").encode())
-    scores = bleu_scores(hyps, references)
-    log(f"test_2016_flickr BLEU {scores['bleu']:.2f} (sacreBLEU, cased), {scores['bleu_lowercase']:.2f} "
-        f"(lower-cased); beam {tr.num_beams}, {len(hyps) / seconds:.1f} sentences/s, weights {folder.name}")
-    results.update(scores, num_beams=tr.num_beams, translate_seconds=seconds, bleu_checkpoint=folder.name)
-    atomic_write_bytes(run_dir / "results.json", json.dumps(results, indent=1).encode())
-    write_report_safely(run_dir, log)
-    return results
+        model = self.build_model(recipe, (src_tok, tgt_tok))
+        folder = load_weights(run_dir, model, checkpoint)
+        return TrainedRun(self, run_dir, recipe, model.eval(), folder, tokenizer=src_tok, target_tokenizer=tgt_tok)
 
+    def evaluate(self, run: TrainedRun, *, device: str = "auto", batch_size: int | None = None) -> dict[str, Any]:
+        """Token accuracy and loss (teacher-forced) and the BLEU of the beam-search
+        translations on the test set, decoded as the recipe says (``batch_size``:
+        sentences per decoding batch; the result does not depend on it)."""
+        pairs = _load_split(run.recipe, "test")
+        cfg = run.recipe.train
+        res = evaluate_model(run.model, _dataset(run.recipe, run.tokenizer, run.target_tokenizer, pairs),
+                             batch_size=cfg.batch_size, device=device, precision=cfg.precision)
+        sources, references = zip(*pairs)
+        hyps = translate_as_recipe(run.recipe, run.model, run.tokenizer, run.target_tokenizer, sources,
+                                   batch_size=batch_size or run.recipe.translate.batch_size, device=device)
+        return {**bleu_scores(hyps, references), "test_accuracy": res["accuracy"], "test_loss": res["loss"],
+                "test_samples": res["samples"]}
 
-# ---------------------------------------------------------------------------- a finished run
+    def predict(self, run: TrainedRun, inputs: Sequence[str], *, num_beams: int | None = None,
+                max_length: int | None = None, batch_size: int = 64, device: str = "auto") -> list[TextPrediction]:
+        """Translations of ``inputs`` (beam size and length penalty from the recipe unless given)."""
+        texts = list(inputs)
+        outs = translate_as_recipe(run.recipe, run.model, run.tokenizer, run.target_tokenizer, texts,
+                                   num_beams=num_beams, max_length=max_length, batch_size=batch_size, device=device)
+        return [TextPrediction(t, o) for t, o in zip(texts, outs)]
 
-
-def load_run(run_dir: str | Path, checkpoint: str = "auto") -> tuple[Recipe, TextTokenizer, TextTokenizer, nn.Module, Path]:
-    """``(recipe, source tokenizer, target tokenizer, model in eval mode, checkpoint folder)``.
-
-    ``checkpoint="auto"``: the averaged weights when the run has them, else the best, else the last."""
-    run_dir = Path(run_dir)
-    recipe = read_recipe(run_dir)
-    if recipe.task != "translation":
-        raise InputError(f"run_dir must be a translation run; {run_dir} is a {recipe.task!r} run")
-    src_path, tgt_path = _tokenizer_paths(run_dir, recipe.text.joint_vocab)
-    for path in (src_path, tgt_path):
+    def report_items(self, run_dir: Path, *, device: str = "auto") -> list[Any]:
+        """The first test sentences with the run's translations (read from
+        ``translations.test.txt``: nothing is translated again)."""
+        recipe = read_recipe(run_dir)
+        path = run_dir / "translations.test.txt"
         if not path.is_file():
-            raise InputError(f"run_dir must hold the run's {path.name}; {run_dir} has none")
-    src_tok = TextTokenizer.load(src_path)
-    tgt_tok = src_tok if recipe.text.joint_vocab else TextTokenizer.load(tgt_path)
-    model = build_model(recipe, src_tok, tgt_tok)
-    folder = load_weights(run_dir, model, checkpoint)
-    return recipe, src_tok, tgt_tok, model.eval(), folder
+            raise InputError(f"run_dir must hold translations.test.txt (written at the end of training); "
+                             f"{run_dir} has none")
+        hyps = path.read_text(encoding="utf-8").splitlines()
+        pairs = _load_split(recipe, "test")
+        rows = [(s, r, h) for (s, r), h in zip(pairs[:8], hyps[:8])]
+        return [SampleTable("Sample translations", "The first test sentences (test_2016_flickr) with the run's "
+                            "beam-search translations.", ("source", "reference", "translation"), rows)]
 
-
-def translate_texts(run_dir: str | Path, texts: Sequence[str], *, checkpoint: str = "auto", num_beams: int | None = None,
-                    max_length: int | None = None, batch_size: int = 64, device: str = "auto") -> list[str]:
-    """Translations of ``texts`` by a finished run (beam size from its recipe unless given)."""
-    recipe, src_tok, tgt_tok, model, _ = load_run(run_dir, checkpoint)
-    return translate_as_recipe(recipe, model, src_tok, tgt_tok, texts, num_beams=num_beams, max_length=max_length,
-                               batch_size=batch_size, device=device)
-
-
-def evaluate_run(run_dir: str | Path, checkpoint: str = "auto", batch_size: int = 64,
-                 device: str = "auto") -> dict[str, Any]:
-    """BLEU of a run's checkpoint on ``test_2016_flickr`` (beam search as in its recipe)."""
-    recipe, src_tok, tgt_tok, model, folder = load_run(run_dir, checkpoint)
-    sources, references = zip(*_load_split(recipe, "test"))
-    hyps = translate_as_recipe(recipe, model, src_tok, tgt_tok, sources, batch_size=batch_size, device=device)
-    return {**bleu_scores(hyps, references), "samples": len(hyps), "checkpoint": str(folder)}
+    @torch.no_grad()
+    def attention_views(self, run: TrainedRun, inputs: Sequence[Any] | None, *, max_inputs: int = 2,
+                        queries: Sequence[tuple[int, int]] | None = None) -> list[Any]:
+        if queries is not None:
+            raise InputError(f"queries (--query) choose BoTNet query pixels; run {run.run_dir} is a {self.name} run")
+        texts = check_texts(inputs, self.name) if inputs is not None else \
+            [s for s, _ in _load_split(run.recipe, "test")[:max_inputs]]
+        model, cfg, tr = run.model, run.model.config, run.recipe.translate
+        src_tok, tgt_tok = run.tokenizer, run.target_tokenizer
+        views = []
+        for text in texts:
+            src_ids = src_tok.tokenize([text], add_cls=False)[0][: run.recipe.text.max_length - 1] + [src_tok.eos_id]
+            hyp = model.generate(torch.tensor([src_ids], device=next(model.parameters()).device), max_new_tokens=min(cfg.max_len, len(src_ids) + 50),
+                                 num_beams=tr.num_beams, length_penalty=tr.length_penalty)[0].tolist()
+            hyp = strip_padding(hyp, cfg.pad_id)
+            title = f'"{shorten(text)}"\n-> "{shorten(tgt_tok.decode(hyp))}"  (cross-attention, mean of heads)'
+            views.append(seq2seq_alignment(model, src_ids, src_tok.readable_tokens(src_ids), hyp,
+                                           tgt_tok.readable_tokens(hyp), title))
+        return views

@@ -3,7 +3,8 @@
 * :mod:`attnlab.viz.attention`: plotting functions on tensors (token heatmaps, attention
   rollout, maps over an image, translation alignments), each writing one PNG atomically.
 * :mod:`attnlab.viz.run`: :func:`visualize_run`, the pictures of a finished run
-  (``attnlab visualize RUN_DIR``).
+  (``attnlab visualize RUN_DIR``), and :func:`draw_views`, which draws the attention
+  views any task returns.
 """
 
 from .attention import (
@@ -14,7 +15,7 @@ from .attention import (
     save_figure,
     token_heatmaps,
 )
-from .run import token_labels, visualize_run
+from .run import draw_views, visualize_run
 
 __all__ = [
     "attention_rollout",
@@ -24,5 +25,5 @@ __all__ = [
     "alignment_figure",
     "save_figure",
     "visualize_run",
-    "token_labels",
+    "draw_views",
 ]

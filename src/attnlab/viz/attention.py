@@ -74,16 +74,6 @@ def _label_size(n: int, inches: float) -> float:
     return float(min(9.0, max(4.0, 0.8 * 72.0 * inches / max(n, 1))))
 
 
-def _printable(text: str) -> str:
-    """Control characters have no glyph in the font: show them escaped (``\\x03``)."""
-    return "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
-
-
-def _short(text: str, n: int = 70) -> str:
-    text = _printable(" ".join(text.split()))
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
 # ----------------------------------------------------------------------------- rollout
 def attention_rollout(maps: Sequence[Tensor]) -> Tensor:
     """Attention rollout (Abnar & Zuidema, 2020): how much each output token draws on

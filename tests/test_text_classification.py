@@ -1,4 +1,4 @@
-"""Sentiment analysis on MR end to end: recipe, tokenizer in the run directory, split and
+"""Text classification on MR end to end: recipe, tokenizer in the run directory, split and
 10-fold protocols, eval and predict (texts and standard input), bad input."""
 
 import io
@@ -11,7 +11,7 @@ import pytest
 
 from attnlab.cli import main
 from attnlab.recipes import load_recipe
-from attnlab.tasks import sentiment
+from attnlab.tasks import load_run, read_results
 
 DATA = os.environ.get("ATTNLAB_DATA_DIR")
 pytestmark = [
@@ -41,10 +41,17 @@ def test_split_run_directory(split_run):
     assert (split_run / "tokenizer.json").is_file() and (split_run / "checkpoints" / "best").is_dir()
 
 
-def test_eval_recomputes_the_test_accuracy(split_run):
-    results = json.loads((split_run / "results.json").read_text())
-    res = sentiment.evaluate_run(split_run, "last")
-    assert res["samples"] == 1066 and res["accuracy"] == pytest.approx(results["test_accuracy"], abs=1e-12)
+def test_eval_reproduces_results_json_exactly_with_the_weights_it_names(split_run, capsys):
+    results = read_results(split_run)
+    assert results["test_checkpoint"] == "best"  # selected on the dev part, tested once
+    run = load_run(split_run)
+    assert run.checkpoint.name == "best" and run.classes == ["negative", "positive"]
+    res = run.evaluate()
+    assert res["test_samples"] == 1066
+    assert (res["test_accuracy"], res["test_loss"]) == (results["test_accuracy"], results["test_loss"])
+    assert main(["eval", str(split_run)]) == 0
+    out = capsys.readouterr().out
+    assert f"| test accuracy | {100 * results['test_accuracy']:.2f}% |" in out and "checkpoints/best" in out
 
 
 def test_predict_texts_and_standard_input(split_run, capsys, monkeypatch):
@@ -95,11 +102,22 @@ def test_cross_validation_runs_ten_folds_and_resumes_a_missing_one(tmp_path, cap
     assert main(argv + ["--resume"]) == 0
     assert (run / "fold_0" / "results.json").stat().st_mtime_ns == kept
     assert json.loads((run / "results.json").read_text())["fold_accuracies"] == results["fold_accuracies"]
-    with pytest.raises(ValueError, match="use one of its fold_<k> folders"):
-        sentiment.load_run(run)
-    assert sentiment.evaluate_run(run / "fold_3", "last")["samples"] == sizes[3]
+    with pytest.raises(ValueError, match="load one of its fold_<k> folders"):
+        load_run(run)
+    fold = read_results(run / "fold_3")
+    assert fold["test_checkpoint"] == "last" and not (run / "fold_3" / "checkpoints" / "best").exists()  # no selection
+    res = load_run(run / "fold_3").evaluate()
+    assert (res["test_samples"], res["test_accuracy"]) == (sizes[3], fold["test_accuracy"])
 
 
 def test_recipe_task_and_data_must_agree():
-    with pytest.raises(ValueError, match="data.name must be one of 'mr' for task 'sentiment'; got 'cifar10'"):
+    with pytest.raises(ValueError, match="data.name must be one of 'mr'; got 'cifar10'"):
         load_recipe("sentiment-mr", ["data.name=cifar10"])
+
+
+def test_python_api_predicts_labels_with_probabilities(split_run):
+    run = load_run(split_run)
+    [p, q] = run.predict(["a gorgeous , witty , seductive movie .", "a dull mess ."], top_k=2)
+    assert p.input == "a gorgeous , witty , seductive movie ." and [label for label, _ in p.labels] in (
+        ["positive", "negative"], ["negative", "positive"])
+    assert sum(prob for _, prob in p.labels) == pytest.approx(1.0, abs=1e-5) and p.labels[0][1] >= p.labels[1][1]

@@ -1,0 +1,289 @@
+"""The task interface: a recipe's typed configuration, the :class:`Task` protocol, a
+finished run as one object (:class:`TrainedRun`), and the registry of tasks.
+
+A task (image classification, text classification, translation, the reversal demo, or
+one of the user's own) is one class behind one protocol. ``cli``, ``viz`` and ``report``
+call the protocol and never name a task::
+
+    task = get_task(recipe.task)
+    results = task.train(recipe, run_dir)          # results.json's content
+    run = load_run(run_dir)                         # a TrainedRun: recipe, model, preprocessing, classes
+    run.evaluate()                                  # the test metrics of results.json, recomputed
+    run.predict(["a witty film ."])                 # what the task predicts for new inputs
+
+A task of one's own subclasses :class:`Task`, gives its :class:`Recipe` subclass and
+registers with :func:`register_task`; a recipe then names it in ``task:`` (see the
+README for ``attnlab train --import``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence, TypeVar
+
+import torch
+from torch import nn
+
+from ..data.tokenize import TextTokenizer
+from ..engine.config import ConfigError, from_dict
+from ..engine.trainer import TrainConfig
+from ..errors import InputError
+from ..models import create_model
+from ..suggest import did_you_mean
+
+__all__ = ["DataConfig", "ModelConfig", "Recipe", "Task", "TrainedRun", "ImageSpec", "register_task", "get_task",
+           "list_tasks", "recipe_from_dict", "recipe_dict", "check_texts"]
+
+
+# ----------------------------------------------------------------------------- recipes
+
+
+@dataclass
+class DataConfig:
+    """What every task's ``data`` section has; each task adds its own keys."""
+
+    name: str = ""  # a data set the task knows
+    data_dir: str | None = None  # default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab
+
+
+@dataclass
+class ModelConfig:
+    name: str = ""  # a registered model (attnlab models)
+    options: dict = field(default_factory=dict)  # overrides of its configuration, checked against it
+
+
+@dataclass
+class Recipe:
+    """A training recipe: the keys every task has. Each task subclasses it with its own
+    ``data`` section and sections of its own (``text``, ``translate``, ...), so that a run's
+    ``config.yaml`` holds only the keys of its task."""
+
+    description: str = ""
+    task: str = ""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def recipe_dict(recipe: Recipe) -> dict[str, Any]:
+    """A recipe as plain YAML-ready data, in reading order: description, task, data,
+    model, the task's own sections, train."""
+    data = dataclasses.asdict(recipe)
+    first = ("description", "task", "data", "model")
+    return {**{k: data[k] for k in first}, **{k: v for k, v in data.items() if k not in first + ("train",)},
+            "train": data["train"]}
+
+
+# ----------------------------------------------------------------------------- a finished run
+
+
+@dataclass
+class ImageSpec:
+    """What an image model takes: files are read in ``mode`` (``"L"`` or ``"RGB"``),
+    resized to ``size`` ``(H, W)`` and passed through ``transform`` (``uint8``
+    ``(B, C, H, W)`` -> the model's float input)."""
+
+    mode: str
+    size: tuple[int, int]
+    transform: Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class TrainedRun:
+    """A finished run, loaded: everything needed to call its model on new inputs.
+
+    ``preprocessing``: ``tokenizer`` (text tasks; the source language of a translation
+    run), ``target_tokenizer`` (translation) or ``image`` (image tasks); the others are
+    ``None``. ``classes``: the label names of a classifier, by class index."""
+
+    task: "Task"
+    run_dir: Path
+    recipe: Recipe
+    model: nn.Module
+    checkpoint: Path
+    classes: list[str] | None = None
+    tokenizer: TextTokenizer | None = None
+    target_tokenizer: TextTokenizer | None = None
+    image: ImageSpec | None = None
+
+    def predict(self, inputs: Sequence[Any], **options: Any) -> list[Any]:
+        """What the task predicts for ``inputs`` (see the task's :meth:`Task.predict`)."""
+        return self.task.predict(self, inputs, **options)
+
+    def evaluate(self, **options: Any) -> dict[str, Any]:
+        """The test metrics of ``results.json``, recomputed with these weights."""
+        return self.task.evaluate(self, **options)
+
+
+# ----------------------------------------------------------------------------- the protocol
+
+
+class Task:
+    """One kind of learning problem, behind the protocol that the command line, the
+    pictures and the report call. Subclasses set the class attributes and implement
+    :meth:`model_options`, :meth:`train`, :meth:`load` and :meth:`evaluate`; the rest
+    have defaults that say what the task cannot do."""
+
+    name: ClassVar[str]  # the recipe's `task:` value
+    recipe_class: ClassVar[type[Recipe]]
+    summary: ClassVar[str] = ""  # one line for `attnlab recipes`
+    inputs: ClassVar[str | None] = None  # what predict takes: "images" (files) or "texts"; None: no predict
+    outputs: ClassVar[str] = "labels"  # "labels" (a class and its probability) or "text" (generated)
+    sample_unit: ClassVar[str] = "samples"  # what throughput counts, e.g. "images"
+    # Keys whose change on --resume leaves the run meaningless to continue (prefixes of dotted keys).
+    fixed_on_resume: ClassVar[tuple[str, ...]] = ("task", "data.name", "model", "train.optimizer")
+    # Keys of an older attnlab's config.yaml that this task does not have (dotted): dropped on reading.
+    legacy_keys: ClassVar[tuple[str, ...]] = ()
+
+    # ------------------------------------------------------------------ recipe
+    def model_options(self, recipe: Recipe, info: Any = None) -> dict[str, Any]:
+        """The options the task gives the model from its data (``vocab_size``,
+        ``num_classes``, ...), before ``model.options``. ``info`` is what the task learned
+        from the data (a tokenizer, the classes); ``None`` asks for placeholder values
+        that only serve to check the recipe."""
+        return {}
+
+    def upgrade(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The config of a run trained by an older attnlab, in today's form: the keys of
+        :attr:`legacy_keys` (such as the sections of other tasks that every run used to
+        carry) are dropped. Returns a new dict."""
+        data = copy.deepcopy(data)
+        for key in self.legacy_keys:
+            *path, last = key.split(".")
+            node: Any = data
+            for part in path:
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node.pop(last, None)
+        return data
+
+    def build_model(self, recipe: Recipe, info: Any = None) -> nn.Module:
+        """The recipe's model: ``model.name`` with the task's options and ``model.options``."""
+        return create_model(recipe.model.name, **{**self.model_options(recipe, info), **recipe.model.options})
+
+    def check(self, recipe: Recipe) -> None:
+        """Checks that the dataclasses cannot make: ``model.options`` against the model's
+        configuration, by building it on the meta device (no memory, no weights)."""
+        try:
+            with torch.device("meta"):
+                self.build_model(recipe)
+        except InputError as exc:
+            raise ConfigError(f"model {recipe.model.name!r}: {exc}") from None
+
+    # ------------------------------------------------------------------ training
+    def train(self, recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
+              log: Callable[[str], None] = print) -> dict[str, Any]:
+        """Train ``recipe`` into ``run_dir``; returns what it writes to ``results.json``."""
+        raise NotImplementedError
+
+    def describe(self, recipe: Recipe) -> str:
+        """What a run of ``recipe`` is, in a few words (the report's subtitle)."""
+        return self.name.replace("_", " ")
+
+    def metric_rows(self, metrics: dict[str, Any]) -> list[tuple[str, str]]:
+        """``(name, value)`` rows of the test metrics, as the command line prints them."""
+        rows = []
+        if "test_accuracy" in metrics:
+            spread = f" ± {100 * metrics['test_accuracy_std']:.2f}" if "test_accuracy_std" in metrics else ""
+            rows.append(("test accuracy", f"{100 * metrics['test_accuracy']:.2f}%{spread}"))
+        if "test_loss" in metrics:
+            rows.append(("test loss", f"{metrics['test_loss']:.4f}"))
+        return rows
+
+    # ------------------------------------------------------------------ a finished run
+    def load(self, run_dir: Path, recipe: Recipe, checkpoint: str = "auto") -> TrainedRun:
+        """``run_dir`` (trained with ``recipe``) as a :class:`TrainedRun`, the model in eval mode."""
+        raise NotImplementedError
+
+    def evaluate(self, run: TrainedRun, *, device: str = "auto") -> dict[str, Any]:
+        """The test metrics, under the keys ``results.json`` gives them, and ``samples``."""
+        raise NotImplementedError
+
+    def predict(self, run: TrainedRun, inputs: Sequence[Any], **options: Any) -> list[Any]:
+        raise InputError(f"a {self.name} run makes no predictions on new inputs")
+
+    def sub_runs(self, run_dir: Path) -> list[Path]:
+        """The complete runs inside ``run_dir`` when it holds no weights of its own (the
+        folds of a cross-validation); their curves and pictures stand for it."""
+        return []
+
+    def report_items(self, run_dir: Path, *, device: str = "auto") -> list[Any]:
+        """What the run report shows beside results, configuration and curves: views of
+        :mod:`attnlab.tasks.views` (predictions on the test set, sample outputs)."""
+        return []
+
+    def attention_views(self, run: TrainedRun, inputs: Sequence[Any] | None, *, max_inputs: int = 2,
+                        queries: Sequence[tuple[int, int]] | None = None) -> list[Any]:
+        """The attention of ``run``'s model on ``inputs`` (``None``: the first test
+        examples), as views of :mod:`attnlab.tasks.views` that :mod:`attnlab.viz` draws."""
+        raise InputError(f"a {self.name} run has no attention pictures")
+
+    def __repr__(self) -> str:
+        return f"<task {self.name}: {self.summary}>"
+
+
+def check_texts(inputs: Sequence[Any], task: str) -> list[str]:
+    """``inputs`` as a list of texts, or an error naming the first that is not one."""
+    for i, t in enumerate(inputs):
+        if not isinstance(t, str):
+            raise InputError(f"inputs[{i}] must be a text (str) for a {task} run; got {type(t).__name__}")
+    return list(inputs)
+
+
+# ----------------------------------------------------------------------------- the registry
+
+_TASKS: dict[str, Task] = {}
+# Names that older attnlab versions wrote into config.yaml.
+_RENAMED = {"sentiment": "text_classification"}
+T = TypeVar("T", bound=type)
+
+
+def register_task(cls: T) -> T:
+    """Class decorator: make the :class:`Task` subclass ``cls`` nameable in a recipe's
+    ``task:`` key. Its ``name`` must be new."""
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise InputError(f"register_task takes a Task subclass; got {cls!r}")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        raise InputError(f"{cls.__name__}.name must be a non-empty string; got {name!r}")
+    if name in _TASKS or name in _RENAMED:
+        raise InputError(f"task {name!r} is already registered (by {type(_TASKS[name]).__name__ if name in _TASKS else 'attnlab'})")
+    if not (isinstance(getattr(cls, "recipe_class", None), type) and issubclass(cls.recipe_class, Recipe)):
+        raise InputError(f"{cls.__name__}.recipe_class must be a Recipe subclass")
+    _TASKS[name] = cls()
+    return cls
+
+
+def get_task(name: str) -> Task:
+    """The registered task ``name`` (did-you-mean error otherwise)."""
+    name = _RENAMED.get(name, name)
+    if name not in _TASKS:
+        raise ConfigError(f"unknown task {name!r}" + did_you_mean(name, _TASKS, "registered tasks")
+                          + " (a task of your own registers when its module is imported: --import MODULE)")
+    return _TASKS[name]
+
+
+def list_tasks() -> list[Task]:
+    return [_TASKS[n] for n in sorted(_TASKS)]
+
+
+def recipe_from_dict(data: dict[str, Any], source: str = "", *, legacy: bool = False) -> Recipe:
+    """A recipe of its task's recipe class, checked (keys, types, ranges, model options).
+    ``source`` (a file name) prefixes the errors. ``legacy``: the config of a run trained
+    by an older attnlab, whose sections of other tasks are dropped."""
+    name = data.get("task", "image_classification")
+    if not isinstance(name, str):
+        raise ConfigError(f"{source + ': ' if source else ''}task must be a task name; got {name!r}")
+    task = get_task(name)
+    if legacy:
+        data = task.upgrade(data)
+    data = {**data, "task": task.name}
+    try:
+        recipe = from_dict(task.recipe_class, data)
+        task.check(recipe)
+    except InputError as exc:
+        raise ConfigError(f"{source}: {exc}" if source else str(exc)) from None
+    return recipe

@@ -1,0 +1,358 @@
+"""What every task does with a run directory: claim it, write the config, train with the
+engine, test once, write ``results.json``; and read a finished run back.
+
+A run directory is never overwritten by another run: :func:`open_run` holds its lock
+for the whole training, refuses a new run in a folder that holds one, and on
+``--resume`` compares the recipe with the run's own before anything is written. A
+change that the run cannot continue with (the task's ``fixed_on_resume`` keys: task,
+data, model, tokenizer, optimizer) is refused; another one (more steps, another learning
+rate) only with ``allow_changes``, and it is recorded in ``config.changes.yaml`` beside
+the untouched ``config.yaml``.
+
+One meaning of "test": model selection ("best") uses a validation split, never the test
+set; the test set is evaluated once, at the end, with the weights ``results.json`` names
+in ``test_checkpoint``, and :meth:`TrainedRun.evaluate` recomputes the same figures.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+import yaml
+from torch import nn
+
+from ..engine import distributed
+from ..engine.checkpoint import checkpoint_step, load_checkpoint, load_weights_into, resolve_checkpoint
+from ..engine.config import ConfigError
+from ..engine.device import select_device
+from ..engine.rundir import RunDirError, RunLock, inspect_run_dir, make_run_dir
+from ..engine.trainer import Trainer, evaluate_model
+from ..errors import InputError
+from ..io import atomic_write_bytes, read_json_mapping, read_yaml_mapping
+from ..models import count_parameters
+from .base import Recipe, TrainedRun, get_task, recipe_dict, recipe_from_dict
+
+__all__ = ["CONFIG", "CHANGES", "RESULTS", "open_run", "fit_run", "test_run", "write_results", "read_config", "read_recipe",
+           "read_results", "recipe_changes", "load_run", "load_weights", "resolve_weights", "checkpoint_label"]
+
+CONFIG, CHANGES, RESULTS = "config.yaml", "config.changes.yaml", "results.json"
+# Keys that do not change what is trained: they may differ on resume without --allow-changes.
+FREE_ON_RESUME = ("description", "train.device", "train.progress", "train.progress_seconds")
+# What a run writes that is worth keeping: a folder holding any of these is never taken by a new run.
+_KEEP = ("results.json", "checkpoints/best")
+
+
+def _matches(key: str, prefixes: tuple[str, ...]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"lr": 1e-3}}`` -> ``{"train.lr": 1e-3}`` (lists stay whole)."""
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+_UNSET = "(unset)"
+
+
+def recipe_changes(old: Recipe, new: Recipe) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (old value, new value)}`` where two recipes differ."""
+    a, b = _flatten(recipe_dict(old)), _flatten(recipe_dict(new))
+    return {k: (a.get(k, _UNSET), b.get(k, _UNSET)) for k in sorted(a.keys() | b.keys())
+            if a.get(k, _UNSET) != b.get(k, _UNSET)}
+
+
+def _show(changes: dict[str, tuple[Any, Any]]) -> str:
+    return ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in changes.items())
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    *path, last = key.split(".")
+    for part in path:
+        data = data.setdefault(part, {})
+    if value == _UNSET:
+        data.pop(last, None)
+    else:
+        data[last] = value
+
+
+# ----------------------------------------------------------------------------- reading a run
+
+
+def read_config(run_dir: str | Path) -> dict[str, Any]:
+    """``config.yaml`` with every change of ``config.changes.yaml`` applied, in order."""
+    run_dir = Path(run_dir)
+    data = read_yaml_mapping(run_dir / CONFIG)
+    for record in _read_changes(run_dir):
+        for key, change in record["changed"].items():
+            _set_dotted(data, key, change["to"])
+    return data
+
+
+def _read_changes(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of ``config.changes.yaml`` (none when the run was never changed)."""
+    path = run_dir / CHANGES
+    if not path.exists():
+        return []
+    try:
+        records = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise InputError(f"{path} cannot be read: {exc}") from None
+    if not isinstance(records, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("changed"), dict)
+            and all(isinstance(c, dict) and "to" in c for c in r["changed"].values()) for r in records):
+        raise InputError(f"{path} is damaged: expected a list of {{step, time, changed: {{key: {{from, to}}}}}} "
+                         f"records")
+    return records
+
+
+def read_recipe(run_dir: str | Path) -> Recipe:
+    """The resolved recipe a run directory trains with: its ``config.yaml`` and the
+    changes recorded on resume. ``InputError`` naming the file when it is missing,
+    empty or not a valid recipe. A run of an older attnlab loads too (its task's old
+    name and the sections of other tasks that it carried are converted)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / CONFIG).exists():
+        raise InputError(f"run_dir must be an attnlab run directory with {CONFIG}; {run_dir} has none")
+    try:
+        return recipe_from_dict(read_config(run_dir), legacy=True)
+    except InputError as exc:
+        raise InputError(f"{run_dir / CONFIG} is not a valid recipe: {exc}") from None
+
+
+def read_results(run_dir: str | Path) -> dict[str, Any] | None:
+    """A run's ``results.json``; ``None`` while the run has not finished."""
+    path = Path(run_dir) / RESULTS
+    return read_json_mapping(path) if path.exists() else None
+
+
+def load_run(run_dir: str | Path, checkpoint: str = "auto") -> TrainedRun:
+    """A finished run as one object: its recipe, its task, its model (in eval mode, on the
+    CPU) with the weights of ``checkpoint``, its preprocessing and class names.
+
+    ``checkpoint``: ``"auto"`` (the weights its test figures in ``results.json`` come
+    from; else averaged > best > last), ``"best"``, ``"last"``, ``"averaged"`` or a
+    checkpoint folder. For a cross-validation run, load one of its ``fold_<k>`` folders."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise InputError(f"run_dir must be a run directory; {run_dir} does not exist")
+    recipe = read_recipe(run_dir)
+    return get_task(recipe.task).load(run_dir, recipe, checkpoint)
+
+
+def resolve_weights(run_dir: Path, checkpoint: str = "auto") -> str:
+    """``"auto"`` -> the checkpoint ``results.json`` was tested with (``test_checkpoint``),
+    else the first of averaged, best, last that the run has; other names pass through."""
+    if checkpoint != "auto":
+        return checkpoint
+    results = read_results(run_dir) if (run_dir / RESULTS).is_file() else None
+    named = results.get("test_checkpoint") if results else None
+    if isinstance(named, str) and ((run_dir / "checkpoints" / named).is_dir() or named == "last"):
+        return named
+    return next((n for n in ("averaged", "best") if (run_dir / "checkpoints" / n).is_dir()), "last")
+
+
+def checkpoint_label(folder: Path) -> str:
+    """``checkpoint best (step 1200)``: which weights, for captions."""
+    manifest = folder / "manifest.json"
+    step = read_json_mapping(manifest).get("step") if manifest.is_file() else None
+    return f"checkpoint {folder.name}" + (f" (step {step})" if step is not None else "")
+
+
+def load_weights(run_dir: str | Path, model: nn.Module, checkpoint: str = "auto") -> Path:
+    """Load a run's checkpoint into ``model`` (EMA weights when the run kept them) and
+    return its folder; see :func:`resolve_weights` for ``checkpoint``."""
+    run_dir = Path(run_dir)
+    folder = resolve_checkpoint(run_dir / "checkpoints", resolve_weights(run_dir, checkpoint))
+    weights, state = load_checkpoint(folder)
+    load_weights_into(model, state.get("ema") or weights, folder)
+    return folder
+
+
+# ----------------------------------------------------------------------------- claiming a run directory
+
+
+def _record_changes(run_dir: Path, changes: dict[str, tuple[Any, Any]], step: int) -> None:
+    path = run_dir / CHANGES
+    records = _read_changes(run_dir)
+    records.append({"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "changed": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}})
+    atomic_write_bytes(path, yaml.safe_dump(records, sort_keys=False).encode())
+
+
+def _resume_changes(recipe: Recipe, run_dir: Path, allow_changes: bool) -> dict[str, tuple[Any, Any]]:
+    """How ``recipe`` differs from the run's own; refused when the run cannot continue with it."""
+    changes = recipe_changes(read_recipe(run_dir), recipe)
+    fixed = {k: v for k, v in changes.items() if _matches(k, get_task(recipe.task).fixed_on_resume)}
+    if fixed:
+        raise RunDirError(f"--resume: the recipe differs from the run's in {_show(fixed)}; the run cannot continue "
+                          f"with that (its weights, data and tokenizer belong to the old values). Resume without "
+                          f"these overrides, or train into another --run-dir")
+    flagged = {k: v for k, v in changes.items() if not _matches(k, FREE_ON_RESUME)}
+    if flagged and not allow_changes:
+        raise RunDirError(f"--resume: the recipe differs from the run's in {_show(flagged)}; pass --allow-changes to "
+                          f"continue with the new values (recorded in {CHANGES}), or resume with the run's own "
+                          f"recipe: attnlab train --run-dir {run_dir} --resume")
+    return changes
+
+
+def _claim(recipe: Recipe, run_dir: Path, resume: bool, allow_changes: bool, checkpoints: bool,
+           lock: RunLock, log: Callable[[str], None]) -> Path | None:
+    """Check ``run_dir`` for this training, then write its config; returns the checkpoint to
+    resume from. Every refusal comes before the first write."""
+    device = select_device(recipe.train.device)  # a device this machine lacks: refused before anything is written
+    if recipe.train.precision == "fp16" and device.type != "cuda":
+        raise ConfigError(f"train.precision 'fp16' needs a CUDA device (a gradient scaler); got {device.type}; "
+                          f"use bf16")
+    make_run_dir(run_dir)
+    lock.acquire()
+    if lock.took_over:
+        log(f"note: {lock.path} was left by a training that has ended ({lock.took_over}); taking it over")
+    state = inspect_run_dir(run_dir)
+    keeps = state.valid or state.damaged or any(f in state.files for f in _KEEP) or any(
+        f.startswith("fold_") for f in state.files)
+    has_config = (run_dir / CONFIG).exists()
+    if state.holds_run and not resume:
+        if keeps:
+            raise RunDirError(f"--run-dir {run_dir} already holds a run ({state.summary()}); pass --resume to "
+                              f"continue it, or choose another --run-dir")
+        # A run that never saved a checkpoint: nothing in it can be continued or evaluated.
+        log(f"note: {run_dir} holds a run that never saved a checkpoint ({state.summary()}); starting over in it")
+        _forget(run_dir)
+        has_config = False
+    if state.holds_run and resume and not has_config:
+        raise RunDirError(f"--resume: {run_dir} holds files of a run ({state.summary()}) but no {CONFIG} to say "
+                          f"how it was trained; choose another --run-dir")
+    changes = _resume_changes(recipe, run_dir, allow_changes) if has_config else {}
+    if checkpoints and has_config and state.valid is None and keeps:
+        raise RunDirError(f"--resume: {run_dir} has no valid checkpoint to continue from ({state.summary()}), and "
+                          f"starting again from step 0 would overwrite the run. Move the damaged checkpoints "
+                          f"away to start over deliberately, or train into another --run-dir")
+    if not has_config:
+        atomic_write_bytes(run_dir / CONFIG, yaml.safe_dump(recipe_dict(recipe), sort_keys=False).encode())
+    if changes:
+        _record_changes(run_dir, changes, 0 if state.valid is None else checkpoint_step(state.valid))
+        log(f"--resume: continuing with {_show(changes)} (recorded in {run_dir / CHANGES})")
+    if not (checkpoints and resume):
+        return None
+    for folder, why in state.damaged:
+        log(f"warning: skipping damaged checkpoint {folder.name}: {why}; it is left in place")
+    if state.valid is None:
+        log(f"--resume: {run_dir} has no complete checkpoint yet; starting from step 0")
+    return state.valid
+
+
+@contextmanager
+def open_run(recipe: Recipe, run_dir: str | Path, *, resume: bool, allow_changes: bool = False,
+             checkpoints: bool = True, log: Callable[[str], None] = print) -> Iterator[Path | None]:
+    """``with open_run(recipe, run_dir, resume=...) as resume_from:`` train inside the block.
+
+    Holds the run directory's lock for the block, refuses a folder that holds another
+    run (or, on resume, a recipe the run cannot continue with) before anything in it is
+    written, writes ``config.yaml``, and yields the checkpoint folder to resume from
+    (``None``: start at step 0). ``checkpoints=False`` for a folder whose checkpoints live
+    in sub-runs (cross-validation). Under torchrun, rank 0 alone checks and writes and
+    every rank gets its answer (or its error). A new run that fails before its first
+    checkpoint leaves no half-made run directory behind."""
+    run_dir = Path(run_dir)
+    lock = RunLock(run_dir)
+    outcome: tuple[bool, Any] = (True, None)
+    error: Exception | None = None
+    existed = run_dir.exists()
+    forgotten = False
+    try:
+        if distributed.is_main():
+            try:
+                outcome = (True, _claim(recipe, run_dir, resume, allow_changes, checkpoints, lock, log))
+            except Exception as exc:  # noqa: BLE001  # re-raised below, once the other ranks know
+                error, outcome = exc, (False, str(exc))
+        ok, value = distributed.broadcast_object(outcome)
+        if not ok:
+            raise error if error is not None else RunDirError(value)
+        try:
+            yield value
+        except BaseException:
+            if not resume and distributed.is_main():
+                forgotten = _forget(run_dir)
+            raise
+    finally:
+        lock.release()
+        if forgotten and not existed:
+            try:
+                run_dir.rmdir()  # the folder this call made, now empty
+            except OSError:
+                pass
+
+
+def _forget(run_dir: Path) -> bool:
+    """Remove what a new run that never saved a checkpoint wrote (config, tokenizers,
+    metrics, events, pictures), so that the same command can run again once mended. A
+    run with a checkpoint or results is kept as it is (``False``)."""
+    state = inspect_run_dir(run_dir)
+    if state.valid or state.damaged or any(f in state.files for f in _KEEP):
+        return False
+    for name in state.files:
+        path = run_dir / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    return True
+
+
+# ----------------------------------------------------------------------------- training and testing
+
+
+def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module], train_set: Any, val_set: Any, *,
+        resume_from: Path | None, log: Callable[[str], None]) -> dict[str, Any]:
+    """Train on ``train_set``, evaluating on the validation set ``val_set`` (``None``:
+    none) every ``train.eval_every`` steps and at the end, which keeps ``checkpoints/best``.
+    ``build_model`` runs after seeding, so the initial weights are a function of
+    ``train.seed``. Returns the training figures of ``results.json``."""
+    torch.manual_seed(recipe.train.seed)
+    model = build_model()
+    trainer = Trainer(model, train_set, recipe.train, eval_data=val_set, run_dir=run_dir, log=log)
+    if resume_from is not None:
+        trainer.resume(resume_from)
+    start = time.perf_counter()
+    try:
+        out = trainer.fit()
+        trainer.save()
+        cfg = recipe.train
+        evaluated = "accuracy" in out and cfg.eval_every and trainer.step % cfg.eval_every == 0  # the final weights
+        if val_set is not None and not evaluated:
+            trainer.record_evaluation(trainer.evaluate(val_set))  # the final weights compete for best too
+    finally:
+        trainer.close()
+    distributed.barrier()  # checkpoints/best is complete before any rank reads it
+    return {"best_val_accuracy": trainer.best, "params": count_parameters(model),
+            "train_seconds": out["train_seconds"], "samples_per_s": out["samples_per_s"], "steps": out["steps"],
+            "fit_wall_seconds": time.perf_counter() - start, "model": recipe.model.name}
+
+
+def test_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module], test_set: Any,
+         checkpoint: str = "auto") -> tuple[dict[str, Any], nn.Module]:
+    """Evaluate the test set once, with the weights of ``checkpoint`` (``"auto"``: best
+    on validation when the run kept one, else last), exactly as ``attnlab eval`` does.
+    Returns ``({test_accuracy, test_loss, test_checkpoint, test_samples}, model)``."""
+    which = checkpoint if checkpoint != "auto" else ("best" if (run_dir / "checkpoints" / "best").is_dir() else "last")
+    model = build_model()
+    load_weights(run_dir, model, which)
+    cfg = recipe.train
+    res = evaluate_model(model, test_set, batch_size=cfg.batch_size, device=distributed.local_device(cfg.device),
+                         precision=cfg.precision, channels_last=cfg.channels_last)
+    return {"test_accuracy": res["accuracy"], "test_loss": res["loss"], "test_checkpoint": which,
+            "test_samples": res["samples"]}, model
+
+
+def write_results(run_dir: Path, results: dict[str, Any]) -> None:
+    """``results.json`` (rank 0 alone), written atomically."""
+    if distributed.is_main():
+        atomic_write_bytes(run_dir / RESULTS, json.dumps(results, indent=1).encode())

@@ -1,0 +1,120 @@
+"""What a task shows, as data: predictions on new inputs, predictions on its test set,
+sample outputs, and the attention of its model on a few inputs.
+
+Tasks compute these; :mod:`attnlab.viz` and :mod:`attnlab.report`, which sit above the
+tasks, draw them by their type, so that neither names a task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+__all__ = ["LabelPrediction", "TextPrediction", "ClassifierPredictions", "SampleTable", "TokenAttention",
+           "AlignmentAttention", "ImageAttention", "PixelAttention"]
+
+
+# ----------------------------------------------------------------------------- new inputs
+
+
+@dataclass
+class LabelPrediction:
+    """A classifier's answer for one input: ``labels`` ``[(class name, probability), ...]``, best first."""
+
+    input: str
+    labels: list[tuple[str, float]]
+
+
+@dataclass
+class TextPrediction:
+    """A generated text for one input (a translation)."""
+
+    input: str
+    output: str
+
+
+# ----------------------------------------------------------------------------- the test set
+
+
+@dataclass
+class ClassifierPredictions:
+    """Labels of every test sample: ``true``, ``pred`` and the probability of ``pred``.
+
+    ``examples`` holds a few test inputs as shown to a person (``uint8`` ``(C, H, W)``
+    tensors for images, strings for texts), those at the indices ``shown``: evenly
+    spaced, so that a test set sorted by class shows every class. ``weights`` says which
+    checkpoint(s) predicted.
+    """
+
+    classes: list[str]
+    true: list[int]
+    pred: list[int]
+    prob: list[float]
+    weights: str
+    examples: list[Any] = field(default_factory=list)
+    shown: list[int] = field(default_factory=list)
+
+    @property
+    def accuracy(self) -> float:
+        return sum(t == p for t, p in zip(self.true, self.pred)) / max(len(self.true), 1)
+
+
+@dataclass
+class SampleTable:
+    """A few sample outputs as a table: ``title``, a sentence about them, the column
+    names and the rows (e.g. source, reference and translation)."""
+
+    title: str
+    text: str
+    header: tuple[str, ...]
+    rows: list[tuple[str, ...]]
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+@dataclass
+class TokenAttention:
+    """Self-attention over one token sequence: per layer ``(name, weights (heads, L, L))``."""
+
+    title: str
+    tokens: list[str]
+    layers: list[tuple[str, Tensor]]
+
+
+@dataclass
+class AlignmentAttention:
+    """Decoder cross-attention: per decoder layer ``weights (heads, Lt, Ls)``, target
+    tokens (rows) against source tokens (columns)."""
+
+    title: str
+    source_tokens: list[str]
+    target_tokens: list[str]
+    layers: list[Tensor]
+
+
+@dataclass
+class ImageAttention:
+    """A ViT's attention on one image: per block ``weights (heads, N, N)`` over the
+    ``prefix`` class/register tokens and the ``grid`` ``(h, w)`` of patches. ``pooling``:
+    ``"token"`` (the head reads the class token) or ``"avg"`` (the mean of the patches)."""
+
+    title: str
+    image: Tensor
+    layers: list[Tensor]
+    grid: tuple[int, int]
+    prefix: int
+    pooling: str
+
+
+@dataclass
+class PixelAttention:
+    """2-D self-attention on one image (BoTNet): per block ``(name, weights (heads, hw, hw),
+    (h, w))``, and the ``queries`` ``(row, col)`` pixels of the image to draw."""
+
+    title: str
+    image: Tensor
+    blocks: list[tuple[str, Tensor, tuple[int, int]]]
+    queries: list[tuple[int, int]]

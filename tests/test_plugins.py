@@ -1,0 +1,44 @@
+"""Extensible without editing attnlab: a task and a model defined in a module of one's
+own (tests/fixtures/my_tasks.py) register themselves; a recipe names them, and the
+command trains, evaluates and predicts with them after ``--import``."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def attnlab(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "attnlab", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_task_and_a_model_of_ones_own_train_evaluate_and_predict(tmp_path):
+    recipe = tmp_path / "circle.yaml"
+    recipe.write_text("description: points inside the circle\ntask: circle\nmodel: {name: circle_mlp, "
+                      "options: {hidden: 16}}\ntrain: {steps: 300, batch_size: 64, lr: 0.01, log_every: 0, "
+                      "progress: false, tensorboard: false}\n")
+    run = tmp_path / "run"
+    # A module importable from the current folder, as `python -m` would find it ...
+    r = attnlab("train", str(recipe), "--import", "my_tasks", "--run-dir", str(run), cwd=FIXTURES)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "attnlab train circle: circle_mlp on circle (circle)" in r.stdout and "| test accuracy |" in r.stdout
+    results = json.loads((run / "results.json").read_text())
+    assert results["test_accuracy"] > 0.9 and (run / "report.html").is_file()
+    # ... or a .py file, from anywhere.
+    plugin = str(FIXTURES / "my_tasks.py")
+    r = attnlab("eval", str(run), "--import", plugin, cwd=tmp_path)
+    assert r.returncode == 0 and f"| test accuracy | {100 * results['test_accuracy']:.2f}% |" in r.stdout, r.stderr
+    r = attnlab("predict", str(run), "0.1,0.2", "0.9,0.9", "--import", plugin, cwd=tmp_path)
+    assert r.returncode == 0 and [line.split("\t")[0] for line in r.stdout.splitlines()] == ["inside", "outside"]
+
+
+def test_without_the_import_the_task_is_unknown_and_the_error_says_so(tmp_path):
+    recipe = tmp_path / "circle.yaml"
+    recipe.write_text("task: circle\nmodel: {name: circle_mlp}\n")
+    r = attnlab("train", str(recipe), "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert r.returncode == 2 and "unknown task 'circle'" in r.stderr and "Traceback" not in r.stderr
+    r = attnlab("train", str(recipe), "--import", "no_such_module", cwd=tmp_path)
+    assert r.returncode == 2 and "--import no_such_module: no module named 'no_such_module'" in r.stderr
