@@ -35,7 +35,7 @@ What it measures
    sorted by length and cut into batches of 64, translated by ``model.generate`` with beam
    4 and with greedy search, each with the key/value cache (``use_cache=True``) and
    without (the whole prefix re-decoded at every step). The model: ``--run-dir DIR``, a
-   finished translation run (``attnlab.tasks.translation.load_run``: averaged weights,
+   finished translation run (``attnlab.tasks.load_run``: averaged weights,
    else best, else last), or by default a freshly initialised model of the recipe. Every
    setting gets the same ``--max-new-tokens`` (40): a random model rarely produces EOS, so
    its sentences all run to that length; a trained one stops earlier. The four settings
@@ -81,7 +81,8 @@ from attnlab.engine.optim import build_optimizer, warmup_cosine
 from attnlab.engine.trainer import IGNORE_INDEX, Trainer, TrainConfig
 from attnlab.io import atomic_write_bytes
 from attnlab.recipes import Recipe, load_recipe
-from attnlab.tasks import sentiment, translation
+from attnlab.tasks import get_task, load_run, translation
+from attnlab.tasks.text_classification import build_tokenizer
 
 SENTIMENT_RECIPE, TRANSLATION_RECIPE = "sentiment-mr", "translate-multi30k"
 
@@ -131,10 +132,10 @@ def bench_sentiment(args: argparse.Namespace, device: torch.device) -> dict[str,
     texts, labels = load_mr(args.data_dir or recipe.data.data_dir)
     train_idx = mr_split(labels, seed=recipe.data.seed)[0]
     train_texts = [texts[i] for i in train_idx]
-    tokenizer = sentiment.build_tokenizer(recipe, train_texts)
+    tokenizer = build_tokenizer(recipe.text, train_texts)
     data = SentimentDataset(train_texts, [labels[i] for i in train_idx], tokenizer, recipe.text.max_length)
     torch.manual_seed(0)
-    model = sentiment.build_model(recipe, tokenizer)
+    model = get_task(recipe.task).build_model(recipe, tokenizer)
     cfg = bench_config(recipe, args.warmup + args.steps, device)
     trainer = Trainer(model, data, cfg, run_dir=None, log=lambda *_: None)
     order = trainer._batches()
@@ -233,7 +234,7 @@ def bench_translation(args: argparse.Namespace, device: torch.device, recipe: Re
     data = TranslationDataset(pairs, src_tok, tgt_tok, n, n)
     cfg = bench_config(recipe, args.warmup + args.steps, device)
     torch.manual_seed(0)
-    model = translation.build_model(recipe, src_tok, tgt_tok)
+    model = get_task(recipe.task).build_model(recipe, (src_tok, tgt_tok))
     trainer = Trainer(model, data, cfg, run_dir=None, log=lambda *_: None)
     torch.manual_seed(0)
     peer = TorchSeq2Seq(model.config).to(device)
@@ -423,13 +424,14 @@ def main() -> None:
 
     if not args.skip_decode:
         if args.run_dir is not None:
-            recipe, src_tok, tgt_tok, model, folder = translation.load_run(args.run_dir)
-            which = f"run {args.run_dir}, {folder.name} weights"
+            run = load_run(args.run_dir)
+            recipe, src_tok, tgt_tok, model = run.recipe, run.tokenizer, run.target_tokenizer, run.model
+            which = f"run {args.run_dir}, {run.checkpoint.name} weights"
         else:
             recipe = tr_recipe
             src_tok, tgt_tok = shipped_tokenizers()
             torch.manual_seed(0)
-            model = translation.build_model(recipe, src_tok, tgt_tok)
+            model = get_task(recipe.task).build_model(recipe, (src_tok, tgt_tok))
             which = f"random initialisation of recipe {TRANSLATION_RECIPE}"
         d = recipe.data
         test = load_multi30k("test", args.data_dir or d.data_dir, d.source, d.target)[: args.sentences]

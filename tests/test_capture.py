@@ -113,14 +113,53 @@ def test_include_patterns_choose_modules_and_a_pattern_matching_none_is_an_error
     assert _cleared(model)
 
 
-def test_cpu_option_and_efficient_kinds_record_nothing():
+def test_efficient_kinds_form_no_weights_and_capture_says_so():
     model = create_model("sentiment_transformer_tiny", vocab_size=50, attention="linear").eval()
     ids = torch.randint(1, 50, (2, 6))
-    with torch.no_grad():
-        ref = model(ids)
+    with pytest.raises(ValueError, match=r"nothing to record: the model's attention never forms an n x n weight "
+                                         r"matrix: encoder.layers.0.self_attn \(LinearAttention\)"):
+        with capture_attention(model):
+            model(ids)
+
+
+def test_a_model_mixing_kinds_records_the_exact_ones_and_warns_of_the_others():
+    model = create_model("transformer_tiny", src_vocab_size=30, tgt_vocab_size=30, attention="local",
+                         attention_options={"window": 2}).eval()
+    src, tgt = torch.randint(3, 30, (2, 5)), torch.randint(3, 30, (2, 4))
+    with pytest.warns(UserWarning, match=r"records no weights of transformer.encoder.layers.0.self_attn "
+                                         r"\(LocalAttention\), transformer.encoder.layers.1.self_attn"):
         with capture_attention(model, cpu=True) as maps:
-            out = model(ids)
-    assert maps == {} and torch.equal(out, ref)
+            model(src, tgt)
+    assert sorted(maps) == [f"transformer.decoder.layers.{i}.{a}" for i in (0, 1) for a in ("cross_attn", "self_attn")]
+    assert all(len(calls) == 1 for calls in maps.values())
+
+
+def test_capture_finds_a_newly_registered_kind_through_its_flag(monkeypatch):
+    """Discovery goes through the capability the registry records, not a list of classes."""
+    from attnlab.attention import registry
+    from attnlab.attention.multihead import SelfAttention
+
+    class Doubled(SelfAttention):
+        pass
+
+    monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
+    registry.register_attention("doubled_test", forms_weights=True)(Doubled)
+    model = create_model("sentiment_transformer_tiny", vocab_size=50, attention="doubled_test").eval()
+    with capture_attention(model) as maps:
+        model(torch.randint(1, 50, (2, 6)))
+    assert list(maps) == ["encoder.layers.0.self_attn"] and maps["encoder.layers.0.self_attn"][0].shape == (2, 4, 6, 6)
+
+
+def test_the_tutorials_attention_block_is_recorded():
+    model = create_model("attention_cnn_cifar", widths=(8, 16)).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = model(x)
+        with capture_attention(model) as maps:
+            out = model(x)
+        _, w = model.attention(model.stage2(model.stage1(x)), need_weights=True)
+    assert list(maps) == ["attention"] and torch.equal(out, ref)
+    assert maps["attention"][0].shape == (2, 1, 64, 64) and torch.allclose(maps["attention"][0][:, 0], w)
 
 
 def test_cross_attention_and_relpos2d_modules():

@@ -177,11 +177,12 @@ def test_translation_run_draws_the_alignment_of_the_beam_search_output(tmp_path)
 def test_an_efficient_attention_run_cannot_be_visualized(tmp_path, capsys):
     run = make_run(tmp_path / "lin", "vit-digits", ["model.options.depth=1", "model.options.attention=linear"],
                    image_model)
-    with pytest.raises(ValueError, match="attention kind 'linear' computes its output without forming"):
+    with pytest.raises(ValueError, match=r"the model's attention never forms an n x n weight matrix: "
+                                         r"blocks.0.attn \(LinearAttention\)"):
         visualize_run(run)
     assert main(["visualize", str(run)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "cannot be visualized" in err[0]
+    assert len(err) == 1 and "capture_attention has nothing to record" in err[0]
 
 
 def test_cli_writes_and_prints_the_pictures(tmp_path, image_files, capsys):

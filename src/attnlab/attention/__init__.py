@@ -15,7 +15,8 @@ from .variants.performer import PerformerAttention
 from .variants.relpos2d import RelPosSelfAttention2d
 from .variants.sparse import SparseAttention
 from .variants.standalone2d import StandAloneSelfAttention2d
-from .registry import attend_grid, attention_family, build_attention, list_attention, register_attention
+from .registry import (attend_grid, attention_family, attention_forms_weights, build_attention, list_attention,
+                       register_attention)
 from .capture import capture_attention
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "register_attention",
     "list_attention",
     "attention_family",
+    "attention_forms_weights",
     "attend_grid",
     "RelPosSelfAttention2d",
     "TokenAttention",

@@ -11,51 +11,71 @@ hands its per-head weights to the recorder; it returns exactly what it returns o
 (the output, and weights only when its caller asked for them). Outside the block the
 modules take torch's fused kernel again: capturing costs nothing when it is off.
 
-How: each supported module class has one attribute, ``_attn_capture`` (``None`` by
-default, a class attribute), that its ``forward`` reads once. This context manager sets
-it on the chosen instances and restores the previous value on exit, also when the block
-raises. Nested captures of the same modules both record (the inner hook calls the
-outer one).
+Which modules: those whose class declares ``forms_weights = True``, the capability flag
+that :func:`~attnlab.attention.register_attention` records for every registered kind (and
+that :class:`~attnlab.attention.MultiHeadAttention`, cross-attention and the tutorials'
+``AttentionBlock`` declare). Such a module's ``forward`` reads one attribute,
+``_attn_capture`` (``None`` by default), and when it is set computes its softmax
+explicitly and hands the per-head weights to it; it returns exactly what it returns
+outside. This context manager sets the attribute on the chosen instances and restores
+the previous value on exit, also when the block raises. Nested captures of the same
+modules both record (the inner hook calls the outer one).
 
-Supported modules and what one call records:
+What one call records:
 
-* :class:`~attnlab.attention.MultiHeadAttention` (and ``SelfAttention``, the ``"exact"``
-  kind, and ``CrossAttention``): ``(B, H, Lq, Lk)``. With a :class:`KVCache`, ``Lk``
-  counts the cached positions; one decoding step records ``Lq = 1``.
-* :class:`~attnlab.attention.RelPosSelfAttention2d` (``"relpos2d"``, BoTNet's MHSA):
-  ``(B, heads, H*W, H*W)``, pixels in row-major order.
+* exact attention (:class:`~attnlab.attention.MultiHeadAttention`, ``"exact"``, cross-attention):
+  ``(B, H, Lq, Lk)``. With a :class:`KVCache`, ``Lk`` counts the cached positions; one
+  decoding step records ``Lq = 1``.
+* ``"relpos2d"`` (BoTNet's MHSA) and ``AttentionBlock``: ``(B, heads, H*W, H*W)``, pixels
+  in row-major order.
 
-The efficient kinds (:class:`~attnlab.attention.variants.base.TokenAttention`
-subclasses: linear, performer, local, sparse, linformer, nystrom) never form the weight
-matrix, and the other grid kinds (axial, standalone2d) have weights of other shapes:
-they are skipped and record nothing. Weights are recorded before attention dropout.
-In training mode on CUDA the explicit path draws dropout differently from the fused
-kernel; capture in eval mode to see the weights of the outputs you get outside.
+The efficient kinds (local, sparse, linear, performer, linformer, nystrom) never form the
+weight matrix, and the other grid kinds (axial, standalone2d) form weights of other
+shapes (``forms_weights = False``): they are not recorded, and capture says so: a model
+whose attention is all of such kinds is an error naming them, and one that mixes them
+with recordable attention gets one warning naming what is left out. Weights are recorded
+before attention dropout. In training mode on CUDA the explicit path draws dropout
+differently from the fused kernel; capture in eval mode to see the weights of the
+outputs you get outside.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import warnings
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
 
 from torch import Tensor, nn
 
 from ..errors import InputError
-from .multihead import MultiHeadAttention
-from .variants.relpos2d import RelPosSelfAttention2d
 
-__all__ = ["capture_attention", "CAPTURED_MODULES"]
-
-# The module classes whose forward checks ``_attn_capture``.
-CAPTURED_MODULES: tuple[type[nn.Module], ...] = (MultiHeadAttention, RelPosSelfAttention2d)
+__all__ = ["capture_attention", "attention_modules"]
 
 Hook = Callable[[Tensor], None]
 
 
+def attention_modules(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], list[tuple[str, nn.Module]]]:
+    """``(recordable, opaque)``: the attention modules of ``model`` (by their class's
+    ``forms_weights`` flag) that form their weight matrix, and those that never do."""
+    found = [(name, m, getattr(type(m), "forms_weights", None)) for name, m in model.named_modules()]
+    return [(n, m) for n, m, f in found if f is True], [(n, m) for n, m, f in found if f is False]
+
+
+def _describe(modules: list[tuple[str, nn.Module]]) -> str:
+    shown = ", ".join(f"{name or '(the model)'} ({type(m).__name__})" for name, m in modules[:4])
+    return shown + (f" and {len(modules) - 4} more" if len(modules) > 4 else "")
+
+
 def _targets(model: nn.Module, include: str | Sequence[str] | None) -> list[tuple[str, nn.Module]]:
-    found = [(name, m) for name, m in model.named_modules() if isinstance(m, CAPTURED_MODULES)]
+    found, opaque = attention_modules(model)
+    if not found and opaque:
+        raise InputError(f"capture_attention has nothing to record: the model's attention never forms an n x n "
+                         f"weight matrix: {_describe(opaque)}")
     if include is None:
+        if opaque:
+            warnings.warn(f"capture_attention records no weights of {_describe(opaque)}: these kinds never form "
+                          f"an n x n weight matrix", stacklevel=3)
         return found
     patterns = [include] if isinstance(include, str) else list(include)
     if not patterns or not all(isinstance(p, str) for p in patterns):
@@ -97,8 +117,11 @@ def capture_attention(
         ``{qualified name: [weights, ...]}``, one key per captured module in the order
         of ``model.named_modules()``, each list growing by one detached tensor
         ``(B, H, Lq, Lk)`` per call (per decoding step with a cache). A module that was
-        not called keeps an empty list; a model whose attention is of an efficient kind
-        yields a dict without keys for it.
+        not called keeps an empty list.
+
+    Raises:
+        InputError: the model's attention is all of kinds that form no weight matrix;
+            ``include`` matches no recordable module.
     """
     targets = _targets(model, include)
     maps: dict[str, list[Tensor]] = {name: [] for name, _ in targets}

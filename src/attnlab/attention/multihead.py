@@ -55,6 +55,7 @@ class MultiHeadAttention(nn.Module):
 
     # A recorder of the weights, set on an instance by capture_attention only.
     _attn_capture: Callable[[Tensor], None] | None = None
+    forms_weights = True  # capture_attention records this module (cross-attention too)
 
     def __init__(
         self,
@@ -259,7 +260,7 @@ class MultiHeadAttention(nn.Module):
         return s
 
 
-@register_attention("exact")
+@register_attention("exact", forms_weights=True)
 class SelfAttention(MultiHeadAttention):
     """Multi-head self-attention: queries, keys and values all come from ``x``."""
 

@@ -27,7 +27,8 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..suggest import did_you_mean
 
-__all__ = ["register_attention", "build_attention", "list_attention", "attention_family", "attend_grid"]
+__all__ = ["register_attention", "build_attention", "list_attention", "attention_family", "attention_forms_weights",
+           "attend_grid"]
 
 
 @dataclass(frozen=True)
@@ -35,20 +36,27 @@ class AttentionEntry:
     name: str
     family: str  # "tokens" or "grid"
     cls: Callable[..., nn.Module]
+    forms_weights: bool  # computes the (B, H, Lq, Lk) weights, which capture_attention can record
 
 
 _KINDS: dict[str, AttentionEntry] = {}
 
 
-def register_attention(name: str, family: str = "tokens") -> Callable[[type], type]:
-    """Class decorator: make ``cls`` buildable as ``build_attention(name, ...)``."""
+def register_attention(name: str, family: str = "tokens", *, forms_weights: bool = False) -> Callable[[type], type]:
+    """Class decorator: make ``cls`` buildable as ``build_attention(name, ...)``.
+
+    ``forms_weights``: the kind computes the full ``(B, heads, Lq, Lk)`` weight matrix
+    (on request), and its ``forward`` hands it to ``self._attn_capture`` when that is set,
+    so :func:`~attnlab.attention.capture_attention` records it. The efficient kinds never
+    form it; the decorator records the flag on the class, where capture looks for it."""
     if family not in ("tokens", "grid"):
         raise InputError(f"family must be 'tokens' or 'grid'; got {family!r}")
 
     def deco(cls: type) -> type:
         if name in _KINDS:
             raise InputError(f"attention kind {name!r} is already registered")
-        _KINDS[name] = AttentionEntry(name, family, cls)
+        cls.forms_weights = forms_weights  # the capability, read by capture_attention
+        _KINDS[name] = AttentionEntry(name, family, cls, forms_weights)
         return cls
 
     return deco
@@ -76,6 +84,11 @@ def build_attention(name: str, dim: int, num_heads: int, **options: Any) -> nn.M
             if key not in params:
                 raise InputError(f"unknown option {key!r} of attention {name!r}" + did_you_mean(key, known, "options"))
     return cls(dim, num_heads, **options)
+
+
+def attention_forms_weights(name: str) -> bool:
+    """Whether kind ``name`` forms the weight matrix that capture_attention records."""
+    return _entry(name).forms_weights
 
 
 def list_attention(family: str | None = None) -> list[str]:

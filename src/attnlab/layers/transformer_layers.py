@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..attention.cache import KVCache
 from ..attention.multihead import MultiHeadAttention
+from ..attention.registry import attention_family, build_attention
 from ..dropout import Dropout
 from ..errors import InputError
 from .mlp import Mlp
@@ -37,18 +38,28 @@ class TransformerEncoderLayer(nn.Module):
     without warm-up tricks. ``norm`` is ``"layernorm"`` or ``"batchnorm"`` (token
     BatchNorm, see :class:`attnlab.layers.norms.TokenBatchNorm`).
 
+    The self-attention is a ``"tokens"`` kind of the attention registry, built here from
+    ``attention`` and ``attention_options`` (``"exact"``: multi-head attention with the
+    fused kernel; ``"local"``, ``"linear"``, ...: see :func:`~attnlab.attention.list_attention`).
+
     Shapes: ``x`` ``(B, L, E)`` -> ``(B, L, E)``; ``key_padding_mask`` ``(B, L)``.
     """
 
     def __init__(
         self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, *,
         attention_dropout: float | None = None, activation: str = "relu", norm_first: bool = False,
-        norm: str = "layernorm", norm_eps: float = 1e-5, bias: bool = True,
+        norm: str = "layernorm", norm_eps: float = 1e-5, bias: bool = True, attention: str = "exact",
+        attention_options: dict | None = None,
     ) -> None:
         super().__init__()
         attn_drop = dropout if attention_dropout is None else attention_dropout
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, nhead, dropout=attn_drop, bias=bias)
+        if attention_family(attention) != "tokens":  # unknown names fail here, with suggestions
+            raise InputError(f"attention must be a 'tokens' kind of the registry; {attention!r} is a grid kind")
+        if "dropout" in (attention_options or {}):
+            raise InputError("attention_options must not set 'dropout'; use attention_dropout")
+        self.self_attn = build_attention(attention, d_model, nhead, dropout=attn_drop, bias=bias,
+                                         **(attention_options or {}))
         self.ff = Mlp(d_model, dim_feedforward, activation=activation, dropout=dropout, bias=bias)
         self.norm1 = build_norm(norm, d_model, norm_eps)
         self.norm2 = build_norm(norm, d_model, norm_eps)

@@ -36,6 +36,9 @@ class AttentionBlock(nn.Module):
     starting at 0, so the block starts as the identity and learns how much to attend.
     """
 
+    forms_weights = True  # capture_attention records its (B, 1, H*W, H*W) weights
+    _attn_capture = None  # a recorder, set on an instance by capture_attention only
+
     def __init__(self, channels: int, reduction: int = 8) -> None:
         super().__init__()
         inner = max(1, channels // reduction)
@@ -48,9 +51,13 @@ class AttentionBlock(nn.Module):
         """With ``need_weights`` also the attention ``(B, H*W, H*W)`` (query pixel, key pixel)."""
         b, c, h, w = x.shape
         tokens = lambda t: t.flatten(2).transpose(1, 2)  # (B, C', H, W) -> (B, H*W, C')
+        capture = self._attn_capture  # set only inside capture_attention
         out, weights = scaled_dot_product_attention(
-            tokens(self.query(x)), tokens(self.key(x)), tokens(self.value(x)), need_weights=need_weights
+            tokens(self.query(x)), tokens(self.key(x)), tokens(self.value(x)),
+            need_weights=need_weights or capture is not None,
         )
+        if capture is not None:
+            capture(weights[:, None])  # one head: (B, 1, H*W, H*W)
         out = x + self.gamma * out.transpose(1, 2).reshape(b, c, h, w)
         return (out, weights) if need_weights else out  # type: ignore[return-value]
 

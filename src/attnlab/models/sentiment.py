@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attention.registry import attention_family, build_attention
+from ..attention.registry import attention_family
 from ..dropout import Dropout
 from ..errors import InputError
 from ..layers.norms import build_norm
@@ -173,15 +173,11 @@ class AttentionSentimentClassifier(nn.Module):
         self.embed_drop = Dropout(cfg.embed_dropout)
         layers = []
         for _ in range(cfg.depth):
-            layer = TransformerEncoderLayer(
+            layers.append(TransformerEncoderLayer(
                 e, cfg.num_heads, round(e * cfg.mlp_ratio), cfg.dropout, attention_dropout=cfg.attn_dropout,
                 activation=cfg.activation, norm_first=cfg.norm_first, norm=cfg.norm, norm_eps=cfg.norm_eps,
-            )
-            # The layer always builds exact multi-head attention; any "tokens" kind has the
-            # same call (x, key_padding_mask=..., attn_mask=..., is_causal=...), so swap it in.
-            layer.self_attn = build_attention(cfg.attention, e, cfg.num_heads, dropout=cfg.attn_dropout,
-                                              **cfg.attention_options)
-            layers.append(layer)
+                attention=cfg.attention, attention_options=cfg.attention_options,
+            ))
         self.encoder = TransformerEncoder(layers, build_norm(cfg.norm, e, cfg.norm_eps) if cfg.norm_first else None)
         self.head_drop = Dropout(cfg.dropout)
         self.head = nn.Linear(e, cfg.num_classes)

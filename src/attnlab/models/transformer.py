@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import Tensor, nn
 
-from ..attention.registry import attention_family, build_attention
+from ..attention.registry import attention_family
 from ..dropout import Dropout
 from ..errors import InputError
 from ..layers.norms import build_norm
@@ -42,7 +42,8 @@ class Transformer(nn.Module):
         self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
         dim_feedforward: int = 2048, dropout: float = 0.1, *, attention_dropout: float | None = None,
         activation: str = "relu", norm_first: bool = False, norm: str = "layernorm", norm_eps: float = 1e-5,
-        final_norm: bool | None = None, bias: bool = True,
+        final_norm: bool | None = None, bias: bool = True, attention: str = "exact",
+        attention_options: dict | None = None,
     ) -> None:
         super().__init__()
         kw = dict(
@@ -51,8 +52,11 @@ class Transformer(nn.Module):
         )
         final = norm_first if final_norm is None else final_norm
         self.d_model, self.nhead = d_model, nhead
+        # The encoder's self-attention is any "tokens" kind; the decoder keeps exact attention
+        # (its key/value cache and its cross-attention need the weights over every key).
         self.encoder = TransformerEncoder(
-            [TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, **kw) for _ in range(num_encoder_layers)],
+            [TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, attention=attention,
+                                     attention_options=attention_options, **kw) for _ in range(num_encoder_layers)],
             build_norm(norm, d_model, norm_eps) if final else None,
         )
         self.decoder = TransformerDecoder(
@@ -196,15 +200,9 @@ class Seq2SeqTransformer(nn.Module):
         self.transformer = Transformer(
             d, cfg.nhead, cfg.num_encoder_layers, cfg.num_decoder_layers, cfg.dim_feedforward, cfg.dropout,
             attention_dropout=cfg.attention_dropout, activation=cfg.activation, norm_first=cfg.norm_first,
-            norm=cfg.norm, norm_eps=cfg.norm_eps, final_norm=cfg.final_norm,
+            norm=cfg.norm, norm_eps=cfg.norm_eps, final_norm=cfg.final_norm, attention=cfg.attention,
+            attention_options=cfg.attention_options,
         )
-        if cfg.attention != "exact":
-            attn_drop = cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
-            for layer in self.transformer.encoder.layers:  # same call as exact self-attention
-                layer.self_attn = build_attention(cfg.attention, d, cfg.nhead, dropout=attn_drop,
-                                                  **cfg.attention_options)
-                for lin in (layer.self_attn.in_proj, layer.self_attn.out_proj):  # as the rest: Xavier
-                    nn.init.xavier_uniform_(lin.weight)
         self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=cfg.pad_id)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=cfg.pad_id)
         self.src_pos = build_pos_encoding(cfg.pos_encoding, d, cfg.max_len)

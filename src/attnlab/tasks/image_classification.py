@@ -20,7 +20,6 @@ from PIL import Image
 from torch import Tensor, nn
 
 from ..attention.capture import capture_attention
-from ..attention.registry import attention_family
 from ..data import load_digits_dataset
 from ..data.images import CIFAR10, CIFAR10_CLASSES, decompression_bomb_sizes
 from ..data.transforms import cifar_eval_transforms, cifar_train_transforms, digits_transforms
@@ -175,16 +174,6 @@ def predict_labels(model: nn.Module, data: Any, device: torch.device,
     return true, pred, prob
 
 
-def require_weights(run_dir: Path, kind: str, allowed: Sequence[str]) -> None:
-    """A run whose attention forms no weight matrix has nothing to draw: say so."""
-    if kind in allowed:
-        return
-    why = ("computes its output without forming the attention weights" if attention_family(kind) == "tokens"
-           else "has weights that capture_attention does not record")
-    raise InputError(f"run {run_dir} cannot be visualized: its attention kind {kind!r} {why}; "
-                     f"visualize needs {' or '.join(repr(a) for a in allowed)} attention")
-
-
 @register_task
 class ImageClassification(Task):
     name = "image_classification"
@@ -255,12 +244,9 @@ class ImageClassification(Task):
                         queries: Sequence[tuple[int, int]] | None = None) -> list[Any]:
         model = run.model
         if isinstance(model, VisionTransformer):
-            require_weights(run.run_dir, model.config.attention, ("exact",))
             if queries is not None:
                 raise InputError(f"queries (--query) choose BoTNet query pixels; run {run.run_dir} is a ViT")
-        elif isinstance(model, BoTNet):
-            require_weights(run.run_dir, model.config.attention, ("relpos2d", "exact"))
-        else:
+        elif not isinstance(model, BoTNet):
             raise InputError(f"run {run.run_dir} cannot be visualized: visualize draws ViT (hybrid too) and BoTNet "
                              f"image models, and this run's model is {run.recipe.model.name!r}")
         images, names = self._images(run, inputs, max_inputs)

@@ -32,7 +32,7 @@ from ..engine.trainer import evaluate_model
 from ..errors import InputError
 from ..io import read_json_mapping
 from .base import DataConfig, ModelConfig, Recipe, Task, TrainedRun, check_texts, register_task
-from .image_classification import predict_labels, require_weights, spread
+from .image_classification import predict_labels, spread
 from .runs import checkpoint_label, fit_run, load_run, load_weights, open_run, test_run, write_results
 from .views import ClassifierPredictions, LabelPrediction, TokenAttention
 
@@ -238,7 +238,6 @@ class TextClassification(Task):
     def attention_views(self, run: TrainedRun, inputs: Sequence[Any] | None, *, max_inputs: int = 2,
                         queries: Sequence[tuple[int, int]] | None = None) -> list[Any]:
         model = run.model
-        require_weights(run.run_dir, model.config.attention, ("exact",))
         if queries is not None:
             raise InputError(f"queries (--query) choose BoTNet query pixels; run {run.run_dir} is a "
                              f"{self.name} run")

@@ -32,7 +32,7 @@ def _offsets(n: int) -> Tensor:
     return pos[None, :] - pos[:, None] + n - 1
 
 
-@register_attention("relpos2d", family="grid")
+@register_attention("relpos2d", family="grid", forms_weights=True)
 class RelPosSelfAttention2d(nn.Module):
     r"""Multi-head self-attention over an ``H x W`` map with 2-D relative position logits.
 
