@@ -169,16 +169,16 @@ class TorchSeq2Seq(nn.Module):
 
     def __init__(self, cfg: Any) -> None:  # a TransformerConfig
         super().__init__()
-        d = cfg.d_model
+        d = cfg.embed_dim
         self.pad_id, self.scale = cfg.pad_id, math.sqrt(d)
         self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=cfg.pad_id)
         self.tgt_embed = (self.src_embed if cfg.share_embeddings
                           else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=cfg.pad_id))
         self.src_pos = nn.Embedding(cfg.max_len, d)
         self.tgt_pos = nn.Embedding(cfg.max_len, d)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = nn.Dropout(cfg.drop_rate)
         self.transformer = nn.Transformer(
-            d, cfg.nhead, cfg.num_encoder_layers, cfg.num_decoder_layers, cfg.dim_feedforward, cfg.dropout,
+            d, cfg.num_heads, cfg.encoder_depth, cfg.decoder_depth, cfg.dim_feedforward, cfg.drop_rate,
             activation=cfg.activation, layer_norm_eps=cfg.norm_eps, batch_first=True, norm_first=cfg.norm_first)
         self.generator = nn.Linear(d, cfg.tgt_vocab_size, bias=not cfg.tie_output)
         for emb in {self.src_embed, self.tgt_embed}:  # as attnlab's: N(0, 1/d), padding row zero

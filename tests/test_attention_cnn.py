@@ -70,5 +70,14 @@ def test_eval_outputs_do_not_depend_on_the_rest_of_the_batch(name):
 
 
 def test_bad_config():
-    with pytest.raises(ValueError, match="attention must be 'pixel' or 'conv_sa_bn'; got 'axial'"):
-        create_model("attention_cnn_cifar", attention="axial")
+    with pytest.raises(ValueError, match="block must be 'pixel' or 'conv_sa_bn'; got 'axial'"):
+        create_model("attention_cnn_cifar", block="axial")
+    with pytest.raises(ValueError, match="attention must be a 'tokens' kind; 'axial' is a grid kind"):
+        create_model("conv_sa_bn_cifar", attention="axial")
+
+
+def test_the_conv_sa_bn_block_takes_its_attention_kind_at_construction():
+    m = create_model("conv_sa_bn_cifar", widths=(8, 16), attention="local", attention_options={"window": 8}).eval()
+    assert type(m.attention.attn).__name__ == "LocalAttention" and m.attention.attn.window == 8
+    with torch.no_grad():
+        assert m(torch.randn(2, 3, 32, 32)).shape == (2, 10)

@@ -240,8 +240,8 @@ def test_sentiment_classifier_records_the_maps_of_attention_maps():
 
 
 def test_translator_generation_records_cross_attention_per_step_with_the_cache():
-    model = attnlab.create_model("transformer_tiny", src_vocab_size=40, tgt_vocab_size=40, d_model=32, nhead=4,
-                                 num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=64).eval()
+    model = attnlab.create_model("transformer_tiny", src_vocab_size=40, tgt_vocab_size=40, embed_dim=32, num_heads=4,
+                                 encoder_depth=1, decoder_depth=2, mlp_ratio=2.0).eval()
     src = torch.randint(3, 40, (2, 7))
     src[1, 5:] = 0  # padding
     with torch.no_grad():
@@ -264,8 +264,8 @@ def test_translator_generation_records_cross_attention_per_step_with_the_cache()
 
 
 def test_translator_self_attention_cache_grows_by_one_key_per_step():
-    model = attnlab.create_model("transformer_tiny", src_vocab_size=40, tgt_vocab_size=40, d_model=32, nhead=4,
-                                 num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=64).eval()
+    model = attnlab.create_model("transformer_tiny", src_vocab_size=40, tgt_vocab_size=40, embed_dim=32, num_heads=4,
+                                 encoder_depth=1, decoder_depth=1, mlp_ratio=2.0).eval()
     src = torch.randint(3, 40, (1, 5))
     with torch.no_grad(), capture_attention(model, include="transformer.decoder.*") as maps:
         hyp = model.generate(src, max_new_tokens=4)

@@ -21,7 +21,7 @@ from attnlab.io import atomic_write, sha256_file
 
 
 def trained_model():
-    m = create_model("transformer_tiny", dropout=0.0)
+    m = create_model("transformer_tiny", drop_rate=0.0)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
     m(torch.randint(3, 100, (2, 5)), torch.randint(3, 100, (2, 4))).square().mean().backward()
     opt.step()

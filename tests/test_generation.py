@@ -12,7 +12,7 @@ from attnlab.models.generation import beam_search, greedy_search
 
 def model(vocab=1000, **kw):
     torch.manual_seed(0)
-    m = create_model("transformer_tiny", src_vocab_size=vocab, tgt_vocab_size=vocab, dropout=0.0, **kw).eval()
+    m = create_model("transformer_tiny", src_vocab_size=vocab, tgt_vocab_size=vocab, drop_rate=0.0, **kw).eval()
     return m
 
 

@@ -11,7 +11,7 @@ VOCAB = 50
 
 
 def tiny(**overrides):
-    kw = dict(vocab_size=VOCAB, dropout=0.0, attn_dropout=0.0, embed_dropout=0.0, pos_encoding="relative")
+    kw = dict(vocab_size=VOCAB, drop_rate=0.0, attn_drop_rate=0.0, pos_drop_rate=0.0, pos_encoding="relative")
     return create_model("sentiment_transformer_tiny", **{**kw, **overrides})
 
 
@@ -91,7 +91,7 @@ def test_model_has_one_shared_table_and_no_absolute_positions():
 
 def test_trains_one_step():
     torch.manual_seed(0)
-    model = tiny(depth=2, dropout=0.1, attn_dropout=0.1)
+    model = tiny(depth=2, drop_rate=0.1, attn_drop_rate=0.1)
     ids, mask = sentences([6, 3, 9])
     loss = F.cross_entropy(model(ids, mask), torch.tensor([0, 1, 1]))
     loss.backward()

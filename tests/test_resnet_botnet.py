@@ -219,12 +219,12 @@ def test_in_chans_option():
 
 def test_botnet_rejects_other_image_size():
     m = create_model("botnet_cifar")
-    with pytest.raises(ValueError, match=r"image_size=\(32, 32\).*got \(2, 3, 64, 64\)"):
+    with pytest.raises(ValueError, match=r"img_size=\(32, 32\).*got \(2, 3, 64, 64\)"):
         m(torch.randn(2, 3, 64, 64))
 
 
 def test_botnet_image_size_option():
-    m = create_model("botnet_cifar", image_size=64).eval()
+    m = create_model("botnet_cifar", img_size=64).eval()
     assert [b.attn.size for b in m.layer4] == [(16, 16), (8, 8), (8, 8)]
     with torch.no_grad():
         assert m(torch.randn(1, 3, 64, 64)).shape == (1, 10)
@@ -232,7 +232,7 @@ def test_botnet_image_size_option():
 
 def test_botnet_odd_map_before_pool_is_an_error():
     with pytest.raises(ValueError, match=r"stride-2 BoT block needs an even map size; got size=\(9, 9\)"):
-        create_model("botnet_cifar", image_size=36)
+        create_model("botnet_cifar", img_size=36)
 
 
 def test_botnet_attention_options():

@@ -16,7 +16,7 @@ VOCAB = 50
 
 
 def tiny(**overrides):
-    kw = dict(vocab_size=VOCAB, dropout=0.0, attn_dropout=0.0, embed_dropout=0.0)
+    kw = dict(vocab_size=VOCAB, drop_rate=0.0, attn_drop_rate=0.0, pos_drop_rate=0.0)
     return create_model("sentiment_transformer_tiny", **{**kw, **overrides})
 
 
@@ -103,7 +103,7 @@ def test_a_fully_masked_row_gives_finite_logits_and_gradients(pooling):
 
 
 def test_gradient_reaches_embeddings_and_every_parameter():
-    model = tiny(dropout=0.1, attn_dropout=0.1, embed_dropout=0.1).train()
+    model = tiny(drop_rate=0.1, attn_drop_rate=0.1, pos_drop_rate=0.1).train()
     ids, mask = sentences([5, 9, 3])
     F.cross_entropy(model(ids, mask), torch.tensor([0, 1, 1])).backward()
     grad = model.embed.weight.grad
@@ -166,10 +166,11 @@ def test_equals_torch_encoder_with_copied_weights(norm_first, activation, poolin
     (dict(attention="exactt"), "unknown attention 'exactt'"),
     (dict(pos_encoding="rotary"), "pos_encoding must be one of"),
     (dict(padding_idx=VOCAB), "padding_idx must be None or in"),
-    (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
+    (dict(drop_rate=1.0), r"drop_rate must be in \[0, 1\)"),
+    (dict(dropout=0.1), "SentimentConfig field 'dropout' is now called 'drop_rate'"),
     (dict(depth=-1), "depth must be a non-negative integer"),
     (dict(vocab_size=0), "vocab_size must be a positive integer"),
-    (dict(attention_options={"dropout": 0.1}), "use attn_dropout"),
+    (dict(attention_options={"dropout": 0.1}), "use attn_drop_rate"),
     (dict(poolling="cls"), "unknown SentimentConfig field 'poolling'; did you mean pooling"),
 ])
 def test_config_errors_name_the_argument(overrides, message):

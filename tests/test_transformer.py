@@ -97,7 +97,7 @@ def test_decoder_cache_equals_full_decoding(overrides):
 
 
 def test_padding_does_not_change_real_positions():
-    m = create_model("transformer_tiny", dropout=0.0).eval()
+    m = create_model("transformer_tiny", drop_rate=0.0).eval()
     src = torch.randint(3, 1000, (1, 6))
     tgt = torch.randint(3, 1000, (1, 4))
     padded_src = torch.cat([src, torch.zeros(1, 3, dtype=torch.long)], 1)
@@ -119,8 +119,8 @@ def test_token_batchnorm_transformer_trains_with_padding():
 
 def test_gradient_checkpointing_gives_the_same_gradients():
     torch.manual_seed(0)
-    a = create_model("transformer_tiny", dropout=0.0)
-    b = create_model("transformer_tiny", dropout=0.0)
+    a = create_model("transformer_tiny", drop_rate=0.0)
+    b = create_model("transformer_tiny", drop_rate=0.0)
     b.load_state_dict(a.state_dict())
     b.set_grad_checkpointing(True)
     src, tgt = torch.randint(3, 1000, (2, 6)), torch.randint(3, 1000, (2, 5))
@@ -136,12 +136,14 @@ def test_encoder_layer_accepts_batchnorm_by_name():
 
 
 def test_seq2seq_rejects_bad_config():
-    with pytest.raises(ValueError, match="d_model must be divisible by nhead"):
-        Seq2SeqTransformer(d_model=30, nhead=4)
+    with pytest.raises(ValueError, match="embed_dim must be divisible by num_heads"):
+        Seq2SeqTransformer(embed_dim=30, num_heads=4)
     with pytest.raises(ValueError, match="share_embeddings"):
         Seq2SeqTransformer(src_vocab_size=10, tgt_vocab_size=12)
-    with pytest.raises(ValueError, match="unknown TransformerConfig field 'dmodel'; did you mean d_model"):
-        create_model("transformer_tiny", dmodel=64)
+    with pytest.raises(ValueError, match="unknown TransformerConfig field 'embeddim'; did you mean embed_dim"):
+        create_model("transformer_tiny", embeddim=64)
+    with pytest.raises(ValueError, match="TransformerConfig field 'd_model' is now called 'embed_dim'"):
+        create_model("transformer_tiny", d_model=64)  # torch.nn.Transformer's name: the models take timm's
 
 
 def test_decode_last_only_is_the_last_row_of_full_decoding():

@@ -165,8 +165,8 @@ def translation_model(recipe, folder):
 
 def test_translation_run_draws_the_alignment_of_the_beam_search_output(tmp_path):
     overrides = ["model.name=transformer_tiny", "text.joint_vocab=true", "text.max_length=32", "translate.num_beams=2",
-                 "model.options={d_model: 32, nhead: 4, num_encoder_layers: 1, num_decoder_layers: 2, "
-                 "dim_feedforward: 64}"]
+                 "model.options={embed_dim: 32, num_heads: 4, encoder_depth: 1, decoder_depth: 2, "
+                 "mlp_ratio: 2.0}"]
     run = make_run(tmp_path / "mt", "translate-multi30k", overrides, translation_model)
     paths = visualize_run(run, ["Ein Mann fährt Fahrrad."])
     assert [p.name for p in paths] == ["00_alignment.png"]

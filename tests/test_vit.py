@@ -5,7 +5,7 @@ import torch
 
 from attnlab.layers.drop_path import DropPath, drop_path_rates
 from attnlab.layers.patch_embed import PatchEmbed
-from attnlab.layers.pos_embed_2d import RelativePositionBias, resample_pos_embed, sincos_2d
+from attnlab.layers.pos_embed_2d import RelativePositionBias2d, resample_pos_embed, sincos_2d
 from attnlab.models import count_parameters, create_model
 
 
@@ -94,7 +94,7 @@ def test_sincos_2d_table():
 
 
 def test_relative_position_bias_depends_only_on_offset():
-    rpb = RelativePositionBias((3, 3), num_heads=2, class_token=True)
+    rpb = RelativePositionBias2d((3, 3), num_heads=2, class_token=True)
     bias = rpb()[0]  # (heads, 10, 10)
     assert bias.shape == (2, 10, 10)
     # Token (0,0)->(1,1) and (1,1)->(2,2): the same offset, the same bias. Patch k is index k+1.

@@ -13,6 +13,7 @@ from . import __version__
 from .engine.trainer import NonFiniteLossError
 from .errors import InputError
 from .io import WriteError
+from .plugins import import_plugins
 from .tasks import get_task
 
 
@@ -590,42 +591,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{prefix}: internal error: this is a bug in attnlab {__version__}, not a mistake in your input; "
                   f"please report it with the command line and the traceback above", file=sys.stderr)
             return 1
-
-
-def import_plugins(modules: Sequence[str] = ()) -> list[str]:
-    """Import the modules that register tasks and models of one's own: each of ``modules``
-    (``--import``: a module name, importable from the current folder too, or a ``.py``
-    file), then every entry point of the group ``attnlab.plugins`` that an installed
-    package declares. Returns their names."""
-    import importlib
-    import importlib.metadata
-    import importlib.util
-
-    loaded = []
-    for spec in modules:
-        if spec.endswith(".py"):
-            path = Path(spec)
-            if not path.is_file():
-                raise UsageError(f"--import {spec}: no such file")
-            module_spec = importlib.util.spec_from_file_location(path.stem, path)
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[path.stem] = module
-            module_spec.loader.exec_module(module)
-        else:
-            if "" not in sys.path and str(Path.cwd()) not in sys.path:
-                sys.path.insert(0, str(Path.cwd()))  # as `python -m` would: the current folder's modules
-            try:
-                importlib.import_module(spec)
-            except ModuleNotFoundError as exc:
-                if exc.name and spec.split(".")[0] == exc.name.split(".")[0]:
-                    raise UsageError(f"--import {spec}: no module named {exc.name!r} (give a module importable "
-                                     f"from the current folder, or a .py file)") from None
-                raise
-        loaded.append(spec)
-    for entry in importlib.metadata.entry_points(group="attnlab.plugins"):
-        entry.load()
-        loaded.append(entry.value)
-    return loaded
 
 
 def _one_line_warnings(prefix: str):

@@ -72,8 +72,8 @@ def needle_accuracy(kind: str, options: dict[str, Any], *, n: int = 1024, steps:
     far_accuracy, train_seconds, ...}`` (near: needles in the first quarter)."""
     torch.manual_seed(seed)
     model = create_model("sentiment_transformer_small", vocab_size=VOCAB, num_classes=NUM_VALUES, embed_dim=width,
-                         depth=depth, num_heads=heads, max_len=n, pooling="cls", dropout=0.0, attn_dropout=0.0,
-                         embed_dropout=0.0, padding_idx=None, attention=kind, attention_options=options)
+                         depth=depth, num_heads=heads, max_len=n, pooling="cls", drop_rate=0.0, attn_drop_rate=0.0,
+                         pos_drop_rate=0.0, padding_idx=None, attention=kind, attention_options=options)
     train = NeedleDataset(train_size, n, seed=seed + 1)
     test = NeedleDataset(test_size, n, seed=seed + 2)
     cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, weight_decay=0.01, warmup_steps=steps // 10,

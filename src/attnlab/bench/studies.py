@@ -32,7 +32,7 @@ __all__ = ["run_studies", "STUDIES", "checkpointing_point", "run_checkpointing_p
 STUDIES: dict[str, tuple[tuple[Any, ...], Callable[[Any], list[str]]]] = {
     "heads": ((1, 2, 4, 8, 16), lambda h: ["model.options.embed_dim=256", f"model.options.num_heads={h}"]),
     "pos_encoding": (("none", "sinusoidal", "learned", "relative"), lambda p: [f"model.options.pos_encoding={p}"]),
-    "attn_dropout": ((0.0, 0.1, 0.3), lambda p: [f"model.options.attn_dropout={p}"]),
+    "attn_dropout": ((0.0, 0.1, 0.3), lambda p: [f"model.options.attn_drop_rate={p}"]),
 }
 RECIPE_DEFAULTS = {"pos_encoding": "sinusoidal", "attn_dropout": 0.1}  # sentiment-mr as shipped
 CKPT_MODEL, CKPT_BATCH, CKPT_SIZE = "vit_base_patch16_224", 32, 224

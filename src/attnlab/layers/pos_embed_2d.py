@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 
-__all__ = ["sincos_2d", "resample_pos_embed", "RelativePositionBias"]
+__all__ = ["sincos_2d", "resample_pos_embed", "RelativePositionBias2d"]
 
 
 def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10000.0) -> Tensor:
@@ -49,7 +49,7 @@ def resample_pos_embed(
     return torch.cat([prefix, grid], dim=1)
 
 
-class RelativePositionBias(nn.Module):
+class RelativePositionBias2d(nn.Module):
     """A learned bias per head for each 2-D offset between tokens (as in BEiT), returned
     as an additive attention mask ``(1, heads, N, N)``.
 

@@ -10,14 +10,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from ..attention.functional import scaled_dot_product_attention
-from ..attention.multihead import MultiHeadAttention
+from ..attention.registry import attention_family, build_attention
 from ..dropout import Dropout
 from ..errors import InputError
 from ..layers.channel_attention import build_channel_attention
@@ -70,12 +70,14 @@ class ConvSelfAttentionBN(nn.Module):
     :class:`~attnlab.layers.norms.TokenBatchNorm` over the ``H*W`` tokens.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, num_heads: int = 4, dropout: float = 0.0) -> None:
+    def __init__(self, in_channels: int, out_channels: int, num_heads: int = 4, dropout: float = 0.0, *,
+                 attention: str = "exact", attention_options: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.conv1 = nn.Sequential(
             nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False), nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True)
         )
-        self.attn = MultiHeadAttention(out_channels, num_heads, dropout=dropout)
+        # Any "tokens" kind of the registry attends over the H*W pixels as tokens.
+        self.attn = build_attention(attention, out_channels, num_heads, dropout=dropout, **(attention_options or {}))
         self.norm = TokenBatchNorm(out_channels)
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
         self.bn = nn.BatchNorm2d(out_channels)
@@ -99,17 +101,32 @@ class AttentionCNNConfig:
     num_classes: int = 10
     in_chans: int = 3
     widths: tuple[int, int] = (64, 128)
-    attention: str = "pixel"  # "pixel" (AttentionBlock) or "conv_sa_bn" (ConvSelfAttentionBN)
+    block: str = "pixel"  # "pixel" (AttentionBlock) or "conv_sa_bn" (ConvSelfAttentionBN)
     num_heads: int = 4  # for "conv_sa_bn"
+    attention: str = "exact"  # for "conv_sa_bn": a "tokens" kind of attnlab.attention.list_attention()
+    attention_options: dict[str, Any] = field(default_factory=dict)
     channel_attention: str | None = None  # None, "se" or "cbam" after each conv stage
-    dropout: float = 0.1
+    drop_rate: float = 0.1  # before the classifier
+
+    # Names before attnlab took timm's: read in older runs, pointed to in errors.
+    renamed: ClassVar[dict[str, str]] = {"dropout": "drop_rate"}
+
+    @staticmethod
+    def upgrade(options: dict) -> dict:
+        """Options of an older run in today's names (``attention`` named the block then)."""
+        options = {AttentionCNNConfig.renamed.get(k, k): v for k, v in options.items()}
+        if options.get("attention") in ("pixel", "conv_sa_bn"):
+            options["block"] = options.pop("attention")
+        return options
 
     def __post_init__(self) -> None:
         self.widths = tuple(self.widths)  # type: ignore[assignment]
         if len(self.widths) != 2 or any(w <= 0 for w in self.widths):
             raise InputError(f"widths must be two positive channel counts; got {self.widths!r}")
-        if self.attention not in ("pixel", "conv_sa_bn"):
-            raise InputError(f"attention must be 'pixel' or 'conv_sa_bn'; got {self.attention!r}")
+        if self.block not in ("pixel", "conv_sa_bn"):
+            raise InputError(f"block must be 'pixel' or 'conv_sa_bn'; got {self.block!r}")
+        if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
+            raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
 
 
 class AttentionCNN(nn.Module):
@@ -128,9 +145,10 @@ class AttentionCNN(nn.Module):
                                     build_channel_attention(cfg.channel_attention, w1), nn.MaxPool2d(2))
         self.stage2 = nn.Sequential(_conv_bn(w1, w2), _conv_bn(w2, w2),
                                     build_channel_attention(cfg.channel_attention, w2), nn.MaxPool2d(2))
-        self.attention = AttentionBlock(w2) if cfg.attention == "pixel" else ConvSelfAttentionBN(w2, w2, cfg.num_heads)
+        self.attention = AttentionBlock(w2) if cfg.block == "pixel" else ConvSelfAttentionBN(
+            w2, w2, cfg.num_heads, attention=cfg.attention, attention_options=cfg.attention_options)
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.drop = Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.drop_rate)
         self.head = nn.Linear(w2, cfg.num_classes)
 
     def forward_features(self, x: Tensor) -> Tensor:
@@ -149,4 +167,4 @@ def attention_cnn_cifar(**overrides: Any) -> AttentionCNN:
 @register_model("attention_cnn")
 def conv_sa_bn_cifar(**overrides: Any) -> AttentionCNN:
     """Attention CNN whose attention is conv + self-attention with token BatchNorm + conv."""
-    return AttentionCNN(**{"attention": "conv_sa_bn", **overrides})
+    return AttentionCNN(**{"block": "conv_sa_bn", **overrides})

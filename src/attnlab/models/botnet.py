@@ -16,7 +16,7 @@ positions of their own, see the pixels as an unordered set.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
@@ -63,7 +63,7 @@ class BoTBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(planes)
         if self.family == "grid":
             if "size" in options:
-                raise InputError("attention_options must not set 'size': it follows the model's image_size")
+                raise InputError("attention_options must not set 'size': it follows the model's img_size")
             self.attn = build_attention(attention, planes, num_heads, size=tuple(size), **options)
         else:
             self.attn = build_attention(attention, planes, num_heads, **options)
@@ -104,23 +104,25 @@ class BoTNetConfig(ResNetConfig):
     """Configuration of :class:`BoTNet`: a :class:`ResNetConfig` whose last stage is BoT
     blocks (their width is ``widths[3]``, expanded x4 whatever ``block`` is)."""
 
-    image_size: int | tuple[int, int] = 224  # fixed: it sets the attention's map size
+    img_size: int | tuple[int, int] = 224  # fixed: it sets the attention's map size
     attention: str = "relpos2d"
     attention_options: dict[str, Any] = field(default_factory=dict)
-    heads: int = 4
+    num_heads: int = 4
+
+    # Names before attnlab took timm's: read in older runs, pointed to in errors.
+    renamed: ClassVar[dict[str, str]] = {"image_size": "img_size", "heads": "num_heads"}
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        size = (self.image_size, self.image_size) if isinstance(self.image_size, int) else tuple(self.image_size)
+        size = (self.img_size, self.img_size) if isinstance(self.img_size, int) else tuple(self.img_size)
         if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
-            raise InputError(f"image_size must be a positive integer or a pair (H, W); got {self.image_size!r}")
-        self.image_size = size
-        if not isinstance(self.heads, int) or self.heads <= 0:
-            raise InputError(f"heads must be a positive integer; got {self.heads!r}")
-        if self.widths[3] % self.heads != 0:
-            raise InputError(
-                f"widths[3] must be divisible by heads; got widths[3]={self.widths[3]}, heads={self.heads}"
-            )
+            raise InputError(f"img_size must be a positive integer or a pair (H, W); got {self.img_size!r}")
+        self.img_size = size
+        if not isinstance(self.num_heads, int) or self.num_heads <= 0:
+            raise InputError(f"num_heads must be a positive integer; got {self.num_heads!r}")
+        if self.widths[3] % self.num_heads != 0:
+            raise InputError(f"widths[3] must be divisible by num_heads; got widths[3]={self.widths[3]}, "
+                             f"num_heads={self.num_heads}")
         if not isinstance(self.attention_options, dict):
             raise InputError(f"attention_options must be a dict; got {self.attention_options!r}")
         attention_family(self.attention)  # unknown kind: ValueError listing the known ones
@@ -133,7 +135,7 @@ def _halve(n: int) -> int:
 class BoTNet(ResNet):
     """ResNet with BoT blocks as its last stage; see the module docstring.
 
-    Takes only inputs of ``image_size``. Shapes as :class:`~attnlab.models.resnet.ResNet`;
+    Takes only inputs of ``img_size``. Shapes as :class:`~attnlab.models.resnet.ResNet`;
     :meth:`attention_maps` gives one ``(B, heads, h*w, h*w)`` map per BoT block.
     """
 
@@ -142,7 +144,7 @@ class BoTNet(ResNet):
 
     def _stage_input_size(self, index: int) -> tuple[int, int]:
         """Map size entering stage ``index`` (0-based): the stem, then stride 2 in stages 1, 2, ..."""
-        h, w = self.config.image_size
+        h, w = self.config.img_size
         for _ in range((2 if self.config.stem == "imagenet" else 0) + max(index - 1, 0)):
             h, w = _halve(h), _halve(w)
         return h, w
@@ -156,7 +158,7 @@ class BoTNet(ResNet):
         for j in range(depth):
             s = stride if j == 0 else 1
             blocks.append(BoTBlock(
-                in_chans, planes, size=size, num_heads=cfg.heads, stride=s, attention=cfg.attention,
+                in_chans, planes, size=size, num_heads=cfg.num_heads, stride=s, attention=cfg.attention,
                 attention_options=cfg.attention_options, channel_attention=cfg.channel_attention,
             ))
             in_chans, size = planes * BoTBlock.expansion, (size[0] // s, size[1] // s)
@@ -172,9 +174,9 @@ class BoTNet(ResNet):
 
     def _check_input(self, x: Tensor) -> None:
         super()._check_input(x)
-        if tuple(x.shape[2:]) != self.config.image_size:
+        if tuple(x.shape[2:]) != self.config.img_size:
             raise InputError(
-                f"x must have the spatial size image_size={self.config.image_size} that the attention was built "
+                f"x must have the spatial size img_size={self.config.img_size} that the attention was built "
                 f"for; got ({', '.join(map(str, x.shape))})"
             )
 
@@ -212,6 +214,6 @@ def botnet50(**overrides) -> BoTNet:
 def botnet_cifar(**overrides) -> BoTNet:
     """BoTNet for 32x32: ResNet-18-like 3x3 stem and basic blocks, BoT stage on 8x8 then 4x4; 3.4 M."""
     return _build(
-        dict(block="basic", layers=(2, 2, 2, 3), widths=(64, 128, 256, 128), stem="cifar", image_size=32,
+        dict(block="basic", layers=(2, 2, 2, 3), widths=(64, 128, 256, 128), stem="cifar", img_size=32,
              num_classes=10), overrides,
     )

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -79,9 +79,9 @@ class SentimentConfig:
     num_heads: int = 4
     mlp_ratio: float = 4.0  # feed-forward width = round(embed_dim * mlp_ratio)
     activation: str = "gelu"
-    dropout: float = 0.1  # residual branches, feed-forward hidden layer, head input
-    attn_dropout: float = 0.1  # on the attention weights
-    embed_dropout: float = 0.1  # on embeddings + positions
+    drop_rate: float = 0.1  # residual branches, feed-forward hidden layer, head input
+    attn_drop_rate: float = 0.1  # on the attention weights
+    pos_drop_rate: float = 0.1  # on embeddings + positions
     max_len: int = 256
     pos_encoding: str = "sinusoidal"  # "sinusoidal", "learned", "none" or "relative" (T5 bias, exact attention)
     pooling: str = "mean"  # "cls" (token 0) or "mean" (masked mean of real tokens)
@@ -91,6 +91,10 @@ class SentimentConfig:
     padding_idx: int | None = 0  # embedding row kept at zero; the padding mask when none is given
     attention: str = "exact"  # a "tokens" kind of attnlab.attention.list_attention()
     attention_options: dict[str, Any] = field(default_factory=dict)
+
+    # Names before attnlab took timm's: read in older runs, pointed to in errors.
+    renamed: ClassVar[dict[str, str]] = {"dropout": "drop_rate", "attn_dropout": "attn_drop_rate",
+                                         "embed_dropout": "pos_drop_rate"}
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_classes", "embed_dim", "num_heads", "max_len"):
@@ -105,7 +109,7 @@ class SentimentConfig:
             )
         if not self.mlp_ratio > 0:
             raise InputError(f"mlp_ratio must be positive; got {self.mlp_ratio!r}")
-        for name in ("dropout", "attn_dropout", "embed_dropout"):
+        for name in ("drop_rate", "attn_drop_rate", "pos_drop_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise InputError(f"{name} must be in [0, 1); got {getattr(self, name)!r}")
         if self.pooling not in POOLINGS:
@@ -119,7 +123,7 @@ class SentimentConfig:
         if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         if "dropout" in self.attention_options:
-            raise InputError("attention_options must not set 'dropout'; use attn_dropout")
+            raise InputError("attention_options must not set 'dropout'; use attn_drop_rate")
         if self.pos_encoding == "relative" and self.attention != "exact":  # the other kinds take no attn_mask
             raise InputError(
                 f"pos_encoding='relative' needs attention='exact' (the bias is an attn_mask); "
@@ -170,16 +174,16 @@ class AttentionSentimentClassifier(nn.Module):
         relative = cfg.pos_encoding == "relative"
         self.pos = build_pos_encoding("none" if relative else cfg.pos_encoding, e, cfg.max_len)
         self.rel_bias = RelativePositionBias(cfg.num_heads) if relative and cfg.depth > 0 else None
-        self.embed_drop = Dropout(cfg.embed_dropout)
+        self.embed_drop = Dropout(cfg.pos_drop_rate)
         layers = []
         for _ in range(cfg.depth):
             layers.append(TransformerEncoderLayer(
-                e, cfg.num_heads, round(e * cfg.mlp_ratio), cfg.dropout, attention_dropout=cfg.attn_dropout,
+                e, cfg.num_heads, round(e * cfg.mlp_ratio), cfg.drop_rate, attention_dropout=cfg.attn_drop_rate,
                 activation=cfg.activation, norm_first=cfg.norm_first, norm=cfg.norm, norm_eps=cfg.norm_eps,
                 attention=cfg.attention, attention_options=cfg.attention_options,
             ))
         self.encoder = TransformerEncoder(layers, build_norm(cfg.norm, e, cfg.norm_eps) if cfg.norm_first else None)
-        self.head_drop = Dropout(cfg.dropout)
+        self.head_drop = Dropout(cfg.drop_rate)
         self.head = nn.Linear(e, cfg.num_classes)
         # Encoder and head keep torch's initialisation (that of nn.TransformerEncoderLayer).
         nn.init.normal_(self.embed.weight, std=e**-0.5)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -125,17 +126,18 @@ def _from_torch_key(key: str) -> str:
 
 @dataclass
 class TransformerConfig:
-    """Configuration of :class:`Seq2SeqTransformer`; defaults are the 2017 "base" model."""
+    """Configuration of :class:`Seq2SeqTransformer`; defaults are the 2017 "base" model.
+    Names follow timm's (``embed_dim``, ``num_heads``, ``mlp_ratio``, ``drop_rate``, ...)."""
 
     src_vocab_size: int = 37000
     tgt_vocab_size: int = 37000
-    d_model: int = 512
-    nhead: int = 8
-    num_encoder_layers: int = 6
-    num_decoder_layers: int = 6
-    dim_feedforward: int = 2048
-    dropout: float = 0.1
-    attention_dropout: float | None = None  # None: same as dropout
+    embed_dim: int = 512  # d_model
+    num_heads: int = 8
+    encoder_depth: int = 6  # encoder layers
+    decoder_depth: int = 6  # decoder layers
+    mlp_ratio: float = 4.0  # feed-forward width = round(embed_dim * mlp_ratio) (the paper's d_ff = 2048)
+    drop_rate: float = 0.1  # residual branches, feed-forward hidden layer, embeddings
+    attn_drop_rate: float | None = None  # on the attention weights; None: drop_rate
     activation: str = "relu"
     norm_first: bool = False  # post-norm, as in the paper
     norm: str = "layernorm"
@@ -153,17 +155,44 @@ class TransformerConfig:
     attention: str = "exact"
     attention_options: dict = field(default_factory=dict)
 
+    # Names before attnlab took timm's (torch.nn.Transformer's): read in older runs, pointed to in errors.
+    renamed: ClassVar[dict[str, str]] = {"d_model": "embed_dim", "nhead": "num_heads",
+                                         "num_encoder_layers": "encoder_depth", "num_decoder_layers": "decoder_depth",
+                                         "dim_feedforward": "mlp_ratio", "dropout": "drop_rate",
+                                         "attention_dropout": "attn_drop_rate"}
+
+    @staticmethod
+    def upgrade(options: dict) -> dict:
+        """Options of an older run in today's names (``dim_feedforward`` becomes the ratio)."""
+        options = dict(options)
+        if "dim_feedforward" in options:
+            width = options.get("d_model", options.get("embed_dim"))
+            if width is None:
+                raise InputError("an older run's model option dim_feedforward needs d_model beside it to become "
+                                 "mlp_ratio; set model.options.mlp_ratio instead")
+            options["mlp_ratio"] = options.pop("dim_feedforward") / width
+        return {TransformerConfig.renamed.get(k, k): v for k, v in options.items()}
+
+    @property
+    def dim_feedforward(self) -> int:
+        return round(self.embed_dim * self.mlp_ratio)
+
     def __post_init__(self) -> None:
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "nhead", "dim_feedforward", "max_len"):
+        for name in ("src_vocab_size", "tgt_vocab_size", "embed_dim", "num_heads", "max_len"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise InputError(f"{name} must be a positive integer; got {getattr(self, name)!r}")
-        for name in ("num_encoder_layers", "num_decoder_layers"):
+        for name in ("encoder_depth", "decoder_depth"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise InputError(f"{name} must be a non-negative integer; got {getattr(self, name)!r}")
-        if self.d_model % self.nhead != 0:
-            raise InputError(f"d_model must be divisible by nhead; got d_model={self.d_model}, nhead={self.nhead}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise InputError(f"dropout must be in [0, 1); got {self.dropout}")
+        if self.embed_dim % self.num_heads != 0:
+            raise InputError(f"embed_dim must be divisible by num_heads; got embed_dim={self.embed_dim}, "
+                             f"num_heads={self.num_heads}")
+        if not self.mlp_ratio > 0:
+            raise InputError(f"mlp_ratio must be positive; got {self.mlp_ratio!r}")
+        if not 0.0 <= self.drop_rate < 1.0:
+            raise InputError(f"drop_rate must be in [0, 1); got {self.drop_rate}")
+        if self.attn_drop_rate is not None and not 0.0 <= self.attn_drop_rate < 1.0:
+            raise InputError(f"attn_drop_rate must be in [0, 1) or None; got {self.attn_drop_rate}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise InputError(
                 "share_embeddings needs src_vocab_size == tgt_vocab_size; "
@@ -176,7 +205,7 @@ class TransformerConfig:
         if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         if "dropout" in self.attention_options:
-            raise InputError("attention_options must not set 'dropout'; use attention_dropout")
+            raise InputError("attention_options must not set 'dropout'; use attn_drop_rate")
         if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
             raise InputError(f"pad_id, bos_id and eos_id must differ; got {self.pad_id}, {self.bos_id}, {self.eos_id}")
 
@@ -196,10 +225,10 @@ class Seq2SeqTransformer(nn.Module):
         super().__init__()
         cfg = build_config(TransformerConfig, asdict(config or TransformerConfig()), overrides)
         self.config = cfg
-        d = cfg.d_model
+        d = cfg.embed_dim
         self.transformer = Transformer(
-            d, cfg.nhead, cfg.num_encoder_layers, cfg.num_decoder_layers, cfg.dim_feedforward, cfg.dropout,
-            attention_dropout=cfg.attention_dropout, activation=cfg.activation, norm_first=cfg.norm_first,
+            d, cfg.num_heads, cfg.encoder_depth, cfg.decoder_depth, cfg.dim_feedforward, cfg.drop_rate,
+            attention_dropout=cfg.attn_drop_rate, activation=cfg.activation, norm_first=cfg.norm_first,
             norm=cfg.norm, norm_eps=cfg.norm_eps, final_norm=cfg.final_norm, attention=cfg.attention,
             attention_options=cfg.attention_options,
         )
@@ -207,7 +236,7 @@ class Seq2SeqTransformer(nn.Module):
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=cfg.pad_id)
         self.src_pos = build_pos_encoding(cfg.pos_encoding, d, cfg.max_len)
         self.tgt_pos = build_pos_encoding(cfg.pos_encoding, d, cfg.max_len)
-        self.embed_drop = Dropout(cfg.dropout)
+        self.embed_drop = Dropout(cfg.drop_rate)
         self.embed_scale = math.sqrt(d)
         self.generator = nn.Linear(d, cfg.tgt_vocab_size, bias=not cfg.tie_output)
         for emb in {self.src_embed, self.tgt_embed}:
@@ -300,15 +329,15 @@ def transformer_base(**overrides) -> Seq2SeqTransformer:
 @register_model("transformer")
 def transformer_big(**overrides) -> Seq2SeqTransformer:
     """2017 "big": 6+6 layers, d=1024, h=16, d_ff=4096, dropout 0.3."""
-    return _build(dict(d_model=1024, nhead=16, dim_feedforward=4096, dropout=0.3), overrides)
+    return _build(dict(embed_dim=1024, num_heads=16, drop_rate=0.3), overrides)
 
 
 @register_model("transformer")
 def transformer_small(**overrides) -> Seq2SeqTransformer:
     """3+3 layers, d=256, h=8, d_ff=1024, 10k vocabulary: Multi30k-sized."""
     return _build(
-        dict(src_vocab_size=10000, tgt_vocab_size=10000, d_model=256, num_encoder_layers=3, num_decoder_layers=3,
-             dim_feedforward=1024), overrides,
+        dict(src_vocab_size=10000, tgt_vocab_size=10000, embed_dim=256, encoder_depth=3, decoder_depth=3),
+        overrides,
     )
 
 
@@ -316,6 +345,6 @@ def transformer_small(**overrides) -> Seq2SeqTransformer:
 def transformer_tiny(**overrides) -> Seq2SeqTransformer:
     """2+2 layers, d=128, h=4, d_ff=512, 1k vocabulary, pre-norm: tests and demos."""
     return _build(
-        dict(src_vocab_size=1000, tgt_vocab_size=1000, d_model=128, nhead=4, num_encoder_layers=2,
-             num_decoder_layers=2, dim_feedforward=512, norm_first=True, max_len=512), overrides,
+        dict(src_vocab_size=1000, tgt_vocab_size=1000, embed_dim=128, num_heads=4, encoder_depth=2,
+             decoder_depth=2, norm_first=True, max_len=512), overrides,
     )

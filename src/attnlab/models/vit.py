@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..layers.drop_path import DropPath, drop_path_rates
 from ..layers.mlp import Mlp
 from ..layers.patch_embed import PatchEmbed, to_2tuple
-from ..layers.pos_embed_2d import RelativePositionBias, resample_pos_embed, sincos_2d
+from ..layers.pos_embed_2d import RelativePositionBias2d, resample_pos_embed, sincos_2d
 from .registry import build_config, register_model
 
 __all__ = ["ViTConfig", "VisionTransformer", "Block"]
@@ -71,7 +71,7 @@ class Block(nn.Module):
     def __init__(
         self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, qkv_bias: bool = True, drop: float = 0.0,
         attn_drop: float = 0.0, drop_path: float = 0.0, norm_eps: float = 1e-6, attention: str = "exact",
-        attention_options: dict[str, Any] | None = None, rel_pos: RelativePositionBias | None = None,
+        attention_options: dict[str, Any] | None = None, rel_pos: RelativePositionBias2d | None = None,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
@@ -124,7 +124,7 @@ class VisionTransformer(nn.Module):
                 e, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop=cfg.drop_rate,
                 attn_drop=cfg.attn_drop_rate, drop_path=rates[i], norm_eps=cfg.norm_eps, attention=cfg.attention,
                 attention_options=cfg.attention_options,
-                rel_pos=RelativePositionBias(grid, cfg.num_heads, cfg.class_token) if cfg.pos_embed == "relative" else None,
+                rel_pos=RelativePositionBias2d(grid, cfg.num_heads, cfg.class_token) if cfg.pos_embed == "relative" else None,
             )
             for i in range(cfg.depth)
         )

@@ -32,6 +32,7 @@ from ..engine.config import ConfigError, from_dict
 from ..engine.trainer import TrainConfig
 from ..errors import InputError
 from ..models import create_model
+from ..models.registry import upgrade_options
 from ..suggest import did_you_mean
 
 __all__ = ["DataConfig", "ModelConfig", "Recipe", "Task", "TrainedRun", "ImageSpec", "register_task", "get_task",
@@ -151,6 +152,9 @@ class Task:
         :attr:`legacy_keys` (such as the sections of other tasks that every run used to
         carry) are dropped. Returns a new dict."""
         data = copy.deepcopy(data)
+        model = data.get("model")
+        if isinstance(model, dict) and isinstance(model.get("options"), dict) and isinstance(model.get("name"), str):
+            model["options"] = upgrade_options(model["name"], model["options"])  # today's option names
         for key in self.legacy_keys:
             *path, last = key.split(".")
             node: Any = data

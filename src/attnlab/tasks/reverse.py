@@ -56,7 +56,7 @@ class GenerateConfig:
 class ReverseRecipe(Recipe):
     task: str = "reverse"
     data: ReverseDataConfig = field(default_factory=ReverseDataConfig)
-    model: ModelConfig = field(default_factory=lambda: ModelConfig("transformer_tiny", {"dropout": 0.0}))
+    model: ModelConfig = field(default_factory=lambda: ModelConfig("transformer_tiny", {"drop_rate": 0.0}))
     generate: GenerateConfig = field(default_factory=GenerateConfig)
 
 

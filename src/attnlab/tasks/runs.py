@@ -156,9 +156,11 @@ def resolve_weights(run_dir: Path, checkpoint: str = "auto") -> str:
     if checkpoint != "auto":
         return checkpoint
     results = read_results(run_dir) if (run_dir / RESULTS).is_file() else None
-    named = results.get("test_checkpoint") if results else None
-    if isinstance(named, str) and ((run_dir / "checkpoints" / named).is_dir() or named == "last"):
-        return named
+    if results is not None:
+        # Runs of attnlab before test_checkpoint: translations named bleu_checkpoint, the rest tested "last".
+        named = results.get("test_checkpoint", results.get("bleu_checkpoint", "last"))
+        if isinstance(named, str) and ((run_dir / "checkpoints" / named).is_dir() or named == "last"):
+            return named
     return next((n for n in ("averaged", "best") if (run_dir / "checkpoints" / n).is_dir()), "last")
 
 
