@@ -132,16 +132,32 @@ def test_resume_skips_a_damaged_newest_checkpoint_with_a_one_line_warning(digits
     assert load_checkpoint(latest_checkpoint(run / "checkpoints"))[1]["step"] == 4  # step 4 written anew, whole
 
 
-def test_a_new_run_that_fails_before_its_first_step_leaves_no_run_behind(tmp_path, capsys):
-    run = tmp_path / "run"
-    assert train_digits(run, "model.options.depth=-1") == 2  # the model refuses its options
-    assert "depth must be a positive integer; got -1" in capsys.readouterr().err
+def test_a_new_run_that_fails_before_its_first_checkpoint_leaves_no_run_behind(tmp_path, capsys):
+    run, empty = tmp_path / "run", tmp_path / "no-data"
+    empty.mkdir()
+    argv = ["train", "vit-cifar10", f"data.data_dir={empty}", "train.steps=2", "--run-dir", str(run)]
+    assert main(argv) == 2  # the data is missing: found once the run directory was claimed
+    assert "cifar10" in capsys.readouterr().err
     assert not run.exists()  # so the mended command can use the same folder
     run.mkdir()
     (run / "notes.txt").write_text("mine")
-    assert train_digits(run, "model.options.depth=-1") == 2
+    assert main(argv) == 2
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]  # the user's own file stays
+    # A run that diverges before its first checkpoint leaves nothing to continue: it is removed too.
+    assert train_digits(run, "train.lr=1e30", "train.warmup_steps=0", "train.checkpoint_every=0") == 1
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
     assert train_digits(run) == 0
+
+
+def test_a_folder_left_by_a_run_killed_before_its_first_checkpoint_is_taken_by_a_new_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("task: image_classification\n")  # as a SIGKILL leaves it: no cleanup ran
+    (run / "metrics.jsonl").write_text('{"step": 1, "kind": "train", "loss": 2.3}\n')
+    assert train_digits(run) == 0
+    assert "holds a run that never saved a checkpoint (config.yaml, metrics.jsonl); starting over in it" in \
+        capsys.readouterr().out
+    assert read_recipe(run).model.options["depth"] == 1  # its own config now
 
 
 # ---------------------------------------------------------------------------- two trainings at once
