@@ -3,18 +3,35 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
+import time
 import traceback
 import warnings
 from pathlib import Path
 from typing import Sequence
 
+import torch
+import yaml
+
 from . import __version__
+from .bench.attention import DEFAULT_LENGTHS, PARTS, run_bench
+from .bench.report import is_bench_dir, markdown, write_bench_report
+from .bench.scaling import VARIANTS
+from .data.download import download, list_datasets
+from .data.paths import data_dir
+from .engine import distributed
+from .engine.config import apply_overrides
 from .engine.trainer import NonFiniteLossError
 from .errors import InputError
 from .io import WriteError
+from .models import count_parameters, create_model, list_models, model_entry
 from .plugins import import_plugins
-from .tasks import get_task
+from .recipes import list_recipes, load_recipe, recipe_keys
+from .report import write_run_report, write_run_report_safely
+from .tasks import get_task, load_run, read_recipe, recipe_dict, recipe_from_dict
+from .viz.run import visualize_run
 
 
 class UsageError(InputError):
@@ -32,10 +49,6 @@ def _positive_int(text: str) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    import torch
-
-    from .models import count_parameters, create_model, list_models, model_entry
-
     names = list_models(args.pattern)
     if not names:
         raise UsageError(f"no model matches {args.pattern!r}; run 'attnlab models' for the list")
@@ -56,13 +69,6 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """``attnlab train demo-reverse`` into a temporary folder, with its examples."""
-    import tempfile
-
-    import torch
-
-    from .recipes import load_recipe
-    from .tasks import load_run
-
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {args.device}: CUDA is not available on this machine")
     recipe = load_recipe("demo-reverse", [f"train.steps={args.steps}", f"train.seed={args.seed}",
@@ -92,9 +98,6 @@ def _table(rows: list[tuple[str, str]], header: tuple[str, str] = ("result", "va
 
 
 def cmd_data_list(args: argparse.Namespace) -> int:
-    from .data.download import list_datasets
-    from .data.paths import data_dir
-
     root = data_dir(args.data_dir)
     rows = list_datasets(root)
     width = max(len(name) for name, _, _ in rows)
@@ -105,8 +108,6 @@ def cmd_data_list(args: argparse.Namespace) -> int:
 
 
 def cmd_data_download(args: argparse.Namespace) -> int:
-    from .data.download import download
-
     download(args.name, args.data_dir, base_url=args.base_url)
     return 0
 
@@ -114,11 +115,6 @@ def cmd_data_download(args: argparse.Namespace) -> int:
 def cmd_recipes(args: argparse.Namespace) -> int:
     """The shipped recipes; with NAME (or a YAML file) its resolved settings, with --keys
     every key with its type, default and help."""
-    import yaml
-
-    from .recipes import list_recipes, load_recipe, recipe_keys
-    from .tasks import recipe_dict
-
     if args.name is None:
         if args.keys:
             raise UsageError("--keys lists the keys of one recipe: attnlab recipes NAME --keys")
@@ -142,16 +138,12 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 
 def _shown(value: object) -> str:
     """A value as an override would spell it: ``null``, ``true``, ``[1, 2]``."""
-    import json
-
     if value is None or isinstance(value, (bool, dict, list, tuple)):
         return json.dumps(value)
     return str(value)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .engine import distributed
-
     if args.allow_changes and not args.resume:
         raise UsageError("--allow-changes applies to --resume: it lets a resumed run continue with changed settings")
     try:
@@ -164,11 +156,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    import time
-
-    from .engine import distributed
-    from .report import write_run_report_safely
-
     recipe, name = _train_recipe(args)  # validated before any work starts
     task = get_task(recipe.task)
     distributed.init_distributed(recipe.train.device)  # under torchrun: join the group; else nothing
@@ -194,10 +181,6 @@ def _train_recipe(args: argparse.Namespace):
     """``(recipe, name)``: the named recipe with its overrides; or, for ``--resume``
     without a recipe, the run's own (its config.yaml and recorded changes) with the
     overrides applied on top."""
-    from .engine.config import apply_overrides
-    from .recipes import load_recipe
-    from .tasks import read_recipe, recipe_dict, recipe_from_dict
-
     if args.recipe is not None and "=" in args.recipe and not Path(args.recipe).is_file():
         args.overrides.insert(0, args.recipe)  # `attnlab train --resume --run-dir D train.steps=2000`
         args.recipe = None
@@ -218,8 +201,6 @@ def _train_recipe(args: argparse.Namespace):
 def cmd_eval(args: argparse.Namespace) -> int:
     """The test metrics of a run's checkpoint, recomputed; with no --checkpoint, those of
     the weights results.json was tested with, to the last digit."""
-    from .tasks import load_run
-
     run = load_run(args.run_dir, args.checkpoint)
     metrics = run.evaluate(device=args.device)
     print(f"checkpoint: {run.checkpoint}")
@@ -232,8 +213,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _run_for(args: argparse.Namespace, command: str):
     """The run of ``args.run_dir``, refused when its task makes no predictions of the kind
     ``command`` prints (labels for predict; generated text for translate)."""
-    from .tasks import load_run
-
     run = load_run(args.run_dir, args.checkpoint)
     task = run.task
     if task.inputs is None:
@@ -328,8 +307,6 @@ def _stdin_lines():
 
 
 def cmd_visualize(args: argparse.Namespace) -> int:
-    from .viz.run import visualize_run
-
     queries = [_query(q) for q in args.query] if args.query else None
     paths = visualize_run(args.run_dir, args.inputs, args.out, max_inputs=args.max_inputs, checkpoint=args.checkpoint,
                           device=args.device, queries=queries)
@@ -361,9 +338,6 @@ def _chunks(items, size: int):
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .bench.report import is_bench_dir, write_bench_report
-    from .report import write_run_report
-
     folder = Path(args.run_dir)
     if not (folder / "config.yaml").is_file() and not is_bench_dir(folder):
         raise UsageError(f"RUN_DIR must be a run directory written by 'attnlab train' (with config.yaml) or an "
@@ -375,21 +349,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: ``attnlab translate: error: argument --beam-size: ...``."""
-
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def cmd_bench_attention(args: argparse.Namespace) -> int:
-    from .bench.attention import DEFAULT_LENGTHS, PARTS, run_bench
-    from .bench.scaling import VARIANTS
-
     parts = _choices("--parts", args.parts, PARTS) if args.parts else list(PARTS)
     variants = _choices("--variants", args.variants, VARIANTS) if args.variants else None
     lengths = _lengths(args.lengths) if args.lengths else list(DEFAULT_LENGTHS)
     data = run_bench(args.out, parts=parts, variants=variants, lengths=lengths, device=args.device,
                      quick=args.quick, fresh=args.fresh, json_path=args.json, log=lambda s: print(s, flush=True))
-    from .bench.report import markdown
 
     print(markdown(data))
     print(f"wrote {args.out}/results.json, table.md, time.png, memory.png, report.html"
@@ -596,7 +565,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _one_line_warnings(prefix: str):
     """``warnings.showwarning`` for the command line: ``attnlab train: warning: ...``, one
     line, without the Python source line that the default format adds."""
-
     def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
         text = " ".join(str(message).split())
         print(f"{prefix}: warning: {text}", file=file or sys.stderr)

@@ -27,6 +27,10 @@ from typing import Any, Callable, Sequence
 
 from ..errors import InputError
 from ..io import atomic_write_bytes
+from .quality import QUALITY_KINDS, run_quality
+from .report import write_bench_report, write_report
+from .scaling import VARIANTS, run_point
+from .studies import run_studies
 
 __all__ = ["run_bench", "PARTS", "DEFAULT_LENGTHS", "QUICK_LENGTHS", "machine_info"]
 
@@ -89,8 +93,6 @@ class _Store:
 
 def _scaling(store: _Store, variants: Sequence[str], lengths: Sequence[int], passes: Sequence[str], device: str,
              log: Callable[[str], None]) -> None:
-    from .scaling import run_point
-
     avail = _available_bytes()
     limit = None if avail is None or device != "cpu" else int(avail * 0.8)
     for pass_ in passes:
@@ -117,10 +119,6 @@ def run_bench(out: str | Path, *, parts: Sequence[str] = PARTS, variants: Sequen
     ``quick``: the smallest settings (two short lengths, a few training steps), to see
     that everything runs; its figures mean nothing.
     """
-    from .quality import QUALITY_KINDS
-    from .report import write_bench_report, write_report
-    from .scaling import VARIANTS
-
     for p in parts:
         if p not in PARTS:
             raise InputError(f"parts must be among {list(PARTS)}; got {p!r}")
@@ -137,13 +135,9 @@ def run_bench(out: str | Path, *, parts: Sequence[str] = PARTS, variants: Sequen
     if "scaling" in parts:
         _scaling(store, variants, QUICK_LENGTHS if quick else lengths, passes, device, log)
     if "quality" in parts:
-        from .quality import run_quality
-
         run_quality(store, [v for v in variants if v in QUALITY_KINDS], out, quick=quick, device=device,
                     data_dir=data_dir, log=log)
     if "studies" in parts:
-        from .studies import run_studies
-
         run_studies(store, out, quick=quick, device=device, data_dir=data_dir, log=log)
     write_report(store.data, out)
 

@@ -23,11 +23,12 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ..engine.trainer import Trainer, TrainConfig
+from ..engine.trainer import TrainConfig, Trainer
 from ..errors import InputError
 from ..models import create_model
 from ..recipes import load_recipe
 from ..tasks import get_task
+from .scaling import VARIANTS
 
 __all__ = ["NeedleDataset", "needle_accuracy", "mr_accuracy", "NUM_VALUES"]
 
@@ -133,8 +134,6 @@ NEEDLE_N, NEEDLE_STEPS = 1024, 200
 
 def needle_options(kind: str, n: int) -> dict[str, Any]:
     """The scaling benchmark's settings of ``kind`` at length ``n``."""
-    from .scaling import VARIANTS
-
     return VARIANTS[kind].options(n)
 
 

@@ -26,6 +26,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ..models import create_model
+from ..recipes import load_recipe
+from .quality import mr_accuracy
+from .scaling import first_call_peak, repeat_times, run_module
+
 __all__ = ["run_studies", "STUDIES", "checkpointing_point", "run_checkpointing_point"]
 
 # study -> (values, recipe overrides for a value)
@@ -43,9 +48,6 @@ def checkpointing_point(model_name: str, batch: int, image_size: int, checkpoint
     """One training step of ``model_name`` with or without gradient checkpointing, in this process."""
     import torch
     import torch.nn.functional as F
-
-    from ..models import create_model
-    from .scaling import first_call_peak, repeat_times
 
     torch.manual_seed(0)
     dev = torch.device(device)
@@ -71,8 +73,6 @@ def checkpointing_point(model_name: str, batch: int, image_size: int, checkpoint
 def run_checkpointing_point(model_name: str, batch: int, image_size: int, checkpointing: bool, *,
                             device: str = "cpu", timeout: float = 1800.0) -> dict[str, Any]:
     """:func:`checkpointing_point` in a fresh interpreter (its peak memory is its own)."""
-    from .scaling import run_module
-
     base = {"model": model_name, "batch": batch, "image_size": image_size, "checkpointing": checkpointing,
             "ms": None, "peak_mb": None}
     return run_module(["attnlab.bench.studies", "--checkpointing", model_name, str(batch), str(image_size),
@@ -82,8 +82,6 @@ def run_checkpointing_point(model_name: str, batch: int, image_size: int, checkp
 def run_studies(store: Any, out: Path, *, quick: bool = False, device: str = "cpu", data_dir: str | None = None,
                 log: Callable[[str], None] = print) -> None:
     """Run every study not yet in ``store`` (a results store of :mod:`attnlab.bench.attention`)."""
-    from .quality import mr_accuracy
-
     extra = ["train.steps=4", "train.warmup_steps=1", "train.eval_every=2", "train.checkpoint_every=0"] if quick else []
     if data_dir:
         extra.append(f"data.data_dir={data_dir}")
@@ -115,8 +113,6 @@ def run_studies(store: Any, out: Path, *, quick: bool = False, device: str = "cp
 
 
 def _batch(rec: dict[str, Any]) -> int:
-    from ..recipes import load_recipe
-
     return load_recipe("sentiment-mr", [o for o in rec["overrides"] if o.startswith("train.")]).train.batch_size
 
 

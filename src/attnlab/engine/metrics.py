@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..io import atomic_write
 
 __all__ = ["MetricsLog", "TensorBoardLog", "read_metrics"]
 
@@ -62,8 +63,6 @@ class MetricsLog:
         """Open for appending; with ``resume_step``, first keep only records up to it."""
         path = Path(path)
         if resume_step is not None and path.exists():
-            from ..io import atomic_write
-
             kept = [r for r in read_metrics(path) if r.get("step", 0) <= resume_step]
             with atomic_write(path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..io import read_state_dict
+from ..layers.pos_embed_2d import resample_pos_embed
 
 __all__ = ["read_state_dict", "timm_vit_to_attnlab", "attnlab_vit_to_timm", "load_checkpoint"]
 
@@ -49,8 +50,6 @@ def load_checkpoint(model: nn.Module, path: str | Path) -> nn.Module:
     * Any other missing, unexpected or mis-shaped key is an error that lists them, in
       the checkpoint's own (timm) names.
     """
-    from ..layers.pos_embed_2d import resample_pos_embed
-
     state = timm_vit_to_attnlab(read_state_dict(path))
     own = model.state_dict()
     dropped_head = _drop_foreign_head(state, own)

@@ -16,6 +16,7 @@ from ..layers.drop_path import DropPath, drop_path_rates
 from ..layers.mlp import Mlp
 from ..layers.patch_embed import PatchEmbed, to_2tuple
 from ..layers.pos_embed_2d import RelativePositionBias2d, resample_pos_embed, sincos_2d
+from .checkpoint import load_checkpoint
 from .registry import build_config, register_model
 
 __all__ = ["ViTConfig", "VisionTransformer", "Block"]
@@ -197,8 +198,6 @@ class VisionTransformer(nn.Module):
 
 # --------------------------------------------------------------------------- registry
 def _vit(defaults: dict[str, Any], overrides: dict[str, Any], **kwargs: Any) -> VisionTransformer:
-    from .checkpoint import load_checkpoint
-
     path = overrides.pop("checkpoint", None)
     model = VisionTransformer(build_config(ViTConfig, defaults, overrides), **kwargs)
     if path is not None:
