@@ -75,3 +75,20 @@ def test_an_internal_error_is_not_a_usage_error_it_shows_the_traceback_and_says_
         assert "Traceback (most recent call last)" in err
         assert err.rstrip().endswith("please report it with the command line and the traceback above")
         assert "attnlab recipes: internal error: this is a bug in attnlab" in err
+
+
+def test_every_command_works_on_a_run_of_the_demo_task(tmp_path, capsys):
+    """The demo task goes through the same interface as the others: predict, eval,
+    visualize and report need nothing named for it."""
+    run = tmp_path / "rev"
+    assert main(["train", "demo-reverse", "train.steps=40", "train.log_every=0", "train.progress=false",
+                 "train.tensorboard=false", "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["predict", str(run), "5 9 3"]) == 0 and len(capsys.readouterr().out.split()) >= 1
+    assert main(["translate", str(run), "5 9 3", "--beam-size", "2"]) == 0  # generated text: translate takes it too
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 0 and "exact match, greedy" in capsys.readouterr().out
+    assert main(["visualize", str(run), "--input", "5 9 3"]) == 0
+    assert capsys.readouterr().out.split() == [str(run / "visualize" / "00_alignment.png")]
+    assert main(["predict", str(run), "five nine"]) == 2
+    assert "token ids separated by spaces" in capsys.readouterr().err

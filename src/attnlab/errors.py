@@ -10,8 +10,13 @@ other exception that escapes a command is a bug in attnlab, shown with its trace
 
 from __future__ import annotations
 
-__all__ = ["InputError"]
+__all__ = ["InputError", "shape_str"]
 
 
 class InputError(ValueError):
     """A value given by the caller (argument, setting, file) that does not fit."""
+
+
+def shape_str(t: object) -> str:
+    """A tensor's shape as error messages write it: ``(2, 8, 64)``."""
+    return "(" + ", ".join(str(s) for s in getattr(t, "shape", ())) + ")"

@@ -28,13 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..dropout import dropout
-from ..errors import InputError
+from ..errors import InputError, shape_str
 
 __all__ = ["scaled_dot_product_attention", "merge_masks", "causal_mask"]
-
-
-def _shape(t: Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
 def causal_mask(lq: int, lk: int, device: torch.device | str | None = None) -> Tensor:
@@ -90,24 +86,24 @@ def merge_masks(
 
 def _validate(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None) -> None:
     if q.dim() not in (3, 4):
-        raise InputError(f"q must be (B, Lq, D) or (B, H, Lq, D); got shape {_shape(q)}")
+        raise InputError(f"q must be (B, Lq, D) or (B, H, Lq, D); got shape {shape_str(q)}")
     for name, t in (("k", k), ("v", v)):
         if t.dim() != q.dim():
-            raise InputError(f"{name} must have the rank of q ({q.dim()}); got shape {_shape(t)}")
+            raise InputError(f"{name} must have the rank of q ({q.dim()}); got shape {shape_str(t)}")
         if t.shape[:-2] != q.shape[:-2]:
             raise InputError(
-                f"{name} must share the batch/head sizes {tuple(q.shape[:-2])} of q; got shape {_shape(t)}"
+                f"{name} must share the batch/head sizes {tuple(q.shape[:-2])} of q; got shape {shape_str(t)}"
             )
     if k.shape[-1] != q.shape[-1]:
-        raise InputError(f"k must have q's feature size {q.shape[-1]}; got shape {_shape(k)}")
+        raise InputError(f"k must have q's feature size {q.shape[-1]}; got shape {shape_str(k)}")
     if v.shape[-2] != k.shape[-2]:
-        raise InputError(f"v must have k's length {k.shape[-2]}; got shape {_shape(v)} for k {_shape(k)}")
+        raise InputError(f"v must have k's length {k.shape[-2]}; got shape {shape_str(v)} for k {shape_str(k)}")
     lq, lk = q.shape[-2], k.shape[-2]
     if key_padding_mask is not None:
         _check_mask_dtype("key_padding_mask", key_padding_mask)
         if tuple(key_padding_mask.shape) != (q.shape[0], lk):
             raise InputError(
-                f"key_padding_mask must have shape (B, Lk) = ({q.shape[0]}, {lk}); got {_shape(key_padding_mask)}"
+                f"key_padding_mask must have shape (B, Lk) = ({q.shape[0]}, {lk}); got {shape_str(key_padding_mask)}"
             )
     if attn_mask is not None:
         _check_mask_dtype("attn_mask", attn_mask)
@@ -121,7 +117,7 @@ def _validate(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, key_pad
         if not ok:
             raise InputError(
                 f"attn_mask must have shape (Lq, Lk) = ({lq}, {lk}) or be broadcastable to {full}; "
-                f"got {_shape(attn_mask)}"
+                f"got {shape_str(attn_mask)}"
             )
 
 

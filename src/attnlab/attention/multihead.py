@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import InputError
+from ..errors import InputError, shape_str
 from .cache import KVCache
-from .functional import _shape, scaled_dot_product_attention
+from .functional import scaled_dot_product_attention
 from .registry import register_attention
 
 __all__ = ["MultiHeadAttention", "SelfAttention", "CrossAttention"]
@@ -136,21 +136,21 @@ class MultiHeadAttention(nn.Module):
     # ------------------------------------------------------------------ checks
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor, cache: KVCache | None) -> None:
         if query.dim() != 3 or query.shape[-1] != self.embed_dim:
-            raise InputError(f"query must have shape (B, Lq, {self.embed_dim}); got {_shape(query)}")
+            raise InputError(f"query must have shape (B, Lq, {self.embed_dim}); got {shape_str(query)}")
         skip_kv = cache is not None and cache.static and cache.filled
         if not skip_kv:
             for name, t, dim in (("key", key, self.kdim), ("value", value, self.vdim)):
                 if t.dim() != 3 or t.shape[-1] != dim:
-                    raise InputError(f"{name} must have shape (B, Lk, {dim}); got {_shape(t)}")
+                    raise InputError(f"{name} must have shape (B, Lk, {dim}); got {shape_str(t)}")
                 if t.shape[0] != query.shape[0]:
                     raise InputError(
-                        f"{name} must have the batch size {query.shape[0]} of query; got shape {_shape(t)}"
+                        f"{name} must have the batch size {query.shape[0]} of query; got shape {shape_str(t)}"
                     )
             if value.shape[1] != key.shape[1]:
-                raise InputError(f"value must have key's length {key.shape[1]}; got {_shape(value)} for key {_shape(key)}")
+                raise InputError(f"value must have key's length {key.shape[1]}; got {shape_str(value)} for key {shape_str(key)}")
         if cache is not None and cache.filled and cache.batch_size != query.shape[0]:
             raise InputError(
-                f"cache holds batch size {cache.batch_size} but query has shape {_shape(query)}; "
+                f"cache holds batch size {cache.batch_size} but query has shape {shape_str(query)}; "
                 "use a fresh KVCache, or reorder it, for a new batch"
             )
 
@@ -161,7 +161,7 @@ class MultiHeadAttention(nn.Module):
         if attn_mask.shape[0] != batch * self.num_heads:
             raise InputError(
                 f"a 3-D attn_mask must have shape (B*H, Lq, Lk) with B*H = {batch * self.num_heads}; "
-                f"got {_shape(attn_mask)}"
+                f"got {shape_str(attn_mask)}"
             )
         return attn_mask.view(batch, self.num_heads, *attn_mask.shape[1:])
 

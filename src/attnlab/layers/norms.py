@@ -10,8 +10,7 @@ from typing import Callable
 
 from torch import Tensor, nn
 
-from ..attention.functional import _shape
-from ..errors import InputError
+from ..errors import InputError, shape_str
 
 __all__ = ["LayerNorm", "TokenBatchNorm", "build_norm", "NORMS"]
 
@@ -38,10 +37,10 @@ class TokenBatchNorm(nn.BatchNorm1d):
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:  # type: ignore[override]
         if x.dim() != 3 or x.shape[-1] != self.num_features:
-            raise InputError(f"x must have shape (B, L, {self.num_features}); got {_shape(x)}")
+            raise InputError(f"x must have shape (B, L, {self.num_features}); got {shape_str(x)}")
         if padding_mask is not None and tuple(padding_mask.shape) != tuple(x.shape[:2]):
             raise InputError(
-                f"padding_mask must have shape (B, L) = ({x.shape[0]}, {x.shape[1]}); got {_shape(padding_mask)}"
+                f"padding_mask must have shape (B, L) = ({x.shape[0]}, {x.shape[1]}); got {shape_str(padding_mask)}"
             )
         batch_stats = self.training or not self.track_running_stats
         if padding_mask is None or not batch_stats:

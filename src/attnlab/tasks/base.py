@@ -207,6 +207,10 @@ class Task:
         raise NotImplementedError
 
     def predict(self, run: TrainedRun, inputs: Sequence[Any], **options: Any) -> list[Any]:
+        """Predictions for ``inputs`` (image files or texts, as :attr:`inputs` says):
+        :class:`~attnlab.tasks.views.LabelPrediction` for a task whose :attr:`outputs` are
+        labels (option ``top_k``), :class:`~attnlab.tasks.views.TextPrediction` for one that
+        generates text (options ``num_beams``, ``max_length``, ``batch_size``, ``device``)."""
         raise InputError(f"a {self.name} run makes no predictions on new inputs")
 
     def sub_runs(self, run_dir: Path) -> list[Path]:

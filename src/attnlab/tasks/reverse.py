@@ -19,6 +19,7 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 from torch import Tensor, nn
 
+from ..engine.device import select_device
 from ..engine.trainer import IGNORE_INDEX, evaluate_model
 from ..errors import InputError
 from .base import DataConfig, ModelConfig, Recipe, Task, TrainedRun, check_texts, register_task
@@ -170,15 +171,24 @@ class Reverse(Task):
                 **self._exact_match(run.model, run.recipe, test)}
 
     @torch.no_grad()
-    def predict(self, run: TrainedRun, inputs: Sequence[str], *, num_beams: int | None = None) -> list[TextPrediction]:
-        """``inputs``: strings of token ids (``"5 9 3"``); each gets the model's reversal."""
+    def predict(self, run: TrainedRun, inputs: Sequence[str], *, num_beams: int | None = None,
+                max_length: int | None = None, batch_size: int = 64, device: str = "auto") -> list[TextPrediction]:
+        """``inputs``: strings of token ids (``"5 9 3"``); each gets the model's reversal, in
+        batches of ``batch_size``, with at most ``max_length`` tokens (default: the input's
+        length and the end token)."""
+        strings = [_parse(text, run.recipe.data.vocab_size) for text in check_texts(inputs, self.name)]
+        model = run.model.to(select_device(device) if isinstance(device, str) else device).eval()
+        dev = next(model.parameters()).device
         out = []
-        for text in check_texts(inputs, self.name):
-            ids = _parse(text, run.recipe.data.vocab_size)
-            hyp = run.model.generate(torch.tensor([ids]), max_new_tokens=len(ids) + 1,
-                                     num_beams=num_beams or run.recipe.generate.num_beams)[0].tolist()
-            out.append(TextPrediction(text, " ".join(str(i) for i in strip_padding(hyp, PAD) if i != EOS)))
-        return out
+        for start in range(0, len(strings), batch_size):
+            chunk = strings[start : start + batch_size]
+            src = torch.full((len(chunk), max(map(len, chunk))), PAD, dtype=torch.long)
+            for row, ids in enumerate(chunk):
+                src[row, : len(ids)] = torch.tensor(ids)
+            new = max_length or src.shape[1] + 1
+            hyps = model.generate(src.to(dev), max_new_tokens=new, num_beams=num_beams or run.recipe.generate.num_beams)
+            out += [" ".join(str(i) for i in strip_padding(h, PAD) if i != EOS) for h in hyps.tolist()]
+        return [TextPrediction(text, o) for text, o in zip(inputs, out)]
 
     @torch.no_grad()
     def attention_views(self, run: TrainedRun, inputs: Sequence[Any] | None, *, max_inputs: int = 2,

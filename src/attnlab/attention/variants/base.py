@@ -22,8 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ...errors import InputError
-from ..functional import _shape
+from ...errors import InputError, shape_str
 
 __all__ = ["TokenAttention"]
 
@@ -67,10 +66,10 @@ class TokenAttention(nn.Module):
                 average_attn_weights: bool = True) -> tuple[Tensor, None]:
         """``x`` ``(B, L, E)`` -> ``((B, L, E), None)``, the call of exact self-attention."""
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
-            raise InputError(f"{self.kind}: x must have shape (B, L, {self.embed_dim}); got {_shape(x)}")
+            raise InputError(f"{self.kind}: x must have shape (B, L, {self.embed_dim}); got {shape_str(x)}")
         if attn_mask is not None:
             raise InputError(f"{self.kind} attention takes no attn_mask (use key_padding_mask or is_causal); "
-                             f"got {_shape(attn_mask)}")
+                             f"got {shape_str(attn_mask)}")
         if need_weights:
             raise InputError(f"{self.kind} attention never forms the weight matrix; need_weights must be False "
                              f"(use 'exact' attention to see the weights)")
@@ -80,7 +79,7 @@ class TokenAttention(nn.Module):
         if key_padding_mask is not None:
             if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (b, n):
                 raise InputError(f"{self.kind}: key_padding_mask must be bool of shape ({b}, {n}) (True = padding); "
-                                 f"got {key_padding_mask.dtype} {_shape(key_padding_mask)}")
+                                 f"got {key_padding_mask.dtype} {shape_str(key_padding_mask)}")
             if not bool(key_padding_mask.any()):
                 key_padding_mask = None  # nothing to mask: the fast path (and fine for any kind)
             elif not self.supports_padding:
