@@ -21,6 +21,7 @@ from .bench.report import is_bench_dir, markdown, write_bench_report
 from .bench.scaling import VARIANTS
 from .data.download import download, list_datasets
 from .data.paths import data_dir
+from .data.tokenize import shorten
 from .engine import distributed
 from .engine.config import apply_overrides
 from .engine.trainer import NonFiniteLossError
@@ -128,7 +129,8 @@ def cmd_recipes(args: argparse.Namespace) -> int:
     if not args.keys:
         print(yaml.safe_dump(recipe_dict(recipe), sort_keys=False, allow_unicode=True), end="")
         return 0
-    rows = [(key, tp, _shown(default), _shown(value), help_) for key, tp, default, value, help_ in recipe_keys(recipe)]
+    rows = [(key, shorten(tp, 28), shorten(_shown(default), 32), shorten(_shown(value), 32), help_)
+            for key, tp, default, value, help_ in recipe_keys(recipe)]
     header = ("key", "type", "default", "value", "help")
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(4)]
     for row in [header] + rows:

@@ -43,40 +43,40 @@ class TrainConfig:
     """How to train; the model and data are given separately."""
 
     steps: int = field(default=1000, metadata={"min": 1})  # optimizer steps in all
-    batch_size: int = field(default=64, metadata={"min": 1})
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    lr: float = field(default=1e-3, metadata={"gt": 0.0})
-    weight_decay: float = field(default=0.05, metadata={"min": 0.0})
-    momentum: float = field(default=0.9, metadata={"min": 0.0, "lt": 1.0})
+    batch_size: int = field(default=64, metadata={"min": 1})  # samples per step and process (see accum_steps)
+    optimizer: Literal["adamw", "sgd"] = "adamw"  # weight decay on matrices only
+    lr: float = field(default=1e-3, metadata={"gt": 0.0})  # peak learning rate, after the warm-up
+    weight_decay: float = field(default=0.05, metadata={"min": 0.0})  # decoupled (AdamW), matrices only
+    momentum: float = field(default=0.9, metadata={"min": 0.0, "lt": 1.0})  # SGD only (Nesterov)
     warmup_steps: int = field(default=0, metadata={"min": 0})  # longer than steps: capped at steps, with a note
-    min_lr_ratio: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
-    label_smoothing: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0})
+    min_lr_ratio: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})  # the cosine ends at lr * this
+    label_smoothing: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0})  # of the cross-entropy targets
     grad_clip: Optional[float] = field(default=1.0, metadata={"gt": 0.0})  # max gradient norm; null: no clipping
-    accum_steps: int = field(default=1, metadata={"min": 1})
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    ema_decay: Optional[float] = field(default=None, metadata={"gt": 0.0, "lt": 1.0})
-    grad_checkpointing: bool = False
+    accum_steps: int = field(default=1, metadata={"min": 1})  # micro-batches per optimizer step
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast: bf16 on CPU and CUDA, fp16 on CUDA only
+    ema_decay: Optional[float] = field(default=None, metadata={"gt": 0.0, "lt": 1.0})  # weights averaged over steps; null: none
+    grad_checkpointing: bool = False  # recompute activations in backward: less memory, more time
     channels_last: bool = False  # NHWC weights and image batches: faster convolutions on CPU and CUDA
     compile: bool = False  # train through torch.compile(model); evaluation and checkpoints use the plain module
     compile_mode: Optional[Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]] = None
-    seed: int = field(default=0, metadata={"min": 0, "max": 2**32 - 1})
-    deterministic: bool = False
-    device: str = "auto"
-    log_every: int = field(default=50, metadata={"min": 0})
-    eval_every: int = field(default=0, metadata={"min": 0})
-    checkpoint_every: int = field(default=0, metadata={"min": 0})
+    seed: int = field(default=0, metadata={"min": 0, "max": 2**32 - 1})  # of the initial weights and the data order
+    deterministic: bool = False  # deterministic kernels (bit-exact resume on the CPU)
+    device: str = "auto"  # auto, cpu, cuda, cuda:N, mps
+    log_every: int = field(default=50, metadata={"min": 0})  # steps between metrics.jsonl records; 0: none
+    eval_every: int = field(default=0, metadata={"min": 0})  # steps between evaluations on the validation set
+    checkpoint_every: int = field(default=0, metadata={"min": 0})  # steps between checkpoints; 0: the last only
     # Batches of similar lengths (text): each epoch's permutation is cut into windows of 50
     # batches, each window sorted by length and cut into batches, and the batches shuffled.
     # Less padding, the same randomness across epochs (Hugging Face's group_by_length).
     group_by_length: bool = False
-    keep_checkpoints: int = field(default=2, metadata={"min": 1})
+    keep_checkpoints: int = field(default=2, metadata={"min": 1})  # newest valid step checkpoints kept
     # A step whose loss (or gradient norm) is NaN or infinite stops the run with NonFiniteLossError,
     # before the optimizer applies it, so the last checkpoint holds good weights. With N > 0 up to N
     # such steps in a row are skipped instead (no update; the batch is consumed), as large-scale trainers do.
     skip_nonfinite: int = field(default=0, metadata={"min": 0})
     tensorboard: bool = True  # event files in run_dir/tensorboard, beside metrics.jsonl
     progress: bool = True  # a live bar on a terminal; plain lines every progress_seconds otherwise
-    progress_seconds: float = field(default=30.0, metadata={"min": 0.0})
+    progress_seconds: float = field(default=30.0, metadata={"min": 0.0})  # between plain progress lines in logs
 
     def __post_init__(self) -> None:
         check_bounds(self, "train")  # also for a TrainConfig built directly in Python

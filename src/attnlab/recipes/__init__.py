@@ -81,17 +81,26 @@ def load_recipe(name_or_path: str, overrides: typing.Sequence[str] = ()) -> Reci
 
 
 def _comments(cls: type) -> dict[str, str]:
-    """The ``# ...`` comment after each field of a dataclass's source, as its help line."""
+    """The help of each field of a dataclass: the ``# ...`` comment after it in the source,
+    else the comment lines just above it."""
     try:
         lines = inspect.getsource(cls).splitlines()
     except (OSError, TypeError):
         return {}
-    out = {}
+    out: dict[str, str] = {}
+    above: list[str] = []
     for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            above.append(stripped.lstrip("# ").strip())
+            continue
         head, _, comment = line.partition("  # ")
         name = head.strip().split(":", 1)[0]
-        if comment and ":" in head and name.isidentifier():
-            out[name] = comment.strip()
+        if ":" in head and name.isidentifier():
+            text = comment.strip() or " ".join(above)
+            if text:
+                out[name] = text
+        above = []
     return out
 
 
