@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnlab.data import load_digits_dataset
-from attnlab.engine.trainer import EpochSampler, TrainConfig, Trainer
+from attnlab.engine.trainer import EpochSampler, TrainConfig, Trainer, evaluate_model, read_batches
 from attnlab.models import create_model
 
 
@@ -83,8 +83,8 @@ def test_gradient_accumulation_equals_a_larger_batch():
     # Same samples per step: the large batch's order split into halves.
     def halves():
         for idx in big.sampler.batches(0):
-            yield idx[:16]
-            yield idx[16:]
+            for x, y, _, _ in read_batches(train, [(0, 0, idx[:16]), (0, 1, idx[16:])], workers=0):
+                yield x, y
     batches = halves()
     for _ in range(3):
         small.train_step(batches)
@@ -142,3 +142,48 @@ def test_dict_inputs_are_passed_by_name_and_learned():
     trainer = Trainer(BagOfTokens(), data, config(steps=150, lr=3e-2, progress=False), eval_data=TokenBatches(seed=1))
     trainer.fit()
     assert trainer.evaluate()["accuracy"] > 0.95
+
+
+class Jittered(Scaled):
+    """Digits with random noise drawn from torch's global stream: random augmentation."""
+
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return x + 0.1 * torch.randn_like(x), y
+
+
+def test_resume_with_loader_workers_is_exact_augmentation_included(tmp_path):
+    train = Jittered("train")
+    torch.manual_seed(0)
+    straight = Trainer(digits_model(), train, config(workers=2), run_dir=tmp_path / "a")
+    straight.fit()
+
+    torch.manual_seed(0)
+    first = Trainer(digits_model(), train, config(checkpoint_every=5, workers=2), run_dir=tmp_path / "b")
+    first.cfg.steps = 7  # the workers have read ahead of step 7; the checkpoint at step 5 must not count that
+    first.fit()
+    torch.manual_seed(123)
+    resumed = Trainer(digits_model(), train, config(checkpoint_every=5, workers=2), run_dir=tmp_path / "b")
+    resumed.resume()
+    assert (resumed.step, resumed.batch_in_epoch) == (5, 5)
+    resumed.fit()
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_loader_workers_read_every_batch_once_in_order():
+    train = Scaled("train")
+    sampler = EpochSampler(len(train), 32, seed=0)
+    items = [(0, b, idx) for b, idx in enumerate(sampler.batches(0))]
+    here = [(x, y, b) for x, y, _, b in read_batches(train, items, workers=0)]
+    there = [(x, y, b) for x, y, _, b in read_batches(train, items, workers=2)]
+    assert [b for *_, b in there] == list(range(len(items)))
+    for (x0, y0, _), (x1, y1, _) in zip(here, there):
+        assert torch.equal(x0, x1) and torch.equal(y0, y1)
+
+
+def test_evaluation_does_not_depend_on_loader_workers():
+    torch.manual_seed(0)
+    model, test = digits_model(), Scaled("test")
+    assert evaluate_model(model, test, batch_size=50, device="cpu", workers=2) == \
+        evaluate_model(model, test, batch_size=50, device="cpu")

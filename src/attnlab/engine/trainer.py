@@ -77,6 +77,10 @@ class TrainConfig:
     tensorboard: bool = True  # event files in run_dir/tensorboard, beside metrics.jsonl
     progress: bool = True  # a live bar on a terminal; plain lines every progress_seconds otherwise
     progress_seconds: float = field(default=30.0, metadata={"min": 0.0})  # between plain progress lines in logs
+    # Processes that read, decode and transform batches beside training (DataLoader workers); 0: the
+    # training process does it. With workers, a batch's random augmentation is seeded by (seed, epoch,
+    # batch), so an interrupted run resumes exactly; the draws differ from those of workers=0.
+    workers: int = field(default=0, metadata={"min": 0})
 
     def __post_init__(self) -> None:
         check_bounds(self, "train")  # also for a TrainConfig built directly in Python
@@ -168,13 +172,52 @@ def _batch(data: Any, idx: list[int], collate: Callable = _collate) -> tuple[Any
     return collate([data[i] for i in idx])
 
 
+def _as_is(batch: Any) -> Any:
+    return batch
+
+
+class _BatchReader(torch.utils.data.Dataset):
+    """What a DataLoader worker runs: item ``(epoch, batch, indices)`` -> the batch and its
+    position. The random state is set from ``(seed, epoch, batch)`` first, so that random
+    augmentation does not depend on which worker reads a batch, nor on a restart."""
+
+    def __init__(self, data: Any, collate: Callable, seed: int | None) -> None:
+        self.data, self.collate, self.seed = data, collate, seed
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, item: tuple[int, int, list[int]]) -> tuple[Any, Tensor, int, int]:
+        epoch, batch, idx = item
+        if self.seed is not None:
+            torch.manual_seed((self.seed * 1_000_003 + epoch) * 1_000_003 + batch)
+        x, y = _batch(self.data, idx, self.collate)
+        return x, y, epoch, batch
+
+
+def read_batches(data: Any, items: Iterable[tuple[int, int, list[int]]], workers: int, *,
+                 collate: Callable = _collate, seed: int | None = None) -> Iterator[tuple[Any, Tensor, int, int]]:
+    """``(x, y, epoch, batch)`` for each ``(epoch, batch, indices)`` of ``items``, in order,
+    read by ``workers`` DataLoader processes (``0``: here, one after the other)."""
+    reader = _BatchReader(data, collate, seed)
+    if workers == 0:
+        return (reader[item] for item in items)
+    # Its own generator: the loader draws its workers' base seed from it, not from the global
+    # stream that dropout uses (which a resumed run restores and must find untouched).
+    loader = torch.utils.data.DataLoader(reader, sampler=items, batch_size=None, num_workers=workers,
+                                         collate_fn=_as_is, prefetch_factor=4, generator=torch.Generator())
+    return iter(loader)
+
+
 def _eval_sums(model: nn.Module, data: Any, starts: Iterable[int], batch_size: int,
-               fetch: Callable[[Any, list[int]], tuple[Any, Tensor]], device: torch.device,
-               precision: str) -> tuple[float, int, int]:
-    """``(summed loss, correct, counted)`` over the batches starting at ``starts``."""
+               move: Callable[[Any, Tensor], tuple[Any, Tensor]], device: torch.device, precision: str,
+               workers: int = 0, collate: Callable = _collate) -> tuple[float, int, int]:
+    """``(summed loss, correct, counted)`` over the batches starting at ``starts``, read by
+    ``workers`` DataLoader processes (0: here) and put on the device by ``move(x, y)``."""
     loss_sum, correct, count = 0.0, 0, 0
-    for start in starts:
-        x, y = fetch(data, list(range(start, min(start + batch_size, len(data)))))
+    items = ((0, i, list(range(start, min(start + batch_size, len(data))))) for i, start in enumerate(starts))
+    for x, y, _, _ in read_batches(data, items, workers, collate=collate):
+        x, y = move(x, y)
         with autocast(device, precision):
             out = _call(model, x)
         out, y = flatten_tokens(out.float(), y)
@@ -187,18 +230,19 @@ def _eval_sums(model: nn.Module, data: Any, starts: Iterable[int], batch_size: i
 
 @torch.no_grad()
 def evaluate_model(model: nn.Module, data: Any, *, batch_size: int = 256, device: str | torch.device = "auto",
-                   precision: str = "fp32", channels_last: bool = False) -> dict[str, float]:
+                   precision: str = "fp32", channels_last: bool = False, workers: int = 0) -> dict[str, float]:
     """Mean ``loss`` and ``accuracy`` of ``model`` over ``data`` (per sample, or per target
     token for sequence outputs), and ``samples``: exactly what :meth:`Trainer.evaluate`
     computes with the same batch size, precision and memory format, so a finished run's
-    test figures can be recomputed to the last digit."""
+    test figures can be recomputed to the last digit. ``workers``: DataLoader processes
+    that read the batches (the figures do not depend on it)."""
     device_ = select_device(device) if isinstance(device, str) else device
     model = model.to(device_).eval()
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    fetch = lambda d, idx: tuple(_move(t, device_, channels_last) for t in _batch(d, idx))  # noqa: E731
-    loss_sum, correct, count = _eval_sums(model, data, range(0, len(data), batch_size), batch_size, fetch,
-                                          device_, precision)
+    move = lambda x, y: (_move(x, device_, channels_last), _move(y, device_))  # noqa: E731
+    loss_sum, correct, count = _eval_sums(model, data, range(0, len(data), batch_size), batch_size, move,
+                                          device_, precision, workers)
     return {"loss": loss_sum / count, "accuracy": correct / count, "samples": len(data)}
 
 
@@ -314,26 +358,34 @@ class Trainer:
             self._saved_step = self.step  # this run's own checkpoint: save() need not write it again
 
     # ----------------------------------------------------------------- loop
-    def _batches(self) -> Iterator[list[int]]:
-        while True:
-            for idx in self.sampler.batches(self.epoch, self.batch_in_epoch):
-                self.batch_in_epoch += 1
-                yield idx
-            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+    def _batches(self) -> Iterator[tuple[Any, Tensor]]:
+        """The training batches from the current position on, on the device. The position
+        (``epoch``, ``batch_in_epoch``) advances as each batch is taken, not as workers read
+        ahead, so a checkpoint records the batches that were trained on."""
+        def positions() -> Iterator[tuple[int, int, list[int]]]:
+            epoch, start = self.epoch, self.batch_in_epoch
+            while True:
+                for b, idx in enumerate(self.sampler.batches(epoch, start), start):
+                    yield epoch, b, idx
+                epoch, start = epoch + 1, 0
 
-    def _fetch(self, data: Any, idx: list[int]) -> tuple[Any, Tensor]:
-        x, y = _batch(data, idx, self.collate)
+        seed = self.cfg.seed if self.cfg.workers else None  # workers=0 keeps the global random stream
+        for x, y, epoch, b in read_batches(self.train_data, positions(), self.cfg.workers, collate=self.collate,
+                                           seed=seed):
+            self.epoch, self.batch_in_epoch = epoch, b + 1
+            if self.batch_in_epoch == len(self.sampler):
+                self.epoch, self.batch_in_epoch = epoch + 1, 0
+            yield self._move(x, y)
+
+    def _move(self, x: Any, y: Tensor) -> tuple[Any, Tensor]:
         return _move(x, self.device, self.cfg.channels_last), y.to(self.device, non_blocking=True)
 
-    def _load(self, idx: list[int]) -> tuple[Tensor, Tensor]:
-        return self._fetch(self.train_data, idx)
-
-    def train_step(self, batches: Iterator[list[int]]) -> float:
+    def train_step(self, batches: Iterator[tuple[Any, Tensor]]) -> float:
         cfg = self.cfg
         self.train_model.train()
         total = 0.0
         for i in range(cfg.accum_steps):
-            x, y = self._load(next(batches))
+            x, y = next(batches)
             # DDP: gradients are all-reduced once, in the last micro-batch's backward
             last = i == cfg.accum_steps - 1 or distributed.world_size() == 1  # (train_model may be compiled)
             with contextlib.nullcontext() if last else self.train_model.no_sync():
@@ -396,7 +448,8 @@ class Trainer:
         model = (model or self.ema or self.model).eval()
         world, bs = distributed.world_size(), self.cfg.batch_size
         starts = range(distributed.rank() * bs, len(data), bs * world)
-        loss_sum, correct, count = _eval_sums(model, data, starts, bs, self._fetch, self.device, self.cfg.precision)
+        loss_sum, correct, count = _eval_sums(model, data, starts, bs, self._move, self.device, self.cfg.precision,
+                                              self.cfg.workers, self.collate)
         if world > 1:
             sums = distributed.all_reduce_sum(torch.tensor([loss_sum, correct, count], dtype=torch.float64,
                                                            device=self.device))
