@@ -17,7 +17,7 @@ PEERS       := local-attention==1.11.2 performer-pytorch==1.1.4 linear-attention
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check "$(TORCH)"
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,export]'
 # Best effort, only when missing: the browser test of report.html drives Debian's chromium, and skips without it.
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
 	  { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \

@@ -79,8 +79,9 @@ def test_predict_command_classifies_image_files(run_dir, tmp_path, capsys):
 
     with torch.no_grad():
         probs = model(digits_transforms(train=False)(test.images[:4])).softmax(-1)
-    for line, p in zip(lines, probs):
-        label, prob = line.split()[1:3]
+    for line, p, f in zip(lines, probs, files):
+        label, prob, *_, name = line.split("\t")  # label, probability, second label and probability, file
+        assert name == f
         assert int(label) == int(p.argmax()) and float(prob) == pytest.approx(float(p.max()), abs=1e-3)
 
 

@@ -202,10 +202,13 @@ def _train_recipe(args: argparse.Namespace):
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """The test metrics of a run's checkpoint, recomputed; with no --checkpoint, those of
-    the weights results.json was tested with, to the last digit."""
-    run = load_run(args.run_dir, args.checkpoint)
-    metrics = run.evaluate(device=args.device)
+    the weights results.json was tested with, to the last digit. --data: the same metrics
+    on a labelled folder or file of one's own."""
+    run = load_run(args.run_dir, args.checkpoint, device=args.device)
+    metrics = run.evaluate(device=args.device, **({"data": args.data} if args.data else {}))
     print(f"checkpoint: {run.checkpoint}")
+    if args.data:
+        print(f"data: {args.data}")
     _table([*run.task.metric_rows(metrics), ("test samples", f"{metrics['test_samples']:,}")], ("metric", "value"))
     if "bleu_signature" in metrics:
         print(f"sacreBLEU signature: {metrics['bleu_signature']}")
@@ -215,7 +218,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _run_for(args: argparse.Namespace, command: str):
     """The run of ``args.run_dir``, refused when its task makes no predictions of the kind
     ``command`` prints (labels for predict; generated text for translate)."""
-    run = load_run(args.run_dir, args.checkpoint)
+    run = load_run(args.run_dir, args.checkpoint, device=args.device)
     task = run.task
     if task.inputs is None:
         raise UsageError(f"{args.run_dir} is a run of the {task.name} task, which makes no predictions on new "
@@ -227,48 +230,81 @@ def _run_for(args: argparse.Namespace, command: str):
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    """Labels (or generated texts) for image files, or for texts given as arguments or one
-    per line on standard input, printed as they are computed."""
+    """Labels (or generated texts) for image files or texts, given as arguments or one per
+    line on standard input, printed as they are computed."""
     run = _run_for(args, "predict")
-    options = {"top_k": args.top_k} if run.task.outputs == "labels" else {}
-    if run.task.inputs == "images":
-        if not args.inputs:
-            raise UsageError("give one or more image FILEs to classify")
-        predictions = run.predict(args.inputs, **options)
-        width = max(len(p.input) for p in predictions)
-        for p in predictions:
-            print(f"{p.input.ljust(width)}  " + "  ".join(f"{label} {q:.3f}" for label, q in p.labels))
-        return 0
-    return _stream(args, run, options, "give texts to classify, or lines on standard input")
+    options = {"top_k": args.top_k, "batch_size": args.batch_size} if run.task.outputs == "labels" else \
+        {"batch_size": args.batch_size}
+    what = "image FILEs" if run.task.inputs == "images" else "texts"
+    return _stream(args, run, options, f"give {what} to {'classify' if run.task.outputs == 'labels' else 'predict'}, "
+                                       f"as arguments or lines on standard input")
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
     """Texts from the command line, else standard input line by line: each translated
     batch is printed as soon as it is done, so a long file streams through."""
     run = _run_for(args, "translate")
-    options = {"num_beams": args.beam_size, "max_length": args.max_length, "batch_size": args.batch_size,
-               "device": args.device}
+    options = {"num_beams": args.beam_size, "max_length": args.max_length, "batch_size": args.batch_size}
     return _stream(args, run, options, "give texts to translate, or lines on standard input",
                    chunk=16 * args.batch_size)
 
 
-def _stream(args: argparse.Namespace, run, options: dict, empty: str, chunk: int = 1024) -> int:
-    """Texts of ``args.inputs`` or of standard input through ``run.predict`` in chunks, one
-    output line per input line. A text that is not valid UTF-8 is reported on standard
-    error; a label is left out for it, a generated text is an empty line (so that output
-    lines stay aligned with input lines); the exit status is then 2."""
-    texts = _checked_arguments(args.inputs) if args.inputs else _stdin_lines()
+def _predict_each(run, inputs: list[str], options: dict) -> list:
+    """``run.predict`` over ``inputs``: a prediction, or the ``InputError`` of an input that
+    cannot be read (an image file that is missing or damaged), one per input."""
+    try:
+        return run.predict(inputs, **options)
+    except InputError:
+        if len(inputs) == 1:
+            raise
+    out: list = []
+    for item in inputs:  # find the bad ones; the others keep their predictions
+        try:
+            out += run.predict([item], **options)
+        except InputError as exc:
+            out.append(exc)
+    return out
+
+
+def _stream(args: argparse.Namespace, run, options: dict, empty: str, chunk: int = 256) -> int:
+    """Inputs of ``args.inputs`` or of standard input through ``run.predict`` in chunks, in
+    order, one output line per input. An input that is blank, not valid UTF-8 or cannot be
+    read is reported on standard error (with ``--json``, as a line with an ``error``) and
+    not predicted; where the outputs are texts an empty line keeps them aligned with the
+    inputs. The exit status is 2 when an input was bad (a blank one is only reported)."""
+    as_json = getattr(args, "json", False)
+    gives_text = run.task.outputs == "text"
+    items = _checked_arguments(args.inputs) if args.inputs else _stdin_lines()
     seen = bad = 0
-    for part in _chunks(texts, chunk):
+
+    def emit(where: str, text: str | None, result) -> None:
+        if isinstance(result, Exception) or result is None:
+            error = "not valid UTF-8" if text is None else "blank input" if not text.strip() else str(result)
+            if text is not None:  # (bad UTF-8 was reported as it was read)
+                note = "blank: not predicted" if not text.strip() else f"error: {result}"
+                print(f"attnlab: {where}: {note}", file=sys.stderr)
+            if as_json:
+                print(json.dumps({"input": text, "error": error}, ensure_ascii=False), flush=True)
+            elif gives_text:
+                print("", flush=True)
+        elif as_json:
+            record = {"input": result.input, "output": result.output} if gives_text else \
+                {"input": result.input, "label": result.label, "prob": round(result.prob, 6),
+                 "top_k": [{"label": label, "prob": round(q, 6)} for label, q in result.labels]}
+            print(json.dumps(record, ensure_ascii=False), flush=True)
+        elif gives_text:
+            print(result.output, flush=True)
+        else:
+            print("\t".join(f"{label}\t{q:.3f}" for label, q in result.labels) + f"\t{result.input}", flush=True)
+
+    for part in _chunks(items, chunk):
         seen += len(part)
-        bad += sum(t is None for t in part)
-        good = [t for t in part if t is not None]
-        if run.task.outputs == "text":
-            outs = iter(run.predict(good, **options) if good else [])
-            print("\n".join("" if t is None else next(outs).output for t in part), flush=True)
-            continue
-        for p in run.predict(good, **options) if good else []:
-            print("\t".join(f"{label}\t{q:.3f}" for label, q in p.labels) + f"\t{p.input}", flush=True)
+        good = [text for _, text in part if text is not None and text.strip()]
+        results = iter(_predict_each(run, good, options) if good else [])
+        for where, text in part:
+            result = next(results) if text is not None and text.strip() else None
+            bad += text is None or isinstance(result, Exception)
+            emit(where, text, result)
     if not seen:
         raise UsageError(empty)
     return 2 if bad else 0
@@ -278,34 +314,36 @@ def _report_bad_text(where: str, position: int) -> None:
     print(f"attnlab: error: {where} is not valid UTF-8 (at position {position}); it was skipped", file=sys.stderr)
 
 
-def _checked_arguments(texts: Sequence[str]) -> list[str | None]:
-    """Command-line texts, ``None`` for one that is not valid UTF-8 (Python keeps such
-    bytes as lone surrogates, which no tokenizer can encode)."""
-    out: list[str | None] = []
+def _checked_arguments(texts: Sequence[str]) -> list[tuple[str, str | None]]:
+    """``(where, text)`` of command-line texts, ``None`` for one that is not valid UTF-8
+    (Python keeps such bytes as lone surrogates, which no tokenizer can encode)."""
+    out: list[tuple[str, str | None]] = []
     for i, text in enumerate(texts, 1):
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
             _report_bad_text(f"argument {i}", exc.start)
-            out.append(None)
+            out.append((f"argument {i}", None))
             continue
-        out.append(text)
+        out.append((f"argument {i}", text))
     return out
 
 
 def _stdin_lines():
-    """Lines of standard input without their newline, decoded as UTF-8 one by one:
-    ``None`` (reported on standard error) for a line that is not valid UTF-8."""
+    """``(where, line)`` of standard input, the newline removed, decoded as UTF-8 one by
+    one: ``None`` (reported on standard error) for a line that is not valid UTF-8."""
     stream = getattr(sys.stdin, "buffer", None)
     if stream is None:  # a text stream put in place of stdin (tests, embedding programs)
-        yield from (line.rstrip("\n").rstrip("\r") for line in sys.stdin)
+        yield from ((f"line {n} of standard input", line.rstrip("\n").rstrip("\r"))
+                    for n, line in enumerate(sys.stdin, 1))
         return
     for number, raw in enumerate(stream, 1):
+        where = f"line {number} of standard input"
         try:
-            yield raw.decode("utf-8").rstrip("\n").rstrip("\r")
+            yield where, raw.decode("utf-8").rstrip("\n").rstrip("\r")
         except UnicodeDecodeError as exc:
-            _report_bad_text(f"line {number} of standard input", exc.start)
-            yield None
+            _report_bad_text(where, exc.start)
+            yield where, None
 
 
 def cmd_visualize(args: argparse.Namespace) -> int:
@@ -434,6 +472,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="a run directory written by 'attnlab train'")
     p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default auto)")
+    p.add_argument("--data", default=None, metavar="PATH",
+                   help="evaluate on a labelled folder (PATH/<class>/<image>) or file of one's own instead of the "
+                        "run's test set")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("predict", parents=[plugins],
@@ -442,7 +483,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="*", metavar="INPUT",
                    help="image files for an image run; texts for a text run (default: lines of standard input)")
     p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
-    p.add_argument("--top-k", type=_positive_int, default=1, help="labels to show per file (default 1)")
+    p.add_argument("--top-k", type=_positive_int, default=1, help="labels (with probabilities) per input (default 1)")
+    p.add_argument("--json", action="store_true",
+                   help="JSON Lines: one object per input (input, label, prob, top_k; or error)")
+    p.add_argument("--batch-size", type=_positive_int, default=64, help="inputs per batch (default 64)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("visualize", parents=[plugins], help="draw what a trained run's attention looks at (PNGs)")
@@ -469,6 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default="auto",
                    help="averaged, best, last or a checkpoint folder (default: the first of those the run has)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default auto)")
+    p.add_argument("--json", action="store_true", help="JSON Lines: one object per input (input, output; or error)")
     p.set_defaults(func=cmd_translate)
 
     p = sub.add_parser("report", parents=[plugins],

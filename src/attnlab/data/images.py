@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torch import Tensor
 from torch.utils.data import Dataset
 
@@ -39,12 +39,14 @@ __all__ = [
     "ImageFolder",
     "CIFAR10",
     "decode_images",
+    "decode_image",
+    "scan_images",
     "load_digits_dataset",
     "load_cifar_batch",
     "CifarBatchError",
 ]
 
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 Transform = Callable[[Tensor], Tensor]
@@ -161,19 +163,58 @@ def load_digits_dataset(
 # ---------------------------------------------------------------------------- decoding
 
 
-def _decode(path: str, mode: str) -> np.ndarray:
-    """One image file -> ``(C, H, W)`` uint8 array. Raises whatever Pillow raises."""
+def _to_mode(im: Image.Image, mode: str) -> Image.Image:
+    """``im`` in ``mode`` ("RGB" or "L"), whatever it was: 16- and 32-bit grey scaled to
+    8 bits (Pillow's own conversion clips them to white), palette images through RGBA so
+    their transparency is read, alpha dropped."""
+    if im.mode == mode:
+        return im
+    if im.mode.startswith("I"):  # I;16, I;16B, I;16L, I (32-bit): scale the top of the range to 255
+        array = np.asarray(im, dtype=np.float64)
+        top = 65535.0 if im.mode.startswith("I;16") or array.max(initial=0) <= 65535 else float(array.max())
+        im = Image.fromarray(np.clip(np.rint(array * (255.0 / max(top, 1.0))), 0, 255).astype(np.uint8), "L")
+    elif im.mode == "F":
+        array = np.asarray(im, dtype=np.float64)
+        top = 1.0 if array.max(initial=0) <= 1.0 else 255.0
+        im = Image.fromarray(np.clip(np.rint(array * (255.0 / top)), 0, 255).astype(np.uint8), "L")
+    elif im.mode == "P" and "transparency" in im.info:
+        im = im.convert("RGBA")
+    return im if im.mode == mode else im.convert(mode)
+
+
+def decode_image(im: Image.Image, mode: str, size: int | None = None, resize: str = "crop") -> np.ndarray:
+    """An opened PIL image -> ``(C, H, W)`` uint8 array: EXIF orientation applied, converted
+    to ``mode`` (any source mode: see ``_to_mode``), and with ``size`` resized to ``size`` x
+    ``size`` (``resize="crop"``: the shorter side to ``size``, then the centre cropped;
+    ``"squash"``: both sides, the aspect ratio lost). Raises whatever Pillow raises."""
+    if size is not None and im.format == "JPEG":
+        # Decode at the smallest power-of-two reduction still >= the target (libjpeg's DCT
+        # scaling): a 12-megapixel photo read for 64x64 decodes ~40x fewer pixels.
+        w, h = im.size
+        scale = size / min(w, h)  # both sides stay >= size, for "crop" and "squash" alike
+        im.draft(None, (max(1, int(w * scale)), max(1, int(h * scale))))
+    if size is not None or im.getexif():
+        im = ImageOps.exif_transpose(im)
+    im = _to_mode(im, mode)
+    if size is not None and im.size != (size, size):
+        if resize == "crop":
+            w, h = im.size
+            side = min(w, h)  # the centred square, then one resize (ImageOps.fit, with reducing_gap)
+            box = ((w - side) / 2, (h - side) / 2, (w + side) / 2, (h + side) / 2)
+            im = im.resize((size, size), Image.BILINEAR, box=box, reducing_gap=3.0)
+        else:
+            im = im.resize((size, size), Image.BILINEAR, reducing_gap=3.0)
+    arr = np.asarray(im)
+    arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+    return np.ascontiguousarray(arr)
+
+
+def _decode(path: str, mode: str, size: int | None = None, resize: str = "crop") -> np.ndarray:
+    """One image file -> ``(C, H, W)`` uint8 array (see :func:`decode_image`)."""
     with open(path, "rb") as f:
         data = f.read()  # one read, then decode from memory: cheaper than Pillow's small reads
     with Image.open(io.BytesIO(data)) as im:
-        if im.mode != mode:
-            im = im.convert(mode)
-        arr = np.asarray(im)
-    if arr.ndim == 2:
-        arr = arr[None]
-    else:
-        arr = arr.transpose(2, 0, 1)
-    return np.ascontiguousarray(arr)
+        return decode_image(im, mode, size, resize)
 
 
 def decompression_bomb_sizes(exc: Exception) -> tuple[str, str]:
@@ -212,21 +253,35 @@ def _decode_error(path: str, exc: Exception) -> InputError:
     return InputError(what)
 
 
-def _decode_or_raise(path: str, mode: str) -> np.ndarray:
+def _decode_or_raise(path: str, mode: str, size: int | None = None, resize: str = "crop") -> np.ndarray:
     try:
-        return _decode(path, mode)
+        return _decode(path, mode, size, resize)
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ... for bad files
         raise _decode_error(path, e) from e
 
 
-def _decode_chunk(paths: Sequence[str], mode: str) -> list[np.ndarray | Exception]:
+def _decode_chunk(paths: Sequence[str], mode: str, size: int | None = None,
+                  resize: str = "crop") -> list[np.ndarray | Exception]:
     out: list[np.ndarray | Exception] = []
     for p in paths:
         try:
-            out.append(_decode(p, mode))
+            out.append(_decode(p, mode, size, resize))
         except Exception as e:
             out.append(e)
     return out
+
+
+def _warn_skipped(failures: Sequence[tuple[str, Exception]], stacklevel: int = 3) -> None:
+    """One warning for every file that could not be decoded: the first in full, the next few by name."""
+    if not failures:
+        return
+    what, todo = _decode_failure(*failures[0])
+    if len(failures) == 1:
+        warnings.warn(f"{what}; skipping it ({todo})", stacklevel=stacklevel)
+        return
+    names = ", ".join(Path(p).name for p, _ in failures[1:4]) + (" ..." if len(failures) > 4 else "")
+    warnings.warn(f"skipping {len(failures)} image files that cannot be decoded; the first: {what}; the others "
+                  f"include {names} ({todo})", stacklevel=stacklevel)
 
 
 def _default_workers() -> int:
@@ -242,15 +297,20 @@ def decode_images(
     *,
     workers: int | None = None,
     on_error: str = "raise",
+    size: int | None = None,
+    resize: str = "crop",
 ) -> tuple[Images, list[int]]:
     """Decode image files with Pillow on a pool of threads.
 
     Args:
         paths: image files.
-        mode: ``"RGB"`` (3 channels) or ``"L"`` (1 grey channel); others are converted.
+        mode: ``"RGB"`` (3 channels) or ``"L"`` (1 grey channel); others are converted
+            (16-bit grey scaled to 8 bits, EXIF orientation applied when resizing).
         workers: threads; default one per available core. ``0`` or ``1``: this thread only.
         on_error: ``"raise"``: a file that cannot be decoded raises ``ValueError``
-            naming it. ``"skip"``: it is left out, with a warning naming it.
+            naming it. ``"skip"``: it is left out, with one warning naming the skipped files.
+        size: resize every image to ``size`` x ``size`` (``None``: keep each file's size).
+        resize: ``"crop"`` (shorter side to ``size``, centre crop) or ``"squash"``.
 
     Returns:
         ``(images, kept)``: ``images`` is one ``uint8`` tensor ``(N, C, H, W)`` when all
@@ -259,6 +319,7 @@ def decode_images(
     """
     _check_choice("mode", mode, ("RGB", "L"))
     _check_choice("on_error", on_error, ("raise", "skip"))
+    _check_choice("resize", resize, ("crop", "squash"))
     paths = [str(p) for p in paths]
     workers = _default_workers() if workers is None else workers
     if workers < 0:
@@ -269,25 +330,27 @@ def decode_images(
     # parses JPEG headers in Python, so two threads gain ~1.5x on an idle 2-core box,
     # not 2x (measured on CIFAR-10's 32x32 JPEGs; a process pool did no better).
     if workers <= 1 or len(paths) < 64:
-        results: list[np.ndarray | Exception] = _decode_chunk(paths, mode)
+        results: list[np.ndarray | Exception] = _decode_chunk(paths, mode, size, resize)
     else:
-        size = max(16, min(512, -(-len(paths) // (workers * 8))))
-        chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
+        per_chunk = max(16, min(512, -(-len(paths) // (workers * 8))))
+        chunks = [paths[i : i + per_chunk] for i in range(0, len(paths), per_chunk)]
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnlab-decode") as pool:
-            results = [r for chunk in pool.map(_decode_chunk, chunks, [mode] * len(chunks)) for r in chunk]
+            results = [r for chunk in pool.map(_decode_chunk, chunks, [mode] * len(chunks), [size] * len(chunks),
+                                               [resize] * len(chunks)) for r in chunk]
 
     arrays: list[np.ndarray] = []
     kept: list[int] = []
+    failures: list[tuple[str, Exception]] = []
     for i, r in enumerate(results):
         if isinstance(r, Exception):
             if on_error == "raise":
                 raise _decode_error(paths[i], r) from r
-            what, todo = _decode_failure(paths[i], r)
-            warnings.warn(f"{what}; skipping it ({todo})", stacklevel=2)
+            failures.append((paths[i], r))
             continue
         arrays.append(r)
         kept.append(i)
     del results
+    _warn_skipped(failures)
     if arrays and all(a.shape == arrays[0].shape for a in arrays):
         return torch.from_numpy(np.stack(arrays)), kept
     return [torch.from_numpy(a) for a in arrays], kept
@@ -296,7 +359,11 @@ def decode_images(
 # ---------------------------------------------------------------------------- image folder
 
 
-def _scan(root: Path, classes: Sequence[str] | None) -> tuple[list[str], list[tuple[str, int]]]:
+def _scan(root: Path, classes: Sequence[str] | None, others: list[str] | None = None,
+          missing_ok: bool = False) -> tuple[list[str], list[tuple[str, int]]]:
+    """``(classes, [(file, label), ...])`` of ``root/<class>/...``; files that are not
+    images (by extension) are appended to ``others`` when given. ``missing_ok``: classes
+    given without a folder (or with an empty one) have no samples instead of an error."""
     if not root.exists():
         raise FileNotFoundError(f"root must be an existing folder of class folders; {root} does not exist")
     if not root.is_dir():
@@ -313,29 +380,53 @@ def _scan(root: Path, classes: Sequence[str] | None) -> tuple[list[str], list[tu
         if len(set(classes)) != len(classes) or not classes:
             raise InputError(f"classes must be a non-empty list of distinct folder names; got {classes}")
         missing = [c for c in classes if c not in found]
-        if missing:
+        if missing and not missing_ok:
             raise InputError(f"classes must name folders of {root}; missing: {', '.join(missing)}")
 
     samples: list[tuple[str, int]] = []
     empty: list[str] = []
     for index, name in enumerate(classes):
+        if name not in found:
+            continue
         files = []
         for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            files += [
-                os.path.join(dirpath, f)
-                for f in sorted(filenames)
-                if f.lower().endswith(IMG_EXTENSIONS) and not f.startswith(".")
-            ]
+            for f in sorted(filenames):
+                if f.startswith("."):
+                    continue
+                if f.lower().endswith(IMG_EXTENSIONS):
+                    files.append(os.path.join(dirpath, f))
+                elif others is not None:
+                    others.append(os.path.join(dirpath, f))
         if not files:
             empty.append(name)
         samples += [(f, index) for f in files]
-    if empty:
+    if empty and not missing_ok:
         raise InputError(
             f"every class folder must hold images ({', '.join(IMG_EXTENSIONS)}); "
             f"none in {', '.join(str(root / e) for e in empty)}"
         )
     return list(classes), samples
+
+
+def scan_images(root: str | Path, classes: Sequence[str] | None = None, *,
+                missing_ok: bool = False) -> tuple[list[str], list[tuple[str, int]], list[str]]:
+    """``(classes, [(image file, label), ...], class folders found)`` of ``root/<class>/...``
+    without opening a file (see :class:`ImageFolder` for ``classes`` and ``missing_ok``)."""
+    root = Path(root).expanduser()
+    classes, samples = _scan(root, classes, None, missing_ok)
+    found = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    return classes, samples, found
+
+
+def _readable(path: str) -> Exception | None:
+    """``None`` when Pillow recognizes ``path`` as an image (its header only: cheap), else the error."""
+    try:
+        with Image.open(path) as im:
+            im.size  # noqa: B018  (parsed with the header)
+        return None
+    except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ... for bad files
+        return e
 
 
 class ImageFolder(ImageTensorDataset):
@@ -347,16 +438,23 @@ class ImageFolder(ImageTensorDataset):
         classes: class folder names, in label order. Default: every folder of ``root``,
             sorted. Folders not named here are ignored.
         on_error: ``"raise"``: an unreadable image raises ``ValueError`` naming the file.
-            ``"skip"``: it is dropped with a warning naming it (checked while building
-            the data set, so ``len`` is final even with ``cache=False``).
+            ``"skip"``: unreadable images and files that are not images are dropped, with
+            one warning that counts them and names the first few (checked while building
+            the data set, so ``len`` is final even with ``cache=False``: decoded when
+            cached, else by reading each file's header).
         cache: decode every image now and keep them in ``.images`` (one ``uint8``
-            tensor ``(N, C, H, W)`` when sizes agree, as in CIFAR-10; else a list).
-            ``False``: decode a file at each access.
-        mode: ``"RGB"`` (3 channels) or ``"L"`` (1 grey channel).
+            tensor ``(N, C, H, W)`` when sizes agree, as in CIFAR-10 or with ``size``;
+            else a list). ``False``: decode a file at each access (streaming, for data
+            sets larger than memory; use DataLoader workers to decode beside training).
+        mode: ``"RGB"`` (3 channels) or ``"L"`` (1 grey channel); any file mode is converted.
         workers: decoding threads; default one per available core.
+        size: resize every image to ``size`` x ``size``; ``None``: keep each file's size.
+        resize: ``"crop"`` (the shorter side to ``size``, the centre cropped) or ``"squash"``.
+        missing_ok: with ``classes``, a class without a folder or images has no samples
+            (a test folder that lacks a class) instead of being an error.
 
     Files are the extensions in ``IMG_EXTENSIONS`` (any case). ``samples`` lists
-    ``(path, label)``; ``targets`` is an ``int64`` tensor.
+    ``(path, label)``; ``targets`` is an ``int64`` tensor; ``skipped`` the files left out.
     """
 
     def __init__(
@@ -369,20 +467,40 @@ class ImageFolder(ImageTensorDataset):
         *,
         mode: str = "RGB",
         workers: int | None = None,
+        size: int | None = None,
+        resize: str = "crop",
+        missing_ok: bool = False,
     ) -> None:
         _check_choice("on_error", on_error, ("raise", "skip"))
         _check_choice("mode", mode, ("RGB", "L"))
+        _check_choice("resize", resize, ("crop", "squash"))
+        if size is not None and (not isinstance(size, int) or size < 1):
+            raise InputError(f"size must be a positive number of pixels or None; got {size!r}")
         self.root = Path(root).expanduser()
-        self.mode = mode
-        classes, samples = _scan(self.root, classes)
+        self.mode, self.size, self.resize, self.on_error = mode, size, resize, on_error
+        others: list[str] = []
+        classes, samples = _scan(self.root, classes, others if on_error == "skip" else None, missing_ok)
         images: Images | None = None
-        if cache or on_error == "skip":
-            decoded, kept = decode_images([p for p, _ in samples], mode, workers=workers, on_error=on_error)
+        unreadable = 0
+        if cache:
+            images, kept = decode_images([p for p, _ in samples], mode, workers=workers, on_error=on_error,
+                                         size=size, resize=resize)  # (warns once for what it skips)
+            unreadable = len(samples) - len(kept)
             samples = [samples[i] for i in kept]
-            if not samples:
-                raise InputError(f"root must hold at least one readable image; every image in {self.root} failed")
-            images = decoded if cache else None
+        elif on_error == "skip":
+            checked = [(p, t, _readable(p)) for p, t in samples]
+            failures = [(p, e) for p, _, e in checked if e is not None]
+            samples = [(p, t) for p, t, e in checked if e is None]
+            unreadable = len(failures)
+            _warn_skipped(failures, stacklevel=2)
+        if others:
+            names = ", ".join(Path(p).name for p in others[:3]) + (" ..." if len(others) > 3 else "")
+            warnings.warn(f"skipping {len(others)} files of {self.root} that are not images "
+                          f"({', '.join(IMG_EXTENSIONS)}): {names}", stacklevel=2)
+        if not samples:
+            raise InputError(f"root must hold at least one readable image; every image in {self.root} failed")
         self.samples = samples
+        self.skipped = len(others) + unreadable
         targets = torch.tensor([t for _, t in samples], dtype=torch.long)
         if images is not None:
             super().__init__(images, targets, classes, transform)
@@ -393,7 +511,16 @@ class ImageFolder(ImageTensorDataset):
         if self.images is not None:
             return super().__getitem__(index)
         path, target = self.samples[index]
-        image = torch.from_numpy(_decode_or_raise(path, self.mode))
+        try:
+            image = torch.from_numpy(_decode_or_raise(path, self.mode, self.size, self.resize))
+        except InputError:
+            if self.on_error == "raise" or len(self) == 1:
+                raise
+            # Its header read, but the file is damaged further in: another image takes its place,
+            # so that a long run does not stop here (the skip mode's promise).
+            warnings.warn(f"{path} cannot be decoded (its header could); image {index + 1} of {len(self)} "
+                          f"is replaced by the next one", stacklevel=2)
+            return self[(index + 1) % len(self)]
         if self.transform is not None:
             image = self.transform(image)
         return image, target
@@ -401,7 +528,7 @@ class ImageFolder(ImageTensorDataset):
     def __repr__(self) -> str:
         return (
             f"ImageFolder(root={str(self.root)!r}, n={len(self)}, classes={len(self.classes)}, "
-            f"mode={self.mode!r}, images={_describe(self.images)}, transform={self.transform!r})"
+            f"mode={self.mode!r}, size={self.size}, images={_describe(self.images)}, transform={self.transform!r})"
         )
 
 

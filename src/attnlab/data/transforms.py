@@ -24,6 +24,9 @@ __all__ = [
     "CIFAR10_MEAN",
     "CIFAR10_STD",
     "DIGITS_MEAN",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "folder_transforms",
     "DIGITS_STD",
     "Compose",
     "ToFloat",
@@ -40,6 +43,9 @@ __all__ = [
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 # Over all 1,797 images of sklearn's digits scaled to [0, 1] (see load_digits_dataset).
+# timm's ImageNet defaults: what pretrained checkpoints expect, and a fair guess for photos.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 DIGITS_MEAN = (0.3053,)
 DIGITS_STD = (0.3759,)
 
@@ -471,3 +477,14 @@ def digits_transforms(train: bool) -> Compose:
     digit is another glyph), then float and normalization."""
     steps: list[Callable[[Tensor], Tensor]] = [RandomCrop(8, padding=1)] if train else []
     return Compose(steps + [ToFloat(), Normalize(DIGITS_MEAN, DIGITS_STD)])
+
+
+def folder_transforms(size: int, mode: str, train: bool) -> Compose:
+    """Images of a folder, already ``uint8`` ``(C, size, size)``: a random crop (padded by
+    an eighth of the side) and horizontal flip when ``train``, then float and ImageNet's
+    normalization (RGB; a grey image: mean 0.5, std 0.5)."""
+    steps: list[Callable[[Tensor], Tensor]] = []
+    if train:
+        steps += [RandomCrop(size, padding=max(1, size // 8)), RandomHorizontalFlip()]
+    mean, std = (IMAGENET_MEAN, IMAGENET_STD) if mode == "RGB" else ((0.5,), (0.5,))
+    return Compose(steps + [ToFloat(), Normalize(mean, std)])

@@ -36,7 +36,8 @@ __all__ = ["RunDirError", "RunLock", "RunDirState", "make_run_dir", "inspect_run
 LOCK = ".lock"
 # What a run writes at the top of its folder; any of them means the folder holds a run.
 RUN_FILES = ("config.yaml", "config.changes.yaml", "results.json", "metrics.jsonl", "checkpoints", "tensorboard",
-             "report.html", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json", "translations.test.txt")
+             "report.html", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json", "translations.test.txt",
+             "classes.json")
 
 
 class RunDirError(InputError):

@@ -71,8 +71,14 @@ class Recipe:
 
 def recipe_dict(recipe: Recipe) -> dict[str, Any]:
     """A recipe as plain YAML-ready data, in reading order: description, task, data,
-    model, the task's own sections, train."""
+    model, the task's own sections, train. Data keys whose field metadata says they apply
+    ``only`` to other data sets (``field(metadata={"only": ("folder",)})``) are left out."""
     data = dataclasses.asdict(recipe)
+    # keys of the data section that apply to other data sets only (metadata "only"): left out
+    name = getattr(recipe.data, "name", None)
+    for f in dataclasses.fields(recipe.data):
+        if "only" in f.metadata and name not in f.metadata["only"]:
+            data["data"].pop(f.name, None)
     first = ("description", "task", "data", "model")
     return {**{k: data[k] for k in first}, **{k: v for k, v in data.items() if k not in first + ("train",)},
             "train": data["train"]}
@@ -84,12 +90,14 @@ def recipe_dict(recipe: Recipe) -> dict[str, Any]:
 @dataclass
 class ImageSpec:
     """What an image model takes: files are read in ``mode`` (``"L"`` or ``"RGB"``),
-    resized to ``size`` ``(H, W)`` and passed through ``transform`` (``uint8``
+    resized to ``size`` ``(H, W)`` (``resize``: ``"squash"`` both sides, or ``"crop"``: the
+    shorter side, then the centre) and passed through ``transform`` (``uint8``
     ``(B, C, H, W)`` -> the model's float input)."""
 
     mode: str
     size: tuple[int, int]
     transform: Callable[[torch.Tensor], torch.Tensor]
+    resize: str = "squash"
 
 
 @dataclass
@@ -111,8 +119,26 @@ class TrainedRun:
     image: ImageSpec | None = None
 
     def predict(self, inputs: Sequence[Any], **options: Any) -> list[Any]:
-        """What the task predicts for ``inputs`` (see the task's :meth:`Task.predict`)."""
+        """What the task predicts for ``inputs`` (see the task's :meth:`Task.predict`): for a
+        classifier, :class:`~attnlab.tasks.views.LabelPrediction` ``(input, labels)`` with the
+        ``top_k`` labels and their probabilities, best first (``.label``, ``.prob``)."""
+        if isinstance(inputs, (str, Path)) or not isinstance(inputs, Sequence):
+            raise InputError(f"inputs must be a list (of texts, image files, ...); got {type(inputs).__name__}: "
+                             f"wrap one input in a list")
         return self.task.predict(self, inputs, **options)
+
+    def translate(self, texts: Sequence[str], **options: Any) -> list[str]:
+        """The generated texts of a run that generates text (translation): options
+        ``num_beams``, ``max_length``, ``batch_size``, ``device``."""
+        if self.task.outputs != "text":
+            raise InputError(f"translate needs a run that generates text; {self.run_dir} is a {self.task.name} "
+                             f"run, whose predictions are labels: use predict")
+        return [p.output for p in self.predict(texts, **options)]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model is."""
+        return next(self.model.parameters()).device
 
     def evaluate(self, **options: Any) -> dict[str, Any]:
         """The test metrics of ``results.json``, recomputed with these weights."""
@@ -202,15 +228,19 @@ class Task:
         """``run_dir`` (trained with ``recipe``) as a :class:`TrainedRun`, the model in eval mode."""
         raise NotImplementedError
 
-    def evaluate(self, run: TrainedRun, *, device: str = "auto") -> dict[str, Any]:
-        """The test metrics, under the keys ``results.json`` gives them, and ``samples``."""
+    def evaluate(self, run: TrainedRun, *, device: str = "auto", data: str | Path | None = None) -> dict[str, Any]:
+        """The test metrics, under the keys ``results.json`` gives them, and ``samples``;
+        with ``data`` (a labelled folder or file of one's own, in the task's format), the
+        same metrics on it instead of the test set."""
         raise NotImplementedError
 
     def predict(self, run: TrainedRun, inputs: Sequence[Any], **options: Any) -> list[Any]:
         """Predictions for ``inputs`` (image files or texts, as :attr:`inputs` says):
         :class:`~attnlab.tasks.views.LabelPrediction` for a task whose :attr:`outputs` are
-        labels (option ``top_k``), :class:`~attnlab.tasks.views.TextPrediction` for one that
-        generates text (options ``num_beams``, ``max_length``, ``batch_size``, ``device``)."""
+        labels (options ``top_k`` and ``batch_size``, which ``attnlab predict`` passes),
+        :class:`~attnlab.tasks.views.TextPrediction` for one that generates text (options
+        ``num_beams``, ``max_length``, ``batch_size``, ``device``). An input that cannot be
+        read raises :class:`~attnlab.errors.InputError` naming it."""
         raise InputError(f"a {self.name} run makes no predictions on new inputs")
 
     def sub_runs(self, run_dir: Path) -> list[Path]:

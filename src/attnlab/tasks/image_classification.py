@@ -1,16 +1,30 @@
-"""Image classification: digits or CIFAR-10, a validation split carved from the training
-images for model selection, the test set evaluated once at the end.
+"""Image classification: digits, CIFAR-10 or a folder of one's own images; a validation
+split for model selection, the test set evaluated once at the end.
 
-Data (``data.name``): scikit-learn's digits (1,437 training and 360 test 8x8 grey
-images) or CIFAR-10 (the image folders or the pickled batches of the data directory).
-``data.val_size`` training images (a count, or a fraction below 1) are held out,
-stratified by class with ``data.seed``, for the evaluations during training, which pick
-``checkpoints/best``; 0 keeps none, and then the final weights are tested.
+Data (``data.name``):
+
+* ``digits``: scikit-learn's 1,437 training and 360 test 8x8 grey images.
+* ``cifar10``: the image folders or the pickled batches of the data directory.
+* ``folder``: ``data.root`` laid out as ``root/<class>/<image>`` (classes from the folder
+  names), or as ``root/train/<class>/...`` with optional sibling ``val/`` and ``test/``.
+  Without a ``test/`` folder, ``data.test_size`` of the images are held out for the test;
+  without a ``val/`` folder, ``data.val_size`` of the rest for validation (both stratified
+  by class with ``data.seed``). Every image, of any size and mode (grey, RGB, RGBA,
+  palette, 16-bit, EXIF-rotated JPEG) is read as ``data.mode`` and resized to
+  ``data.img_size`` (``data.resize``: ``crop`` the centre square or ``squash``). Files that
+  are not images or cannot be read are skipped, with one line that counts them. A data set
+  whose decoded images fit ``data.cache_mb`` is decoded once and kept in memory; a larger
+  one streams from disk, decoded by ``train.workers`` DataLoader processes.
+
+The validation split picks ``checkpoints/best``; ``data.val_size: 0`` keeps none, and then
+the final weights are tested.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import warnings
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
@@ -21,32 +35,63 @@ from torch import Tensor, nn
 
 from ..attention.capture import capture_attention
 from ..data import load_digits_dataset
-from ..data.images import CIFAR10, CIFAR10_CLASSES, decompression_bomb_sizes
-from ..data.transforms import cifar_eval_transforms, cifar_train_transforms, digits_transforms
+from ..data.images import CIFAR10, CIFAR10_CLASSES, ImageFolder, decode_image, decompression_bomb_sizes, scan_images
+from ..data.transforms import cifar_eval_transforms, cifar_train_transforms, digits_transforms, folder_transforms
+from ..engine import distributed
 from ..engine.device import select_device
 from ..engine.trainer import evaluate_model
 from ..errors import InputError
+from ..io import atomic_write_bytes, read_json_mapping
 from ..models.botnet import BoTBlock, BoTNet
+from ..models.registry import config_class
 from ..models.vit import VisionTransformer
 from .base import DataConfig, ImageSpec, ModelConfig, Recipe, Task, TrainedRun, register_task
 from .runs import checkpoint_label, fit_run, load_run, load_weights, open_run, test_run, write_results
 from .views import ClassifierPredictions, ImageAttention, LabelPrediction, PixelAttention
 
-__all__ = ["ImageDataConfig", "ImageClassificationRecipe", "ImageClassification", "read_image", "build_data"]
+__all__ = ["ImageDataConfig", "ImageClassificationRecipe", "ImageClassification", "read_image", "build_data",
+           "image_folder_splits"]
+
+CLASSES_FILE = "classes.json"
+FOLDER = {"only": ("folder",)}  # a data key that applies to image folders alone
 
 
 @dataclass
 class ImageDataConfig(DataConfig):
-    name: Literal["digits", "cifar10"] = "digits"
-    augment: bool = False  # random crop and flip (CIFAR-10), a 1-pixel shift (digits)
+    name: Literal["digits", "cifar10", "folder"] = "digits"
+    # folder: root/<class>/<image>, or root/train/<class>/<image> with optional root/val/ and root/test/
+    root: str | None = field(default=None, metadata=FOLDER)
+    augment: bool = False  # random crop and flip (CIFAR-10, folder), a 1-pixel shift (digits)
     # Training images held out for validation (model selection): a count, or a fraction below 1; 0: none.
     val_size: float = field(default=0.1, metadata={"min": 0.0})
-    seed: int = field(default=0, metadata={"min": 0, "max": 2**32 - 1})  # of the validation split
+    # folder without a test/ folder: images held out for the test, a count or a fraction below 1
+    test_size: float = field(default=0.1, metadata={"min": 0.0, **FOLDER})
+    seed: int = field(default=0, metadata={"min": 0, "max": 2**32 - 1})  # of the validation (and test) split
+    img_size: int = field(default=32, metadata={"min": 1, **FOLDER})  # folder: images are resized to img_size x img_size
+    mode: Literal["RGB", "L"] = field(default="RGB", metadata=FOLDER)  # folder: colour (RGB) or grey (L)
+    # folder: "crop": the shorter side to img_size, then the centre square; "squash": both sides
+    resize: Literal["crop", "squash"] = field(default="crop", metadata=FOLDER)
+    classes: list = field(default_factory=list, metadata=FOLDER)  # folder: class folders to use, in label order; []: all
+    # folder: at most this many training images per class, drawn with seed (small-data studies); 0: all
+    max_per_class: int = field(default=0, metadata={"min": 0, **FOLDER})
+    # folder: "memory" decodes every image once and keeps it; "stream" decodes at each use (DataLoader
+    # workers: train.workers); "auto" keeps them in memory when the decoded images fit cache_mb.
+    cache: Literal["auto", "memory", "stream"] = field(default="auto", metadata=FOLDER)
+    cache_mb: float = field(default=2048.0, metadata={"min": 0.0, **FOLDER})
 
     def __post_init__(self) -> None:
-        if self.val_size >= 1 and self.val_size != int(self.val_size):
-            raise InputError(f"data.val_size must be a fraction below 1 or a whole count of images; "
-                             f"got {self.val_size!r}")
+        for key in ("val_size", "test_size"):
+            value = getattr(self, key)
+            if value >= 1 and value != int(value):
+                raise InputError(f"data.{key} must be a fraction below 1 or a whole count of images; got {value!r}")
+        if self.name != "folder":
+            for f in fields(self):
+                default = f.default_factory() if f.default_factory is not MISSING else f.default
+                if "only" in f.metadata and getattr(self, f.name) != default:
+                    raise InputError(f"data.{f.name} applies to data.name=folder; got data.name={self.name!r} "
+                                     f"with data.{f.name}={getattr(self, f.name)!r}")
+        if any(not isinstance(c, str) or not c for c in self.classes) or len(set(self.classes)) != len(self.classes):
+            raise InputError(f"data.classes must be distinct class folder names; got {self.classes!r}")
 
 
 @dataclass
@@ -56,11 +101,21 @@ class ImageClassificationRecipe(Recipe):
     model: ModelConfig = field(default_factory=lambda: ModelConfig("vit_digits_patch2"))
 
 
-# What a model of each data set takes: class names, image mode and size (for predict).
+# The built-in data sets: class names, image mode and size (for predict).
 DATA_INFO: dict[str, dict[str, Any]] = {
     "digits": {"classes": [str(d) for d in range(10)], "mode": "L", "size": (8, 8)},
     "cifar10": {"classes": list(CIFAR10_CLASSES), "mode": "RGB", "size": (32, 32)},
 }
+
+
+def image_spec(data: ImageDataConfig) -> ImageSpec:
+    """How a model of ``data`` reads an image: mode, size, resizing and eval transform."""
+    if data.name == "folder":
+        return ImageSpec(data.mode, (data.img_size, data.img_size), folder_transforms(data.img_size, data.mode, False),
+                         data.resize)
+    info = DATA_INFO[data.name]
+    transform = cifar_eval_transforms() if data.name == "cifar10" else digits_transforms(train=False)
+    return ImageSpec(info["mode"], info["size"], transform, "squash")
 
 
 class _Transformed:
@@ -76,12 +131,18 @@ class _Transformed:
         index = self.indices[torch.as_tensor(indices, dtype=torch.long)]
         if isinstance(self.ds.images, Tensor):
             return self.transform(self.ds.images[index]), self.ds.targets[index]
-        xs, ys = zip(*(self[i] for i in indices))
-        return torch.stack(xs), torch.as_tensor(ys)
+        # decoded now (a streamed folder: every image has the folder's size), transformed as a batch
+        images, labels = zip(*(self.ds[int(i)] for i in index))
+        return self.transform(torch.stack(images)), torch.as_tensor(labels)
 
     def image(self, i: int) -> Tensor:
         """The ``uint8`` image of sample ``i``, untransformed (as a person sees it)."""
-        return self.ds.images[int(self.indices[i])]
+        k = int(self.indices[i])
+        return self.ds.images[k] if self.ds.images is not None else self.ds[k][0]
+
+    @property
+    def targets(self) -> Tensor:
+        return self.ds.targets[self.indices]
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -91,17 +152,107 @@ class _Transformed:
         return self.transform(x), int(y)
 
 
-def _split(targets: Tensor, val_size: float, seed: int) -> tuple[Tensor, Tensor | None]:
-    """``(train indices, validation indices or None)``, stratified by class."""
-    if val_size == 0:
+def _split(targets: Tensor, size: float, seed: int, what: str = "data.val_size",
+           ) -> tuple[Tensor, Tensor | None]:
+    """``(kept indices, held-out indices or None)``, stratified by class."""
+    if size == 0:
         return torch.arange(len(targets)), None
     from sklearn.model_selection import train_test_split  # sklearn is slow to import: only when splitting
 
-    n = int(val_size) if val_size >= 1 else val_size
+    n = int(size) if size >= 1 else size
     if isinstance(n, int) and not 0 < n < len(targets):
-        raise InputError(f"data.val_size must be below the {len(targets)} training images; got {n}")
-    train, val = train_test_split(np.arange(len(targets)), test_size=n, stratify=targets.numpy(), random_state=seed)
-    return torch.from_numpy(np.sort(train)), torch.from_numpy(np.sort(val))
+        raise InputError(f"{what} must be below the {len(targets)} images it is taken from; got {n}")
+    counts = torch.bincount(targets)
+    counts = counts[counts > 0]
+    held = n if isinstance(n, int) else int(np.ceil(n * len(targets)))
+    stratify = targets.numpy() if int(counts.min()) >= 2 and held >= len(counts) else None  # too few to stratify
+    keep, out = train_test_split(np.arange(len(targets)), test_size=n, stratify=stratify, random_state=seed)
+    return torch.from_numpy(np.sort(keep)), torch.from_numpy(np.sort(out))
+
+
+def _cap_per_class(indices: Tensor, targets: Tensor, cap: int, seed: int) -> Tensor:
+    """At most ``cap`` of ``indices`` per class, drawn with ``seed`` (``cap`` 0: all)."""
+    if cap == 0:
+        return indices
+    gen = torch.Generator().manual_seed(seed)
+    order = indices[torch.randperm(len(indices), generator=gen)]
+    kept = torch.cat([order[targets[order] == c][:cap] for c in targets[indices].unique()])
+    return kept.sort().values
+
+
+# ----------------------------------------------------------------------------- an image folder
+
+
+def _layout(root: Path) -> dict[str, Path]:
+    """``{"train": ..., "val": ..., "test": ...}`` folders of ``root`` (sibling layout: a
+    ``train/`` folder exists), or ``{"train": root}``."""
+    if not root.exists():
+        raise InputError(f"data.root must be an existing folder of images; {root} does not exist")
+    if not root.is_dir():
+        raise InputError(f"data.root must be a folder (root/<class>/<image>); {root} is a file")
+    if (root / "train").is_dir():
+        return {name: root / name for name in ("train", "val", "test") if (root / name).is_dir()}
+    return {"train": root}
+
+
+def _folder(path: Path, data: ImageDataConfig, classes: list[str] | None, cache: bool,
+            missing_ok: bool = False) -> ImageFolder:
+    return ImageFolder(path, classes=classes, on_error="skip", cache=cache, mode=data.mode, size=data.img_size,
+                       resize=data.resize, missing_ok=missing_ok)
+
+
+def _check_classes(classes: list[str], root: Path) -> None:
+    if len(classes) < 2:
+        found = f"only {classes[0]!r}" if classes else "none"
+        raise InputError(f"data.root must hold at least 2 class folders (root/<class>/<image>) for a classifier; "
+                         f"{root} has {found}")
+
+
+def image_folder_splits(data: ImageDataConfig) -> tuple[list[str], _Transformed, _Transformed | None, _Transformed]:
+    """``(classes, train, validation or None, test)`` of an image folder, before transforms
+    (each ``_Transformed`` holds its transform; train's augments when ``data.augment``)."""
+    root = Path(data.root).expanduser()
+    layout = _layout(root)
+    paths = {"train": scan_images(layout["train"], list(data.classes) or None)}
+    classes = paths["train"][0]
+    _check_classes(classes, layout["train"])
+    for name in ("val", "test"):
+        if name in layout:
+            paths[name] = scan_images(layout[name], classes, missing_ok=True)
+    for name in ("val", "test"):
+        if name in paths:
+            extra = sorted(set(paths[name][2]) - set(classes))
+            if extra:
+                raise InputError(f"{layout[name]} has class folders that {layout['train']} lacks: "
+                                 f"{', '.join(extra)}; a model cannot learn a class it never saw")
+    count = sum(len(p[1]) for p in paths.values())
+    channels = 3 if data.mode == "RGB" else 1
+    decoded_mb = count * channels * data.img_size**2 / 2**20
+    cache = data.cache == "memory" or (data.cache == "auto" and decoded_mb <= data.cache_mb)
+    sets = {name: _folder(folder, data, classes, cache, missing_ok=name != "train") for name, folder in layout.items()}
+    train_all = sets["train"]
+    pool = torch.arange(len(train_all))
+    if "test" in sets:
+        test = _Transformed(sets["test"], folder_transforms(data.img_size, data.mode, False))
+    else:
+        keep, held = _split(train_all.targets, data.test_size, data.seed, "data.test_size")
+        if held is None:
+            raise InputError(f"data.test_size must be above 0 when {root} has no test/ folder")
+        pool = keep
+        test = _Transformed(train_all, folder_transforms(data.img_size, data.mode, False), held)
+    if "val" in sets:
+        val = _Transformed(sets["val"], folder_transforms(data.img_size, data.mode, False))
+    else:
+        keep, held = _split(train_all.targets[pool], data.val_size, data.seed)
+        val = None if held is None else _Transformed(train_all, folder_transforms(data.img_size, data.mode, False),
+                                                     pool[held])
+        pool = pool[keep]
+    pool = _cap_per_class(pool, train_all.targets, data.max_per_class, data.seed)
+    train = _Transformed(train_all, folder_transforms(data.img_size, data.mode, data.augment), pool)
+    return classes, train, val, test
+
+
+# ----------------------------------------------------------------------------- the built-in sets and both
 
 
 def _eval_transform(name: str) -> Callable[[Tensor], Tensor]:
@@ -116,6 +267,8 @@ def _load(recipe: ImageClassificationRecipe, split: str) -> Any:
 def build_data(recipe: ImageClassificationRecipe) -> tuple[_Transformed, _Transformed | None, _Transformed]:
     """``(train, validation or None, test)`` data sets of ``(float image, int label)``."""
     data = recipe.data
+    if data.name == "folder":
+        return image_folder_splits(data)[1:]
     train = _load(recipe, "train")
     train_idx, val_idx = _split(train.targets, data.val_size, data.seed)
     if data.name == "digits":
@@ -127,20 +280,53 @@ def build_data(recipe: ImageClassificationRecipe) -> tuple[_Transformed, _Transf
 
 
 def _test_data(recipe: ImageClassificationRecipe) -> _Transformed:
+    if recipe.data.name == "folder":
+        return image_folder_splits(recipe.data)[3]
     return _Transformed(_load(recipe, "test"), _eval_transform(recipe.data.name))
 
 
-def read_image(path: str | Path, mode: str, size: tuple[int, int]) -> Tensor:
-    """An image file as the ``uint8`` ``(C, H, W)`` a model of this data expects
-    (converted to ``mode``, resized to ``size`` with bilinear filtering)."""
+def labelled_folder(path: str | Path, spec: ImageSpec, classes: list[str]) -> _Transformed:
+    """A labelled folder of one's own (``path/<class>/<image>``) as a run with ``classes``
+    reads it, for ``attnlab eval --data``: class folders the run does not know are an error."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise InputError(f"--data must be a folder of class folders (PATH/<class>/<image>); {path} is "
+                         f"{'a file' if path.exists() else 'missing'}")
+    found = scan_images(path, None, missing_ok=True)[2]
+    unknown = sorted(set(found) - set(classes))
+    if unknown:
+        raise InputError(f"{path} has class folders the run was not trained on: {', '.join(unknown)}; "
+                         f"its classes are {', '.join(classes)}")
+    folder = ImageFolder(path, classes=classes, on_error="skip", mode=spec.mode, size=spec.size[0],
+                         resize=spec.resize, missing_ok=True)
+    return _Transformed(folder, spec.transform)
+
+
+def read_image(image: Any, mode: str, size: tuple[int, int], resize: str = "squash") -> Tensor:
+    """An image (a file path, a PIL image, or a ``uint8`` tensor ``(C, H, W)``) as the
+    ``uint8`` ``(C, H, W)`` a model of this data expects: converted to ``mode`` and resized
+    to ``size`` (``resize``: ``"squash"`` or ``"crop"``, as the run was trained)."""
+    if isinstance(image, Tensor):
+        if image.dim() != 3 or image.dtype != torch.uint8 or image.shape[0] not in (1, 3):
+            raise InputError(f"an image tensor must be uint8 (C, H, W) with 1 or 3 channels; got {image.dtype} "
+                             f"{tuple(image.shape)}")
+        array = image.permute(1, 2, 0).numpy()
+        image = Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
+    if size[0] != size[1]:
+        raise InputError(f"size must be square (H == W); got {size}")
+    if isinstance(image, Image.Image):
+        return torch.from_numpy(decode_image(image, mode, size[0], resize))
+    if not isinstance(image, (str, Path)):
+        raise InputError(f"an image must be a file path, a PIL image or a uint8 tensor (C, H, W); "
+                         f"got {type(image).__name__}")
+    path = image
     try:
         with Image.open(path) as im:
-            im = im.convert(mode)
-            if im.size != (size[1], size[0]):
-                im = im.resize((size[1], size[0]), Image.BILINEAR)
-            array = np.array(im, dtype=np.uint8)  # a writable copy
+            array = decode_image(im, mode, size[0], resize)
     except FileNotFoundError:
         raise InputError(f"FILE {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise InputError(f"FILE {str(path)!r} is a folder, not an image file") from None
     except Image.DecompressionBombError as exc:  # not an OSError
         pixels, limit = decompression_bomb_sizes(exc)
         raise InputError(
@@ -148,9 +334,15 @@ def read_image(path: str | Path, mode: str, size: tuple[int, int]) -> Tensor:
             f"{limit} pixels (a guard against decompression bombs); downscale it (the model reads it at "
             f"{size[0]}x{size[1]}) and try again"
         ) from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SyntaxError) as exc:
         raise InputError(f"FILE {str(path)!r} is not a readable image ({exc})") from None
-    return torch.from_numpy(array.reshape(size[0], size[1], -1)).permute(2, 0, 1).contiguous()
+    return torch.from_numpy(array)
+
+
+
+def _name(image: Any, index: int) -> str:
+    """How a prediction names its input: a file's path, else its position."""
+    return str(image) if isinstance(image, (str, Path)) else f"image {index}"
 
 
 def spread(n: int, count: int) -> list[int]:
@@ -178,10 +370,12 @@ def predict_labels(model: nn.Module, data: Any, device: torch.device,
 class ImageClassification(Task):
     name = "image_classification"
     recipe_class = ImageClassificationRecipe
-    summary = "classify images: digits or CIFAR-10"
+    summary = "classify images: digits, CIFAR-10 or a folder of one's own (root/<class>/<image>)"
     inputs = "images"
     sample_unit = "images"
-    fixed_on_resume = ("task", "data.name", "data.val_size", "data.seed", "model", "train.optimizer")
+    fixed_on_resume = ("task", "data.name", "data.root", "data.val_size", "data.test_size", "data.seed",
+                       "data.img_size", "data.mode", "data.resize", "data.classes", "data.max_per_class", "model",
+                       "train.optimizer")
     legacy_keys = ("text", "translate", "data.protocol", "data.source", "data.target")
 
     def upgrade(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -190,45 +384,100 @@ class ImageClassification(Task):
             data["data"]["val_size"] = 0  # runs trained before the validation split held none out
         return data
 
-    def model_options(self, recipe: Recipe, info: Any = None) -> dict[str, Any]:
-        return {"num_classes": len(DATA_INFO[recipe.data.name]["classes"])}
+    def model_options(self, recipe: Recipe, info: list[str] | None = None) -> dict[str, Any]:
+        """``num_classes`` from the data (``info``: the class names; ``None``, for checking a
+        recipe: a folder's count is not known yet, 2 stands in); for a folder also the image
+        size and channels, when the model's configuration has them."""
+        data = recipe.data
+        if data.name != "folder":
+            return {"num_classes": len(DATA_INFO[data.name]["classes"])}
+        options: dict[str, Any] = {"num_classes": len(info) if info is not None else 2}
+        config = config_class(recipe.model.name)
+        names = {f.name for f in fields(config)} if config is not None else set()
+        if "img_size" in names:
+            options["img_size"] = data.img_size
+        if "in_chans" in names:
+            options["in_chans"] = 3 if data.mode == "RGB" else 1
+        return options
 
     def train(self, recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
               log: Callable[[str], None] = print) -> dict[str, Any]:
         run_dir = Path(run_dir)
+        if recipe.data.name == "folder":  # before a run directory is made
+            if not recipe.data.root:
+                raise InputError("data.root must name the image folder when data.name is 'folder' "
+                                 "(for example data.root=photos/, holding photos/<class>/<image>)")
+            _layout(Path(recipe.data.root).expanduser())
         with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, log=log) as resume_from:
-            train_set, val_set, test_set = build_data(recipe)
-            build = lambda: self.build_model(recipe)  # noqa: E731
+            if recipe.data.name == "folder":
+                classes, train_set, val_set, test_set = image_folder_splits(recipe.data)
+                self._say_folder(recipe, classes, train_set, val_set, test_set, log)
+            else:
+                classes = list(DATA_INFO[recipe.data.name]["classes"])
+                train_set, val_set, test_set = build_data(recipe)
+            if distributed.is_main():
+                atomic_write_bytes(run_dir / CLASSES_FILE, json.dumps({"classes": classes}, indent=1).encode())
+            build = lambda: self.build_model(recipe, classes)  # noqa: E731
             results = fit_run(recipe, run_dir, build, train_set, val_set, resume_from=resume_from, log=log)
             tested, _ = test_run(recipe, run_dir, build, test_set)
-            results = {**tested, **results, "classes": list(DATA_INFO[recipe.data.name]["classes"]),
+            results = {**tested, **results, "classes": classes,
                        "train_size": len(train_set), "val_size": len(val_set) if val_set else 0,
                        "test_size": len(test_set)}
             write_results(run_dir, results)
             return results
 
-    def load(self, run_dir: Path, recipe: Recipe, checkpoint: str = "auto") -> TrainedRun:
-        model = self.build_model(recipe)
-        folder = load_weights(run_dir, model, checkpoint)
-        info = DATA_INFO[recipe.data.name]
-        return TrainedRun(self, run_dir, recipe, model.eval(), folder, classes=list(info["classes"]),
-                          image=ImageSpec(info["mode"], info["size"], _eval_transform(recipe.data.name)))
+    @staticmethod
+    def _say_folder(recipe: Recipe, classes: list[str], train: _Transformed, val: _Transformed | None,
+                    test: _Transformed, log: Callable[[str], None]) -> None:
+        data = recipe.data
+        streamed = train.ds.images is None
+        counts = torch.bincount(train.targets, minlength=len(classes)).tolist()
+        shown = ", ".join(f"{c} {n}" for c, n in list(zip(classes, counts))[:8]) + (" ..." if len(classes) > 8 else "")
+        log(f"data: {len(classes)} classes, {len(train)} training ({shown}), {len(val) if val else 0} validation, "
+            f"{len(test)} test images, {data.mode} {data.img_size}x{data.img_size}, "
+            + ("streamed from disk" + (f" by {recipe.train.workers} workers" if recipe.train.workers else
+                                       " (set train.workers=N to decode beside training)")
+               if streamed else "decoded once, in memory"))
 
-    def evaluate(self, run: TrainedRun, *, device: str = "auto") -> dict[str, Any]:
+    def load(self, run_dir: Path, recipe: Recipe, checkpoint: str = "auto") -> TrainedRun:
+        if (run_dir / CLASSES_FILE).is_file():
+            classes = read_json_mapping(run_dir / CLASSES_FILE).get("classes")
+            if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+                raise InputError(f"{run_dir / CLASSES_FILE} must hold {{\"classes\": [names]}}; got {classes!r}")
+        elif recipe.data.name in DATA_INFO:  # runs of older attnlab: the built-in sets' classes
+            classes = list(DATA_INFO[recipe.data.name]["classes"])
+        else:
+            raise InputError(f"run_dir must hold {CLASSES_FILE} (the class names of an image-folder run); "
+                             f"{run_dir} has none")
+        model = self.build_model(recipe, classes)
+        folder = load_weights(run_dir, model, checkpoint)
+        return TrainedRun(self, run_dir, recipe, model.eval(), folder, classes=classes, image=image_spec(recipe.data))
+
+    def evaluate(self, run: TrainedRun, *, device: str = "auto", data: str | Path | None = None) -> dict[str, Any]:
+        """The test set's metrics, or (``data``) those of a labelled folder ``data/<class>/<image>``."""
         cfg = run.recipe.train
-        res = evaluate_model(run.model, _test_data(run.recipe), batch_size=cfg.batch_size, device=device,
+        test = _test_data(run.recipe) if data is None else labelled_folder(data, run.image, run.classes)
+        res = evaluate_model(run.model, test, batch_size=cfg.batch_size, device=device,
                              precision=cfg.precision, channels_last=cfg.channels_last)
         return {"test_accuracy": res["accuracy"], "test_loss": res["loss"], "test_samples": res["samples"]}
 
     @torch.no_grad()
-    def predict(self, run: TrainedRun, inputs: Sequence[Any], *, top_k: int = 1) -> list[LabelPrediction]:
-        """``inputs``: image files. Each gets its ``top_k`` labels with their probabilities."""
+    def predict(self, run: TrainedRun, inputs: Sequence[Any], *, top_k: int = 1,
+                batch_size: int = 64) -> list[LabelPrediction]:
+        """``inputs``: image files, PIL images or ``uint8`` tensors ``(C, H, W)``, read as the
+        run was trained (mode, size, resizing) and classified in batches of ``batch_size``.
+        Each gets its ``top_k`` labels with their probabilities, most probable first."""
         spec = run.image
-        images = torch.stack([read_image(f, spec.mode, spec.size) for f in inputs])
-        probs = run.model(spec.transform(images)).float().softmax(-1)
-        top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
-        return [LabelPrediction(str(f), [(run.classes[i], p) for p, i in zip(ps.tolist(), ix.tolist())])
-                for f, ps, ix in zip(inputs, top.values, top.indices)]
+        device = next(run.model.parameters()).device
+        out: list[LabelPrediction] = []
+        for start in range(0, len(inputs), batch_size):
+            chunk = list(inputs[start : start + batch_size])
+            images = torch.stack([read_image(f, spec.mode, spec.size, spec.resize) for f in chunk])
+            probs = run.model(spec.transform(images).to(device)).float().softmax(-1).cpu()
+            top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+            out += [LabelPrediction(_name(f, start + k), [(run.classes[i], p) for p, i in zip(ps.tolist(), ix.tolist())])
+                    for k, (f, ps, ix) in enumerate(zip(chunk, top.values, top.indices))]
+        return out
 
     def report_items(self, run_dir: Path, *, device: str = "auto") -> list[Any]:
         """The test set's predictions by the weights ``results.json`` was tested with."""
@@ -268,7 +517,7 @@ class ImageClassification(Task):
                 if not isinstance(f, (str, Path)):
                     raise InputError(f"inputs[{i}] must be an image file path for an image run; "
                                      f"got {type(f).__name__}")
-            images = torch.stack([read_image(f, run.image.mode, run.image.size) for f in inputs])
+            images = torch.stack([read_image(f, run.image.mode, run.image.size, run.image.resize) for f in inputs])
             return images, [Path(f).name for f in inputs]
         test = _test_data(run.recipe)
         n = min(max_inputs, len(test))

@@ -172,12 +172,12 @@ class Reverse(Task):
 
     @torch.no_grad()
     def predict(self, run: TrainedRun, inputs: Sequence[str], *, num_beams: int | None = None,
-                max_length: int | None = None, batch_size: int = 64, device: str = "auto") -> list[TextPrediction]:
+                max_length: int | None = None, batch_size: int = 64, device: str | None = None) -> list[TextPrediction]:
         """``inputs``: strings of token ids (``"5 9 3"``); each gets the model's reversal, in
         batches of ``batch_size``, with at most ``max_length`` tokens (default: the input's
         length and the end token)."""
         strings = [_parse(text, run.recipe.data.vocab_size) for text in check_texts(inputs, self.name)]
-        model = run.model.to(select_device(device) if isinstance(device, str) else device).eval()
+        model = run.model.to(select_device(device) if device else run.device).eval()
         dev = next(model.parameters()).device
         out = []
         for start in range(0, len(strings), batch_size):

@@ -136,9 +136,13 @@ def read_results(run_dir: str | Path) -> dict[str, Any] | None:
     return read_json_mapping(path) if path.exists() else None
 
 
-def load_run(run_dir: str | Path, checkpoint: str = "auto") -> TrainedRun:
-    """A finished run as one object: its recipe, its task, its model (in eval mode, on the
-    CPU) with the weights of ``checkpoint``, its preprocessing and class names.
+def load_run(run_dir: str | Path, checkpoint: str = "auto", *, device: str = "cpu") -> TrainedRun:
+    """A finished run as one object: its recipe, its task, its model (in eval mode, on
+    ``device``: ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``auto``) with the weights of
+    ``checkpoint``, its preprocessing and class names::
+
+        run = attnlab.load_run("runs/photos")
+        run.predict(["cat.jpg", PIL.Image.open("dog.png")], top_k=3)   # [LabelPrediction(input, labels), ...]
 
     ``checkpoint``: ``"auto"`` (the weights its test figures in ``results.json`` come
     from; else averaged > best > last), ``"best"``, ``"last"``, ``"averaged"`` or a
@@ -147,7 +151,9 @@ def load_run(run_dir: str | Path, checkpoint: str = "auto") -> TrainedRun:
     if not run_dir.is_dir():
         raise InputError(f"run_dir must be a run directory; {run_dir} does not exist")
     recipe = read_recipe(run_dir)
-    return get_task(recipe.task).load(run_dir, recipe, checkpoint)
+    run = get_task(recipe.task).load(run_dir, recipe, checkpoint)
+    run.model.to(select_device(device))
+    return run
 
 
 def resolve_weights(run_dir: Path, checkpoint: str = "auto") -> str:

@@ -204,7 +204,8 @@ class TextClassification(Task):
         for start in range(0, len(inputs), batch_size):
             chunk = list(inputs[start : start + batch_size])
             batch = run.tokenizer.encode(chunk, max_length=run.recipe.text.max_length)
-            probs = run.model(batch["input_ids"], batch["attention_mask"]).float().softmax(-1)
+            device = run.device
+            probs = run.model(batch["input_ids"].to(device), batch["attention_mask"].to(device)).float().softmax(-1).cpu()
             top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
             out += [LabelPrediction(text, [(run.classes[i], p) for p, i in zip(ps.tolist(), ix.tolist())])
                     for text, ps, ix in zip(chunk, top.values, top.indices)]

@@ -346,9 +346,11 @@ class Translation(Task):
                 "test_samples": res["samples"]}
 
     def predict(self, run: TrainedRun, inputs: Sequence[str], *, num_beams: int | None = None,
-                max_length: int | None = None, batch_size: int = 64, device: str = "auto") -> list[TextPrediction]:
-        """Translations of ``inputs`` (beam size and length penalty from the recipe unless given)."""
-        texts = list(inputs)
+                max_length: int | None = None, batch_size: int = 64, device: str | None = None) -> list[TextPrediction]:
+        """Translations of ``inputs`` (beam size and length penalty from the recipe unless given),
+        on ``device`` (default: where the run's model is)."""
+        texts = check_texts(inputs, self.name)
+        device = device or str(run.device)
         outs = translate_as_recipe(run.recipe, run.model, run.tokenizer, run.target_tokenizer, texts,
                                    num_beams=num_beams, max_length=max_length, batch_size=batch_size, device=device)
         return [TextPrediction(t, o) for t, o in zip(texts, outs)]

@@ -26,6 +26,16 @@ class LabelPrediction:
     input: str
     labels: list[tuple[str, float]]
 
+    @property
+    def label(self) -> str:
+        """The most probable class."""
+        return self.labels[0][0]
+
+    @property
+    def prob(self) -> float:
+        """Its probability."""
+        return self.labels[0][1]
+
 
 @dataclass
 class TextPrediction:
