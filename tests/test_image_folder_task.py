@@ -250,3 +250,15 @@ def test_predict_reads_standard_input_reports_blank_and_bad_lines_and_writes_jso
     assert records[0]["label"] == records[0]["top_k"][0]["label"] and len(records[0]["top_k"]) == 2
     assert "line 2 of standard input: blank: not predicted" in err
     assert "line 3 of standard input: error: FILE" in err
+
+
+def test_export_command_writes_an_onnx_file_that_matches_pytorch(folder_run, tmp_path, capsys):
+    pytest.importorskip("onnxruntime", reason="the [export] extra is not installed (make test installs it)")
+    root, run_dir = folder_run
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "photos.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "photos.onnx").is_file() and (tmp_path / "photos.preprocessing.json").is_file()
+    difference = float(out.rsplit(":", 1)[1])
+    assert difference <= 1e-4
+    spec = json.loads((tmp_path / "photos.preprocessing.json").read_text())
+    assert spec["classes"] == ["blue", "green", "red"] and spec["inputs"][0]["name"] == "image"

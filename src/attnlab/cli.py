@@ -32,6 +32,7 @@ from .plugins import import_plugins
 from .recipes import list_recipes, load_recipe, recipe_keys
 from .report import write_run_report, write_run_report_safely
 from .tasks import get_task, load_run, read_recipe, recipe_dict, recipe_from_dict
+from .tasks.export import FORMATS, export_run, verify_export
 from .viz.run import visualize_run
 
 
@@ -346,6 +347,22 @@ def _stdin_lines():
             yield where, None
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """A run's classifier as one ONNX (or TorchScript) file with its preprocessing beside
+    it, checked against PyTorch on inputs of other shapes than it was captured with."""
+    run = load_run(args.run_dir, args.checkpoint)
+    out = Path(args.out) if args.out else Path(args.run_dir) / "export"
+    result = export_run(run, out, args.format, opset=args.opset)
+    difference = verify_export(result, run)
+    print(f"model: {result.path}")
+    print(f"preprocessing: {result.preprocessing}")
+    if result.tokenizer is not None:
+        print(f"tokenizer: {result.tokenizer}")
+    print(f"inputs: {', '.join(result.input_names)}; outputs: {', '.join(result.output_names)}")
+    print(f"largest |logit difference| against PyTorch on new random inputs: {difference:.2e}")
+    return 0
+
+
 def cmd_visualize(args: argparse.Namespace) -> int:
     queries = [_query(q) for q in args.query] if args.query else None
     paths = visualize_run(args.run_dir, args.inputs, args.out, max_inputs=args.max_inputs, checkpoint=args.checkpoint,
@@ -489,6 +506,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive_int, default=64, help="inputs per batch (default 64)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("export", parents=[plugins],
+                       help="write a run's classifier as an ONNX (or TorchScript) file, with its preprocessing")
+    p.add_argument("run_dir", help="a run directory of an image or text classifier")
+    p.add_argument("--format", default="onnx", choices=sorted(FORMATS), help="onnx (default) or torchscript")
+    p.add_argument("--out", default=None, metavar="PATH",
+                   help="a .onnx/.pt file, or a folder for model.onnx/model.pt (default RUN_DIR/export)")
+    p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
+    p.add_argument("--opset", type=_positive_int, default=None, help="ONNX opset (default: the exporter's)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("visualize", parents=[plugins], help="draw what a trained run's attention looks at (PNGs)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by 'attnlab train'")
