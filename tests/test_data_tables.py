@@ -126,7 +126,7 @@ def test_unknown_format_value(tmp_path):
 def test_missing_column_names_the_columns(tmp_path):
     f = _write(tmp_path / "a.csv", "Text,label\nhi,pos\n")
     with pytest.raises(
-        InputError, match=r"a\.csv: .*no column 'text' \(text_column\); did you mean Text\? \(columns: Text, label\)"
+        InputError, match=r"a\.csv: .*no column 'text' \(text_column, data.text_column in a recipe\); did you mean Text\? \(columns: Text, label\)"
     ):
         read_labelled_texts(f)
     f = _write(tmp_path / "b.csv", "review,sentiment\nhi,pos\n")

@@ -15,6 +15,7 @@ import torch
 import yaml
 from torch import nn
 
+from attnlab.tasks.text_classification import TextInfo
 from attnlab.data.tokenize import TextTokenizer
 from attnlab.data.transforms import cifar_eval_transforms, digits_transforms
 from attnlab.engine.checkpoint import save_checkpoint
@@ -100,7 +101,7 @@ def text_run(tmp_path_factory):
     recipe = recipe_from_dict({"task": "text_classification", "model": {"name": "sentiment_transformer_small"},
                                "text": {"vocab_size": 300, "max_length": 32}})
     tokenizer = TextTokenizer.train(TEXTS, "wordpiece", 300, lowercase=True, min_frequency=1)
-    model = get_task("text_classification").build_model(recipe, tokenizer)
+    model = get_task("text_classification").build_model(recipe, TextInfo(tokenizer, ["negative", "positive"]))
     (folder / "config.yaml").write_text(yaml.safe_dump(recipe_dict(recipe), sort_keys=False))
     tokenizer.save(folder / "tokenizer.json")
     save_checkpoint(folder / "checkpoints", 2, model.state_dict(), {"step": 2})

@@ -5,6 +5,7 @@ still load: their config.yaml carried every task's sections, named the text task
 import torch
 import yaml
 
+from attnlab.tasks.text_classification import TextInfo
 from attnlab.data.tokenize import TextTokenizer
 from attnlab.engine.checkpoint import save_checkpoint
 from attnlab.tasks import get_task, load_run, read_recipe
@@ -37,7 +38,7 @@ def test_an_old_sentiment_run_loads_as_text_classification(tmp_path):
               "model": {"name": "sentiment_transformer_tiny", "options": old_options}, **OLD_SECTIONS,
               "train": OLD_TRAIN}
     recipe = read_recipe_of(config, tmp_path / "config")
-    model = get_task("text_classification").build_model(recipe, tok)
+    model = get_task("text_classification").build_model(recipe, TextInfo(tok, ["negative", "positive"]))
     _old_run(tmp_path / "mr", config, model)
     tok.save(tmp_path / "mr" / "tokenizer.json")
     run = load_run(tmp_path / "mr")

@@ -9,6 +9,7 @@ import torch
 import yaml
 from PIL import Image
 
+from attnlab.tasks.text_classification import TextInfo
 from attnlab.cli import main
 from attnlab.data.tokenize import TextTokenizer
 from attnlab.engine.checkpoint import save_checkpoint
@@ -145,7 +146,7 @@ def test_botnet_run_with_image_files_and_query_pixels(tmp_path, image_files):
 def sentiment_model(recipe, folder):
     tok = TextTokenizer.train(SENTENCES, "wordpiece", 300, lowercase=True, min_frequency=1)
     tok.save(folder / "tokenizer.json")
-    return get_task(recipe.task).build_model(recipe, tok)
+    return get_task(recipe.task).build_model(recipe, TextInfo(tok, ["negative", "positive"]))
 
 
 def test_sentiment_run_draws_one_picture_per_layer(tmp_path):

@@ -57,7 +57,8 @@ def read_text_lines(path: str | Path) -> list[str]:
     """
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"path must be an existing text file; got {path}")
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"{path} {what}; a text file was expected")
     return read_gzip_lines(path) if path.name.lower().endswith(".gz") else read_lines(path)
 
 

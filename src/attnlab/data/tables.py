@@ -108,7 +108,7 @@ def _missing_column(path: Path, column: str, parameter: str, columns: Sequence[s
     hint = did_you_mean(column, columns, "columns") if columns else "; it has none"
     if hint.startswith("; did you mean"):
         hint += f" (columns: {', '.join(sorted(columns))})"
-    return InputError(f"{path}: {where} has no column {column!r} ({parameter}){hint}")
+    return InputError(f"{path}: {where} has no column {column!r} ({parameter}, data.{parameter} in a recipe){hint}")
 
 
 class _Collector:

@@ -58,7 +58,8 @@ def read_lines(path: str | Path, encoding: str = "utf-8") -> list[str]:
     """
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"path must be an existing text file; got {path}")
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"{path} {what}; a text file was expected")
     return decode_lines(path.read_bytes(), path, encoding)
 
 

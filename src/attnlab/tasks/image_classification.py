@@ -46,6 +46,7 @@ from ..models.botnet import BoTBlock, BoTNet
 from ..models.registry import config_class
 from ..models.vit import VisionTransformer
 from .base import DataConfig, ImageSpec, ModelConfig, Recipe, Task, TrainedRun, register_task
+from .splits import cap_per_class, stratified_split
 from .runs import checkpoint_label, fit_run, load_run, load_weights, open_run, test_run, write_results
 from .views import ClassifierPredictions, ImageAttention, LabelPrediction, PixelAttention
 
@@ -152,34 +153,6 @@ class _Transformed:
         return self.transform(x), int(y)
 
 
-def _split(targets: Tensor, size: float, seed: int, what: str = "data.val_size",
-           ) -> tuple[Tensor, Tensor | None]:
-    """``(kept indices, held-out indices or None)``, stratified by class."""
-    if size == 0:
-        return torch.arange(len(targets)), None
-    from sklearn.model_selection import train_test_split  # sklearn is slow to import: only when splitting
-
-    n = int(size) if size >= 1 else size
-    if isinstance(n, int) and not 0 < n < len(targets):
-        raise InputError(f"{what} must be below the {len(targets)} images it is taken from; got {n}")
-    counts = torch.bincount(targets)
-    counts = counts[counts > 0]
-    held = n if isinstance(n, int) else int(np.ceil(n * len(targets)))
-    stratify = targets.numpy() if int(counts.min()) >= 2 and held >= len(counts) else None  # too few to stratify
-    keep, out = train_test_split(np.arange(len(targets)), test_size=n, stratify=stratify, random_state=seed)
-    return torch.from_numpy(np.sort(keep)), torch.from_numpy(np.sort(out))
-
-
-def _cap_per_class(indices: Tensor, targets: Tensor, cap: int, seed: int) -> Tensor:
-    """At most ``cap`` of ``indices`` per class, drawn with ``seed`` (``cap`` 0: all)."""
-    if cap == 0:
-        return indices
-    gen = torch.Generator().manual_seed(seed)
-    order = indices[torch.randperm(len(indices), generator=gen)]
-    kept = torch.cat([order[targets[order] == c][:cap] for c in targets[indices].unique()])
-    return kept.sort().values
-
-
 # ----------------------------------------------------------------------------- an image folder
 
 
@@ -235,7 +208,7 @@ def image_folder_splits(data: ImageDataConfig) -> tuple[list[str], _Transformed,
     if "test" in sets:
         test = _Transformed(sets["test"], folder_transforms(data.img_size, data.mode, False))
     else:
-        keep, held = _split(train_all.targets, data.test_size, data.seed, "data.test_size")
+        keep, held = stratified_split(train_all.targets, data.test_size, data.seed, "data.test_size")
         if held is None:
             raise InputError(f"data.test_size must be above 0 when {root} has no test/ folder")
         pool = keep
@@ -243,11 +216,11 @@ def image_folder_splits(data: ImageDataConfig) -> tuple[list[str], _Transformed,
     if "val" in sets:
         val = _Transformed(sets["val"], folder_transforms(data.img_size, data.mode, False))
     else:
-        keep, held = _split(train_all.targets[pool], data.val_size, data.seed)
+        keep, held = stratified_split(train_all.targets[pool], data.val_size, data.seed)
         val = None if held is None else _Transformed(train_all, folder_transforms(data.img_size, data.mode, False),
                                                      pool[held])
         pool = pool[keep]
-    pool = _cap_per_class(pool, train_all.targets, data.max_per_class, data.seed)
+    pool = cap_per_class(pool, train_all.targets, data.max_per_class, data.seed)
     train = _Transformed(train_all, folder_transforms(data.img_size, data.mode, data.augment), pool)
     return classes, train, val, test
 
@@ -270,7 +243,7 @@ def build_data(recipe: ImageClassificationRecipe) -> tuple[_Transformed, _Transf
     if data.name == "folder":
         return image_folder_splits(data)[1:]
     train = _load(recipe, "train")
-    train_idx, val_idx = _split(train.targets, data.val_size, data.seed)
+    train_idx, val_idx = stratified_split(train.targets, data.val_size, data.seed)
     if data.name == "digits":
         augment = digits_transforms(train=data.augment)
     else:
