@@ -61,9 +61,10 @@ def test_predict_texts_and_standard_input(split_run, capsys, monkeypatch):
         assert main(["predict", str(split_run), *texts]) == 0
     out, err = capsys.readouterr()
     warning = [line for line in err.splitlines() if "truncated" in line]  # one line, no Python source line
-    assert len(warning) == 1 and warning[0].startswith("attnlab predict: warning: 1 of 5 texts")
+    assert len(warning) == 1 and warning[0].startswith("attnlab predict: warning: 1 of 3 texts")
+    assert "argument 2: blank: not predicted" in err and "argument 3: blank: not predicted" in err
     lines = out.splitlines()
-    assert len(lines) == len(texts)
+    assert len(lines) == len(texts) - 2  # the blank ones are reported, not classified
     for line in lines:
         label, prob = line.split("\t")[:2]
         assert label in ("negative", "positive") and 0.5 <= float(prob) <= 1.0
@@ -111,7 +112,7 @@ def test_cross_validation_runs_ten_folds_and_resumes_a_missing_one(tmp_path, cap
 
 
 def test_recipe_task_and_data_must_agree():
-    with pytest.raises(ValueError, match="data.name must be one of 'mr'; got 'cifar10'"):
+    with pytest.raises(ValueError, match="data.name must be one of 'mr', 'file'; got 'cifar10'"):
         load_recipe("sentiment-mr", ["data.name=cifar10"])
 
 
