@@ -127,6 +127,8 @@ def test_a_file_run_trains_predicts_evaluates_and_takes_a_file_of_ones_own(tmp_p
     assert run.evaluate()["test_accuracy"] == results["test_accuracy"]
     [p] = run.predict(["rain and storm and wind"], top_k=3)
     assert p.label == "weather" and len(p.labels) == 3
+    with pytest.raises(InputError, match="its predictions are labels: use predict"):
+        run.translate(["rain"])
     other = write_csv(tmp_path / "mine.csv", rows(4, seed=9), ("review", "topic"))
     capsys.readouterr()
     assert main(["eval", str(run_dir), "--data", str(other)]) == 0

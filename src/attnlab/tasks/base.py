@@ -132,7 +132,7 @@ class TrainedRun:
         ``num_beams``, ``max_length``, ``batch_size``, ``device``."""
         if self.task.outputs != "text":
             raise InputError(f"translate needs a run that generates text; {self.run_dir} is a {self.task.name} "
-                             f"run, whose predictions are labels: use predict")
+                             f"run: its predictions are labels: use predict")
         return [p.output for p in self.predict(texts, **options)]
 
     @property

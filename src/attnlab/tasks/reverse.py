@@ -164,7 +164,9 @@ class Reverse(Task):
         folder = load_weights(run_dir, model, checkpoint)
         return TrainedRun(self, run_dir, recipe, model.eval(), folder)
 
-    def evaluate(self, run: TrainedRun, *, device: str = "auto") -> dict[str, Any]:
+    def evaluate(self, run: TrainedRun, *, device: str = "auto", data: str | Path | None = None) -> dict[str, Any]:
+        if data is not None:
+            raise InputError(f"the {self.name} demo makes its own data; it takes no --data")
         cfg, test = run.recipe.train, self._data(run.recipe, "test")
         res = evaluate_model(run.model, test, batch_size=cfg.batch_size, device=device, precision=cfg.precision)
         return {"test_accuracy": res["accuracy"], "test_loss": res["loss"], "test_samples": res["samples"],

@@ -1,5 +1,16 @@
-"""Translation (Multi30k German to English by default): BPE, a Transformer trained by the
-engine with label smoothing, checkpoint averaging, beam search, and BLEU on the test set.
+"""Translation (Multi30k German to English by default, or parallel files of one's own):
+BPE, a Transformer trained by the engine with label smoothing, checkpoint averaging, beam
+search, and BLEU on the test set.
+
+Data (``data.name``):
+
+* ``multi30k``: Multi30k task 1, any two of ``de``, ``en``, ``fr``, ``cs``.
+* ``files``: a folder ``data.root`` of parallel files, one sentence per line, line ``i``
+  of one the translation of line ``i`` of the other: ``train.SRC`` and ``train.TGT`` for
+  the language codes ``data.source`` and ``data.target`` (any codes; each file may be
+  gzipped, ``train.de.gz``), or a ``train.tsv`` of ``source<TAB>target`` lines. ``val``
+  and ``test`` files alike are used when present; else ``data.val_size`` and
+  ``data.test_size`` of the training pairs are held out (at random, ``data.seed``).
 
 A run directory gains, beside the engine's files::
 
@@ -24,7 +35,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
@@ -32,7 +43,8 @@ import torch
 from torch import nn
 
 from ..attention.capture import capture_attention
-from ..data.multi30k import load_multi30k
+from ..data.multi30k import MULTI30K_LANGUAGES, load_multi30k
+from ..data.parallel import find_parallel, load_parallel, read_pairs_tsv
 from ..data.tokenize import TextTokenizer, shorten
 from ..data.translation import TranslationDataset
 from ..engine import distributed
@@ -50,15 +62,38 @@ __all__ = ["TranslationDataConfig", "TranslationTextConfig", "TranslateConfig", 
            "translate", "bleu_scores", "build_tokenizers", "seq2seq_alignment"]
 
 
+FILES = {"only": ("files",)}  # a data key that applies to data.name=files alone
+
+
 @dataclass
 class TranslationDataConfig(DataConfig):
-    name: Literal["multi30k"] = "multi30k"
-    source: Literal["de", "en", "fr", "cs"] = "de"
-    target: Literal["de", "en", "fr", "cs"] = "en"
+    name: Literal["multi30k", "files"] = "multi30k"
+    source: str = "de"  # language code of the source (multi30k: de, en, fr or cs; files: any, e.g. the extension)
+    target: str = "en"  # language code of the target
+    root: str | None = field(default=None, metadata=FILES)  # files: the folder of train.SRC/train.TGT (or train.tsv)
+    # files without val / test files: training pairs held out, a count or a fraction below 1
+    val_size: float = field(default=0.05, metadata={"min": 0.0, **FILES})
+    test_size: float = field(default=0.05, metadata={"min": 0.0, **FILES})
+    seed: int = field(default=0, metadata={"min": 0, "max": 2**32 - 1, **FILES})  # files: of the held-out pairs
+    skip_blank: bool = field(default=False, metadata=FILES)  # files: drop pairs with a blank side (else an error)
 
     def __post_init__(self) -> None:
         if self.source == self.target:
             raise InputError(f"data.source and data.target must differ; got {self.source!r} for both")
+        if self.name == "multi30k":
+            for key in ("source", "target"):
+                if getattr(self, key) not in MULTI30K_LANGUAGES:
+                    raise InputError(f"data.{key} must be one of {', '.join(map(repr, MULTI30K_LANGUAGES))} for "
+                                     f"multi30k; got {getattr(self, key)!r}")
+            for f in fields(self):
+                default = f.default_factory() if f.default_factory is not MISSING else f.default
+                if "only" in f.metadata and getattr(self, f.name) != default:
+                    raise InputError(f"data.{f.name} applies to data.name=files; got data.name={self.name!r} "
+                                     f"with data.{f.name}={getattr(self, f.name)!r}")
+        for key in ("val_size", "test_size"):
+            value = getattr(self, key)
+            if value >= 1 and value != int(value):
+                raise InputError(f"data.{key} must be a fraction below 1 or a whole count of pairs; got {value!r}")
 
 
 @dataclass
@@ -227,7 +262,55 @@ def strip_padding(hyp: list[int], pad_id: int) -> list[int]:
     return hyp
 
 
+def _held_out(n: int, size: float, seed: int, what: str) -> tuple[list[int], list[int]]:
+    """``(kept, held out)`` indices of ``range(n)``: ``size`` of them (count or fraction) at random."""
+    count = int(size) if size >= 1 else round(size * n)
+    if not 0 < count < n:
+        raise InputError(f"{what} must leave some of the {n} training pairs and hold out at least one; got {size!r}")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    return sorted(order[count:]), sorted(order[:count])
+
+
+def file_splits(data: TranslationDataConfig) -> tuple[dict[str, list[tuple[str, str]]], int]:
+    """The train, val and test pairs of a folder of parallel files (see the module docstring),
+    and how many pairs with a blank side were skipped (``data.skip_blank``): a pure function
+    of the recipe, so that evaluation finds the same test pairs."""
+    if not data.root:
+        raise InputError("data.root must name a folder of parallel files (train.SRC and train.TGT, or train.tsv) "
+                         "when data.name is 'files'")
+    root = Path(data.root).expanduser()
+    if not root.is_dir():
+        raise InputError(f"data.root must be a folder of parallel files; {root} "
+                         f"{'is a file' if root.exists() else 'does not exist'}")
+    splits = {"train": load_parallel(root, "train", data.source, data.target, skip_blank=data.skip_blank)}
+    for name in ("val", "test"):
+        try:
+            find_parallel(root, name, data.source, data.target)
+        except FileNotFoundError:
+            continue
+        splits[name] = load_parallel(root, name, data.source, data.target, skip_blank=data.skip_blank)
+    skipped = sum(p.skipped for p in splits.values())
+    train = splits["train"]
+    if "test" not in splits:
+        keep, held = _held_out(len(train), data.test_size, data.seed, "data.test_size")
+        splits["test"], train = [train[i] for i in held], [train[i] for i in keep]
+    if "val" not in splits:
+        keep, held = _held_out(len(train), data.val_size, data.seed + 1, "data.val_size")
+        splits["val"], train = [train[i] for i in held], [train[i] for i in keep]
+    splits["train"] = train
+    return splits, skipped
+
+
+def _pairs_of(path: Path, data: TranslationDataConfig) -> list[tuple[str, str]]:
+    """Sentence pairs of one's own for ``eval --data``: a TSV file, or a folder's test files."""
+    if path.is_dir():
+        return load_parallel(path, "test", data.source, data.target)
+    return read_pairs_tsv(path)
+
+
 def _load_split(recipe: Recipe, split: str) -> list[tuple[str, str]]:
+    if recipe.data.name == "files":
+        return file_splits(recipe.data)[0][split]
     return load_multi30k(split, recipe.data.data_dir, recipe.data.source, recipe.data.target)
 
 
@@ -241,12 +324,13 @@ def _dataset(recipe: Recipe, src_tok: TextTokenizer, tgt_tok: TextTokenizer,
 class Translation(Task):
     name = "translation"
     recipe_class = TranslationRecipe
-    summary = "translate sentences: Multi30k (de, en, fr, cs), BLEU with sacreBLEU"
+    summary = "translate sentences: Multi30k (de, en, fr, cs) or parallel files of one's own; BLEU with sacreBLEU"
     inputs = "texts"
     outputs = "text"
     sample_unit = "sentence pairs"
-    fixed_on_resume = ("task", "data.name", "data.source", "data.target", "model", "text", "train.optimizer")
-    legacy_keys = ("data.augment", "data.protocol", "data.seed")
+    fixed_on_resume = ("task", "data.name", "data.source", "data.target", "data.root", "data.val_size",
+                       "data.test_size", "data.seed", "model", "text", "train.optimizer")
+    legacy_keys = ("data.augment", "data.protocol")
 
     def model_options(self, recipe: Recipe, info: tuple[TextTokenizer, TextTokenizer] | None = None) -> dict[str, Any]:
         if info is None:
@@ -278,8 +362,15 @@ class Translation(Task):
     def train(self, recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
               log: Callable[[str], None] = print) -> dict[str, Any]:
         run_dir = Path(run_dir)
-        with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, log=log) as resume_from:
+        # read before a run directory is made: a missing or mismatched file is named at once
+        if recipe.data.name == "files":
+            splits, skipped = file_splits(recipe.data)
+            log(f"data: {len(splits['train'])} training, {len(splits['val'])} validation, {len(splits['test'])} test "
+                f"pairs ({recipe.data.source} -> {recipe.data.target})"
+                + (f"; {skipped} pairs with a blank side skipped" if skipped else ""))
+        else:
             splits = {name: _load_split(recipe, name) for name in ("train", "val", "test")}
+        with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, log=log) as resume_from:
             src_path, tgt_path = _tokenizer_paths(run_dir, recipe.text.joint_vocab)
             if src_path.is_file() and tgt_path.is_file():  # a resumed run: its weights belong to these
                 src_tok = TextTokenizer.load(src_path)
@@ -331,11 +422,14 @@ class Translation(Task):
         folder = load_weights(run_dir, model, checkpoint)
         return TrainedRun(self, run_dir, recipe, model.eval(), folder, tokenizer=src_tok, target_tokenizer=tgt_tok)
 
-    def evaluate(self, run: TrainedRun, *, device: str = "auto", batch_size: int | None = None) -> dict[str, Any]:
+    def evaluate(self, run: TrainedRun, *, device: str = "auto", batch_size: int | None = None,
+                 data: str | Path | None = None) -> dict[str, Any]:
         """Token accuracy and loss (teacher-forced) and the BLEU of the beam-search
         translations on the test set, decoded as the recipe says (``batch_size``:
-        sentences per decoding batch; the result does not depend on it)."""
-        pairs = _load_split(run.recipe, "test")
+        sentences per decoding batch; the result does not depend on it). ``data``: pairs of
+        one's own instead: a TSV file of ``source<TAB>target`` lines, or a folder holding
+        ``test.SRC`` and ``test.TGT`` for the run's language codes."""
+        pairs = _load_split(run.recipe, "test") if data is None else _pairs_of(Path(data), run.recipe.data)
         cfg = run.recipe.train
         res = evaluate_model(run.model, _dataset(run.recipe, run.tokenizer, run.target_tokenizer, pairs),
                              batch_size=cfg.batch_size, device=device, precision=cfg.precision)
