@@ -1,7 +1,10 @@
 import shutil
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 # A digits ViT small enough to train in a second: for tests of run directories.
 TINY_DIGITS = ["model.options.depth=1", "model.options.embed_dim=32", "model.options.num_heads=2", "train.steps=4",
@@ -55,3 +58,31 @@ def reference_attention(q, k, v, blocked=None, additive=None, scale=None):
     s = e.sum(-1, keepdim=True)
     w = torch.where(s > 0, e / s.clamp_min(1e-300), torch.zeros_like(e))
     return w @ v, w
+
+
+# ----------------------------------------------------------------------------- image folders of one's own
+
+COLOURS = {"blue": (30, 30, 200), "green": (30, 200, 30), "red": (200, 30, 30)}
+
+
+def photo(colour, h, w, seed):
+    gen = np.random.default_rng(seed)
+    return np.clip(gen.normal(colour, 25, (h, w, 3)), 0, 255).astype(np.uint8)
+
+
+def make_folder(root: Path, per_class: int = 12, classes=COLOURS) -> Path:
+    """Images of every kind a user's folder holds: sizes vary, modes vary."""
+    for c, colour in classes.items():
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            im = Image.fromarray(photo(colour, 20 + 7 * (i % 5), 30 + 5 * (i % 3), i))
+            kind = i % 4
+            if kind == 0:
+                im.save(root / c / f"{i}.png")
+            elif kind == 1:
+                im.convert("RGBA").save(root / c / f"{i}.png")
+            elif kind == 2:
+                im.convert("P").save(root / c / f"{i}.gif")
+            else:
+                im.save(root / c / f"{i}.jpg", quality=95)
+    return root

@@ -17,31 +17,7 @@ from attnlab.errors import InputError
 from attnlab.recipes import load_recipe
 from attnlab.tasks.image_classification import build_data, image_folder_splits
 
-COLOURS = {"blue": (30, 30, 200), "green": (30, 200, 30), "red": (200, 30, 30)}
-
-
-def _photo(colour, h, w, seed):
-    gen = np.random.default_rng(seed)
-    return np.clip(gen.normal(colour, 25, (h, w, 3)), 0, 255).astype(np.uint8)
-
-
-def make_folder(root: Path, per_class: int = 12, classes=COLOURS) -> Path:
-    """Images of every kind a user's folder holds: sizes vary, modes vary."""
-    for c, colour in classes.items():
-        (root / c).mkdir(parents=True, exist_ok=True)
-        for i in range(per_class):
-            im = Image.fromarray(_photo(colour, 20 + 7 * (i % 5), 30 + 5 * (i % 3), i))
-            kind = i % 4
-            if kind == 0:
-                im.save(root / c / f"{i}.png")
-            elif kind == 1:
-                im.convert("RGBA").save(root / c / f"{i}.png")
-            elif kind == 2:
-                im.convert("P").save(root / c / f"{i}.gif")
-            else:
-                im.save(root / c / f"{i}.jpg", quality=95)
-    return root
-
+from conftest import COLOURS, make_folder, photo  # a folder of images of every kind, made by the tests
 
 def recipe(root, *overrides):
     return load_recipe("image-folder", [f"data.root={root}", "data.img_size=16", "model.options.widths=[8,16,16]",
@@ -52,7 +28,7 @@ def recipe(root, *overrides):
 
 
 def test_every_mode_becomes_rgb_or_grey_at_the_size_asked(tmp_path):
-    rgb = _photo((200, 30, 30), 30, 40, 0)
+    rgb = photo((200, 30, 30), 30, 40, 0)
     sixteen = Image.fromarray(np.arange(30 * 40, dtype=np.uint16).reshape(30, 40) * 50)
     assert sixteen.mode.startswith("I;16")
     cases = {"RGB": Image.fromarray(rgb), "L": Image.fromarray(rgb).convert("L"),
@@ -172,7 +148,7 @@ def test_streaming_reads_the_same_batches_as_the_cache(tmp_path):
 def test_a_damaged_file_found_only_while_streaming_is_replaced_not_fatal(tmp_path):
     root = make_folder(tmp_path / "imgs", 2)
     good = io.BytesIO()
-    Image.fromarray(_photo((1, 2, 3), 64, 64, 0)).save(good, format="PNG")
+    Image.fromarray(photo((1, 2, 3), 64, 64, 0)).save(good, format="PNG")
     (root / "red" / "cut.png").write_bytes(good.getvalue()[:200])  # the header reads, the pixels do not
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -262,3 +238,29 @@ def test_export_command_writes_an_onnx_file_that_matches_pytorch(folder_run, tmp
     assert difference <= 1e-4
     spec = json.loads((tmp_path / "photos.preprocessing.json").read_text())
     assert spec["classes"] == ["blue", "green", "red"] and spec["inputs"][0]["name"] == "image"
+
+
+def test_a_run_trained_with_the_python_trainer_becomes_a_full_run_directory(tmp_path, capsys):
+    from attnlab.engine import Trainer
+    from attnlab.tasks import finish_run, get_task
+
+    root = make_folder(tmp_path / "imgs", 8)
+    r = recipe(root, "train.steps=4", "train.batch_size=8", "train.log_every=0", "train.progress=false")
+    classes, train, val, test = image_folder_splits(r.data)
+    model = get_task(r.task).build_model(r, classes)
+    trainer = Trainer(model, train, r.train, eval_data=val, run_dir=tmp_path / "mine", log=lambda _: None)
+    trainer.fit()
+    trainer.save()
+    results = finish_run(tmp_path / "mine", r, classes=classes, test_data=test)
+    assert results["test_samples"] == len(test) and results["classes"] == classes
+    run = attnlab.load_run(tmp_path / "mine")
+    assert run.evaluate()["test_accuracy"] == results["test_accuracy"]  # the recipe finds the same test images
+    image = root / "red" / "1.png"
+    [p] = run.predict([str(image)], top_k=3)
+    assert main(["predict", str(tmp_path / "mine"), str(image), "--top-k", "3"]) == 0
+    line = capsys.readouterr().out.strip().split("\t")
+    assert line[0] == p.label and float(line[1]) == pytest.approx(p.prob, abs=1e-3)
+    assert main(["report", str(tmp_path / "mine")]) == 0
+    assert (tmp_path / "mine" / "report.html").is_file()
+    with pytest.raises(InputError, match="has no checkpoints/"):
+        finish_run(tmp_path / "empty", r, classes=classes)

@@ -250,8 +250,10 @@ class Trainer:
     """``Trainer(model, train_data, config, eval_data=..., run_dir=...).fit()``.
 
     ``loss_fn(outputs, targets)`` defaults to cross-entropy with the configured label
-    smoothing. Checkpoints go to ``run_dir/checkpoints`` and metrics to
-    ``run_dir/metrics.jsonl`` when ``run_dir`` is given.
+    smoothing. ``lr_scales`` (``{parameter name prefix: multiplier}``, see
+    :func:`~attnlab.engine.optim.param_groups`) gives parts of the model other rates;
+    parameters with ``requires_grad=False`` are not trained. Checkpoints go to
+    ``run_dir/checkpoints`` and metrics to ``run_dir/metrics.jsonl`` when ``run_dir`` is given.
 
     Data-parallel under torchrun (after :func:`~attnlab.engine.distributed.init_distributed`):
     ``batch_size`` is per process, each rank trains on its share of every global batch of
@@ -260,7 +262,8 @@ class Trainer:
 
     def __init__(self, model: nn.Module, train_data: Any, config: TrainConfig, *, eval_data: Any = None,
                  run_dir: str | Path | None = None, loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
-                 collate: Callable[[Sequence[Any]], tuple[Tensor, Tensor]] = _collate, log: Callable[[str], None] = print) -> None:
+                 collate: Callable[[Sequence[Any]], tuple[Tensor, Tensor]] = _collate, log: Callable[[str], None] = print,
+                 lr_scales: dict[str, float] | None = None) -> None:
         self.cfg = config
         seed_everything(config.seed, config.deterministic)
         self.device = distributed.local_device(config.device)  # select_device, or this rank's device under torchrun
@@ -284,7 +287,7 @@ class Trainer:
         self.sampler = EpochSampler(len(train_data), config.batch_size, config.seed,
                                     rank=distributed.rank(), world=distributed.world_size(), lengths=lengths)
         self.optimizer = build_optimizer(model, config.optimizer, config.lr, config.weight_decay,
-                                         momentum=config.momentum)
+                                         momentum=config.momentum, lr_scales=lr_scales)
         warmup = min(config.warmup_steps, config.steps)
         if warmup < config.warmup_steps:  # a recipe shortened with train.steps=N keeps working
             self.log(f"note: train.warmup_steps={config.warmup_steps} is longer than train.steps={config.steps}; "

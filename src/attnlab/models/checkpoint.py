@@ -11,7 +11,8 @@ from ..errors import InputError
 from ..io import read_state_dict
 from ..layers.pos_embed_2d import resample_pos_embed
 
-__all__ = ["read_state_dict", "timm_vit_to_attnlab", "attnlab_vit_to_timm", "load_checkpoint"]
+__all__ = ["read_state_dict", "timm_vit_to_attnlab", "attnlab_vit_to_timm", "load_checkpoint", "load_pretrained",
+           "classifier_name", "CLASSIFIER_NAMES"]
 
 
 # timm's ViT names -> ours. Everything else (blocks.i.norm1, mlp.fc1, ...) is named alike.
@@ -40,23 +41,41 @@ def attnlab_vit_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+CLASSIFIER_NAMES = ("head", "fc")  # where attnlab's (and timm's) classifiers keep their final linear layer
+
+
+def classifier_name(model: nn.Module) -> str | None:
+    """The attribute holding ``model``'s classifier (a linear layer): ``"head"`` or ``"fc"``."""
+    return next((n for n in CLASSIFIER_NAMES if isinstance(getattr(model, n, None), nn.Linear)), None)
+
+
 def load_checkpoint(model: nn.Module, path: str | Path) -> nn.Module:
-    """Load a timm-layout (or attnlab-layout) ViT checkpoint into ``model``.
+    """Load a timm-layout (or attnlab-layout) checkpoint file into ``model`` (see
+    :func:`load_pretrained`); warns when the classifier head was left fresh."""
+    dropped = load_pretrained(model, read_state_dict(path), path)
+    if dropped:
+        warnings.warn(f"{path}: the checkpoint's classifier head does not fit this model's "
+                      f"num_classes and was not loaded ({', '.join(dropped)}); it starts fresh")
+    return model
+
+
+def load_pretrained(model: nn.Module, state: dict[str, Tensor], source: str | Path) -> list[str]:
+    """Load ``state`` (timm's ViT names are read as attnlab's) into ``model`` for fine-tuning.
 
     * A learned position grid of another (square) size is resized to the model's grid.
-    * A classifier head for another number of classes is skipped with a warning, so that
-      fine-tuning starts from a fresh head; so is any head when the model has none
-      (``num_classes=0``).
+    * A classifier head (``head`` or ``fc``) for another number of classes is not loaded,
+      so that fine-tuning starts from a fresh head; neither is any head when the model
+      has none (``num_classes=0``). Returns the model keys so left fresh.
     * Any other missing, unexpected or mis-shaped key is an error that lists them, in
       the checkpoint's own (timm) names.
     """
-    state = timm_vit_to_attnlab(read_state_dict(path))
+    state = timm_vit_to_attnlab(dict(state))
     own = model.state_dict()
-    dropped_head = _drop_foreign_head(state, own)
+    dropped_head = _drop_foreign_head(state, own, classifier_name(model) or "head")
     pos = state.get("pos_embed")
     ckpt_prefix = int("cls_token" in state)
-    if (pos is not None and "pos_embed" in own and pos.shape != own["pos_embed"].shape
-            and ckpt_prefix == model.num_prefix_tokens and pos.shape[-1] == own["pos_embed"].shape[-1]):
+    if (pos is not None and "pos_embed" in own and pos.shape != own["pos_embed"].shape and hasattr(model, "patch_embed")
+            and ckpt_prefix == getattr(model, "num_prefix_tokens", -1) and pos.shape[-1] == own["pos_embed"].shape[-1]):
         # Only a square grid can be inferred from a count; a non-square one must match.
         state["pos_embed"] = resample_pos_embed(pos, model.patch_embed.grid_size, None, ckpt_prefix)
     bad_shapes = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
@@ -65,34 +84,37 @@ def load_checkpoint(model: nn.Module, path: str | Path) -> nn.Module:
     unexpected = sorted(set(state) - set(own))
     if bad_shapes or missing or unexpected:
         timm_name = lambda k: next(iter(attnlab_vit_to_timm({k: None})))  # noqa: E731
+
+        def few(keys: list[str]) -> str:
+            return ", ".join(keys[:40]) + (f" and {len(keys) - 40} more" if len(keys) > 40 else "")
+
         parts = []
         if missing:
-            parts.append(f"missing keys: {', '.join(map(timm_name, missing))}")
+            parts.append(f"missing keys: {few([timm_name(k) for k in missing])}")
         if unexpected:
-            parts.append(f"unexpected keys: {', '.join(map(timm_name, unexpected))}")
+            parts.append(f"unexpected keys: {few([timm_name(k) for k in unexpected])}")
         if bad_shapes:
-            parts.append(f"shape mismatches: {'; '.join(timm_name(b.split(':')[0]) + ':' + b.split(':', 1)[1] for b in bad_shapes)}")
-        raise InputError(f"checkpoint {path} does not fit {type(model).__name__}: " + " | ".join(parts))
-    if dropped_head:
-        warnings.warn(f"{path}: the checkpoint's classifier head does not fit this model's "
-                      f"num_classes and was not loaded ({', '.join(dropped_head)}); it starts fresh")
+            parts.append("shape mismatches: " + few([timm_name(b.split(':')[0]) + ':' + b.split(':', 1)[1]
+                                                     for b in bad_shapes]))
+        raise InputError(f"checkpoint {source} does not fit {type(model).__name__}: " + " | ".join(parts))
     model.load_state_dict(state, strict=not dropped_head)
-    return model
+    return dropped_head
 
 
-def _drop_foreign_head(state: dict[str, Tensor], own: dict[str, Tensor]) -> list[str]:
+def _drop_foreign_head(state: dict[str, Tensor], own: dict[str, Tensor], head: str = "head") -> list[str]:
     """Remove a head made for another number of classes (same input width) from
     ``state``, or any head when the model has none; return the model keys left unset."""
-    head = state.get("head.weight")
-    if head is None:
+    keys = (f"{head}.weight", f"{head}.bias")
+    weight = state.get(keys[0])
+    if weight is None:
         return []
-    if "head.weight" not in own:  # num_classes=0: the model has no head to fill
-        for k in ("head.weight", "head.bias"):
+    if keys[0] not in own:  # num_classes=0: the model has no head to fill
+        for k in keys:
             state.pop(k, None)
         return []
-    mine = own["head.weight"]
-    if head.shape[1:] != mine.shape[1:] or head.shape[0] == mine.shape[0]:
+    mine = own[keys[0]]
+    if weight.shape[1:] != mine.shape[1:] or weight.shape[0] == mine.shape[0]:
         return []  # a width mismatch is an error reported with the others
-    for k in ("head.weight", "head.bias"):
+    for k in keys:
         state.pop(k, None)
-    return [k for k in ("head.weight", "head.bias") if k in own]
+    return [k for k in keys if k in own]

@@ -16,11 +16,11 @@ settings), decorate it with :func:`register_task`, and name it in a recipe's ``t
 from . import image_classification, reverse, text_classification, translation  # noqa: F401  # registers the tasks
 from .base import (DataConfig, ImageSpec, ModelConfig, Recipe, Task, TrainedRun, get_task, list_tasks,
                    recipe_dict, recipe_from_dict, register_task)
-from .runs import CHANGES, CONFIG, RESULTS, load_run, open_run, read_config, read_recipe, read_results
+from .runs import CHANGES, CONFIG, RESULTS, finish_run, load_run, open_run, read_config, read_recipe, read_results
 from .views import (AlignmentAttention, ClassifierPredictions, ImageAttention, LabelPrediction, PixelAttention,
                     SampleTable, TextPrediction, TokenAttention)
 
 __all__ = ["Task", "TrainedRun", "Recipe", "DataConfig", "ModelConfig", "ImageSpec", "register_task", "get_task",
-           "list_tasks", "recipe_from_dict", "recipe_dict", "load_run", "open_run", "read_config", "read_recipe",
+           "list_tasks", "recipe_from_dict", "recipe_dict", "load_run", "finish_run", "open_run", "read_config", "read_recipe",
            "read_results", "CONFIG", "CHANGES", "RESULTS", "LabelPrediction", "TextPrediction", "ClassifierPredictions", "SampleTable",
            "TokenAttention", "AlignmentAttention", "ImageAttention", "PixelAttention"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence, TypeVar
@@ -31,6 +32,7 @@ from ..data.tokenize import TextTokenizer
 from ..engine.config import ConfigError, from_dict
 from ..engine.trainer import TrainConfig
 from ..errors import InputError
+from ..io import atomic_write_bytes
 from ..models import create_model
 from ..models.registry import upgrade_options
 from ..suggest import did_you_mean
@@ -54,6 +56,11 @@ class DataConfig:
 class ModelConfig:
     name: str = ""  # a registered model (attnlab models)
     options: dict = field(default_factory=dict)  # overrides of its configuration, checked against it
+    # Weights to start from (fine-tuning): a timm-layout .safetensors/.pth state dict, or an attnlab run
+    # directory. A classifier head for another number of classes is replaced; every other key must fit.
+    checkpoint: str | None = None
+    freeze_backbone: bool = False  # with checkpoint: train the classifier head alone
+    backbone_lr_scale: float = field(default=1.0, metadata={"gt": 0.0, "max": 1.0})  # the rest learns at train.lr x this
 
 
 @dataclass
@@ -202,6 +209,14 @@ class Task:
                 self.build_model(recipe)
         except InputError as exc:
             raise ConfigError(f"model {recipe.model.name!r}: {exc}") from None
+        source = recipe.model.checkpoint
+        if source is not None:
+            path = Path(source).expanduser()
+            if not (path.is_file() or (path / "checkpoints").is_dir()):
+                raise ConfigError(f"model.checkpoint must be a .safetensors/.pth file or an attnlab run directory; "
+                                  f"{path} is {'a folder without checkpoints/' if path.is_dir() else 'missing'}")
+        elif recipe.model.freeze_backbone:
+            raise ConfigError("model.freeze_backbone needs model.checkpoint (the weights to keep); got none")
 
     # ------------------------------------------------------------------ training
     def train(self, recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
@@ -222,6 +237,22 @@ class Task:
         if "test_loss" in metrics:
             rows.append(("test loss", f"{metrics['test_loss']:.4f}"))
         return rows
+
+    def save_preprocessing(self, run_dir: Path, recipe: Recipe, *, classes: Sequence[str] | None = None,
+                           tokenizer: TextTokenizer | None = None,
+                           target_tokenizer: TextTokenizer | None = None) -> list[Path]:
+        """Write what :meth:`load` reads beside the weights: ``classes.json`` and
+        ``tokenizer.json`` (a task with two tokenizers writes them as it names them).
+        Returns the files written."""
+        written = []
+        if classes is not None:
+            atomic_write_bytes(run_dir / "classes.json", json.dumps({"classes": list(classes)}, indent=1).encode())
+            written.append(run_dir / "classes.json")
+        if tokenizer is not None:
+            written.append(tokenizer.save(run_dir / "tokenizer.json"))
+        if target_tokenizer is not None:
+            raise InputError(f"a {self.name} run has one tokenizer; got a target_tokenizer too")
+        return written
 
     # ------------------------------------------------------------------ a finished run
     def load(self, run_dir: Path, recipe: Recipe, checkpoint: str = "auto") -> TrainedRun:

@@ -21,7 +21,7 @@ import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import yaml
@@ -32,13 +32,15 @@ from ..engine.checkpoint import checkpoint_step, load_checkpoint, load_weights_i
 from ..engine.config import ConfigError
 from ..engine.device import select_device
 from ..engine.rundir import RunDirError, RunLock, inspect_run_dir, make_run_dir
+from ..data.tokenize import TextTokenizer
 from ..engine.trainer import Trainer, evaluate_model
 from ..errors import InputError
-from ..io import atomic_write_bytes, read_json_mapping, read_yaml_mapping
+from ..io import atomic_write_bytes, read_json_mapping, read_state_dict, read_yaml_mapping
 from ..models import count_parameters
-from .base import Recipe, TrainedRun, get_task, recipe_dict, recipe_from_dict
+from ..models.checkpoint import classifier_name, load_pretrained
+from .base import ModelConfig, Recipe, TrainedRun, get_task, recipe_dict, recipe_from_dict
 
-__all__ = ["CONFIG", "CHANGES", "RESULTS", "open_run", "fit_run", "test_run", "write_results", "read_config", "read_recipe",
+__all__ = ["CONFIG", "CHANGES", "RESULTS", "open_run", "fit_run", "test_run", "finish_run", "write_results", "read_config", "read_recipe",
            "read_results", "recipe_changes", "load_run", "load_weights", "resolve_weights", "checkpoint_label"]
 
 CONFIG, CHANGES, RESULTS = "config.yaml", "config.changes.yaml", "results.json"
@@ -318,6 +320,34 @@ def _forget(run_dir: Path) -> bool:
 # ----------------------------------------------------------------------------- training and testing
 
 
+def init_weights(model: nn.Module, source: str | Path) -> list[str]:
+    """Load the weights of ``source`` (a state-dict file, timm's layout or attnlab's, or a
+    run directory: the weights its test figures came from) into ``model`` for fine-tuning;
+    returns the classifier keys left fresh because the number of classes differs."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        folder = resolve_checkpoint(path / "checkpoints", resolve_weights(path))
+        weights, state = load_checkpoint(folder)
+        return load_pretrained(model, state.get("ema") or weights, folder)
+    return load_pretrained(model, read_state_dict(path), path)
+
+
+def fine_tuning(model: nn.Module, config: ModelConfig) -> dict[str, float] | None:
+    """Apply ``model.freeze_backbone`` (everything but the classifier stops learning) and
+    return the ``lr_scales`` of ``model.backbone_lr_scale`` for the trainer."""
+    if not config.freeze_backbone and config.backbone_lr_scale == 1.0:
+        return None
+    head = classifier_name(model)
+    if head is None:
+        raise InputError(f"model.freeze_backbone and model.backbone_lr_scale need a model with a classifier head "
+                         f"('head' or 'fc'); {type(model).__name__} has none")
+    if config.freeze_backbone:
+        for name, p in model.named_parameters():
+            if not name.startswith(head + "."):
+                p.requires_grad_(False)
+    return {"": config.backbone_lr_scale, head: 1.0}
+
+
 def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module], train_set: Any, val_set: Any, *,
         resume_from: Path | None, log: Callable[[str], None]) -> dict[str, Any]:
     """Train on ``train_set``, evaluating on the validation set ``val_set`` (``None``:
@@ -326,7 +356,13 @@ def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module],
     ``train.seed``. Returns the training figures of ``results.json``."""
     torch.manual_seed(recipe.train.seed)
     model = build_model()
-    trainer = Trainer(model, train_set, recipe.train, eval_data=val_set, run_dir=run_dir, log=log)
+    if resume_from is None and recipe.model.checkpoint:
+        fresh = init_weights(model, recipe.model.checkpoint)
+        log(f"initial weights: {recipe.model.checkpoint}"
+            + (f"; its classifier head does not fit this task's classes and is replaced ({', '.join(fresh)} start "
+               f"fresh)" if fresh else ""))
+    lr_scales = fine_tuning(model, recipe.model)
+    trainer = Trainer(model, train_set, recipe.train, eval_data=val_set, run_dir=run_dir, log=log, lr_scales=lr_scales)
     if resume_from is not None:
         trainer.resume(resume_from)
     start = time.perf_counter()
@@ -358,6 +394,47 @@ def test_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module]
                          precision=cfg.precision, channels_last=cfg.channels_last)
     return {"test_accuracy": res["accuracy"], "test_loss": res["loss"], "test_checkpoint": which,
             "test_samples": res["samples"]}, model
+
+
+def finish_run(run_dir: str | Path, recipe: Recipe, *, classes: Sequence[str] | None = None,
+               tokenizer: TextTokenizer | None = None, target_tokenizer: TextTokenizer | None = None,
+               test_data: Any = None, evaluate: bool = True, checkpoint: str = "auto") -> dict[str, Any]:
+    """Make the folder a :class:`~attnlab.engine.trainer.Trainer` trained into (its
+    ``checkpoints/`` and ``metrics.jsonl``) a full run directory, which ``load_run`` and
+    every command (``predict``, ``eval``, ``report``, ``visualize``, ``export``) accept:
+    ``config.yaml`` from ``recipe`` (whose ``model`` must describe the trained model),
+    the preprocessing (``classes``, ``tokenizer``; ``target_tokenizer`` for translation) and
+    ``results.json``, with the test figures of ``test_data`` (a data set as the trainer
+    reads it), or of the recipe's own test set (``evaluate``), for the weights of
+    ``checkpoint``. Returns the results. ``attnlab report RUN_DIR`` then writes its report::
+
+        trainer = Trainer(model, train, recipe.train, run_dir="runs/mine"); trainer.fit(); trainer.save()
+        finish_run("runs/mine", recipe, classes=classes, test_data=test)
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / "checkpoints").is_dir():
+        raise InputError(f"run_dir must hold the checkpoints a Trainer wrote (Trainer(..., run_dir=...), "
+                         f"trainer.save()); {run_dir} has no checkpoints/")
+    recipe = recipe_from_dict(recipe_dict(recipe))  # checked as a recipe file would be
+    task = get_task(recipe.task)
+    with RunLock(run_dir):
+        atomic_write_bytes(run_dir / CONFIG, yaml.safe_dump(recipe_dict(recipe), sort_keys=False).encode())
+        task.save_preprocessing(run_dir, recipe, classes=classes, tokenizer=tokenizer,
+                                target_tokenizer=target_tokenizer)
+        run = load_run(run_dir, checkpoint)
+        results: dict[str, Any] = {"model": recipe.model.name, "params": count_parameters(run.model),
+                                   "test_checkpoint": checkpoint if checkpoint != "auto" else run.checkpoint.name}
+        if classes is not None:
+            results["classes"] = list(classes)
+        if test_data is not None:
+            cfg = recipe.train
+            res = evaluate_model(run.model, test_data, batch_size=cfg.batch_size, precision=cfg.precision,
+                                 channels_last=cfg.channels_last)
+            results.update(test_accuracy=res["accuracy"], test_loss=res["loss"], test_samples=res["samples"])
+        elif evaluate:
+            results.update(run.evaluate())
+        write_results(run_dir, results)
+    return results
 
 
 def write_results(run_dir: Path, results: dict[str, Any]) -> None:

@@ -358,6 +358,22 @@ class Translation(Task):
             rows.append(("test loss", f"{metrics['test_loss']:.4f}"))
         return rows
 
+    def save_preprocessing(self, run_dir: Path, recipe: Recipe, *, classes: Sequence[str] | None = None,
+                           tokenizer: TextTokenizer | None = None,
+                           target_tokenizer: TextTokenizer | None = None) -> list[Path]:
+        """The source and target tokenizers, as this task names them (one joint file when
+        ``text.joint_vocab``)."""
+        if tokenizer is None:
+            raise InputError("a translation run needs its source tokenizer (and target_tokenizer, unless "
+                             "text.joint_vocab)")
+        src_path, tgt_path = _tokenizer_paths(run_dir, recipe.text.joint_vocab)
+        written = [tokenizer.save(src_path)]
+        if not recipe.text.joint_vocab:
+            if target_tokenizer is None:
+                raise InputError("target_tokenizer must be given when text.joint_vocab is false")
+            written.append(target_tokenizer.save(tgt_path))
+        return written
+
     # ------------------------------------------------------------------ training
     def train(self, recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
               log: Callable[[str], None] = print) -> dict[str, Any]:
