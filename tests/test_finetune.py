@@ -64,9 +64,10 @@ def test_recipe_errors_come_before_a_run_directory(tmp_path, capsys):
         load_recipe("image-folder", ["data.root=x", "model.backbone_lr_scale=0"])
 
 
-def test_fine_tuning_from_a_run_of_other_classes_through_the_command(tmp_path, capsys):
-    source_data = make_folder(tmp_path / "src", 8, {"cyan": (0, 200, 200), "magenta": (200, 0, 200),
-                                                    "yellow": (200, 200, 0), "grey": (120, 120, 120)})
+@pytest.mark.parametrize("source_classes", [4, 3])  # another count, or as many classes under other names
+def test_fine_tuning_from_a_run_of_other_classes_through_the_command(tmp_path, capsys, source_classes):
+    colours = {"cyan": (0, 200, 200), "magenta": (200, 0, 200), "yellow": (200, 200, 0), "grey": (120, 120, 120)}
+    source_data = make_folder(tmp_path / "src", 8, dict(list(colours.items())[:source_classes]))
     target_data = make_folder(tmp_path / "dst", 8, COLOURS)
     source, target = tmp_path / "source", tmp_path / "target"
     assert main(["train", "image-folder", f"data.root={source_data}", *SMALL, "train.steps=6",

@@ -95,6 +95,8 @@ def test_a_test_class_the_training_data_lacks_is_an_error(tmp_path):
     make_folder(tmp_path / "d" / "test", 2)
     with pytest.raises(InputError, match="class folders that .* lacks: green"):
         image_folder_splits(recipe(tmp_path / "d").data)
+    classes, _, _, test = image_folder_splits(recipe(tmp_path / "d", "data.classes=[red,blue]").data)
+    assert classes == ["red", "blue"] and len(test) == 4  # the classes asked for: green's folder is left out
 
 
 def test_classes_subset_and_max_per_class(tmp_path):

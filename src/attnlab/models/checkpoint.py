@@ -59,19 +59,21 @@ def load_checkpoint(model: nn.Module, path: str | Path) -> nn.Module:
     return model
 
 
-def load_pretrained(model: nn.Module, state: dict[str, Tensor], source: str | Path) -> list[str]:
+def load_pretrained(model: nn.Module, state: dict[str, Tensor], source: str | Path, *,
+                    new_head: bool = False) -> list[str]:
     """Load ``state`` (timm's ViT names are read as attnlab's) into ``model`` for fine-tuning.
 
     * A learned position grid of another (square) size is resized to the model's grid.
     * A classifier head (``head`` or ``fc``) for another number of classes is not loaded,
       so that fine-tuning starts from a fresh head; neither is any head when the model
-      has none (``num_classes=0``). Returns the model keys so left fresh.
+      has none (``num_classes=0``), nor with ``new_head`` (the classes differ by name).
+      Returns the model keys so left fresh.
     * Any other missing, unexpected or mis-shaped key is an error that lists them, in
       the checkpoint's own (timm) names.
     """
     state = timm_vit_to_attnlab(dict(state))
     own = model.state_dict()
-    dropped_head = _drop_foreign_head(state, own, classifier_name(model) or "head")
+    dropped_head = _drop_foreign_head(state, own, classifier_name(model) or "head", always=new_head)
     pos = state.get("pos_embed")
     ckpt_prefix = int("cls_token" in state)
     if (pos is not None and "pos_embed" in own and pos.shape != own["pos_embed"].shape and hasattr(model, "patch_embed")
@@ -101,9 +103,11 @@ def load_pretrained(model: nn.Module, state: dict[str, Tensor], source: str | Pa
     return dropped_head
 
 
-def _drop_foreign_head(state: dict[str, Tensor], own: dict[str, Tensor], head: str = "head") -> list[str]:
-    """Remove a head made for another number of classes (same input width) from
-    ``state``, or any head when the model has none; return the model keys left unset."""
+def _drop_foreign_head(state: dict[str, Tensor], own: dict[str, Tensor], head: str = "head",
+                       always: bool = False) -> list[str]:
+    """Remove a head made for another number of classes (same input width; with
+    ``always``, for the same number) from ``state``, or any head when the model has
+    none; return the model keys left unset."""
     keys = (f"{head}.weight", f"{head}.bias")
     weight = state.get(keys[0])
     if weight is None:
@@ -113,7 +117,7 @@ def _drop_foreign_head(state: dict[str, Tensor], own: dict[str, Tensor], head: s
             state.pop(k, None)
         return []
     mine = own[keys[0]]
-    if weight.shape[1:] != mine.shape[1:] or weight.shape[0] == mine.shape[0]:
+    if weight.shape[1:] != mine.shape[1:] or (weight.shape[0] == mine.shape[0] and not always):
         return []  # a width mismatch is an error reported with the others
     for k in keys:
         state.pop(k, None)

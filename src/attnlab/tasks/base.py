@@ -51,6 +51,24 @@ class DataConfig:
     name: str = ""  # a data set the task knows
     data_dir: str | None = None  # default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab
 
+    def check_applies(self) -> None:
+        """Keys whose metadata says they apply ``only`` to other data sets must keep their
+        defaults (a subclass's ``__post_init__`` calls it)."""
+        for f in dataclasses.fields(self):
+            only = f.metadata.get("only")
+            if only and self.name not in only:
+                default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                if getattr(self, f.name) != default:
+                    raise InputError(f"data.{f.name} applies to data.name={'/'.join(only)}; got data.name="
+                                     f"{self.name!r} with data.{f.name}={getattr(self, f.name)!r}")
+
+    def check_held_out(self, keys: Sequence[str], unit: str) -> None:
+        """Each of ``keys`` is a fraction below 1 or a whole count of ``unit``."""
+        for key in keys:
+            value = getattr(self, key)
+            if value >= 1 and value != int(value):
+                raise InputError(f"data.{key} must be a fraction below 1 or a whole count of {unit}; got {value!r}")
+
 
 @dataclass
 class ModelConfig:

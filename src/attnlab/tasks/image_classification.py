@@ -23,12 +23,10 @@ the final weights are tested.
 from __future__ import annotations
 
 import json
-import warnings
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
-import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor, nn
@@ -81,16 +79,8 @@ class ImageDataConfig(DataConfig):
     cache_mb: float = field(default=2048.0, metadata={"min": 0.0, **FOLDER})
 
     def __post_init__(self) -> None:
-        for key in ("val_size", "test_size"):
-            value = getattr(self, key)
-            if value >= 1 and value != int(value):
-                raise InputError(f"data.{key} must be a fraction below 1 or a whole count of images; got {value!r}")
-        if self.name != "folder":
-            for f in fields(self):
-                default = f.default_factory() if f.default_factory is not MISSING else f.default
-                if "only" in f.metadata and getattr(self, f.name) != default:
-                    raise InputError(f"data.{f.name} applies to data.name=folder; got data.name={self.name!r} "
-                                     f"with data.{f.name}={getattr(self, f.name)!r}")
+        self.check_held_out(("val_size", "test_size"), "images")
+        self.check_applies()
         if any(not isinstance(c, str) or not c for c in self.classes) or len(set(self.classes)) != len(self.classes):
             raise InputError(f"data.classes must be distinct class folder names; got {self.classes!r}")
 
@@ -193,7 +183,7 @@ def image_folder_splits(data: ImageDataConfig) -> tuple[list[str], _Transformed,
         if name in layout:
             paths[name] = scan_images(layout[name], classes, missing_ok=True)
     for name in ("val", "test"):
-        if name in paths:
+        if name in paths and not data.classes:  # (data.classes picks classes: other folders are left out)
             extra = sorted(set(paths[name][2]) - set(classes))
             if extra:
                 raise InputError(f"{layout[name]} has class folders that {layout['train']} lacks: "
@@ -391,7 +381,8 @@ class ImageClassification(Task):
             if distributed.is_main():
                 atomic_write_bytes(run_dir / CLASSES_FILE, json.dumps({"classes": classes}, indent=1).encode())
             build = lambda: self.build_model(recipe, classes)  # noqa: E731
-            results = fit_run(recipe, run_dir, build, train_set, val_set, resume_from=resume_from, log=log)
+            results = fit_run(recipe, run_dir, build, train_set, val_set, resume_from=resume_from, log=log,
+                              classes=classes)
             tested, _ = test_run(recipe, run_dir, build, test_set)
             results = {**tested, **results, "classes": classes,
                        "train_size": len(train_set), "val_size": len(val_set) if val_set else 0,

@@ -320,15 +320,18 @@ def _forget(run_dir: Path) -> bool:
 # ----------------------------------------------------------------------------- training and testing
 
 
-def init_weights(model: nn.Module, source: str | Path) -> list[str]:
+def init_weights(model: nn.Module, source: str | Path, classes: Sequence[str] | None = None) -> list[str]:
     """Load the weights of ``source`` (a state-dict file, timm's layout or attnlab's, or a
     run directory: the weights its test figures came from) into ``model`` for fine-tuning;
-    returns the classifier keys left fresh because the number of classes differs."""
+    returns the classifier keys left fresh: the number of classes differs, or (a run
+    directory with ``classes.json``) their names do, given ``classes``."""
     path = Path(source).expanduser()
     if path.is_dir():
         folder = resolve_checkpoint(path / "checkpoints", resolve_weights(path))
         weights, state = load_checkpoint(folder)
-        return load_pretrained(model, state.get("ema") or weights, folder)
+        theirs = read_json_mapping(path / "classes.json").get("classes") if (path / "classes.json").is_file() else None
+        other = classes is not None and theirs is not None and list(theirs) != list(classes)
+        return load_pretrained(model, state.get("ema") or weights, folder, new_head=other)
     return load_pretrained(model, read_state_dict(path), path)
 
 
@@ -349,15 +352,17 @@ def fine_tuning(model: nn.Module, config: ModelConfig) -> dict[str, float] | Non
 
 
 def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module], train_set: Any, val_set: Any, *,
-        resume_from: Path | None, log: Callable[[str], None]) -> dict[str, Any]:
+        resume_from: Path | None, log: Callable[[str], None], classes: Sequence[str] | None = None) -> dict[str, Any]:
     """Train on ``train_set``, evaluating on the validation set ``val_set`` (``None``:
     none) every ``train.eval_every`` steps and at the end, which keeps ``checkpoints/best``.
     ``build_model`` runs after seeding, so the initial weights are a function of
-    ``train.seed``. Returns the training figures of ``results.json``."""
+    ``train.seed``. ``model.checkpoint`` initializes it (``classes``: the run's class names,
+    which decide whether a source run's head fits). Returns the training figures of
+    ``results.json``."""
     torch.manual_seed(recipe.train.seed)
     model = build_model()
     if resume_from is None and recipe.model.checkpoint:
-        fresh = init_weights(model, recipe.model.checkpoint)
+        fresh = init_weights(model, recipe.model.checkpoint, classes)
         log(f"initial weights: {recipe.model.checkpoint}"
             + (f"; its classifier head does not fit this task's classes and is replaced ({', '.join(fresh)} start "
                f"fresh)" if fresh else ""))

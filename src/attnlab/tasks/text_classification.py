@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, NamedTuple, Sequence
 
@@ -34,8 +34,7 @@ import torch
 
 from ..attention.capture import capture_attention
 from ..data.mr import load_mr, mr_folds, mr_split
-from ..data.tables import FORMATS as TABLE_FORMATS
-from ..data.tables import label_names, read_labelled_texts
+from ..data.tables import read_labelled_texts
 from ..data.text import SentimentDataset
 from ..data.tokenize import TextTokenizer, shorten
 from ..engine import distributed
@@ -87,16 +86,8 @@ class TextDataConfig(DataConfig):
     skip_bad_rows: bool = field(default=False, metadata=FILE)  # file: skip rows without text or label (counted)
 
     def __post_init__(self) -> None:
-        for key in ("val_size", "test_size"):
-            value = getattr(self, key)
-            if value >= 1 and value != int(value):
-                raise InputError(f"data.{key} must be a fraction below 1 or a whole count of rows; got {value!r}")
-        if self.name != "file":
-            for f in fields(self):
-                default = f.default_factory() if f.default_factory is not MISSING else f.default
-                if "only" in f.metadata and getattr(self, f.name) != default:
-                    raise InputError(f"data.{f.name} applies to data.name=file; got data.name={self.name!r} "
-                                     f"with data.{f.name}={getattr(self, f.name)!r}")
+        self.check_held_out(("val_size", "test_size"), "rows")
+        self.check_applies()
 
 
 @dataclass
@@ -296,7 +287,8 @@ class TextClassification(Task):
         test = SentimentDataset(*pick(test_idx), tokenizer, length)
         dev = SentimentDataset(*pick(dev_idx), tokenizer, length) if dev_idx is not None else None
         build = lambda: self.build_model(recipe, TextInfo(tokenizer, corpus.classes))  # noqa: E731
-        results = fit_run(recipe, run_dir, build, train, dev, resume_from=resume_from, log=log)
+        results = fit_run(recipe, run_dir, build, train, dev, resume_from=resume_from, log=log,
+                          classes=corpus.classes)
         tested, _ = test_run(recipe, run_dir, build, test)
         results = {**tested, **results, "classes": corpus.classes, "train_size": len(train),
                    "dev_size": len(dev) if dev is not None else 0, "test_size": len(test),

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
@@ -85,15 +85,8 @@ class TranslationDataConfig(DataConfig):
                 if getattr(self, key) not in MULTI30K_LANGUAGES:
                     raise InputError(f"data.{key} must be one of {', '.join(map(repr, MULTI30K_LANGUAGES))} for "
                                      f"multi30k; got {getattr(self, key)!r}")
-            for f in fields(self):
-                default = f.default_factory() if f.default_factory is not MISSING else f.default
-                if "only" in f.metadata and getattr(self, f.name) != default:
-                    raise InputError(f"data.{f.name} applies to data.name=files; got data.name={self.name!r} "
-                                     f"with data.{f.name}={getattr(self, f.name)!r}")
-        for key in ("val_size", "test_size"):
-            value = getattr(self, key)
-            if value >= 1 and value != int(value):
-                raise InputError(f"data.{key} must be a fraction below 1 or a whole count of pairs; got {value!r}")
+        self.check_applies()
+        self.check_held_out(("val_size", "test_size"), "pairs")
 
 
 @dataclass
