@@ -217,10 +217,28 @@ def test_in_chans_option():
         assert m(torch.randn(2, 1, 32, 32)).shape == (2, 512)
 
 
-def test_botnet_rejects_other_image_size():
-    m = create_model("botnet_cifar")
-    with pytest.raises(ValueError, match=r"img_size=\(32, 32\).*got \(2, 3, 64, 64\)"):
-        m(torch.randn(2, 3, 64, 64))
+def test_botnet_trained_at_one_size_evaluates_at_another():
+    m = create_model("botnet_cifar").eval()
+    with torch.no_grad():
+        assert m(torch.randn(2, 3, 40, 40)).shape == (2, 10) and m(torch.randn(1, 3, 64, 48)).shape == (1, 10)
+        maps = m.attention_maps(torch.randn(1, 3, 40, 40))
+    assert [tuple(w.shape[-2:]) for w in maps] == [(100, 100), (25, 25), (25, 25)]  # 10x10, then 5x5
+    assert all(torch.allclose(w.sum(-1), torch.ones(())) for w in maps)
+    with pytest.raises(ValueError, match=r"stride-2 BoT block needs an even map size; .*\(9, 9\)"):
+        m(torch.randn(1, 3, 36, 36))  # 36 -> 9x9 at the strided BoT block
+
+
+@pytest.mark.slow  # a few seconds each on 2 cores: botnet50 at 224 and 320
+def test_botnet50_runs_at_224_and_320():
+    m = create_model("botnet50").eval()
+    with torch.no_grad():
+        assert m(torch.randn(1, 3, 224, 224)).shape == m(torch.randn(1, 3, 320, 320)).shape == (1, 1000)
+
+
+def test_botnet50_runs_at_another_size_small_batch():
+    m = create_model("botnet50", widths=(8, 8, 8, 8), layers=(1, 1, 1, 1)).eval()  # botnet50's layout, narrow
+    with torch.no_grad():
+        assert m(torch.randn(1, 3, 224, 224)).shape == m(torch.randn(1, 3, 320, 320)).shape == (1, 1000)
 
 
 def test_botnet_image_size_option():
@@ -414,11 +432,16 @@ def test_relpos2d_forward_returns_a_tensor_by_default():
     torch.testing.assert_close(w.sum(-1), torch.ones(1, 2, 16))
 
 
-def test_relpos2d_wrong_input_size():
+def test_relpos2d_other_input_sizes_resize_the_tables():
     m = build_attention("relpos2d", 8, 2, size=(3, 4))
-    with pytest.raises(ValueError, match=r"x must have shape \(B, 8, 3, 4\) .*got \(2, 8, 4, 3\)"):
-        m(torch.randn(2, 8, 4, 3))
-    with pytest.raises(ValueError, match=r"x must have shape \(B, 8, 3, 4\) .*got \(2, 6, 3, 4\)"):
+    out, w = m(torch.randn(2, 8, 4, 3), need_weights=True)
+    assert out.shape == (2, 8, 4, 3) and w.shape == (2, 2, 12, 12)
+    rh, rw = m.tables((3, 4))  # its own size: the learned rows, unchanged
+    assert torch.equal(rh[0, 2], m.rel_height[4]) and torch.equal(rw[3, 0], m.rel_width[0])
+    rh5, _ = m.tables((5, 4))  # 9 offsets from 5: the extremes stay the extremes, the middle the middle
+    assert torch.allclose(rh5[0, 4], m.rel_height[4]) and torch.allclose(rh5[4, 0], m.rel_height[0])
+    assert torch.allclose(rh5[2, 2], m.rel_height[2])
+    with pytest.raises(ValueError, match=r"x must have shape \(B, 8, H, W\) .*got \(2, 6, 3, 4\)"):
         m(torch.randn(2, 6, 3, 4))
 
 

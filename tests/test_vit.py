@@ -153,3 +153,11 @@ def test_hybrid_vit_tokens_are_resnet_feature_positions():
     assert big.patch_embed.grid_size == (14, 14) and big.pos_embed.shape == (1, 197, 768)
     with pytest.raises(ValueError, match=r"image size \(38, 36\) must be divisible by the patch size \(4, 4\)"):
         m(torch.randn(1, 3, 38, 36))
+
+
+def test_hybrid_vit_trained_at_32_evaluates_at_40():
+    m = create_model("vit_hybrid_cifar").eval()
+    with torch.no_grad():
+        small, large = m(torch.randn(2, 3, 32, 32)), m(torch.randn(2, 3, 40, 40))
+    assert small.shape == large.shape == (2, 10)
+    assert m.patch_embed.grid_for(40, 40) == (10, 10) and m.patch_embed.grid_size == (8, 8)

@@ -90,6 +90,9 @@ class BoTBlock(nn.Module):
         return out.transpose(1, 2).reshape(b, c, h, w), weights
 
     def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        if isinstance(self.pool, nn.AvgPool2d) and (x.shape[-2] % 2 or x.shape[-1] % 2):
+            raise InputError(f"a stride-2 BoT block needs an even map size; this input gives "
+                             f"{tuple(x.shape[-2:])} here (choose an image size that halves evenly down to it)")
         shortcut = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
         out, weights = self._attend(out, need_weights)
@@ -104,7 +107,7 @@ class BoTNetConfig(ResNetConfig):
     """Configuration of :class:`BoTNet`: a :class:`ResNetConfig` whose last stage is BoT
     blocks (their width is ``widths[3]``, expanded x4 whatever ``block`` is)."""
 
-    img_size: int | tuple[int, int] = 224  # fixed: it sets the attention's map size
+    img_size: int | tuple[int, int] = 224  # the size the relative tables are made for; others are resized to
     attention: str = "relpos2d"
     attention_options: dict[str, Any] = field(default_factory=dict)
     num_heads: int = 4
@@ -172,13 +175,6 @@ class BoTNet(ResNet):
             if hasattr(block.attn, "reset_parameters"):
                 block.attn.reset_parameters()
 
-    def _check_input(self, x: Tensor) -> None:
-        super()._check_input(x)
-        if tuple(x.shape[2:]) != self.config.img_size:
-            raise InputError(
-                f"x must have the spatial size img_size={self.config.img_size} that the attention was built "
-                f"for; got ({', '.join(map(str, x.shape))})"
-            )
 
     def attention_maps(self, x: Tensor) -> list[Tensor]:
         """Per-head attention of every BoT block for input ``x`` ``(B, in_chans, H, W)``.

@@ -16,6 +16,7 @@ import math
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...errors import InputError
@@ -32,6 +33,14 @@ def _offsets(n: int) -> Tensor:
     return pos[None, :] - pos[:, None] + n - 1
 
 
+def _resized(table: Tensor, length: int) -> Tensor:
+    """A ``(2n - 1, D)`` offset table resized to ``(length, D)``, offsets spread evenly
+    from the most negative to the most positive (linear interpolation)."""
+    if table.shape[0] == 1 or length == 1:
+        return table[table.shape[0] // 2 :][:1].expand(length, -1)
+    return F.interpolate(table.t()[None], size=length, mode="linear", align_corners=True)[0].t()
+
+
 @register_attention("relpos2d", family="grid", forms_weights=True)
 class RelPosSelfAttention2d(nn.Module):
     r"""Multi-head self-attention over an ``H x W`` map with 2-D relative position logits.
@@ -39,8 +48,11 @@ class RelPosSelfAttention2d(nn.Module):
     Args:
         dim: channels ``C`` of the input and output.
         num_heads: ``heads``; must divide ``dim``. Head width ``D = dim / heads``.
-        size: ``(H, W)`` (or one int for a square map). Fixed, since the relative tables
-            span exactly the offsets of this size.
+        size: ``(H, W)`` (or one int for a square map): the map the relative tables are
+            made for, spanning exactly its offsets. Another map size works too: the tables
+            are resized to its offsets by linear interpolation (as timm and BEiT resize
+            relative position tables), so a model trained at one resolution evaluates
+            at another.
         dropout: dropout on the attention weights, in training mode.
         bias: biases on the q/k/v projections (the paper has none).
 
@@ -90,26 +102,36 @@ class RelPosSelfAttention2d(nn.Module):
         nn.init.normal_(self.rel_height, std=self.head_dim**-0.5)
         nn.init.normal_(self.rel_width, std=self.head_dim**-0.5)
 
-    def position_logits(self, q: Tensor) -> Tensor:
+    def tables(self, size: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """``(r^h, r^w)`` gathered for a map of ``size``: ``(H, H, D)`` and ``(W, W, D)``,
+        ``[a, b]`` holding the row of offset ``b - a``; from the learned tables, resized
+        when ``size`` is not the one they were made for."""
+        h, w = size
+        if (h, w) == self.size:
+            return self.rel_height[self.height_index], self.rel_width[self.width_index]
+        device = self.rel_height.device
+        return (_resized(self.rel_height, 2 * h - 1)[_offsets(h).to(device)],
+                _resized(self.rel_width, 2 * w - 1)[_offsets(w).to(device)])
+
+    def position_logits(self, q: Tensor, size: tuple[int, int] | None = None) -> Tensor:
         """Content-position logits ``q_i · (r^h[y_j - y_i] + r^w[x_j - x_i])``.
 
-        ``q``: ``(B, heads, H*W, D)`` -> ``(B, heads, H*W, H*W)``.
+        ``q``: ``(B, heads, H*W, D)`` -> ``(B, heads, H*W, H*W)``, for a map of ``size``
+        (default: the one the tables were made for).
         """
         b, n, _, d = q.shape
-        h, w = self.size
+        h, w = size or self.size
         q = q.reshape(b, n, h, w, d)
-        rh = self.rel_height[self.height_index]  # (H, H, D): [y_i, y_j] -> r^h[y_j - y_i]
-        rw = self.rel_width[self.width_index]  # (W, W, D): [x_i, x_j] -> r^w[x_j - x_i]
+        rh, rw = self.tables((h, w))  # [y_i, y_j] -> r^h[y_j - y_i], [x_i, x_j] -> r^w[x_j - x_i]
         logits_h = torch.einsum("bnyxd,yjd->bnyxj", q, rh)  # (B, n, H, W, H): over y_j
         logits_w = torch.einsum("bnyxd,xjd->bnyxj", q, rw)  # (B, n, H, W, W): over x_j
         # Key j = (y_j, x_j) gets the sum of its row term and its column term.
         return (logits_h[..., :, None] + logits_w[..., None, :]).reshape(b, n, h * w, h * w)
 
     def _check_input(self, x: Tensor) -> None:
-        h, w = self.size
-        if x.dim() != 4 or x.shape[1] != self.dim or tuple(x.shape[2:]) != (h, w):
+        if x.dim() != 4 or x.shape[1] != self.dim or x.shape[2] < 1 or x.shape[3] < 1:
             raise InputError(
-                f"x must have shape (B, {self.dim}, {h}, {w}) (channels dim={self.dim}, size={self.size}); "
+                f"x must have shape (B, {self.dim}, H, W) (channels dim={self.dim}); "
                 f"got ({', '.join(map(str, x.shape))})"
             )
 
@@ -122,7 +144,7 @@ class RelPosSelfAttention2d(nn.Module):
         # (B, 3C, H, W) -> three (B, heads, H*W, D)
         q, k, v = self.qkv(x).reshape(b, 3, n, d, h * w).transpose(-1, -2).unbind(1)
         q = q * (1.0 / math.sqrt(d))  # scaled once, for both logit terms
-        pos = self.position_logits(q)
+        pos = self.position_logits(q, (h, w))
         capture = self._attn_capture  # set only inside capture_attention
         out, weights = scaled_dot_product_attention(
             q, k, v, attn_mask=pos, dropout_p=self.dropout if self.training else 0.0, scale=1.0,
