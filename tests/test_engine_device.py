@@ -34,7 +34,7 @@ def test_bf16_autocast_on_cpu_and_fp16_needs_cuda():
         assert lin(torch.randn(2, 4)).dtype == torch.float32
     with pytest.raises(ValueError, match="precision 'fp16' needs a CUDA device"):
         autocast(cpu, "fp16")
-    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, fp16; got 'int8'"):
+    with pytest.raises(ValueError, match="precision must be one of auto, fp32, bf16, fp16; got 'int8'"):
         autocast(cpu, "int8")
     assert not make_grad_scaler(cpu, "bf16").is_enabled()
 
@@ -45,3 +45,37 @@ def test_seed_everything_repeats():
     seed_everything(3)
     b = (random.random(), np.random.rand(), torch.rand(2))
     assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
+
+
+def test_precision_auto_picks_bf16_only_where_the_cpu_has_it(monkeypatch):
+    from attnlab.engine import device as dev
+
+    cpu = torch.device("cpu")
+    assert dev.resolve_precision("bf16", cpu) == ("bf16", "as asked")
+    monkeypatch.setattr(dev, "_CHOSEN", {})
+    monkeypatch.setattr(dev, "cpu_bf16_flags", lambda: [])
+    assert dev.resolve_precision("auto", cpu) == ("fp32", "the CPU has no native bfloat16 (no avx512_bf16 or amx_bf16)")
+    for speedup, chosen in ((3.9, "bf16"), (1.1, "fp32")):  # flags, then the measurement decides
+        monkeypatch.setattr(dev, "_CHOSEN", {})
+        monkeypatch.setattr(dev, "cpu_bf16_flags", lambda: ["avx512_bf16"])
+        monkeypatch.setattr(dev, "_matmul_speedup", lambda device, s=speedup: s)
+        precision, why = dev.resolve_precision("auto", cpu)
+        assert precision == chosen and f"{speedup:.1f}x" in why and "avx512_bf16" in why
+
+
+def test_precision_auto_on_this_machine_is_said_and_kept_for_eval(tmp_path, capsys):
+    import json
+
+    from attnlab.engine.device import cpu_bf16_flags, resolve_precision
+    from attnlab.tasks import load_run
+
+    from conftest import train_digits
+
+    assert train_digits(tmp_path / "r", "train.precision=auto") == 0
+    chosen, why = resolve_precision("auto", torch.device("cpu"))
+    assert f"precision auto: {chosen} ({why})" in capsys.readouterr().out
+    assert chosen == "fp32" or cpu_bf16_flags()  # bf16 only with native instructions
+    results = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert results["precision"] == chosen
+    run = load_run(tmp_path / "r")
+    assert run.precision == chosen and run.evaluate()["test_accuracy"] == results["test_accuracy"]

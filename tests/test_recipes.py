@@ -117,5 +117,5 @@ def test_train_writes_a_complete_run_directory_and_resumes(tmp_path, capsys):
 def test_bad_override_exits_2_before_any_work(tmp_path):
     r = subprocess.run([sys.executable, "-m", "attnlab", "train", "vit-digits", "train.precision=fp8",
                         "--run-dir", str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "train.precision must be one of 'fp32', 'bf16', 'fp16'; got 'fp8'" in r.stderr
+    assert r.returncode == 2 and "train.precision must be one of 'auto', 'fp32', 'bf16', 'fp16'; got 'fp8'" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "x").exists()

@@ -27,7 +27,7 @@ from ..errors import InputError
 from .config import check_bounds
 from .checkpoint import (capture_rng_state, latest_checkpoint, load_checkpoint, load_weights_into, restore_rng_state,
                          save_checkpoint, save_named_checkpoint)
-from .device import autocast, make_grad_scaler, seed_everything, select_device
+from .device import autocast, make_grad_scaler, resolve_precision, seed_everything, select_device
 from .metrics import MetricsLog, TensorBoardLog
 from .progress import Progress
 from .optim import build_optimizer, warmup_cosine
@@ -53,7 +53,9 @@ class TrainConfig:
     label_smoothing: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0})  # of the cross-entropy targets
     grad_clip: Optional[float] = field(default=1.0, metadata={"gt": 0.0})  # max gradient norm; null: no clipping
     accum_steps: int = field(default=1, metadata={"min": 1})  # micro-batches per optimizer step
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast: bf16 on CPU and CUDA, fp16 on CUDA only
+    # autocast: bf16 on CPU and CUDA, fp16 on CUDA only; auto: bf16 where this machine runs it fast
+    # (a GPU with bfloat16; a CPU with avx512_bf16/amx_bf16 whose bf16 matmul measures >= 1.5x), else fp32
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "fp32"
     ema_decay: Optional[float] = field(default=None, metadata={"gt": 0.0, "lt": 1.0})  # weights averaged over steps; null: none
     grad_checkpointing: bool = False  # recompute activations in backward: less memory, more time
     channels_last: bool = False  # NHWC weights and image batches: faster convolutions on CPU and CUDA
@@ -293,7 +295,10 @@ class Trainer:
             self.log(f"note: train.warmup_steps={config.warmup_steps} is longer than train.steps={config.steps}; "
                      f"the warm-up is capped at {warmup} steps")
         self.scheduler = warmup_cosine(self.optimizer, config.steps, warmup, config.min_lr_ratio)
-        self.scaler = make_grad_scaler(self.device, config.precision)
+        self.precision, why = resolve_precision(config.precision, self.device)
+        if config.precision == "auto":
+            self.log(f"precision auto: {self.precision} ({why})")
+        self.scaler = make_grad_scaler(self.device, self.precision)
         self.ema = copy.deepcopy(model).eval().requires_grad_(False) if config.ema_decay else None
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self._nonfinite_in_a_row = 0  # steps skipped in a row for a non-finite loss (train.skip_nonfinite)
@@ -392,7 +397,7 @@ class Trainer:
             # DDP: gradients are all-reduced once, in the last micro-batch's backward
             last = i == cfg.accum_steps - 1 or distributed.world_size() == 1  # (train_model may be compiled)
             with contextlib.nullcontext() if last else self.train_model.no_sync():
-                with autocast(self.device, cfg.precision):
+                with autocast(self.device, self.precision):
                     loss = self.loss_fn(_call(self.train_model, x), y) / cfg.accum_steps
                 self.scaler.scale(loss).backward()
             total += loss.item()
@@ -451,7 +456,7 @@ class Trainer:
         model = (model or self.ema or self.model).eval()
         world, bs = distributed.world_size(), self.cfg.batch_size
         starts = range(distributed.rank() * bs, len(data), bs * world)
-        loss_sum, correct, count = _eval_sums(model, data, starts, bs, self._move, self.device, self.cfg.precision,
+        loss_sum, correct, count = _eval_sums(model, data, starts, bs, self._move, self.device, self.precision,
                                               self.cfg.workers, self.collate)
         if world > 1:
             sums = distributed.all_reduce_sum(torch.tensor([loss_sum, correct, count], dtype=torch.float64,
@@ -537,5 +542,5 @@ class Trainer:
         elapsed = time.perf_counter() - start
         self.train_seconds += elapsed
         self._fit_start = None
-        return {"steps": self.step, "train_seconds": self.train_seconds,
+        return {"steps": self.step, "train_seconds": self.train_seconds, "precision": self.precision,
                 "samples_per_s": self.step * per_step / max(self.train_seconds, 1e-9), **result}

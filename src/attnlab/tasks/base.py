@@ -32,7 +32,7 @@ from ..data.tokenize import TextTokenizer
 from ..engine.config import ConfigError, from_dict
 from ..engine.trainer import TrainConfig
 from ..errors import InputError
-from ..io import atomic_write_bytes
+from ..io import atomic_write_bytes, read_json_mapping
 from ..models import create_model
 from ..models.registry import upgrade_options
 from ..suggest import did_you_mean
@@ -164,6 +164,19 @@ class TrainedRun:
     def device(self) -> torch.device:
         """Where the model is."""
         return next(self.model.parameters()).device
+
+    @property
+    def precision(self) -> str:
+        """The precision to evaluate in: the recipe's, or, for ``auto``, what the run chose
+        when it trained (``results.json``), so that ``evaluate`` reproduces its figures on
+        another machine too."""
+        asked = self.recipe.train.precision
+        results = self.run_dir / "results.json"
+        if asked == "auto" and results.is_file():
+            chosen = read_json_mapping(results).get("precision")
+            if chosen in ("fp32", "bf16", "fp16"):
+                return chosen
+        return asked
 
     def evaluate(self, **options: Any) -> dict[str, Any]:
         """The test metrics of ``results.json``, recomputed with these weights."""

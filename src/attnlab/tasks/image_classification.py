@@ -422,7 +422,7 @@ class ImageClassification(Task):
         cfg = run.recipe.train
         test = _test_data(run.recipe) if data is None else labelled_folder(data, run.image, run.classes)
         res = evaluate_model(run.model, test, batch_size=cfg.batch_size, device=device,
-                             precision=cfg.precision, channels_last=cfg.channels_last)
+                             precision=run.precision, channels_last=cfg.channels_last)
         return {"test_accuracy": res["accuracy"], "test_loss": res["loss"], "test_samples": res["samples"]}
 
     @torch.no_grad()

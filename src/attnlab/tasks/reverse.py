@@ -168,7 +168,7 @@ class Reverse(Task):
         if data is not None:
             raise InputError(f"the {self.name} demo makes its own data; it takes no --data")
         cfg, test = run.recipe.train, self._data(run.recipe, "test")
-        res = evaluate_model(run.model, test, batch_size=cfg.batch_size, device=device, precision=cfg.precision)
+        res = evaluate_model(run.model, test, batch_size=cfg.batch_size, device=device, precision=run.precision)
         return {"test_accuracy": res["accuracy"], "test_loss": res["loss"], "test_samples": res["samples"],
                 **self._exact_match(run.model, run.recipe, test)}
 

@@ -383,7 +383,8 @@ def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module],
     distributed.barrier()  # checkpoints/best is complete before any rank reads it
     return {"best_val_accuracy": trainer.best, "params": count_parameters(model),
             "train_seconds": out["train_seconds"], "samples_per_s": out["samples_per_s"], "steps": out["steps"],
-            "fit_wall_seconds": time.perf_counter() - start, "model": recipe.model.name}
+            "fit_wall_seconds": time.perf_counter() - start, "model": recipe.model.name,
+            "precision": out["precision"]}
 
 
 def test_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module], test_set: Any,
@@ -433,7 +434,7 @@ def finish_run(run_dir: str | Path, recipe: Recipe, *, classes: Sequence[str] | 
             results["classes"] = list(classes)
         if test_data is not None:
             cfg = recipe.train
-            res = evaluate_model(run.model, test_data, batch_size=cfg.batch_size, precision=cfg.precision,
+            res = evaluate_model(run.model, test_data, batch_size=cfg.batch_size, precision=run.precision,
                                  channels_last=cfg.channels_last)
             results.update(test_accuracy=res["accuracy"], test_loss=res["loss"], test_samples=res["samples"])
         elif evaluate:

@@ -335,7 +335,7 @@ class TextClassification(Task):
         run's text and label columns."""
         cfg = run.recipe.train
         test = self._test_set(run) if data is None else self._file_set(run, data)
-        res = evaluate_model(run.model, test, batch_size=cfg.batch_size, device=device, precision=cfg.precision)
+        res = evaluate_model(run.model, test, batch_size=cfg.batch_size, device=device, precision=run.precision)
         return {"test_accuracy": res["accuracy"], "test_loss": res["loss"], "test_samples": res["samples"]}
 
     @torch.no_grad()

@@ -441,7 +441,7 @@ class Translation(Task):
         pairs = _load_split(run.recipe, "test") if data is None else _pairs_of(Path(data), run.recipe.data)
         cfg = run.recipe.train
         res = evaluate_model(run.model, _dataset(run.recipe, run.tokenizer, run.target_tokenizer, pairs),
-                             batch_size=cfg.batch_size, device=device, precision=cfg.precision)
+                             batch_size=cfg.batch_size, device=device, precision=run.precision)
         sources, references = zip(*pairs)
         hyps = translate_as_recipe(run.recipe, run.model, run.tokenizer, run.target_tokenizer, sources,
                                    batch_size=batch_size or run.recipe.translate.batch_size, device=device)
