@@ -161,3 +161,20 @@ def test_hybrid_vit_trained_at_32_evaluates_at_40():
         small, large = m(torch.randn(2, 3, 32, 32)), m(torch.randn(2, 3, 40, 40))
     assert small.shape == large.shape == (2, 10)
     assert m.patch_embed.grid_for(40, 40) == (10, 10) and m.patch_embed.grid_size == (8, 8)
+
+
+def test_token_batchnorm_and_post_norm_blocks():
+    torch.manual_seed(0)
+    bn = create_model("vit_digits_patch2", depth=2, norm="batchnorm", norm_first=False)
+    from attnlab.layers.norms import TokenBatchNorm
+
+    assert all(isinstance(b.norm1, TokenBatchNorm) and not b.norm_first for b in bn.blocks)
+    x = torch.randn(4, 1, 8, 8)
+    assert bn(x).shape == (4, 10)
+    bn.eval()
+    one, batch = bn(x[:1]), bn(x)[:1]  # eval: running statistics, so an image does not depend on its batch
+    torch.testing.assert_close(one, batch)
+    ln = create_model("vit_digits_patch2", depth=2)
+    assert [n for n, _ in ln.named_parameters()] == [n for n, _ in bn.named_parameters()]  # timm's names either way
+    with pytest.raises(ValueError, match="norm must be one of"):
+        create_model("vit_digits_patch2", norm="groupnorm")

@@ -14,6 +14,7 @@ from ..dropout import Dropout
 from ..errors import InputError
 from ..layers.drop_path import DropPath, drop_path_rates
 from ..layers.mlp import Mlp
+from ..layers.norms import build_norm
 from ..layers.patch_embed import PatchEmbed, to_2tuple
 from ..layers.pos_embed_2d import RelativePositionBias2d, resample_pos_embed, sincos_2d
 from .checkpoint import load_checkpoint
@@ -45,9 +46,15 @@ class ViTConfig:
     norm_eps: float = 1e-6
     attention: str = "exact"
     attention_options: dict[str, Any] = field(default_factory=dict)
+    # The blocks' norms: "layernorm" (timm's) or "batchnorm" (token BatchNorm: each feature over the
+    # batch and the tokens); norm_first=False puts them after each residual sum (post-norm: the
+    # first tutorial's attention -> projection -> BatchNorm arrangement).
+    norm: str = "layernorm"
+    norm_first: bool = True
 
     def __post_init__(self) -> None:
         self.img_size = to_2tuple(self.img_size)
+        build_norm(self.norm, 1)  # an unknown norm fails here, naming the choices
         for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -67,24 +74,31 @@ class ViTConfig:
 
 class Block(nn.Module):
     """Pre-norm Transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``, each
-    branch with dropout and stochastic depth. ``(B, N, E) -> (B, N, E)``."""
+    branch with dropout and stochastic depth; with ``norm_first=False`` post-norm:
+    ``norm(x + attn(x))``, then ``norm(x + mlp(x))``. ``norm``: ``"layernorm"`` or
+    ``"batchnorm"`` (token BatchNorm). ``(B, N, E) -> (B, N, E)``."""
 
     def __init__(
         self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, qkv_bias: bool = True, drop: float = 0.0,
         attn_drop: float = 0.0, drop_path: float = 0.0, norm_eps: float = 1e-6, attention: str = "exact",
         attention_options: dict[str, Any] | None = None, rel_pos: RelativePositionBias2d | None = None,
+        norm: str = "layernorm", norm_first: bool = True,
     ) -> None:
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.norm_first = norm_first
+        self.norm1 = build_norm(norm, dim, norm_eps)
         self.attn = build_attention(attention, dim, num_heads, dropout=attn_drop, bias=qkv_bias, **(attention_options or {}))
         self.rel_pos = rel_pos
         self.drop = Dropout(drop)
         self.drop_path = DropPath(drop_path)
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.norm2 = build_norm(norm, dim, norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), activation="gelu", dropout=drop)
 
     def forward(self, x: Tensor) -> Tensor:
         kw = {} if self.rel_pos is None else {"attn_mask": self.rel_pos()}
+        if not self.norm_first:
+            x = self.norm1(x + self.drop_path(self.drop(self.attn(x, **kw)[0])))
+            return self.norm2(x + self.drop_path(self.drop(self.mlp(x))))
         x = x + self.drop_path(self.drop(self.attn(self.norm1(x), **kw)[0]))
         return x + self.drop_path(self.drop(self.mlp(self.norm2(x))))
 
@@ -124,7 +138,7 @@ class VisionTransformer(nn.Module):
             Block(
                 e, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop=cfg.drop_rate,
                 attn_drop=cfg.attn_drop_rate, drop_path=rates[i], norm_eps=cfg.norm_eps, attention=cfg.attention,
-                attention_options=cfg.attention_options,
+                attention_options=cfg.attention_options, norm=cfg.norm, norm_first=cfg.norm_first,
                 rel_pos=RelativePositionBias2d(grid, cfg.num_heads, cfg.class_token) if cfg.pos_embed == "relative" else None,
             )
             for i in range(cfg.depth)
