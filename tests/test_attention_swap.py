@@ -8,7 +8,7 @@ from attnlab.attention import list_attention
 from attnlab.models import create_model
 
 TOKEN_OPTIONS = {"exact": {}, "local": {"window": 8}, "sparse": {"block": 8}, "linear": {}, "performer": {},
-                 "linformer": {"seq_len": 64, "k": 16}, "nystrom": {"num_landmarks": 8}}
+                 "linformer": {"seq_len": 64, "k": 16}, "nystrom": {"num_landmarks": 8}, "lsa": {}}
 GRID_OPTIONS = {"relpos2d": {}, "axial": {}, "standalone2d": {"kernel_size": 3}}
 
 

@@ -178,3 +178,44 @@ def test_token_batchnorm_and_post_norm_blocks():
     assert [n for n, _ in ln.named_parameters()] == [n for n, _ in bn.named_parameters()]  # timm's names either way
     with pytest.raises(ValueError, match="norm must be one of"):
         create_model("vit_digits_patch2", norm="groupnorm")
+
+
+def test_cct_conv_tokenizer_and_sequence_pooling():
+    torch.manual_seed(0)
+    m = create_model("cct_cifar", depth=1).eval()
+    assert m.patch_embed.grid_for(32, 32) == (8, 8) and m.cls_token is None and m.config.global_pool == "seq"
+    x = torch.randn(3, 3, 32, 32)
+    assert m(x).shape == (3, 10) and m(torch.randn(1, 3, 48, 48)).shape == (1, 10)  # any size dividing by 4
+    tokens = torch.randn(2, 5, 128)
+    scores = m.attn_pool(tokens).softmax(1)  # sequence pooling: a convex combination of the tokens
+    pooled = (scores * tokens).sum(1)
+    with torch.no_grad():
+        expected = m.head(m.forward_head(tokens, pre_logits=True))
+        torch.testing.assert_close(m.head(pooled), expected)
+        torch.testing.assert_close(m.forward_head(tokens.flip(1), pre_logits=True), pooled)  # order-free
+    assert create_model("cct_cifar", tokenizer_layers=3).patch_embed.grid_for(32, 32) == (4, 4)
+    with pytest.raises(ValueError, match="global_pool must be 'token', 'avg' or 'seq'"):
+        create_model("vit_digits_patch2", global_pool="max")
+
+
+def test_shifted_patch_tokenization_and_locality_self_attention():
+    from attnlab.attention import build_attention
+    from attnlab.layers.patch_embed import ShiftedImages
+
+    x = torch.arange(16.0).view(1, 1, 4, 4)
+    out = ShiftedImages(1)(x)
+    assert out.shape == (1, 5, 4, 4) and torch.equal(out[:, 0], x[:, 0])
+    assert out[0, 1, 1, 0] == 0 and out[0, 1, 1, 1] == x[0, 0, 0, 0]  # shifted down-right: the top-left pixel moves
+    m = create_model("vit_digits_patch2", depth=1, patch_embed="shifted", attention="lsa")
+    assert m.patch_embed.proj.weight.shape[1] == 5 and m(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+    lsa = build_attention("lsa", 16, 2).eval()
+    tokens = torch.randn(2, 5, 16)
+    q, k, v = lsa.in_proj(tokens).view(2, 5, 3, 2, 8).permute(2, 0, 3, 1, 4)
+    logits = (q @ k.transpose(-1, -2)) * lsa.log_scale.exp()
+    logits = logits.masked_fill(torch.eye(5, dtype=torch.bool), float("-inf"))  # no attention to oneself
+    expected = lsa.out_proj((logits.softmax(-1) @ v).transpose(1, 2).reshape(2, 5, 16))
+    torch.testing.assert_close(lsa(tokens)[0], expected)
+    assert torch.isclose(lsa.log_scale.exp(), torch.tensor(8**-0.5))  # starts at the usual scale
+    assert torch.isfinite(lsa(torch.randn(1, 1, 16))[0]).all()  # one token: it keeps itself
+    with pytest.raises(ValueError, match="patch_embed must be 'linear' or 'shifted'"):
+        create_model("vit_digits_patch2", patch_embed="conv")

@@ -4,12 +4,13 @@ and capturing the weights of a model's attention (:func:`capture_attention`)."""
 from .cache import KVCache
 from .functional import causal_mask, merge_masks, scaled_dot_product_attention
 from .multihead import CrossAttention, MultiHeadAttention, SelfAttention
-from .variants import axial, linear, linformer, local, nystrom, performer, relpos2d, sparse, standalone2d  # noqa: F401  (register)
+from .variants import axial, linear, linformer, local, lsa, nystrom, performer, relpos2d, sparse, standalone2d  # noqa: F401  (register)
 from .variants.axial import AxialAttention2d
 from .variants.base import TokenAttention
 from .variants.linear import LinearAttention
 from .variants.linformer import LinformerAttention
 from .variants.local import LocalAttention
+from .variants.lsa import LocalitySelfAttention
 from .variants.nystrom import NystromAttention
 from .variants.performer import PerformerAttention
 from .variants.relpos2d import RelPosSelfAttention2d
@@ -36,7 +37,7 @@ __all__ = [
     "attend_grid",
     "RelPosSelfAttention2d",
     "TokenAttention",
-    "LocalAttention",
+    "LocalAttention", "LocalitySelfAttention",
     "SparseAttention",
     "LinearAttention",
     "PerformerAttention",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError
 
-__all__ = ["PatchEmbed", "to_2tuple"]
+__all__ = ["PatchEmbed", "ShiftedImages", "to_2tuple"]
 
 
 def to_2tuple(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
@@ -64,3 +66,27 @@ class PatchEmbed(nn.Module):
         if self.backbone is not None:
             x = self.backbone(x)
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, E)
+
+
+class ShiftedImages(nn.Module):
+    """Shifted patch tokenization's input (Lee, Lee and Song, 2021): the image and four
+    copies shifted by ``shift`` pixels towards each diagonal (zeros fill the edges),
+    stacked channel-wise: ``(B, C, H, W) -> (B, 5C, H, W)``. A patch embedding over them
+    sees, in each patch, its neighbours' pixels too: a wider receptive field for the same
+    linear projection."""
+
+    def __init__(self, shift: int) -> None:
+        super().__init__()
+        if not isinstance(shift, int) or shift < 1:
+            raise InputError(f"shift must be a positive number of pixels; got {shift!r}")
+        self.shift = shift
+
+    def forward(self, x: Tensor) -> Tensor:
+        s = self.shift
+        h, w = x.shape[-2:]
+        padded = F.pad(x, (s, s, s, s))
+        shifted = [padded[..., dy : dy + h, dx : dx + w] for dy, dx in ((0, 0), (0, 2 * s), (2 * s, 0), (2 * s, 2 * s))]
+        return torch.cat([x, *shifted], dim=1)
+
+    def extra_repr(self) -> str:
+        return f"shift={self.shift}"

@@ -1,7 +1,7 @@
 """Models, one file per family, all registered with :func:`create_model`."""
 
 # Importing a family registers its models; resnet before the hybrid ViT, which builds on it.
-from . import attention_cnn, botnet, fast_cnn, resnet, sentiment, transformer, vit, vit_hybrid  # noqa: F401
+from . import attention_cnn, botnet, cct, fast_cnn, resnet, sentiment, transformer, vit, vit_hybrid  # noqa: F401
 from .botnet import BoTNet, BoTNetConfig
 from .registry import count_parameters, create_model, list_models, model_entry, register_model
 from .resnet import ResNet, ResNetConfig

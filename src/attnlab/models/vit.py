@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..layers.drop_path import DropPath, drop_path_rates
 from ..layers.mlp import Mlp
 from ..layers.norms import build_norm
-from ..layers.patch_embed import PatchEmbed, to_2tuple
+from ..layers.patch_embed import PatchEmbed, ShiftedImages, to_2tuple
 from ..layers.pos_embed_2d import RelativePositionBias2d, resample_pos_embed, sincos_2d
 from .checkpoint import load_checkpoint
 from .registry import build_config, register_model
@@ -37,7 +37,9 @@ class ViTConfig:
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
     class_token: bool = True
-    global_pool: str = "token"  # "token" (class token) or "avg" (mean of patch tokens)
+    # "token" (class token), "avg" (mean of patch tokens) or "seq" (sequence pooling, CCT's: a
+    # softmax-weighted mean of the patch tokens, the weights from a learned linear score)
+    global_pool: str = "token"
     pos_embed: str = "learned"  # "learned", "sincos2d", "relative" or "none"
     pre_logits: bool = False  # Linear + tanh before the head (the paper's pre-training head)
     drop_rate: float = 0.0  # dropout after position embedding, attention output, MLP, head input
@@ -51,10 +53,15 @@ class ViTConfig:
     # first tutorial's attention -> projection -> BatchNorm arrangement).
     norm: str = "layernorm"
     norm_first: bool = True
+    # "linear": patches -> linear projection (timm's); "shifted": shifted patch tokenization (the image
+    # and four diagonal shifts by half a patch, stacked, then the linear projection of their patches)
+    patch_embed: str = "linear"
 
     def __post_init__(self) -> None:
         self.img_size = to_2tuple(self.img_size)
         build_norm(self.norm, 1)  # an unknown norm fails here, naming the choices
+        if self.patch_embed not in ("linear", "shifted"):
+            raise InputError(f"patch_embed must be 'linear' or 'shifted'; got {self.patch_embed!r}")
         for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -63,8 +70,8 @@ class ViTConfig:
             raise InputError(f"num_classes must be >= 0 (0: no head); got {self.num_classes}")
         if self.embed_dim % self.num_heads:
             raise InputError(f"embed_dim must be divisible by num_heads; got {self.embed_dim} and {self.num_heads}")
-        if self.global_pool not in ("token", "avg"):
-            raise InputError(f"global_pool must be 'token' or 'avg'; got {self.global_pool!r}")
+        if self.global_pool not in ("token", "avg", "seq"):
+            raise InputError(f"global_pool must be 'token', 'avg' or 'seq'; got {self.global_pool!r}")
         if self.global_pool == "token" and not self.class_token:
             raise InputError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
         if self.pos_embed not in ("learned", "sincos2d", "relative", "none"):
@@ -122,6 +129,11 @@ class VisionTransformer(nn.Module):
         self.config = cfg
         e = cfg.embed_dim
         self.num_prefix_tokens = 1 if cfg.class_token else 0
+        if cfg.patch_embed == "shifted":
+            if backbone is not None:
+                raise InputError("patch_embed='shifted' shifts the image itself; a model with a backbone cannot")
+            backbone, backbone_stride = ShiftedImages(max(1, cfg.patch_size // 2)), 1
+            backbone_channels = 5 * cfg.in_chans
         self.patch_embed = PatchEmbed(
             cfg.img_size, cfg.patch_size, cfg.in_chans, e, backbone=backbone, backbone_stride=backbone_stride,
             backbone_channels=backbone_channels,
@@ -147,6 +159,7 @@ class VisionTransformer(nn.Module):
         avg = cfg.global_pool == "avg"
         self.norm = nn.Identity() if avg else nn.LayerNorm(e, eps=cfg.norm_eps)
         self.fc_norm = nn.LayerNorm(e, eps=cfg.norm_eps) if avg else nn.Identity()
+        self.attn_pool = nn.Linear(e, 1) if cfg.global_pool == "seq" else None
         self.pre_logits = nn.Sequential()
         if cfg.pre_logits:
             self.pre_logits.add_module("fc", nn.Linear(e, e))
@@ -202,7 +215,12 @@ class VisionTransformer(nn.Module):
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.config.global_pool == "avg" else x[:, 0]
+        pool = self.config.global_pool
+        if pool == "seq":
+            tokens = x[:, self.num_prefix_tokens :]
+            x = (self.attn_pool(tokens).softmax(dim=1) * tokens).sum(dim=1)  # (B, N, 1) weights over the tokens
+        else:
+            x = x[:, self.num_prefix_tokens :].mean(dim=1) if pool == "avg" else x[:, 0]
         x = self.pre_logits(self.fc_norm(x))
         return x if pre_logits else self.head(self.head_drop(x))
 

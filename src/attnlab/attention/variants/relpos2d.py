@@ -131,7 +131,7 @@ class RelPosSelfAttention2d(nn.Module):
     def _check_input(self, x: Tensor) -> None:
         if x.dim() != 4 or x.shape[1] != self.dim or x.shape[2] < 1 or x.shape[3] < 1:
             raise InputError(
-                f"x must have shape (B, {self.dim}, H, W) (channels dim={self.dim}); "
+                f"x must have shape (B, {self.dim}, H, W) with H, W >= 1 (channels dim={self.dim}); "
                 f"got ({', '.join(map(str, x.shape))})"
             )
 
