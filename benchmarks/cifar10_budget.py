@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model  # noqa: E402
 
-RECIPES = ["attncnn-cifar10", "botnet-cifar10", "vit-cifar10", "resnet-cifar10"]
+RECIPES = ["attncnn-cifar10", "botnet-cifar10", "vit-cifar10", "resnet-cifar10", "cct-cifar10"]
 
 
 def train(recipe: str, run_dir: Path) -> None:
