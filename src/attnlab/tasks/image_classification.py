@@ -171,9 +171,12 @@ def _check_classes(classes: list[str], root: Path) -> None:
                          f"{root} has {found}")
 
 
-def image_folder_splits(data: ImageDataConfig) -> tuple[list[str], _Transformed, _Transformed | None, _Transformed]:
+def image_folder_splits(data: ImageDataConfig, *, lazy: bool = False,
+                        ) -> tuple[list[str], _Transformed, _Transformed | None, _Transformed]:
     """``(classes, train, validation or None, test)`` of an image folder, before transforms
-    (each ``_Transformed`` holds its transform; train's augments when ``data.augment``)."""
+    (each ``_Transformed`` holds its transform; train's augments when ``data.augment``).
+    ``lazy``: decode nothing now, each image when it is read (for evaluating the test part
+    alone: the same pixels as the cache, without decoding the whole folder first)."""
     root = Path(data.root).expanduser()
     layout = _layout(root)
     paths = {"train": scan_images(layout["train"], list(data.classes) or None)}
@@ -191,7 +194,7 @@ def image_folder_splits(data: ImageDataConfig) -> tuple[list[str], _Transformed,
     count = sum(len(p[1]) for p in paths.values())
     channels = 3 if data.mode == "RGB" else 1
     decoded_mb = count * channels * data.img_size**2 / 2**20
-    cache = data.cache == "memory" or (data.cache == "auto" and decoded_mb <= data.cache_mb)
+    cache = not lazy and (data.cache == "memory" or (data.cache == "auto" and decoded_mb <= data.cache_mb))
     sets = {name: _folder(folder, data, classes, cache, missing_ok=name != "train") for name, folder in layout.items()}
     train_all = sets["train"]
     pool = torch.arange(len(train_all))
@@ -244,7 +247,7 @@ def build_data(recipe: ImageClassificationRecipe) -> tuple[_Transformed, _Transf
 
 def _test_data(recipe: ImageClassificationRecipe) -> _Transformed:
     if recipe.data.name == "folder":
-        return image_folder_splits(recipe.data)[3]
+        return image_folder_splits(recipe.data, lazy=True)[3]
     return _Transformed(_load(recipe, "test"), _eval_transform(recipe.data.name))
 
 
