@@ -32,6 +32,22 @@ def digits_run(_finished_digits_run, tmp_path):
     return shutil.copytree(_finished_digits_run, tmp_path / "run")
 
 
+@pytest.fixture
+def tiny_cifar(tmp_path):
+    """CIFAR-10 in the image-folder layout under ``tmp_path/cifar10``: 4 train and 2 test
+    random JPEGs per class; returns ``tmp_path`` (a ``data.data_dir``)."""
+    from attnlab.data.images import CIFAR10_CLASSES
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 4), ("test", 2)):
+        for c in CIFAR10_CLASSES:
+            folder = tmp_path / "cifar10" / split / c
+            folder.mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{i:04d}.jpg")
+    return tmp_path
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

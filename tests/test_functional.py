@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention import causal_mask, scaled_dot_product_attention as sdpa
+from attnlab.attention import functional
 from conftest import reference_attention
 
 
@@ -201,3 +202,22 @@ def test_fuzzed_masks_match_reference_on_both_paths(b, h, lq, lk, mask_kind, use
         torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
         if nw:
             torch.testing.assert_close(w.double(), ref_w, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("lk", [16, 200])
+def test_bf16_on_cpu_short_rows_take_the_explicit_path_and_agree(lk):
+    # Short rows in bfloat16 on the CPU go through the explicit path (torch's flash kernel is
+    # slow there); long rows through the kernel. Both must agree with a float32 reference.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 16) for n in (10, lk, lk))
+    pad = torch.zeros(2, lk, dtype=torch.bool)
+    pad[1, lk // 2:] = True
+    ref, _ = sdpa(q, k, v, key_padding_mask=pad)
+    assert functional._short_half_on_cpu(q.bfloat16(), lk) == (lk < functional.SHORT_HALF_KEYS_CPU)
+    assert not functional._short_half_on_cpu(q, lk)  # float32 keeps the kernel
+    qb, kb, vb = (t.bfloat16().requires_grad_() for t in (q, k, v))
+    out, _ = sdpa(qb, kb, vb, key_padding_mask=pad)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+    out.float().sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad.float()).all() for t in (qb, kb, vb))

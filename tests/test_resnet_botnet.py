@@ -12,6 +12,7 @@ import attnlab.models.resnet  # noqa: F401  (registers the resnet family)
 from attnlab.attention.registry import attention_family, build_attention
 from attnlab.attention.variants.relpos2d import RelPosSelfAttention2d
 from attnlab.models.registry import count_parameters, create_model, model_entry
+from attnlab.models.botnet import BoTBlock
 
 
 def on_meta(name, **overrides):
@@ -469,3 +470,25 @@ def test_relpos2d_dropout_only_in_training():
     torch.testing.assert_close(m(x), m(x, need_weights=True)[0])
     m.train()
     assert not torch.allclose(m(x), m.eval()(x))
+
+
+@pytest.mark.parametrize("place,stages,blocks", [
+    ("last_stage", {"layer4"}, 2), ("last_block", {"layer4"}, 1), ("last_two_stages", {"layer3", "layer4"}, 3),
+])
+def test_botnet_mhsa_placement(place, stages, blocks):
+    torch.manual_seed(0)
+    model = create_model("botnet_cifar", layers=(1, 1, 1, 2), widths=(16, 16, 32, 16), stem_width=16,
+                         mhsa_in=place).eval()
+    found = {name.split(".")[0] for name, m in model.named_modules() if isinstance(m, BoTBlock)}
+    assert found == stages and len(model.bot_blocks()) == blocks
+    if place == "last_block":
+        assert not isinstance(model.layer4[0], BoTBlock) and isinstance(model.layer4[1], BoTBlock)
+    x = torch.randn(2, 3, 32, 32)
+    maps = model.attention_maps(x)
+    assert len(maps) == blocks and all(torch.allclose(m.sum(-1), torch.ones(())) for m in maps)
+    assert model(x).shape == (2, 10)
+
+
+def test_botnet_mhsa_placement_is_checked():
+    with pytest.raises(ValueError, match="mhsa_in must be one of .*'last_block'.*got 'everywhere'"):
+        create_model("botnet_cifar", mhsa_in="everywhere")

@@ -124,20 +124,8 @@ def test_a_recipe_shortened_below_its_warmup_trains_with_the_warmup_capped(tmp_p
         capsys.readouterr().out
 
 
-@pytest.fixture
-def tiny_cifar(tmp_path):
-    """CIFAR-10 in the image-folder layout: 4 train and 2 test JPEGs per class."""
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 4), ("test", 2)):
-        for c in CIFAR10_CLASSES:
-            folder = tmp_path / "cifar10" / split / c
-            folder.mkdir(parents=True)
-            for i in range(n):
-                Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{i:04d}.jpg")
-    return tmp_path
-
-
-@pytest.mark.parametrize("recipe", ["attncnn-cifar10", "botnet-cifar10", "vit-cifar10", "resnet-cifar10"])
+@pytest.mark.parametrize("recipe", ["attncnn-cifar10", "botnet-cifar10", "vit-cifar10", "resnet-cifar10", "cct-cifar10",
+                                    "cct-fast-cifar10"])
 def test_cifar10_recipes_train_from_an_image_folder(tiny_cifar, tmp_path, recipe):
     run = tmp_path / "run"
     argv = ["train", recipe, f"data.data_dir={tiny_cifar}", "data.val_size=10", "train.steps=2",
@@ -148,6 +136,13 @@ def test_cifar10_recipes_train_from_an_image_folder(tiny_cifar, tmp_path, recipe
     assert results["steps"] == 2 and results["classes"] == list(CIFAR10_CLASSES)
     assert (results["train_size"], results["val_size"]) == (30, 10)
     assert load_run(run).evaluate()["test_samples"] == 20
+
+
+def test_max_per_class_caps_the_built_in_sets_too(tiny_cifar):
+    recipe = load_recipe("attncnn-cifar10", [f"data.data_dir={tiny_cifar}", "data.val_size=10", "data.max_per_class=2"])
+    train, val, _ = ic.build_data(recipe)
+    assert len(val) == 10 and len(train) == 20  # 3 per class after the split, capped at 2
+    assert torch.bincount(train.ds.targets[train.indices]).tolist() == [2] * 10
 
 
 def test_batched_fetch_equals_one_image_at_a_time(tiny_cifar):

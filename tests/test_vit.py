@@ -7,6 +7,8 @@ from attnlab.layers.drop_path import DropPath, drop_path_rates
 from attnlab.layers.patch_embed import PatchEmbed
 from attnlab.layers.pos_embed_2d import RelativePositionBias2d, resample_pos_embed, sincos_2d
 from attnlab.models import count_parameters, create_model
+from attnlab.layers.pos_embed_2d import LearnedPosEmbed2d
+from attnlab.models.cct import AirbenchTokenizer
 
 
 @pytest.mark.parametrize("name,params", [
@@ -219,3 +221,31 @@ def test_shifted_patch_tokenization_and_locality_self_attention():
     assert torch.isfinite(lsa(torch.randn(1, 1, 16))[0]).all()  # one token: it keeps itself
     with pytest.raises(ValueError, match="patch_embed must be 'linear' or 'shifted'"):
         create_model("vit_digits_patch2", patch_embed="conv")
+
+
+def test_learned_2d_positions_are_row_and_column_halves():
+    pos = LearnedPosEmbed2d((3, 4), 8)
+    table = pos((3, 4)).reshape(3, 4, 8)
+    assert torch.equal(table[1, 0, :4], table[1, 3, :4])  # same row, same first half
+    assert torch.equal(table[0, 2, 4:], table[2, 2, 4:])  # same column, same second half
+    assert pos((6, 4)).shape == (1, 24, 8)  # another grid: each table interpolated
+    with pytest.raises(ValueError, match="embed_dim 7 is odd"):
+        LearnedPosEmbed2d((2, 2), 7)
+    model = create_model("vit_cifar_patch4", embed_dim=32, depth=1, num_heads=2, pos_embed="learned2d").eval()
+    assert model.pos_embed is None and model.pos_embed2d.rows.shape == (8, 16)
+    assert model(torch.randn(2, 3, 32, 32)).shape == model(torch.randn(2, 3, 40, 40)).shape == (2, 10)
+    with pytest.raises(ValueError, match="pos_embed must be one of learned, learned2d"):
+        create_model("vit_cifar_patch4", pos_embed="2d")
+
+
+def test_cct_airbench_tokenizer():
+    model = create_model("cct_cifar", tokenizer="airbench", tokenizer_width=16, embed_dim=32, depth=1,
+                         num_heads=2).eval()
+    assert isinstance(model.patch_embed.backbone, AirbenchTokenizer)
+    assert model.patch_embed.grid_size == (7, 7)  # 32 -> 31 (2x2 stem) -> 15 -> 7
+    assert model.forward_features(torch.randn(2, 3, 32, 32)).shape == (2, 49, 32)
+    assert model.forward_features(torch.randn(2, 3, 40, 40)).shape == (2, 81, 32)  # 39 -> 19 -> 9: positions follow
+    with pytest.raises(ValueError, match=r"image size \(4, 4\) gives a \(0, 0\) feature map"):
+        model(torch.randn(1, 3, 4, 4))
+    with pytest.raises(ValueError, match="tokenizer must be one of 'cct', 'airbench'; got 'resnet'"):
+        create_model("cct_cifar", tokenizer="resnet")

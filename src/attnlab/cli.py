@@ -18,6 +18,7 @@ import yaml
 from . import __version__
 from .bench.attention import DEFAULT_LENGTHS, PARTS, run_bench
 from .bench.report import is_bench_dir, markdown, write_bench_report
+from .bench.vision import PARTS as VISION_PARTS, is_vision_dir, run_vision, vision_markdown, write_vision_report
 from .bench.scaling import VARIANTS
 from .data.download import download, list_datasets
 from .data.paths import data_dir
@@ -396,10 +397,12 @@ def _chunks(items, size: int):
 
 def cmd_report(args: argparse.Namespace) -> int:
     folder = Path(args.run_dir)
-    if not (folder / "config.yaml").is_file() and not is_bench_dir(folder):
+    if not (folder / "config.yaml").is_file() and not is_bench_dir(folder) and not is_vision_dir(folder):
         raise UsageError(f"RUN_DIR must be a run directory written by 'attnlab train' (with config.yaml) or an "
-                         f"'attnlab bench attention' output folder; {args.run_dir} is neither")
-    write = write_bench_report if is_bench_dir(folder) else write_run_report
+                         f"'attnlab bench attention' or 'attnlab bench vision' output folder; {args.run_dir} is "
+                         f"none of them")
+    write = (write_vision_report if is_vision_dir(folder) else write_bench_report if is_bench_dir(folder)
+             else write_run_report)
     print(f"wrote {write(folder, args.out)}")
     return 0
 
@@ -421,6 +424,28 @@ def cmd_bench_attention(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}/results.json, table.md, time.png, memory.png, report.html"
           + (f" and {args.json}" if args.json else ""))
     return 0
+
+
+def cmd_bench_vision(args: argparse.Namespace) -> int:
+    parts = _choices("--parts", args.parts, VISION_PARTS) if args.parts else list(VISION_PARTS)
+    seeds = _seeds(args.seeds) if args.seeds else None
+    data = run_vision(args.out, parts=parts, seeds=seeds, quick=args.quick, fresh=args.fresh, device=args.device,
+                      data_dir=args.data_dir, log=lambda s: print(s, flush=True))
+    print(vision_markdown(data))
+    print(f"wrote {args.out}/results.json, table.md, accuracy.png, time.png, report.html")
+    return 0
+
+
+def _seeds(text: str) -> dict[str, int]:
+    """``norm=3,positions=2`` -> seeds per part."""
+    seeds = {}
+    for item in text.split(","):
+        part, _, count = item.partition("=")
+        if part.strip() not in VISION_PARTS or not count.strip().isdigit() or int(count) < 1:
+            raise UsageError(f"--seeds takes PART=N,... with PART among {', '.join(VISION_PARTS)} and N >= 1; "
+                             f"got {text!r}")
+        seeds[part.strip()] = int(count)
+    return seeds
 
 
 def _lengths(text: str) -> list[int]:
@@ -562,7 +587,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--base-url", default=None, help=argparse.SUPPRESS)  # a mirror, or a test server
     q.set_defaults(func=cmd_data_download)
 
-    p = sub.add_parser("bench", help="measure: 'attnlab bench attention' compares the attention kinds")
+    p = sub.add_parser("bench", help="measure: 'attnlab bench attention' compares the attention kinds, "
+                                     "'attnlab bench vision' the vision claims")
     bench_sub = p.add_subparsers(dest="bench_command", metavar="WHAT", required=True)
     q = bench_sub.add_parser("attention", help="time, memory, quality of each attention kind, and the studies "
                                               "(resumable; about 1.5 hours on 2 CPU cores)")
@@ -575,6 +601,17 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--quick", action="store_true", help="tiny sizes and budgets: checks that it runs, nothing more")
     q.add_argument("--fresh", action="store_true", help="start over instead of keeping the finished items in --out")
     q.set_defaults(func=cmd_bench_attention)
+    q = bench_sub.add_parser("vision", help="the tutorials' vision claims on CIFAR-10 (and norms on MR): every "
+                                           "variant trained alike (resumable; hours on 2 CPU cores)")
+    q.add_argument("--out", default="runs/bench-vision", help="output folder (default runs/bench-vision)")
+    q.add_argument("--parts", default=None, help=f"comma-separated: {', '.join(VISION_PARTS)} (default: all)")
+    q.add_argument("--seeds", default=None, metavar="PART=N,...",
+                   help="seeds per part (default norm=3,text_norm=3,positions=2, the others 1)")
+    q.add_argument("--data-dir", default=None, help="default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab")
+    q.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    q.add_argument("--quick", action="store_true", help="two steps on a few images per variant: checks that it runs")
+    q.add_argument("--fresh", action="store_true", help="start over instead of keeping the finished runs in --out")
+    q.set_defaults(func=cmd_bench_vision)
     return parser
 
 

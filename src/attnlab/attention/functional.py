@@ -121,6 +121,18 @@ def _validate(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, key_pad
             )
 
 
+# torch's CPU flash kernel is slow in bfloat16/float16 for short rows: forward + backward of
+# (B, 4, L, 32) with B*L = 16,384, 2 cores of an AMD EPYC with avx512_bf16, torch 2.13:
+# L=64 flash 83 ms vs explicit 29 ms; L=128 91 vs 102; L=256 83 vs 223 (head size 64: L=64
+# 96 vs 47, L=128 125 vs 92, L=256 122 vs 226), the explicit path with a float32 softmax.
+# Below this many keys half-precision CPU inputs take the explicit path (see its softmax).
+SHORT_HALF_KEYS_CPU = 128
+
+
+def _short_half_on_cpu(q: Tensor, lk: int) -> bool:
+    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and lk < SHORT_HALF_KEYS_CPU
+
+
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -165,7 +177,7 @@ def scaled_dot_product_attention(
     # On the CPU torch's kernel draws attention dropout with its slow bernoulli_ (and
     # materializes the weights anyway): the explicit path below with attnlab's dropout
     # is faster there.
-    explicit = need_weights or (dropout_p > 0 and q.device.type == "cpu")
+    explicit = need_weights or (dropout_p > 0 and q.device.type == "cpu") or _short_half_on_cpu(q, lk)
     # Fast path for the most common causal case: let the kernel build the triangle.
     fused_causal = is_causal and lq == lk and attn_mask is None and key_padding_mask is None and not explicit
     mask = None if fused_causal else merge_masks(
@@ -188,12 +200,22 @@ def scaled_dot_product_attention(
         )
         weights = None
     else:
-        logits = torch.matmul(q, k.transpose(-2, -1)) * scale
+        # Scale the smaller of the queries (Lq, D) and the logits (Lq, Lk).
+        if d <= lk:
+            logits = torch.matmul(q * scale, k.transpose(-2, -1))
+        else:
+            logits = torch.matmul(q, k.transpose(-2, -1)) * scale
         if mask is not None:
             logits = logits.masked_fill(mask, -math.inf) if mask.dtype == torch.bool else logits + mask
             logits = logits.masked_fill(dead, 0.0)
-        # Softmax in float32 at least: half-precision exp overflows for long rows.
-        weights = torch.softmax(logits, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
+        # float16's exp overflows for long rows: its softmax runs in float32. bfloat16 has float32's
+        # range, and torch's softmax accumulates it in float32 on CPU and CUDA, so its output equals
+        # float32's rounded to bfloat16, without the two casts. On the CPU that pays from rows of 32
+        # (4 M elements, forward + backward, AVX512 EPYC: 64 keys 3.3 ms vs 7.5 ms, 96 keys 3.0 vs
+        # 6.7) but not below them (24 keys: 24 ms vs 9.5), where torch's bfloat16 kernel is not vectorized.
+        bf16_soft = q.dtype == torch.bfloat16 and (lk >= 32 or q.device.type != "cpu")
+        soft_dtype = q.dtype if bf16_soft else torch.promote_types(q.dtype, torch.float32)
+        weights = torch.softmax(logits, dim=-1, dtype=soft_dtype).to(q.dtype)
         if dead is not None:
             weights = weights.masked_fill(dead, 0.0)
         dropped = dropout(weights, p=dropout_p) if dropout_p > 0 else weights

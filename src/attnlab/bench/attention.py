@@ -32,7 +32,7 @@ from .report import write_bench_report, write_report
 from .scaling import VARIANTS, run_point
 from .studies import run_studies
 
-__all__ = ["run_bench", "PARTS", "DEFAULT_LENGTHS", "QUICK_LENGTHS", "machine_info"]
+__all__ = ["run_bench", "PARTS", "DEFAULT_LENGTHS", "QUICK_LENGTHS", "machine_info", "ResultStore"]
 
 PARTS = ("scaling", "quality", "studies")
 DEFAULT_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -68,7 +68,7 @@ def _available_bytes() -> int | None:
         return None
 
 
-class _Store:
+class ResultStore:
     """``results.json`` in ``out``: read on start, rewritten atomically after each item."""
 
     def __init__(self, out: Path, fresh: bool) -> None:
@@ -80,8 +80,9 @@ class _Store:
     def items(self, part: str) -> list[dict[str, Any]]:
         return self.data.setdefault(part, [])
 
-    def find(self, part: str, **key: Any) -> dict[str, Any] | None:
-        return next((r for r in self.items(part) if all(r.get(k) == v for k, v in key.items())), None)
+    def find(self, section: str, /, **key: Any) -> dict[str, Any] | None:
+        """The first record of ``section`` whose fields equal ``key``'s."""
+        return next((r for r in self.items(section) if all(r.get(k) == v for k, v in key.items())), None)
 
     def add(self, part: str, record: dict[str, Any]) -> None:
         self.items(part).append(record)
@@ -91,7 +92,7 @@ class _Store:
         atomic_write_bytes(self.path, json.dumps(self.data, indent=1).encode())
 
 
-def _scaling(store: _Store, variants: Sequence[str], lengths: Sequence[int], passes: Sequence[str], device: str,
+def _scaling(store: ResultStore, variants: Sequence[str], lengths: Sequence[int], passes: Sequence[str], device: str,
              log: Callable[[str], None]) -> None:
     avail = _available_bytes()
     limit = None if avail is None or device != "cpu" else int(avail * 0.8)
@@ -128,7 +129,7 @@ def run_bench(out: str | Path, *, parts: Sequence[str] = PARTS, variants: Sequen
             raise InputError(f"variant must be one of {sorted(VARIANTS)}; got {v!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    store = _Store(out, fresh)
+    store = ResultStore(out, fresh)
     store.data["machine"] = machine_info(device)
     store.data["quick"] = bool(quick)
     store.save()

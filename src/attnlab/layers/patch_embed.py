@@ -25,7 +25,9 @@ class PatchEmbed(nn.Module):
     convolution), giving ``(B, (H/p)*(W/p), E)`` tokens in row-major order.
 
     ``backbone`` (hybrid models) first turns the image into a feature map whose positions
-    are then the "pixels" being patched, as in the ViT paper's hybrid (§3.1).
+    are then the "pixels" being patched, as in the ViT paper's hybrid (§3.1). Its map is
+    ``backbone_stride`` times smaller than the image, or, when the backbone has an
+    ``output_size(height, width)`` method (a stem without padding, say), that method's size.
     """
 
     def __init__(
@@ -38,11 +40,7 @@ class PatchEmbed(nn.Module):
         self.patch_size = to_2tuple(patch_size)
         self.backbone = backbone
         self.stride = backbone_stride
-        feat = (self.img_size[0] // backbone_stride, self.img_size[1] // backbone_stride)
-        for side, f, p in zip(("height", "width"), feat, self.patch_size):
-            if f % p != 0:
-                raise InputError(f"image {side} {f * backbone_stride} is not divisible by the patch size {p * backbone_stride}")
-        self.grid_size = (feat[0] // self.patch_size[0], feat[1] // self.patch_size[1])
+        self.grid_size = self.grid_for(*self.img_size)
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         chans = backbone_channels if backbone is not None else in_chans
         if chans is None:
@@ -52,6 +50,13 @@ class PatchEmbed(nn.Module):
 
     def grid_for(self, height: int, width: int) -> tuple[int, int]:
         """The token grid an input of this size gives; raises if it does not divide."""
+        output_size = getattr(self.backbone, "output_size", None)
+        if output_size is not None:
+            fh, fw = output_size(height, width)
+            if fh % self.patch_size[0] or fw % self.patch_size[1] or fh <= 0 or fw <= 0:
+                raise InputError(f"image size ({height}, {width}) gives a ({fh}, {fw}) feature map, which patches "
+                                 f"of {self.patch_size} do not tile")
+            return fh // self.patch_size[0], fw // self.patch_size[1]
         ph, pw = self.patch_size[0] * self.stride, self.patch_size[1] * self.stride
         if height % ph or width % pw:
             raise InputError(

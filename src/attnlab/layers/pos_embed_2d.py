@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 
-__all__ = ["sincos_2d", "resample_pos_embed", "RelativePositionBias2d"]
+__all__ = ["sincos_2d", "resample_pos_embed", "RelativePositionBias2d", "LearnedPosEmbed2d"]
 
 
 def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10000.0) -> Tensor:
@@ -47,6 +47,35 @@ def resample_pos_embed(
     grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=True)
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, e).to(pos_embed.dtype)
     return torch.cat([prefix, grid], dim=1)
+
+
+class LearnedPosEmbed2d(nn.Module):
+    """Factorized learned 2-D positions (the ViT paper's "2-D" variant, appendix D.4): a
+    learned row embedding and a learned column embedding of ``E / 2`` each, concatenated,
+    so token ``(i, j)`` gets ``[row_i, col_j]``. ``grid`` -> ``(1, H*W, E)`` in row-major
+    order; another grid than the one built for interpolates each table linearly."""
+
+    def __init__(self, grid: tuple[int, int], dim: int) -> None:
+        super().__init__()
+        if dim % 2:
+            raise InputError(f"learned 2-D positions split the width in two halves; embed_dim {dim} is odd")
+        self.grid = tuple(grid)
+        self.rows = nn.Parameter(torch.zeros(grid[0], dim // 2))
+        self.cols = nn.Parameter(torch.zeros(grid[1], dim // 2))
+        nn.init.trunc_normal_(self.rows, std=0.02)
+        nn.init.trunc_normal_(self.cols, std=0.02)
+
+    @staticmethod
+    def _resize(table: Tensor, n: int) -> Tensor:
+        if table.shape[0] == n:
+            return table
+        return F.interpolate(table.t()[None], size=n, mode="linear", align_corners=False)[0].t()
+
+    def forward(self, grid: tuple[int, int]) -> Tensor:
+        h, w = grid
+        rows, cols = self._resize(self.rows, h), self._resize(self.cols, w)
+        pos = torch.cat([rows[:, None].expand(h, w, -1), cols[None].expand(h, w, -1)], dim=-1)
+        return pos.reshape(1, h * w, -1)
 
 
 class RelativePositionBias2d(nn.Module):

@@ -25,7 +25,7 @@ from ..attention.variants import relpos2d  # noqa: F401  (registers "relpos2d")
 from ..errors import InputError
 from ..layers.channel_attention import build_channel_attention
 from .registry import register_model
-from .resnet import ResNet, ResNetConfig, conv1x1, projection
+from .resnet import Bottleneck, ResNet, ResNetConfig, conv1x1, projection
 
 __all__ = ["BoTBlock", "BoTNet", "BoTNetConfig"]
 
@@ -111,6 +111,10 @@ class BoTNetConfig(ResNetConfig):
     attention: str = "relpos2d"
     attention_options: dict[str, Any] = field(default_factory=dict)
     num_heads: int = 4
+    # Where the MHSA goes (the paper's ablation): "last_stage" (every block of layer4, the paper's
+    # BoT50), "last_block" (only layer4's last block; its others are bottlenecks), or
+    # "last_two_stages" (every block of layer3 and layer4)
+    mhsa_in: str = "last_stage"
 
     # Names before attnlab took timm's: read in older runs, pointed to in errors.
     renamed: ClassVar[dict[str, str]] = {"image_size": "img_size", "heads": "num_heads"}
@@ -129,6 +133,11 @@ class BoTNetConfig(ResNetConfig):
         if not isinstance(self.attention_options, dict):
             raise InputError(f"attention_options must be a dict; got {self.attention_options!r}")
         attention_family(self.attention)  # unknown kind: ValueError listing the known ones
+        if self.mhsa_in not in MHSA_PLACES:
+            raise InputError(f"mhsa_in must be one of {', '.join(map(repr, MHSA_PLACES))}; got {self.mhsa_in!r}")
+
+
+MHSA_PLACES = ("last_stage", "last_block", "last_two_stages")
 
 
 def _halve(n: int) -> int:
@@ -153,45 +162,54 @@ class BoTNet(ResNet):
         return h, w
 
     def _make_stage(self, index: int, in_chans: int, planes: int, depth: int, stride: int) -> tuple[nn.Sequential, int]:
-        if index < 3:
-            return super()._make_stage(index, in_chans, planes, depth, stride)
         cfg = self.config
+        first_bot_stage = 2 if cfg.mhsa_in == "last_two_stages" else 3
+        if index < first_bot_stage:
+            return super()._make_stage(index, in_chans, planes, depth, stride)
         size = self._stage_input_size(index)
-        blocks = []
+        blocks: list[nn.Module] = []
         for j in range(depth):
             s = stride if j == 0 else 1
-            blocks.append(BoTBlock(
-                in_chans, planes, size=size, num_heads=cfg.num_heads, stride=s, attention=cfg.attention,
-                attention_options=cfg.attention_options, channel_attention=cfg.channel_attention,
-            ))
+            if cfg.mhsa_in == "last_block" and j < depth - 1:
+                blocks.append(Bottleneck(in_chans, planes, s, cfg.channel_attention))
+            else:
+                blocks.append(BoTBlock(
+                    in_chans, planes, size=size, num_heads=cfg.num_heads, stride=s, attention=cfg.attention,
+                    attention_options=cfg.attention_options, channel_attention=cfg.channel_attention,
+                ))
             in_chans, size = planes * BoTBlock.expansion, (size[0] // s, size[1] // s)
         return nn.Sequential(*blocks), in_chans
+
+    def bot_blocks(self) -> list[BoTBlock]:
+        """The blocks with MHSA, in order (see ``mhsa_in``)."""
+        return [m for m in self.modules() if isinstance(m, BoTBlock)]
 
     def _init_weights(self) -> None:
         super()._init_weights()
         # The blanket conv init above also hit the attention's own projections; give the
         # attention modules back their own initialization.
-        for block in self.layer4:
+        for block in self.bot_blocks():
             if hasattr(block.attn, "reset_parameters"):
                 block.attn.reset_parameters()
-
 
     def attention_maps(self, x: Tensor) -> list[Tensor]:
         """Per-head attention of every BoT block for input ``x`` ``(B, in_chans, H, W)``.
 
-        One ``(B, heads, h*w, h*w)`` tensor per block of ``layer4`` (at 224x224 for
+        One ``(B, heads, h*w, h*w)`` tensor per BoT block (see ``mhsa_in``; at 224x224 for
         ``botnet50``: 196x196, then 49x49 twice), pixels in row-major order, rows summing
         to 1. Runs under the caller's grad mode and the model's train/eval mode. A
         ``"grid"`` attention kind must accept ``need_weights=True`` (``relpos2d`` does).
         """
         self._check_input(x)
         x = self.forward_stem(x)
-        for stage in self.stage_list()[:3]:
-            x = stage(x)
         maps = []
-        for block in self.layer4:
-            x, weights = block(x, need_weights=True)
-            maps.append(weights)
+        for stage in self.stage_list():
+            for block in stage:
+                if isinstance(block, BoTBlock):
+                    x, weights = block(x, need_weights=True)
+                    maps.append(weights)
+                else:
+                    x = block(x)
         return maps
 
 

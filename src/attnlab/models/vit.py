@@ -16,11 +16,14 @@ from ..layers.drop_path import DropPath, drop_path_rates
 from ..layers.mlp import Mlp
 from ..layers.norms import build_norm
 from ..layers.patch_embed import PatchEmbed, ShiftedImages, to_2tuple
-from ..layers.pos_embed_2d import RelativePositionBias2d, resample_pos_embed, sincos_2d
+from ..layers.pos_embed_2d import LearnedPosEmbed2d, RelativePositionBias2d, resample_pos_embed, sincos_2d
 from .checkpoint import load_checkpoint
 from .registry import build_config, register_model
 
 __all__ = ["ViTConfig", "VisionTransformer", "Block"]
+
+
+POS_EMBEDS = ("learned", "learned2d", "sincos2d", "relative", "none")
 
 
 @dataclass
@@ -40,7 +43,9 @@ class ViTConfig:
     # "token" (class token), "avg" (mean of patch tokens) or "seq" (sequence pooling, CCT's: a
     # softmax-weighted mean of the patch tokens, the weights from a learned linear score)
     global_pool: str = "token"
-    pos_embed: str = "learned"  # "learned", "sincos2d", "relative" or "none"
+    # "learned" (1-D, one vector per token), "learned2d" (a learned row half and column half),
+    # "sincos2d" (fixed), "relative" (a learned 2-D relative bias per head) or "none"
+    pos_embed: str = "learned"
     pre_logits: bool = False  # Linear + tanh before the head (the paper's pre-training head)
     drop_rate: float = 0.0  # dropout after position embedding, attention output, MLP, head input
     attn_drop_rate: float = 0.0
@@ -74,8 +79,8 @@ class ViTConfig:
             raise InputError(f"global_pool must be 'token', 'avg' or 'seq'; got {self.global_pool!r}")
         if self.global_pool == "token" and not self.class_token:
             raise InputError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
-        if self.pos_embed not in ("learned", "sincos2d", "relative", "none"):
-            raise InputError(f"pos_embed must be one of learned, sincos2d, relative, none; got {self.pos_embed!r}")
+        if self.pos_embed not in POS_EMBEDS:
+            raise InputError(f"pos_embed must be one of {', '.join(POS_EMBEDS)}; got {self.pos_embed!r}")
         attention_family(self.attention)  # unknown names fail here, with suggestions
 
 
@@ -144,6 +149,7 @@ class VisionTransformer(nn.Module):
             self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + grid[0] * grid[1], e))
         else:
             self.register_parameter("pos_embed", None)
+        self.pos_embed2d = LearnedPosEmbed2d(grid, e) if cfg.pos_embed == "learned2d" else None
         self.pos_drop = Dropout(cfg.drop_rate)
         rates = drop_path_rates(cfg.drop_path_rate, cfg.depth)
         self.blocks = nn.ModuleList(
@@ -199,6 +205,8 @@ class VisionTransformer(nn.Module):
             return x + pos
         if cfg.pos_embed == "sincos2d":
             x = x + sincos_2d(grid, cfg.embed_dim).to(x)
+        elif self.pos_embed2d is not None:
+            x = x + self.pos_embed2d(grid).to(x)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         return x

@@ -71,8 +71,9 @@ class ImageDataConfig(DataConfig):
     # folder: "crop": the shorter side to img_size, then the centre square; "squash": both sides
     resize: Literal["crop", "squash"] = field(default="crop", metadata=FOLDER)
     classes: list = field(default_factory=list, metadata=FOLDER)  # folder: class folders to use, in label order; []: all
-    # folder: at most this many training images per class, drawn with seed (small-data studies); 0: all
-    max_per_class: int = field(default=0, metadata={"min": 0, **FOLDER})
+    # at most this many training images per class (after the validation split), drawn with seed
+    # (small-data studies, quick runs); 0: all
+    max_per_class: int = field(default=0, metadata={"min": 0})
     # folder: "memory" decodes every image once and keeps it; "stream" decodes at each use (DataLoader
     # workers: train.workers); "auto" keeps them in memory when the decoded images fit cache_mb.
     cache: Literal["auto", "memory", "stream"] = field(default="auto", metadata=FOLDER)
@@ -237,6 +238,7 @@ def build_data(recipe: ImageClassificationRecipe) -> tuple[_Transformed, _Transf
         return image_folder_splits(data)[1:]
     train = _load(recipe, "train")
     train_idx, val_idx = stratified_split(train.targets, data.val_size, data.seed)
+    train_idx = cap_per_class(train_idx, train.targets, data.max_per_class, data.seed)
     if data.name == "digits":
         augment = digits_transforms(train=data.augment)
     else:

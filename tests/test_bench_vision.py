@@ -1,0 +1,72 @@
+"""attnlab bench vision: the study's variants, its resumable runs, tables and report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attnlab.bench.vision import PARTS, VARIANTS, vision_markdown, write_vision_report
+from attnlab.cli import main
+from attnlab.recipes import load_recipe
+from attnlab.tasks import get_task
+
+
+
+def test_every_variant_is_a_valid_recipe_whose_model_builds():
+    # The meta-device check of each recipe: a misspelt option would fail hours into a study.
+    assert set(PARTS) == {v.part for v in VARIANTS}
+    assert len({v.key for v in VARIANTS}) == len(VARIANTS)
+    for v in VARIANTS:
+        recipe = load_recipe(v.recipe, list(v.overrides))
+        get_task(recipe.task).check(recipe)
+
+
+def _record(part, variant, seed, acc, **extra):
+    return {"part": part, "variant": variant, "seed": seed, "test_accuracy": acc, "params": 1e6,
+            "samples_per_s": 100.0, "train_seconds": 120.0, "peak_rss_mb": 900.0, **extra}
+
+
+def test_tables_give_mean_spread_and_difference_from_the_first_row(tmp_path):
+    data = {"machine": {"cpu": "test CPU", "threads": 2, "torch": "x"}, "budget": {"steps": 704, "batch_size": 256},
+            "vision": [_record("norm", "LayerNorm, pre-norm (timm)", s, a) for s, a in enumerate((0.60, 0.62, 0.64))]
+            + [_record("norm", "BatchNorm, pre-norm", 0, 0.65, peak_rss_mb=None)]}
+    text = vision_markdown(data)
+    assert "### norm: BatchNorm inside self-attention helps a ViT" in text
+    assert "| LayerNorm, pre-norm (timm) | 62.00% ± 2.00 | 3 | +0.00 |" in text
+    assert "| BatchNorm, pre-norm | 65.00% | 1 | +3.00 |" in text and "| n/a |" in text
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    page = write_vision_report(tmp_path)
+    assert (tmp_path / "accuracy.png").is_file() and (tmp_path / "time.png").is_file()
+    assert "BatchNorm, pre-norm" in page.read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--parts", "speed"], "--parts takes"),
+    (["--seeds", "norm=0"], "--seeds takes PART=N"),
+    (["--seeds", "colour=2"], "--seeds takes PART=N"),
+])
+def test_cli_bench_vision_bad_input(tmp_path, capsys, argv, message):
+    assert main(["bench", "vision", "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_quick_study_trains_in_child_processes_and_resumes(tiny_cifar, tmp_path, capsys):
+    out = tmp_path / "vision"
+    argv = ["bench", "vision", "--quick", "--parts", "botnet", "--out", str(out), "--data-dir", str(tiny_cifar)]
+    assert main(argv) == 0
+    records = json.loads((out / "results.json").read_text())["vision"]
+    assert [r["variant"] for r in records] == ["MHSA in the last stage (paper)", "MHSA in the last block only"]
+    for r in records:
+        assert 0 <= r["test_accuracy"] <= 1 and r["peak_rss_mb"] > 100 and r["params"] > 0
+        assert (Path(r["run_dir"]) / "results.json").is_file()
+    for name in ("table.md", "accuracy.png", "time.png", "report.html"):
+        assert (out / name).is_file()
+    assert "A quick run" in (out / "table.md").read_text()
+    assert main(argv) == 0  # everything done: nothing trained again
+    assert json.loads((out / "results.json").read_text())["vision"] == records
+    assert main(["report", str(out)]) == 0
+    assert main(["bench", "vision", "--parts", "botnet", "--out", str(out)]) == 2  # a full study into a quick folder
+    assert "holds a quick study" in capsys.readouterr().err
