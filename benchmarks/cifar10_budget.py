@@ -64,8 +64,9 @@ def plot(recipes: list[str], root: Path, path: Path) -> None:
     for recipe in recipes:
         if (root / recipe / "results.json").exists():
             evals = _evals(root / recipe)
+            precision = json.loads((root / recipe / "results.json").read_text()).get("precision", "fp32")
             ax.plot([e["elapsed_s"] / 60 for e in evals], [100 * e["accuracy"] for e in evals], marker="o",
-                    label=recipe)
+                    label=f"{recipe} ({precision})")
     ax.set_xlabel("training minutes (evaluations included)")
     ax.set_ylabel("validation accuracy (%)")
     ax.set_title(f"CIFAR-10 recipes, {cpu_model()}, 2 cores")

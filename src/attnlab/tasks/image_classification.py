@@ -36,7 +36,7 @@ from ..data import load_digits_dataset
 from ..data.images import CIFAR10, CIFAR10_CLASSES, ImageFolder, decode_image, decompression_bomb_sizes, scan_images
 from ..data.transforms import cifar_eval_transforms, cifar_train_transforms, digits_transforms, folder_transforms
 from ..engine import distributed
-from ..engine.device import select_device
+from ..engine.device import autocast, select_device
 from ..engine.trainer import evaluate_model
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
@@ -319,15 +319,22 @@ def spread(n: int, count: int) -> list[int]:
 
 
 @torch.no_grad()
-def predict_labels(model: nn.Module, data: Any, device: torch.device,
-                   batch_size: int = 256) -> tuple[list[int], list[int], list[float]]:
-    """``(true, pred, prob)`` over a data set with ``get_batch`` (as the trainer reads it)."""
+def predict_labels(model: nn.Module, data: Any, device: torch.device, batch_size: int = 256, *,
+                   precision: str = "fp32", channels_last: bool = False) -> tuple[list[int], list[int], list[float]]:
+    """``(true, pred, prob)`` over a data set with ``get_batch`` (as the trainer reads it), in
+    the precision and memory format the run was evaluated in (so they agree with its figures)."""
     model.to(device).eval()
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
     true, pred, prob = [], [], []
     for start in range(0, len(data), batch_size):
         x, y = data.get_batch(list(range(start, min(start + batch_size, len(data)))))
         x = {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
-        p, i = (model(**x) if isinstance(x, dict) else model(x)).float().softmax(-1).max(-1)
+        if channels_last and isinstance(x, Tensor) and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with autocast(device, precision):
+            logits = model(**x) if isinstance(x, dict) else model(x)
+        p, i = logits.float().softmax(-1).max(-1)
         true += y.tolist()
         pred += i.cpu().tolist()
         prob += p.cpu().tolist()
@@ -442,7 +449,8 @@ class ImageClassification(Task):
         for start in range(0, len(inputs), batch_size):
             chunk = list(inputs[start : start + batch_size])
             images = torch.stack([read_image(f, spec.mode, spec.size, spec.resize) for f in chunk])
-            probs = run.model(spec.transform(images).to(device)).float().softmax(-1).cpu()
+            with autocast(device, run.precision):
+                probs = run.model(spec.transform(images).to(device)).float().softmax(-1).cpu()
             top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
             out += [LabelPrediction(_name(f, start + k), [(run.classes[i], p) for p, i in zip(ps.tolist(), ix.tolist())])
                     for k, (f, ps, ix) in enumerate(zip(chunk, top.values, top.indices))]
@@ -452,7 +460,8 @@ class ImageClassification(Task):
         """The test set's predictions by the weights ``results.json`` was tested with."""
         run = load_run(run_dir)
         test = _test_data(run.recipe)
-        true, pred, prob = predict_labels(run.model, test, select_device(device))
+        true, pred, prob = predict_labels(run.model, test, select_device(device), precision=run.precision,
+                                          channels_last=run.recipe.train.channels_last)
         shown = spread(len(test), 12)
         return [ClassifierPredictions(run.classes, true, pred, prob, checkpoint_label(run.checkpoint),
                                       [test.image(i) for i in shown], shown)]

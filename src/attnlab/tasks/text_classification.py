@@ -38,7 +38,7 @@ from ..data.tables import read_labelled_texts
 from ..data.text import SentimentDataset
 from ..data.tokenize import TextTokenizer, shorten
 from ..engine import distributed
-from ..engine.device import select_device
+from ..engine.device import autocast, select_device
 from ..engine.trainer import evaluate_model
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
@@ -347,7 +347,9 @@ class TextClassification(Task):
             chunk = list(inputs[start : start + batch_size])
             batch = run.tokenizer.encode(chunk, max_length=run.recipe.text.max_length)
             device = run.device
-            probs = run.model(batch["input_ids"].to(device), batch["attention_mask"].to(device)).float().softmax(-1).cpu()
+            with autocast(device, run.precision):
+                logits = run.model(batch["input_ids"].to(device), batch["attention_mask"].to(device))
+            probs = logits.float().softmax(-1).cpu()
             top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
             out += [LabelPrediction(text, [(run.classes[i], p) for p, i in zip(ps.tolist(), ix.tolist())])
                     for text, ps, ix in zip(chunk, top.values, top.indices)]
@@ -366,7 +368,7 @@ class TextClassification(Task):
             run = load_run(folder)
             out.classes = run.classes
             test = self._test_set(run)
-            true, pred, prob = predict_labels(run.model, test, select_device(device))
+            true, pred, prob = predict_labels(run.model, test, select_device(device), precision=run.precision)
             out.true += true
             out.pred += pred
             out.prob += prob
