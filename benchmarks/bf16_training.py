@@ -152,7 +152,8 @@ def main() -> None:
             steps[setting] = trainer_step(model, loss_fn, setting.split(",")[0], short_rule="flash" not in setting)
         times = time_interleaved(steps, repeats, warmup)
         rate = {s: batch / statistics.median(t) for s, t in times.items()}
-        row = f"| {name} | {batch} | " + " | ".join(f"{rate[s]:.3g}" for s in settings) + " |"
+        row = f"| {name} | {batch} | " + " | ".join(f"{rate[s]:.0f}" if rate[s] >= 100 else f"{rate[s]:.3g}"
+                                                  for s in settings) + " |"
         if flags:
             row += f" {rate['bf16'] / rate['fp32']:.2f}x | {rate['bf16, flash'] / rate['fp32']:.2f}x |"
         print(row, flush=True)
