@@ -1,5 +1,6 @@
 """Device selection, precision contexts and seeding."""
 
+import json
 import random
 
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from attnlab.engine.device import autocast, make_grad_scaler, seed_everything, select_device
+from attnlab.tasks import load_run
 
 
 def test_auto_and_cpu():
@@ -79,3 +81,16 @@ def test_precision_auto_on_this_machine_is_said_and_kept_for_eval(tmp_path, caps
     assert results["precision"] == chosen
     run = load_run(tmp_path / "r")
     assert run.precision == chosen and run.evaluate()["test_accuracy"] == results["test_accuracy"]
+
+
+def test_a_float16_gpu_run_read_on_a_cpu_predicts_in_float32(digits_run):
+    # A run trained with fp16 on CUDA, loaded on a machine without one: float16 autocast
+    # needs CUDA, so evaluation and prediction run in float32 instead of failing.
+    results = json.loads((digits_run / "results.json").read_text())
+    results["precision"] = "fp16"
+    (digits_run / "results.json").write_text(json.dumps(results))
+    config = (digits_run / "config.yaml").read_text()
+    (digits_run / "config.yaml").write_text(config.replace("precision: fp32", "precision: auto"))
+    run = load_run(digits_run)
+    assert run.recipe.train.precision == "auto" and run.precision == "fp32"
+    assert len(run.predict([torch.zeros(1, 8, 8, dtype=torch.uint8)])) == 1

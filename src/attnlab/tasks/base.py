@@ -169,13 +169,15 @@ class TrainedRun:
     def precision(self) -> str:
         """The precision to evaluate in: the recipe's, or, for ``auto``, what the run chose
         when it trained (``results.json``), so that ``evaluate`` reproduces its figures on
-        another machine too."""
+        another machine too; a float16 run away from CUDA runs in float32."""
         asked = self.recipe.train.precision
         results = self.run_dir / "results.json"
         if asked == "auto" and results.is_file():
             chosen = read_json_mapping(results).get("precision")
             if chosen in ("fp32", "bf16", "fp16"):
-                return chosen
+                asked = chosen
+        if asked == "fp16" and self.device.type != "cuda":
+            return "fp32"  # float16 autocast needs CUDA: a GPU run read on a CPU runs in float32
         return asked
 
     def evaluate(self, **options: Any) -> dict[str, Any]:
