@@ -118,14 +118,15 @@ def test_a_file_run_trains_predicts_evaluates_and_takes_a_file_of_ones_own(tmp_p
     run_dir = tmp_path / "run"
     assert main(["train", "text-classification", f"data.train={path}", "data.text_column=review",
                  "data.label_column=topic", "text.vocab_size=300", "model.options.embed_dim=32",
-                 "model.options.depth=1", "model.options.num_heads=2", "train.steps=40", "train.batch_size=16",
-                 "train.eval_every=20", "train.checkpoint_every=20", "train.log_every=0", "train.progress=false",
+                 "model.options.depth=1", "model.options.num_heads=2", "train.steps=120", "train.batch_size=16",
+                 "train.eval_every=60", "train.checkpoint_every=60", "train.log_every=0", "train.progress=false",
                  "--run-dir", str(run_dir)]) == 0
     results = json.loads((run_dir / "results.json").read_text())
     assert results["classes"] == ["food", "sports", "weather"] and results["test_accuracy"] > 0.6
     run = attnlab.load_run(run_dir)
     assert run.evaluate()["test_accuracy"] == results["test_accuracy"]
-    [p] = run.predict(["rain and storm and wind"], top_k=3)
+    # 120 steps, not 40: at 40 one seed in six still called "goal goal team" weather (CI caught it)
+    [p] = run.predict(["rain storm wind cloud"], top_k=3)
     assert p.label == "weather" and len(p.labels) == 3
     with pytest.raises(InputError, match="its predictions are labels: use predict"):
         run.translate(["rain"])
