@@ -70,3 +70,16 @@ def test_quick_study_trains_in_child_processes_and_resumes(tiny_cifar, tmp_path,
     assert main(["report", str(out)]) == 0
     assert main(["bench", "vision", "--parts", "botnet", "--out", str(out)]) == 2  # a full study into a quick folder
     assert "holds a quick study" in capsys.readouterr().err
+
+
+def test_the_same_configuration_in_two_parts_is_trained_once(tiny_cifar, tmp_path):
+    out = tmp_path / "vision"
+    assert main(["bench", "vision", "--quick", "--parts", "regularization,pooling", "--out", str(out),
+                 "--data-dir", str(tiny_cifar)]) == 0
+    records = json.loads((out / "results.json").read_text())["vision"]
+    assert [(r["part"], r["variant"]) for r in records] == [
+        ("regularization", "DropPath 0.05 (recipe)"), ("regularization", "neither"),
+        ("pooling", "class token"), ("pooling", "mean of patches")]
+    assert records[2]["run_dir"] == records[0]["run_dir"]  # the study's base ViT, reused
+    assert records[2]["test_accuracy"] == records[0]["test_accuracy"]
+    assert len({r["run_dir"] for r in records}) == 3 and not (out / "runs" / "pooling" / "class-token-seed0").exists()

@@ -224,6 +224,12 @@ def run_vision(out: str | Path, *, parts: Sequence[str] = PARTS, seeds: dict[str
             for seed in range(1 if quick else seeds.get(part, 1)):
                 if store.find("vision", part=part, variant=variant.name, seed=seed):
                     continue
+                # Each part's first row is the same ViT: train it once, count it in every part.
+                same = store.find("vision", recipe=variant.recipe, overrides=list(variant.overrides), seed=seed)
+                if same:
+                    store.add("vision", {**same, "part": part, "variant": variant.name})
+                    log(f"{part:>14} | {variant.name:<36} seed {seed}: the run of {same['part']}/{same['variant']}")
+                    continue
                 image = variant.recipe != "sentiment-mr"
                 overrides = [*SILENT, *variant.overrides, f"train.seed={seed}",
                              *((QUICK_IMAGE if image else QUICK_TEXT) if quick else (IMAGE_BUDGET if image else ()))]
