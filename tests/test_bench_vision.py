@@ -83,3 +83,12 @@ def test_the_same_configuration_in_two_parts_is_trained_once(tiny_cifar, tmp_pat
     assert records[2]["run_dir"] == records[0]["run_dir"]  # the study's base ViT, reused
     assert records[2]["test_accuracy"] == records[0]["test_accuracy"]
     assert len({r["run_dir"] for r in records}) == 3 and not (out / "runs" / "pooling" / "class-token-seed0").exists()
+
+
+def test_a_training_the_user_can_fix_is_one_clear_error(tmp_path, capsys):
+    out = tmp_path / "vision"
+    assert main(["bench", "vision", "--quick", "--parts", "botnet", "--out", str(out),
+                 "--data-dir", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "botnet/MHSA in the last stage (paper) (seed 0) stopped: attnlab train: error: cifar10 data not found" in err
+    assert "Traceback" not in err and "internal error" not in err

@@ -180,6 +180,9 @@ def _run_one(variant: Variant, seed: int, run_dir: Path, overrides: list[str], l
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
             _, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode == 2:  # the child's usage error (missing data, a bad option): the user's to fix
+            last = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            raise InputError(f"training {variant.key} (seed {seed}) stopped: {last[0]}")
         if proc.returncode != 0:
             raise RuntimeError(f"training {variant.key} (seed {seed}) failed with exit code {proc.returncode}; "
                                f"see {log_path}")
