@@ -249,3 +249,41 @@ def test_cct_airbench_tokenizer():
         model(torch.randn(1, 3, 4, 4))
     with pytest.raises(ValueError, match="tokenizer must be one of 'cct', 'airbench'; got 'resnet'"):
         create_model("cct_cifar", tokenizer="resnet")
+
+
+def test_mimetic_init_makes_query_key_near_identity_and_value_output_near_minus_identity():
+    from attnlab.layers import mimetic_init_
+
+    torch.manual_seed(0)
+    d, heads = 64, 4
+    k = d // heads
+    w_in, w_out = torch.empty(3 * d, d), torch.empty(d, d)
+    mimetic_init_(w_in, w_out, heads)
+    for h in range(heads):  # each head: the rank-k part of 0.7 Z + 0.7 I
+        qk = w_in[h * k:(h + 1) * k].T @ w_in[d + h * k:d + (h + 1) * k]
+        off = qk - torch.diag(qk.diag())
+        assert qk.diag().mean() > 0.2 and qk.diag().mean() > 3 * off.abs().mean()
+    vo = w_in[2 * d:].T @ w_out.T  # full rank: exactly 0.4 Z - 0.4 I
+    assert vo.diag().mean() == pytest.approx(-0.4, abs=0.05)
+    # a token's query meets its own key far above the others': attention starts near-local
+    x = torch.randn(16, d)
+    logits = (x @ w_in[:k].T) @ (x @ w_in[d:d + k].T).T / k ** 0.5
+    assert logits.diag().mean() > logits.mean() + 2
+    with pytest.raises(ValueError, match="num_heads must divide the width 64; got 5"):
+        mimetic_init_(w_in, w_out, 5)
+    with pytest.raises(ValueError, match=r"in_proj_weight \(3d, d\).*got \(64, 64\)"):
+        mimetic_init_(w_out, w_out, heads)
+
+
+def test_vit_attn_init_option():
+    torch.manual_seed(0)
+    plain = create_model("vit_cifar_patch4", embed_dim=64, depth=2, num_heads=4)
+    torch.manual_seed(0)
+    mimetic = create_model("vit_cifar_patch4", embed_dim=64, depth=2, num_heads=4, attn_init="mimetic")
+    for model, sign in ((plain, 0), (mimetic, -1)):
+        w_in, w_out = model.blocks[1].attn.in_proj.weight, model.blocks[1].attn.out_proj.weight
+        vo_diag = (w_in[128:].T @ w_out.T).diag().mean().item()
+        assert (vo_diag < -0.3) if sign else abs(vo_diag) < 0.05
+    assert mimetic(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ValueError, match="attn_init must be 'default' or 'mimetic'; got 'xavier'"):
+        create_model("vit_cifar_patch4", attn_init="xavier")

@@ -2,6 +2,7 @@
 
 from .channel_attention import CBAM, SqueezeExcite, build_channel_attention
 from .drop_path import DropPath
+from .init import mimetic_init_
 from .mlp import Mlp
 from .norms import LayerNorm, TokenBatchNorm, build_norm
 from .pos_encoding import LearnedPositionalEncoding, SinusoidalPositionalEncoding, build_pos_encoding
@@ -18,6 +19,7 @@ __all__ = [
     "SqueezeExcite",
     "build_channel_attention",
     "DropPath",
+    "mimetic_init_",
     "Mlp",
     "LayerNorm",
     "TokenBatchNorm",

@@ -1,0 +1,54 @@
+"""Initialisations of attention weights."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError
+
+__all__ = ["mimetic_init_"]
+
+
+@torch.no_grad()
+def mimetic_init_(in_proj_weight: Tensor, out_proj_weight: Tensor, num_heads: int, *,
+                  qk: tuple[float, float] = (0.7, 0.7), vo: tuple[float, float] = (0.4, 0.4)) -> None:
+    """Mimetic initialisation of one self-attention layer (Trockman and Kolter, 2023), in place.
+
+    Pre-trained ViTs have ``W_q W_k^T`` close to a positive multiple of the identity in every
+    head (a token attends to tokens like itself: with position embeddings, its neighbours)
+    and ``W_v W_o`` close to a negative one. This sets, with ``Z`` standard normal over
+    ``sqrt(d)`` (``d`` the width, ``k = d / num_heads``):
+
+    - each head's ``W_q W_k^T`` to the best rank-``k`` approximation of ``qk[0] Z + qk[1] I``;
+    - ``W_v W_o`` (all heads together, full rank) to ``vo[0] Z' - vo[1] I``,
+
+    splitting each product into its two factors by SVD (the square roots of the singular
+    values on both sides). The paper's defaults for vision are ``(0.7, 0.7)`` and ``(0.4, 0.4)``.
+    ``in_proj_weight``: ``(3d, d)``, the packed ``[q; k; v]`` rows of a ``nn.Linear``;
+    ``out_proj_weight``: ``(d, d)``. Random draws use torch's global generator (seeded runs
+    stay reproducible)."""
+    d = out_proj_weight.shape[0]
+    if in_proj_weight.shape != (3 * d, d) or out_proj_weight.shape != (d, d):
+        raise InputError(f"mimetic_init_ needs in_proj_weight (3d, d) and out_proj_weight (d, d); got "
+                         f"{tuple(in_proj_weight.shape)} and {tuple(out_proj_weight.shape)}")
+    if num_heads <= 0 or d % num_heads:
+        raise InputError(f"num_heads must divide the width {d}; got {num_heads}")
+    k = d // num_heads
+    eye = torch.eye(d)
+
+    def target(alpha: float, beta: float) -> tuple[Tensor, Tensor, Tensor]:
+        u, s, vt = torch.linalg.svd(alpha * torch.randn(d, d) / math.sqrt(d) + beta * eye)
+        return u, s.sqrt(), vt
+
+    for h in range(num_heads):
+        u, r, vt = target(*qk)
+        rows = slice(h * k, (h + 1) * k)
+        # q = x W_q^T in nn.Linear's layout, so the weight rows are the factors' columns.
+        in_proj_weight[rows] = (u[:, :k] * r[:k]).T.to(in_proj_weight)
+        in_proj_weight[d:][rows] = (vt[:k].T * r[:k]).T.to(in_proj_weight)
+    u, r, vt = target(vo[0], -vo[1])
+    in_proj_weight[2 * d:] = (u * r).T.to(in_proj_weight)  # W_v = U sqrt(S)
+    out_proj_weight.copy_((r[:, None] * vt).T)  # W_o = sqrt(S) V^T, so that W_v W_o = U S V^T
