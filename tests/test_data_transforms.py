@@ -291,3 +291,25 @@ def test_digits_presets():
     assert train(x).shape == (1, 8, 8)
     assert torch.allclose(evaluate(x), torch.full((1, 8, 8), (1 - DIGITS_MEAN[0]) / DIGITS_STD[0]))
     assert "RandomHorizontalFlip" not in repr(train)
+
+
+def test_crop_padding_zero_leaves_flips_only():
+    x = _image()
+    flips = cifar_train_transforms(padding=0)
+    assert "RandomCrop" not in repr(flips) and "RandomHorizontalFlip" in repr(flips)
+    evaluate = cifar_eval_transforms()(x)
+    for _ in range(8):  # every output is the image or its mirror: nothing shifted
+        out = flips(x)
+        assert torch.equal(out, evaluate) or torch.equal(out, evaluate.flip(-1))
+    assert "padding=2" in repr(cifar_train_transforms(padding=2))
+    assert "RandomCrop" not in repr(digits_transforms(train=True, padding=0))
+
+
+def test_crop_padding_in_a_recipe():
+    from attnlab.recipes import load_recipe
+
+    assert load_recipe("vit-cifar10", ["data.crop_padding=0"]).data.crop_padding == 0
+    with pytest.raises(ValueError, match="data.crop_padding applies with data.augment=true"):
+        load_recipe("vit-cifar10", ["data.crop_padding=2", "data.augment=false"])
+    with pytest.raises(ValueError, match="data.crop_padding must be >= 0; got -1"):
+        load_recipe("vit-cifar10", ["data.crop_padding=-1"])

@@ -287,3 +287,22 @@ def test_vit_attn_init_option():
     assert mimetic(torch.randn(2, 3, 32, 32)).shape == (2, 10)
     with pytest.raises(ValueError, match="attn_init must be 'default' or 'mimetic'; got 'xavier'"):
         create_model("vit_cifar_patch4", attn_init="xavier")
+
+
+def test_local_relative_bias_starts_as_a_distance_penalty_halving_per_head():
+    bias = RelativePositionBias2d((4, 4), num_heads=3, class_token=False, init="local")()[0]  # (3, 16, 16)
+    # token (1,1) is index 5: itself 0, its right neighbour -1, (3,3) -hypot(2,2); each head half the last
+    torch.testing.assert_close(bias[:, 5, 5], torch.zeros(3))
+    torch.testing.assert_close(bias[:, 5, 6], torch.tensor([-1.0, -0.5, -0.25]))
+    torch.testing.assert_close(bias[0, 5, 15], torch.tensor(-(8 ** 0.5)))
+    probs = bias.softmax(-1)
+    assert probs[0, 5, [1, 4, 6, 9]].sum() > probs[2, 5, [1, 4, 6, 9]].sum()  # the first head is the most local
+    with_cls = RelativePositionBias2d((4, 4), num_heads=3, init="local")()[0]
+    torch.testing.assert_close(with_cls[:, 6, 7], bias[:, 5, 6])
+    with pytest.raises(ValueError, match="init must be 'normal' or 'local'; got 'conv'"):
+        RelativePositionBias2d((4, 4), num_heads=3, init="conv")
+    with pytest.raises(ValueError, match="rel_pos_init applies to pos_embed='relative'; got pos_embed='learned'"):
+        create_model("vit_cifar_patch4", rel_pos_init="local")
+    model = create_model("vit_cifar_patch4", embed_dim=64, depth=2, num_heads=4, pos_embed="relative",
+                         rel_pos_init="local")
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)

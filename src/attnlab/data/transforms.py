@@ -458,10 +458,11 @@ class TrivialAugment:
 # ---------------------------------------------------------------------------- presets
 
 
-def cifar_train_transforms(strong: bool = False) -> Compose:
-    """Random crop (pad 4) + horizontal flip [+ TrivialAugment when ``strong``], then
-    ``uint8`` -> float and CIFAR-10 normalization. Input: ``uint8`` ``(3, 32, 32)``."""
-    steps: list[Callable[[Tensor], Tensor]] = [RandomCrop(32, padding=4), RandomHorizontalFlip()]
+def cifar_train_transforms(strong: bool = False, padding: int = 4) -> Compose:
+    """Random crop (pad ``padding``; 0: none) + horizontal flip [+ TrivialAugment when
+    ``strong``], then ``uint8`` -> float and CIFAR-10 normalization. Input: ``uint8`` ``(3, 32, 32)``."""
+    steps: list[Callable[[Tensor], Tensor]] = [RandomCrop(32, padding=padding)] if padding else []
+    steps.append(RandomHorizontalFlip())
     if strong:
         steps.append(TrivialAugment())
     return Compose(steps + [ToFloat(), Normalize(CIFAR10_MEAN, CIFAR10_STD)])
@@ -472,19 +473,21 @@ def cifar_eval_transforms() -> Compose:
     return Compose([ToFloat(), Normalize(CIFAR10_MEAN, CIFAR10_STD)])
 
 
-def digits_transforms(train: bool) -> Compose:
-    """Digits ``(1, 8, 8)``: a random 1-pixel shift when ``train`` (no flips: a mirrored
-    digit is another glyph), then float and normalization."""
-    steps: list[Callable[[Tensor], Tensor]] = [RandomCrop(8, padding=1)] if train else []
+def digits_transforms(train: bool, padding: int = 1) -> Compose:
+    """Digits ``(1, 8, 8)``: a random shift of up to ``padding`` pixels when ``train`` (no
+    flips: a mirrored digit is another glyph), then float and normalization."""
+    steps: list[Callable[[Tensor], Tensor]] = [RandomCrop(8, padding=padding)] if train and padding else []
     return Compose(steps + [ToFloat(), Normalize(DIGITS_MEAN, DIGITS_STD)])
 
 
-def folder_transforms(size: int, mode: str, train: bool) -> Compose:
+def folder_transforms(size: int, mode: str, train: bool, padding: int | None = None) -> Compose:
     """Images of a folder, already ``uint8`` ``(C, size, size)``: a random crop (padded by
-    an eighth of the side) and horizontal flip when ``train``, then float and ImageNet's
-    normalization (RGB; a grey image: mean 0.5, std 0.5)."""
+    ``padding``, default an eighth of the side; 0: no crop) and horizontal flip when
+    ``train``, then float and ImageNet's normalization (RGB; a grey image: mean 0.5, std 0.5)."""
     steps: list[Callable[[Tensor], Tensor]] = []
+    padding = max(1, size // 8) if padding is None else padding
     if train:
-        steps += [RandomCrop(size, padding=max(1, size // 8)), RandomHorizontalFlip()]
+        steps += [RandomCrop(size, padding=padding)] if padding else []
+        steps.append(RandomHorizontalFlip())
     mean, std = (IMAGENET_MEAN, IMAGENET_STD) if mode == "RGB" else ((0.5,), (0.5,))
     return Compose(steps + [ToFloat(), Normalize(mean, std)])

@@ -84,15 +84,27 @@ class RelativePositionBias2d(nn.Module):
 
     With a class token, three more learned entries cover class->patch, patch->class and
     class->class. The table has ``(2H-1)(2W-1) (+3)`` rows.
+
+    ``init="normal"``: small random entries (BEiT's); ``"local"``: head ``i`` starts at
+    ``-distance / 2**i``, an ALiBi-like penalty on the Euclidean offset, so that the first
+    head attends to its neighbours, like a convolution, and the last almost everywhere
+    (the locality prior of ConViT, d'Ascoli et al., 2021, as a learned bias the model can undo).
     """
 
-    def __init__(self, grid: tuple[int, int], num_heads: int, class_token: bool = True) -> None:
+    def __init__(self, grid: tuple[int, int], num_heads: int, class_token: bool = True, init: str = "normal") -> None:
         super().__init__()
+        if init not in ("normal", "local"):
+            raise InputError(f"init must be 'normal' or 'local'; got {init!r}")
         self.grid, self.num_heads, self.class_token = tuple(grid), num_heads, class_token
         h, w = grid
         n_rel = (2 * h - 1) * (2 * w - 1)
         self.table = nn.Parameter(torch.zeros(n_rel + (3 if class_token else 0), num_heads))
         nn.init.trunc_normal_(self.table, std=0.02)
+        if init == "local":
+            dy, dx = torch.meshgrid(torch.arange(1 - h, h), torch.arange(1 - w, w), indexing="ij")
+            slopes = 2.0 ** -torch.arange(num_heads, dtype=torch.float32)
+            with torch.no_grad():
+                self.table[:n_rel] = -torch.hypot(dy.float(), dx.float()).flatten()[:, None] * slopes
         coords = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")).flatten(1)  # (2, N)
         rel = coords[:, :, None] - coords[:, None, :]  # (2, N, N)
         index = (rel[0] + h - 1) * (2 * w - 1) + (rel[1] + w - 1)

@@ -66,6 +66,9 @@ class ViTConfig:
     # multiple of the identity and W_v W_o near a negative one (Trockman and Kolter, 2023), which
     # speeds up ViTs trained from scratch on small data
     attn_init: str = "default"
+    # with pos_embed="relative": "normal" (small random, BEiT's) or "local" (head i starts at
+    # -distance / 2**i: convolution-like attention at first, ConViT's locality prior)
+    rel_pos_init: str = "normal"
 
     def __post_init__(self) -> None:
         self.img_size = to_2tuple(self.img_size)
@@ -88,6 +91,10 @@ class ViTConfig:
             raise InputError(f"attn_init must be 'default' or 'mimetic'; got {self.attn_init!r}")
         if self.pos_embed not in POS_EMBEDS:
             raise InputError(f"pos_embed must be one of {', '.join(POS_EMBEDS)}; got {self.pos_embed!r}")
+        if self.rel_pos_init not in ("normal", "local"):
+            raise InputError(f"rel_pos_init must be 'normal' or 'local'; got {self.rel_pos_init!r}")
+        if self.rel_pos_init != "normal" and self.pos_embed != "relative":
+            raise InputError(f"rel_pos_init applies to pos_embed='relative'; got pos_embed={self.pos_embed!r}")
         attention_family(self.attention)  # unknown names fail here, with suggestions
 
 
@@ -164,7 +171,8 @@ class VisionTransformer(nn.Module):
                 e, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop=cfg.drop_rate,
                 attn_drop=cfg.attn_drop_rate, drop_path=rates[i], norm_eps=cfg.norm_eps, attention=cfg.attention,
                 attention_options=cfg.attention_options, norm=cfg.norm, norm_first=cfg.norm_first,
-                rel_pos=RelativePositionBias2d(grid, cfg.num_heads, cfg.class_token) if cfg.pos_embed == "relative" else None,
+                rel_pos=RelativePositionBias2d(grid, cfg.num_heads, cfg.class_token, cfg.rel_pos_init)
+                if cfg.pos_embed == "relative" else None,
             )
             for i in range(cfg.depth)
         )

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Optional, Sequence
 
 import torch
 from PIL import Image
@@ -61,6 +61,9 @@ class ImageDataConfig(DataConfig):
     # folder: root/<class>/<image>, or root/train/<class>/<image> with optional root/val/ and root/test/
     root: str | None = field(default=None, metadata=FOLDER)
     augment: bool = False  # random crop and flip (CIFAR-10, folder), a 1-pixel shift (digits)
+    # with augment: the random crop's padding in pixels (0: flips only; digits: the shift);
+    # null: the data set's default (CIFAR-10 4, digits 1, a folder an eighth of img_size)
+    crop_padding: Optional[int] = field(default=None, metadata={"min": 0})
     # Training images held out for validation (model selection): a count, or a fraction below 1; 0: none.
     val_size: float = field(default=0.1, metadata={"min": 0.0})
     # folder without a test/ folder: images held out for the test, a count or a fraction below 1
@@ -82,6 +85,9 @@ class ImageDataConfig(DataConfig):
     def __post_init__(self) -> None:
         self.check_held_out(("val_size", "test_size"), "images")
         self.check_applies()
+        if self.crop_padding is not None and not self.augment:
+            raise InputError(f"data.crop_padding applies with data.augment=true; got crop_padding={self.crop_padding} "
+                             f"and augment=false")
         if any(not isinstance(c, str) or not c for c in self.classes) or len(set(self.classes)) != len(self.classes):
             raise InputError(f"data.classes must be distinct class folder names; got {self.classes!r}")
 
@@ -215,7 +221,8 @@ def image_folder_splits(data: ImageDataConfig, *, lazy: bool = False,
                                                      pool[held])
         pool = pool[keep]
     pool = cap_per_class(pool, train_all.targets, data.max_per_class, data.seed)
-    train = _Transformed(train_all, folder_transforms(data.img_size, data.mode, data.augment), pool)
+    train = _Transformed(train_all, folder_transforms(data.img_size, data.mode, data.augment, data.crop_padding),
+                         pool)
     return classes, train, val, test
 
 
@@ -240,9 +247,10 @@ def build_data(recipe: ImageClassificationRecipe) -> tuple[_Transformed, _Transf
     train_idx, val_idx = stratified_split(train.targets, data.val_size, data.seed)
     train_idx = cap_per_class(train_idx, train.targets, data.max_per_class, data.seed)
     if data.name == "digits":
-        augment = digits_transforms(train=data.augment)
+        augment = digits_transforms(data.augment, 1 if data.crop_padding is None else data.crop_padding)
     else:
-        augment = cifar_train_transforms() if data.augment else cifar_eval_transforms()
+        augment = (cifar_train_transforms(padding=4 if data.crop_padding is None else data.crop_padding)
+                   if data.augment else cifar_eval_transforms())
     val = None if val_idx is None else _Transformed(train, _eval_transform(data.name), val_idx)
     return _Transformed(train, augment, train_idx), val, _test_data(recipe)
 
