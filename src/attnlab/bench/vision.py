@@ -275,10 +275,12 @@ def vision_markdown(data: dict[str, Any]) -> str:
     rows = _summary(data.get("vision", []))
     machine = data.get("machine", {})
     budget = data.get("budget", {})
-    lines = [f"CIFAR-10 rows: {budget.get('steps')} steps of {budget.get('batch_size')} images each, the "
-             f"vit-cifar10 recipe's training; MR rows: the sentiment-mr recipe. {machine.get('cpu', '?')}, "
-             f"{machine.get('threads', '?')} threads, torch {machine.get('torch', '?')}. Test accuracy is the mean "
-             "over seeds ± their standard deviation; Δ is the difference from the part's first row.", ""]
+    lines = [f"CIFAR-10 rows: {budget.get('steps')} steps of {budget.get('batch_size')} images each (AdamW, cosine "
+             "decay, label smoothing 0.1, crop and flip; the best of two validation points tested once); the first "
+             "row of the ViT parts is one set of runs, the study's base ViT. MR rows: the sentiment-mr recipe. "
+             f"{machine.get('cpu', '?')}, {machine.get('threads', '?')} threads, torch {machine.get('torch', '?')}. "
+             "Test accuracy is the mean over seeds ± their standard deviation; Δ is the difference from the part's "
+             "first row.", ""]
     if data.get("quick"):
         lines += ["**A quick run: two steps on a few images. The figures mean nothing.**", ""]
     for part in PARTS:
