@@ -28,7 +28,7 @@ def test_a_run_config_holds_only_the_keys_of_its_task(tmp_path):
     assert main(["train", "vit-digits", "train.steps=2", "model.options.depth=1", "--run-dir", str(tmp_path / "r")]) == 0
     config = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
     assert list(config) == ["description", "task", "data", "model", "train"]  # no text.*, no translate.*
-    assert set(config["data"]) == {"name", "data_dir", "augment", "val_size", "seed", "max_per_class"}
+    assert set(config["data"]) == {"name", "data_dir", "augment", "val_size", "seed", "max_per_class", "crop_padding"}
     assert list(recipe_dict(load_recipe("translate-multi30k"))) == [
         "description", "task", "data", "model", "text", "translate", "train"]
 
