@@ -246,11 +246,11 @@ def build_data(recipe: ImageClassificationRecipe) -> tuple[_Transformed, _Transf
     train = _load(recipe, "train")
     train_idx, val_idx = stratified_split(train.targets, data.val_size, data.seed)
     train_idx = cap_per_class(train_idx, train.targets, data.max_per_class, data.seed)
+    padding = {} if data.crop_padding is None else {"padding": data.crop_padding}  # else the preset's default
     if data.name == "digits":
-        augment = digits_transforms(data.augment, 1 if data.crop_padding is None else data.crop_padding)
+        augment = digits_transforms(data.augment, **padding)
     else:
-        augment = (cifar_train_transforms(padding=4 if data.crop_padding is None else data.crop_padding)
-                   if data.augment else cifar_eval_transforms())
+        augment = cifar_train_transforms(**padding) if data.augment else cifar_eval_transforms()
     val = None if val_idx is None else _Transformed(train, _eval_transform(data.name), val_idx)
     return _Transformed(train, augment, train_idx), val, _test_data(recipe)
 
