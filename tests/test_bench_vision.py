@@ -23,6 +23,26 @@ def test_every_variant_is_a_valid_recipe_whose_model_builds():
         get_task(recipe.task).check(recipe)
 
 
+def test_the_study_pins_what_the_recipe_it_starts_from_sets():
+    # The image rows start from the vit-cifar10 recipe. Whatever that recipe says about data,
+    # training or model must not leak into the study: its rows were trained with crop and
+    # flip, the budget below, and the ViT options they name (defaults for the rest).
+    from attnlab.bench.vision import IMAGE_BUDGET
+
+    for v in VARIANTS:
+        if v.recipe == "sentiment-mr":
+            continue
+        recipe = load_recipe(v.recipe, [*v.overrides, *IMAGE_BUDGET])
+        assert (recipe.data.augment, recipe.data.crop_padding, recipe.data.val_size) == (True, 4, 5000), v.key
+        assert (recipe.train.steps, recipe.train.batch_size, recipe.train.lr) == (704, 256, 0.002), v.key
+        named = {o.split("=", 1)[0].removeprefix("model.options.") for o in v.overrides if o.startswith("model.options.")}
+        if v.overrides[0] == "model.name=vit_cifar_patch4":  # the study's ViT: the recipe's norm must not leak in
+            options = recipe.model.options
+            assert options.get("norm", "layernorm") == "layernorm" or "norm" in named, v.key
+            assert options.get("norm_first", True) or "norm_first" in named, v.key
+            assert options.get("class_token", True) or "class_token" in named, v.key
+
+
 def _record(part, variant, seed, acc, **extra):
     return {"part": part, "variant": variant, "seed": seed, "test_accuracy": acc, "params": 1e6,
             "samples_per_s": 100.0, "train_seconds": 120.0, "peak_rss_mb": 900.0, **extra}
