@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.bench.vision import PARTS, VARIANTS, vision_markdown, write_vision_report
+from attnlab.bench.vision import IMAGE_BUDGET, PARTS, VARIANTS, vision_markdown, write_vision_report
 from attnlab.cli import main
 from attnlab.recipes import load_recipe
 from attnlab.tasks import get_task
@@ -27,16 +27,14 @@ def test_the_study_pins_what_the_recipe_it_starts_from_sets():
     # The image rows start from the vit-cifar10 recipe. Whatever that recipe says about data,
     # training or model must not leak into the study: its rows were trained with crop and
     # flip, the budget below, and the ViT options they name (defaults for the rest).
-    from attnlab.bench.vision import IMAGE_BUDGET
-
     for v in VARIANTS:
         if v.recipe == "sentiment-mr":
             continue
         recipe = load_recipe(v.recipe, [*v.overrides, *IMAGE_BUDGET])
         assert (recipe.data.augment, recipe.data.crop_padding, recipe.data.val_size) == (True, 4, 5000), v.key
         assert (recipe.train.steps, recipe.train.batch_size, recipe.train.lr) == (704, 256, 0.002), v.key
-        named = {o.split("=", 1)[0].removeprefix("model.options.") for o in v.overrides if o.startswith("model.options.")}
         if v.overrides[0] == "model.name=vit_cifar_patch4":  # the study's ViT: the recipe's norm must not leak in
+            named = {o.split("=", 1)[0].removeprefix("model.options.") for o in v.overrides}
             options = recipe.model.options
             assert options.get("norm", "layernorm") == "layernorm" or "norm" in named, v.key
             assert options.get("norm_first", True) or "norm_first" in named, v.key
