@@ -64,6 +64,8 @@ def test_tables_give_mean_spread_and_difference_from_the_first_row(tmp_path):
     (["--parts", "speed"], "--parts takes"),
     (["--seeds", "norm=0"], "--seeds takes PART=N"),
     (["--seeds", "colour=2"], "--seeds takes PART=N"),
+    (["--variant", "heads/8 heads"], "got 'heads/8 heads'; did you mean heads/8 heads of 16"),
+    (["--parts", "norm", "--variant", "heads/8 heads of 16"], "variant must be one of the rows of the parts"),
 ])
 def test_cli_bench_vision_bad_input(tmp_path, capsys, argv, message):
     assert main(["bench", "vision", "--out", str(tmp_path), *argv]) == 2
@@ -101,6 +103,14 @@ def test_the_same_configuration_in_two_parts_is_trained_once(tiny_cifar, tmp_pat
     assert records[2]["run_dir"] == records[0]["run_dir"]  # the study's base ViT, reused
     assert records[2]["test_accuracy"] == records[0]["test_accuracy"]
     assert len({r["run_dir"] for r in records}) == 3 and not (out / "runs" / "pooling" / "class-token-seed0").exists()
+
+
+def test_one_row_can_be_trained_alone(tiny_cifar, tmp_path):
+    out = tmp_path / "vision"
+    assert main(["bench", "vision", "--quick", "--parts", "botnet", "--variant", "botnet/MHSA in the last block only",
+                 "--out", str(out), "--data-dir", str(tiny_cifar)]) == 0
+    records = json.loads((out / "results.json").read_text())["vision"]
+    assert [(r["part"], r["variant"]) for r in records] == [("botnet", "MHSA in the last block only")]
 
 
 def test_a_training_the_user_can_fix_is_one_clear_error(tmp_path, capsys):

@@ -429,8 +429,8 @@ def cmd_bench_attention(args: argparse.Namespace) -> int:
 def cmd_bench_vision(args: argparse.Namespace) -> int:
     parts = _choices("--parts", args.parts, VISION_PARTS) if args.parts else list(VISION_PARTS)
     seeds = _seeds(args.seeds) if args.seeds else None
-    data = run_vision(args.out, parts=parts, seeds=seeds, quick=args.quick, fresh=args.fresh, device=args.device,
-                      data_dir=args.data_dir, log=lambda s: print(s, flush=True))
+    data = run_vision(args.out, parts=parts, seeds=seeds, variants=args.variant, quick=args.quick, fresh=args.fresh,
+                      device=args.device, data_dir=args.data_dir, log=lambda s: print(s, flush=True))
     print(vision_markdown(data))
     print(f"wrote {args.out}/results.json, table.md, accuracy.png, time.png, report.html")
     return 0
@@ -607,6 +607,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--parts", default=None, help=f"comma-separated: {', '.join(VISION_PARTS)} (default: all)")
     q.add_argument("--seeds", default=None, metavar="PART=N,...",
                    help="seeds per part (default norm=3,text_norm=3,positions=2, the others 1)")
+    q.add_argument("--variant", action="append", default=None, metavar="PART/NAME",
+                   help="only this row, for example 'heads/8 heads of 16' (repeatable; default: every row of --parts)")
     q.add_argument("--data-dir", default=None, help="default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab")
     q.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     q.add_argument("--quick", action="store_true", help="two steps on a few images per variant: checks that it runs")

@@ -54,6 +54,7 @@ from .. import __version__
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
 from ..report.markdown import markdown_to_html
+from ..suggest import did_you_mean
 from ..report.page import Html, Image, Note, Section, Table, render_html
 from .attention import ResultStore, machine_info
 
@@ -195,18 +196,25 @@ def _run_one(variant: Variant, seed: int, run_dir: Path, overrides: list[str], l
 
 
 def run_vision(out: str | Path, *, parts: Sequence[str] = PARTS, seeds: dict[str, int] | None = None,
-               quick: bool = False, fresh: bool = False, device: str = "cpu", data_dir: str | None = None,
+               variants: Sequence[str] | None = None, quick: bool = False, fresh: bool = False, device: str = "cpu", data_dir: str | None = None,
                log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train every (variant, seed) of ``parts`` not yet in ``out/results.json``; write the
     tables, plots and ``report.html``; return the records.
 
     ``seeds``: seeds per part (default :data:`SEEDS`, 1 for the others). ``fresh``: forget
-    the records and delete the study's ``runs/`` and ``logs/`` first. ``quick``: two
+    the records and delete the study's ``runs/`` and ``logs/`` first. ``variants``: only
+    these rows of ``parts``, each named ``part/name`` as in :attr:`Variant.key` (for
+    example ``heads/8 heads of 16``); the others are neither trained nor forgotten. ``quick``: two
     steps on 20 images per variant, the first two variants of each part, one seed: it
     shows that everything runs; its figures mean nothing."""
     for p in parts:
         if p not in PARTS:
             raise InputError(f"parts must be among {list(PARTS)}; got {p!r}")
+    keys = [v.key for v in VARIANTS if v.part in parts]
+    for k in variants or ():
+        if k not in keys:
+            raise InputError(f"variant must be one of the rows of the parts asked for, named part/name; got {k!r}"
+                             f"{did_you_mean(k, keys, 'rows')}")
     seeds = {**SEEDS, **(seeds or {})}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -222,7 +230,7 @@ def run_vision(out: str | Path, *, parts: Sequence[str] = PARTS, seeds: dict[str
     store.data["budget"] = {"steps": STEPS, "batch_size": BATCH} if not quick else {"steps": 2, "batch_size": 8}
     store.save()
     for part in parts:
-        rows = [v for v in VARIANTS if v.part == part]
+        rows = [v for v in VARIANTS if v.part == part and (not variants or v.key in variants)]
         for variant in rows[:2] if quick else rows:
             for seed in range(1 if quick else seeds.get(part, 1)):
                 if store.find("vision", part=part, variant=variant.name, seed=seed):
