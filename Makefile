@@ -6,18 +6,20 @@ STAMP  := $(VENV)/.attnlab-installed
 # The CPU wheel of torch lies on this machine's disk: pin it, or pip pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 export ATTNLAB_DATA_DIR ?= $(abspath ../shared/data)
+# The venv's commands first: the README's and the pages' examples call `attnlab`.
+export PATH := $(abspath $(BIN)):$(PATH)
 # `make bench-peers` builds its own venv: the reference implementations must not enter .venv.
 PEERS_VENV  := .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.attnlab-peers-installed
 PEERS       := local-attention==1.11.2 performer-pytorch==1.1.4 linear-attention-transformer==0.19.1 \
                nystrom-attention==0.0.14
 
-.PHONY: run test bench bench-peers clean
+.PHONY: run test docs bench bench-peers clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check "$(TORCH)"
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,export]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,export,docs]'
 # Best effort, only when missing: the browser test of report.html drives Debian's chromium, and skips without it.
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
 	  { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
@@ -30,6 +32,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The documentation site, into site/ (open site/index.html from the disk; search works offline).
+# Every example on its pages runs while it builds; a failing one fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/attention_core.py
@@ -44,4 +51,4 @@ bench-peers: $(PEERS_STAMP)
 	$(PEERS_VENV)/bin/python benchmarks/attention_peers.py
 
 clean:
-	rm -rf $(VENV) $(PEERS_VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(PEERS_VENV) build site src/*.egg-info .pytest_cache

@@ -1,3 +1,4 @@
+import os
 import shutil
 from pathlib import Path
 
@@ -102,3 +103,27 @@ def make_folder(root: Path, per_class: int = 12, classes=COLOURS) -> Path:
             else:
                 im.save(root / c / f"{i}.jpg", quality=95)
     return root
+
+
+# ----------------------------------------------------------------------------- a headless browser
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or \
+    "/usr/bin/chromedriver"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        pytest.skip("headless Chromium absent: apt-get install chromium chromium-driver (make test tries, as root)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium absent: pip install -e '.[dev]'")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1280,1000", "--disable-extensions", "--no-first-run"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)  # a given driver: no download
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()

@@ -316,29 +316,6 @@ def test_translation_report_shows_sources_references_and_translations(mini_multi
 
 # ----------------------------------------------------------------------------- in a browser
 
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or \
-    "/usr/bin/chromedriver"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-        pytest.skip("headless Chromium absent: apt-get install chromium chromium-driver (make test tries, as root)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium absent: pip install -e '.[dev]'")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1280,1000", "--disable-extensions", "--no-first-run"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)  # a given driver: no download
-    driver.set_page_load_timeout(60)
-    yield driver
-    driver.quit()
-
-
 def _look(driver, page: Path) -> dict:
     """Open ``page`` as a person would; what loaded, what the console said, a screenshot."""
     driver.get_log("browser")  # drop what earlier pages logged

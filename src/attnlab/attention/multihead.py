@@ -26,7 +26,8 @@ class MultiHeadAttention(nn.Module):
         num_heads: ``H``; must divide ``embed_dim``.
         dropout: dropout on the attention weights, in training mode.
         bias: add biases to the four projections.
-        kdim, vdim: feature sizes of key and value inputs (default ``embed_dim``).
+        kdim: feature size of the key input (default ``embed_dim``).
+        vdim: feature size of the value input (default ``embed_dim``).
 
     Shapes (``need_weights`` and the masks follow :mod:`attnlab.attention.functional`):
 

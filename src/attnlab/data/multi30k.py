@@ -48,7 +48,8 @@ def load_multi30k(
         split: ``"train"``, ``"val"`` or ``"test"`` (= ``"test_2016_flickr"``).
         root: the data directory (default :func:`~attnlab.data.paths.data_dir`), holding
             ``multi30k/<split>.<lang>.gz``.
-        src, tgt: languages, two different ones of ``de``, ``en``, ``fr``, ``cs``.
+        src: the source language, one of ``de``, ``en``, ``fr``, ``cs``.
+        tgt: the target language, another one of them.
 
     Raises ``FileNotFoundError`` with the download command when a file is missing and
     ``ValueError`` naming both files when their line counts differ.

@@ -246,8 +246,9 @@ def read_labelled_texts(
 
     Args:
         path: the file; ``.gz`` at the end of its name means gzip-compressed.
-        text_column, label_column: the header's column names (CSV, TSV) or the objects'
-            keys (JSON lines).
+        text_column: the text's column name in the header (CSV, TSV) or key in the
+            objects (JSON lines).
+        label_column: the same for the label.
         format: ``"csv"``, ``"tsv"``, ``"jsonl"`` or ``"auto"`` (from the extension:
             ``.csv``, ``.tsv``, ``.jsonl``, ``.ndjson``, each optionally followed by ``.gz``).
         skip_bad_rows: skip rows with a missing or blank text or label (or the wrong

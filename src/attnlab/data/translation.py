@@ -39,10 +39,11 @@ class TranslationDataset:
 
     Args:
         pairs: ``(source, target)`` strings.
-        src_tokenizer, tgt_tokenizer: may be the same (joint vocabulary). The target one
-            must have ``[BOS]`` and ``[EOS]``, the source one ``[EOS]``.
-        max_source_length, max_target_length: tokens per side, specials included; longer
-            texts are cut (one warning says how many).
+        src_tokenizer: must have ``[EOS]``; may be the target one (joint vocabulary).
+        tgt_tokenizer: must have ``[BOS]`` and ``[EOS]``.
+        max_source_length: source tokens, specials included; longer texts are cut (one
+            warning says how many).
+        max_target_length: the same for the target side.
 
     Attributes: ``pairs``, ``src_ids``, ``tgt_ids`` (lists of token-id lists, specials
     excluded) and ``lengths`` (``int64`` ``(N,)``, the longer side of each pair, for

@@ -126,7 +126,8 @@ def token_heatmaps(weights: Tensor, query_labels: Sequence[str], key_labels: Seq
 
     Args:
         weights: ``(H, Lq, Lk)`` (one example; rows: queries).
-        query_labels, key_labels: ``Lq`` and ``Lk`` token strings for the axes.
+        query_labels: ``Lq`` token strings for the rows.
+        key_labels: ``Lk`` token strings for the columns.
         path: the PNG to write.
         title: figure title (the input, the prediction, the layer).
         max_cols: panels per row.

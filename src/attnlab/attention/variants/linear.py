@@ -151,7 +151,9 @@ class LinearAttention(TokenAttention):
     """Linear attention with ``phi(x) = elu(x) + 1`` (Katharopoulos et al., 2020).
 
     Args:
-        dim, num_heads, bias: as exact self-attention.
+        dim: as exact self-attention.
+        num_heads: as exact self-attention.
+        bias: as exact self-attention.
         dropout: accepted so that a model can pass its ``attn_dropout`` unchanged, but
             **unused**: linear attention never forms attention weights to drop.
         eps: added to the normaliser ``phi(q_i) · sum_j phi(k_j)``.

@@ -43,7 +43,10 @@ class LinformerAttention(TokenAttention):
     """Linformer self-attention; see the module docstring.
 
     Args:
-        dim, num_heads, dropout, bias: as for exact self-attention.
+        dim: as for exact self-attention.
+        num_heads: as for exact self-attention.
+        dropout: as for exact self-attention.
+        bias: as for exact self-attention.
         seq_len: the longest input length (columns of ``E`` and ``F``).
         k: the number of projected key/value slots.
         share_kv: use one projection for keys and values (``F = E``).

@@ -111,7 +111,10 @@ class LocalAttention(TokenAttention):
     """Sliding-window self-attention (see the module docstring).
 
     Args:
-        dim, num_heads, dropout, bias: as :class:`~.base.TokenAttention`.
+        dim: as :class:`~.base.TokenAttention`.
+        num_heads: as :class:`~.base.TokenAttention`.
+        dropout: as :class:`~.base.TokenAttention`.
+        bias: as :class:`~.base.TokenAttention`.
         window: positive int ``w``; bidirectional queries see ``|i - j| < w``, causal
             ones ``0 <= i - j < w``.
     """

@@ -82,7 +82,10 @@ class NystromAttention(TokenAttention):
     """Nyström self-attention; see the module docstring.
 
     Args:
-        dim, num_heads, dropout, bias: as for exact self-attention.
+        dim: as for exact self-attention.
+        num_heads: as for exact self-attention.
+        dropout: as for exact self-attention.
+        bias: as for exact self-attention.
         num_landmarks: ``m``, the number of landmarks (segments).
         pinv_iters: iterations of :func:`iterative_pinv`.
         conv_kernel: odd kernel size of the depthwise conv residual on the values, or

@@ -147,7 +147,9 @@ class PerformerAttention(TokenAttention):
     """FAVOR+ attention with positive orthogonal random features (Choromanski et al., 2021).
 
     Args:
-        dim, num_heads, bias: as exact self-attention.
+        dim: as exact self-attention.
+        num_heads: as exact self-attention.
+        bias: as exact self-attention.
         dropout: accepted so that a model can pass its ``attn_dropout`` unchanged, but
             **unused**: FAVOR+ never forms attention weights to drop.
         num_features: random features ``m`` per head; default

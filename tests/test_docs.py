@@ -1,0 +1,187 @@
+"""The documentation site: it builds with every example executed, its links resolve, and
+its pages work in a real browser, offline, in both languages.
+
+The build (``mkdocs build --strict``, as ``make docs``) runs every executed block of every
+page (markdown-exec); a block that raises is a warning, and ``--strict`` fails the build
+on it, so this module is also the test of every tutorial's code.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+TUTORIALS = ("attention", "norms", "transformer", "vit", "cnn-attention", "efficient", "own-data", "inside")
+LANGUAGES = {"en": "", "zh": "zh/"}  # the language and its folder in the site
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory) -> Path:
+    pytest.importorskip("mkdocs", reason="the docs tools are absent: pip install -e '.[docs]' (make test installs them)")
+    if not os.environ.get("ATTNLAB_DATA_DIR"):
+        pytest.skip("the tutorials read the shipped data: set ATTNLAB_DATA_DIR (the Makefile points it at ../shared/data)")
+    out = tmp_path_factory.mktemp("site")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
+                           "-d", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, f"mkdocs build failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    print(f"site built in {time.perf_counter() - t0:.0f} s")
+    return out
+
+
+class _Page(HTMLParser):
+    """The links, image sources and element ids of one HTML page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if a.get("id"):
+            self.ids.add(a["id"])
+        for key in ("href", "src"):
+            if a.get(key) and tag in ("a", "img", "link", "script"):
+                self.links.append(a[key])
+
+
+def _parse(path: Path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    return page
+
+
+def broken_links(site_dir: Path) -> list[str]:
+    """Every internal link or asset of the site's pages that names a missing file or anchor."""
+    pages = {p: _parse(p) for p in site_dir.rglob("*.html")}
+    bad = []
+    for path, page in pages.items():
+        for link in page.links:
+            parts = urlsplit(link)
+            if parts.scheme or parts.netloc or link.startswith(("data:", "mailto:")):
+                continue  # outside links are not followed here (the browser test sees none are fetched)
+            target = (path.parent / unquote(parts.path)).resolve() if parts.path else path
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.exists():
+                bad.append(f"{path.relative_to(site_dir)}: {link} (no file)")
+            elif parts.fragment and target.suffix == ".html":
+                ids = pages[target].ids if target in pages else _parse(target).ids
+                if unquote(parts.fragment) not in ids:
+                    bad.append(f"{path.relative_to(site_dir)}: {link} (no anchor)")
+    return bad
+
+
+def test_every_tutorial_is_built_in_both_languages_with_its_code_run(site):
+    for lang, folder in LANGUAGES.items():
+        for name in TUTORIALS:
+            page = site / folder / "tutorials" / f"{name}.html"
+            assert page.is_file(), f"{lang} tutorial {name} missing"
+            html = page.read_text(encoding="utf-8")
+            assert f'lang="{lang}"' in html
+            assert "Traceback (most recent call last)" not in html
+    # the pictures are made by the pages' code while the site builds: inline PNGs, no files pasted in
+    pictures = sum((site / f / "tutorials" / f"{n}.html").read_text(encoding="utf-8").count("data:image/png;base64,")
+                   for f in LANGUAGES.values() for n in TUTORIALS)
+    assert pictures >= 2 * 8
+
+
+def test_the_api_reference_documents_the_public_api(site):
+    import attnlab.attention
+    import attnlab.tasks
+
+    attention = (site / "api" / "attention.html").read_text(encoding="utf-8")
+    for name in attnlab.attention.__all__:
+        assert f'id="attnlab.attention.{name}"' in attention, name
+    tasks = (site / "api" / "tasks.html").read_text(encoding="utf-8")
+    assert 'id="attnlab.tasks.load_run"' in tasks and 'id="attnlab.tasks.TrainedRun"' in tasks
+    assert "(B, Lq, E)" in attention  # the shapes, from the docstrings
+
+
+def test_every_internal_link_resolves(site):
+    assert broken_links(site) == []
+
+
+def test_the_link_check_sees_a_broken_link(tmp_path):
+    (tmp_path / "a.html").write_text('<p id="here"><a href="b.html#there">b</a> <a href="a.html#here">a</a>'
+                                     '<img src="pics/x.png"><a href="https://example.org/">far</a></p>')
+    (tmp_path / "b.html").write_text('<p id="elsewhere">b</p>')
+    assert broken_links(tmp_path) == ["a.html: b.html#there (no anchor)", "a.html: pics/x.png (no file)"]
+
+
+# ----------------------------------------------------------------------------- in a browser
+def _open(driver, page: Path) -> dict:
+    driver.get_log("browser")
+    driver.get(page.resolve().as_uri())
+    state = driver.execute_script("""
+        return {ready: document.readyState, lang: document.documentElement.lang,
+                text: document.querySelector('article') ? document.querySelector('article').innerText.length : 0,
+                images: Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.alt])};""")
+    state["errors"] = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    shot = Image.open(__import__("io").BytesIO(driver.get_screenshot_as_png())).convert("L")
+    state["shades"] = len(np.unique(np.asarray(shot)))
+    return state
+
+
+@pytest.mark.parametrize("lang", list(LANGUAGES))
+def test_pages_render_in_a_browser(browser, site, lang):
+    pages = [site / LANGUAGES[lang] / "index.html"] + [site / LANGUAGES[lang] / "tutorials" / f"{n}.html"
+                                                       for n in TUTORIALS]
+    if lang == "en":
+        pages.append(site / "api" / "attention.html")
+    for page in pages:
+        state = _open(browser, page)
+        where = page.relative_to(site)
+        assert state["ready"] == "complete" and state["lang"] == lang, where
+        assert state["errors"] == [], f"{where}: {state['errors']}"
+        assert state["text"] > 500 and state["shades"] > 20, f"{where} looks blank"
+        for complete, width, alt in state["images"]:
+            assert complete and width > 0, f"{where}: image {alt!r} did not load"
+
+
+def _search(driver, page: Path, query: str) -> list[str]:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(page.resolve().as_uri())
+    driver.find_element(By.CSS_SELECTOR, "label.md-search__icon, label[for='__search']").click()
+    box = driver.find_element(By.CSS_SELECTOR, "input.md-search__input")
+    box.send_keys(query)
+    try:
+        WebDriverWait(driver, 20).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, "li.md-search-result__item"))
+    except Exception:
+        return []
+    return [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "li.md-search-result__item a")]
+
+
+@pytest.mark.parametrize("lang, query, page", [("en", "rollout", "tutorials/vit.html"),
+                                               ("zh", "rollout", "tutorials/vit.html")])
+def test_search_works_offline(browser, site, lang, query, page):
+    hits = _search(browser, site / LANGUAGES[lang] / "index.html", query)
+    assert hits, f"searching {query!r} on the {lang} site found nothing"
+    assert any(page in unquote(h) for h in hits), hits
+
+
+def test_the_language_switch_leads_to_the_other_language(browser, site):
+    from selenium.webdriver.common.by import By
+
+    browser.get((site / "tutorials" / "vit.html").resolve().as_uri())
+    links = {a.get_attribute("hreflang"): a.get_attribute("href")
+             for a in browser.find_elements(By.CSS_SELECTOR, "a[hreflang]")}
+    assert set(links) >= {"en", "zh"}, links
+    browser.get(links["zh"])
+    assert browser.execute_script("return document.documentElement.lang") == "zh"
+    assert unquote(browser.current_url).endswith("zh/tutorials/vit.html"), browser.current_url
