@@ -7,18 +7,27 @@
   build), so that ``runs/...`` and other files a page writes land there and are removed
   afterwards; ``ATTNLAB_DATA_DIR`` is made absolute first.
 * Matplotlib draws off-screen.
+* Links from the site's root (``href="/zh/index.html"``, which the language switch uses
+  where a page has no translation) become relative to the page, so that the site works
+  opened from the disk as well as served.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import posixpath
+import re
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 _DOCS = str(Path(__file__).resolve().parent)
 _state: dict[str, str] = {}
+_seconds: dict[str, float] = {}  # page -> seconds its Markdown took to render (its code included)
+log = logging.getLogger("mkdocs.hooks.attnlab")
 
 
 def on_startup(**kwargs) -> None:
@@ -51,9 +60,41 @@ def on_config(config, **kwargs):  # the configuration's paths are absolute by no
     return config
 
 
-def on_post_build(**kwargs) -> None:
+def on_page_markdown(markdown, page, **kwargs):
+    _state["page"], _state["t0"] = page.file.src_uri, str(time.perf_counter())
+    return markdown
+
+
+def on_page_content(html, page, **kwargs):
+    if _state.get("page") == page.file.src_uri:
+        _seconds[page.file.src_uri] = time.perf_counter() - float(_state["t0"])
+    return html
+
+
+def on_post_build(config, **kwargs) -> None:
     leave_workdir()
+    slow = sorted(_seconds.items(), key=lambda kv: -kv[1])[:8]
+    log.info("slowest pages (rendering and their code): " + ", ".join(f"{p} {s:.1f} s" for p, s in slow))
 
 
 def on_build_error(**kwargs) -> None:
     leave_workdir()
+
+
+_ROOT_LINK = re.compile(r'(href|src)="/(?!/)([^"]*)"')
+
+
+def relative_root_links(html: str, page_url: str) -> str:
+    """``href="/x/y.html"`` -> the same target relative to the page at ``page_url``
+    (``"zh/tutorials/vit.html"``, as MkDocs writes page URLs)."""
+    here = posixpath.dirname(page_url)
+
+    def swap(m: re.Match) -> str:
+        target = m.group(2) or "index.html"
+        return f'{m.group(1)}="{posixpath.relpath(target, here or ".")}"'
+
+    return _ROOT_LINK.sub(swap, html)
+
+
+def on_post_page(output, page, **kwargs):
+    return relative_root_links(output, page.url)

@@ -8,6 +8,7 @@ on it, so this module is also the test of every tutorial's code.
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -27,6 +28,10 @@ LANGUAGES = {"en": "", "zh": "zh/"}  # the language and its folder in the site
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory) -> Path:
+    """The site, built here; or, while writing pages, one built before (``ATTNLAB_DOCS_SITE=site``
+    after ``make docs``: then this module checks that build and runs no example itself)."""
+    if os.environ.get("ATTNLAB_DOCS_SITE"):
+        return Path(os.environ["ATTNLAB_DOCS_SITE"]).resolve()
     pytest.importorskip("mkdocs", reason="the docs tools are absent: pip install -e '.[docs]' (make test installs them)")
     if not os.environ.get("ATTNLAB_DATA_DIR"):
         pytest.skip("the tutorials read the shipped data: set ATTNLAB_DATA_DIR (the Makefile points it at ../shared/data)")
@@ -68,6 +73,8 @@ def broken_links(site_dir: Path) -> list[str]:
     pages = {p: _parse(p) for p in site_dir.rglob("*.html")}
     bad = []
     for path, page in pages.items():
+        if path.name == "404.html":  # served at any address, so its links start at the server's root
+            continue
         for link in page.links:
             parts = urlsplit(link)
             if parts.scheme or parts.netloc or link.startswith(("data:", "mailto:")):
@@ -98,16 +105,18 @@ def test_every_tutorial_is_built_in_both_languages_with_its_code_run(site):
     assert pictures >= 2 * 8
 
 
-def test_the_api_reference_documents_the_public_api(site):
-    import attnlab.attention
-    import attnlab.tasks
+@pytest.mark.parametrize("package", ["attention", "layers", "models", "data", "engine", "tasks", "recipes", "viz",
+                                     "report"])
+def test_the_api_reference_lists_every_public_name(site, package):
+    module = importlib.import_module(f"attnlab.{package}")
+    page = (site / "api" / f"{package}.html").read_text(encoding="utf-8")
+    missing = [name for name in module.__all__ if f'id="attnlab.{package}.{name}"' not in page]
+    assert missing == []
 
+
+def test_the_api_reference_shows_shapes_and_the_mask_convention(site):
     attention = (site / "api" / "attention.html").read_text(encoding="utf-8")
-    for name in attnlab.attention.__all__:
-        assert f'id="attnlab.attention.{name}"' in attention, name
-    tasks = (site / "api" / "tasks.html").read_text(encoding="utf-8")
-    assert 'id="attnlab.tasks.load_run"' in tasks and 'id="attnlab.tasks.TrainedRun"' in tasks
-    assert "(B, Lq, E)" in attention  # the shapes, from the docstrings
+    assert "(B, Lq, E)" in attention and "blocked" in attention
 
 
 def test_every_internal_link_resolves(site):
@@ -129,7 +138,10 @@ def _open(driver, page: Path) -> dict:
         return {ready: document.readyState, lang: document.documentElement.lang,
                 text: document.querySelector('article') ? document.querySelector('article').innerText.length : 0,
                 images: Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.alt])};""")
-    state["errors"] = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    # Opened from the disk, the theme's language switch cannot read the sitemap (the browser
+    # refuses file:// requests); the switch still works through each page's own links (tested below).
+    state["errors"] = [e["message"] for e in driver.get_log("browser")
+                       if e["level"] == "SEVERE" and "sitemap.xml" not in e["message"]]
     shot = Image.open(__import__("io").BytesIO(driver.get_screenshot_as_png())).convert("L")
     state["shades"] = len(np.unique(np.asarray(shot)))
     return state
@@ -156,8 +168,8 @@ def _search(driver, page: Path, query: str) -> list[str]:
     from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get(page.resolve().as_uri())
-    driver.find_element(By.CSS_SELECTOR, "label.md-search__icon, label[for='__search']").click()
     box = driver.find_element(By.CSS_SELECTOR, "input.md-search__input")
+    box.click()
     box.send_keys(query)
     try:
         WebDriverWait(driver, 20).until(

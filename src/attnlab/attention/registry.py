@@ -69,6 +69,8 @@ def _entry(name: str) -> AttentionEntry:
 
 
 def attention_family(name: str) -> str:
+    """The family of the kind ``name``: ``"tokens"`` (takes ``(B, L, E)``) or ``"grid"``
+    (takes ``(B, C, H, W)``); an unknown name is an error with the known ones."""
     return _entry(name).family
 
 
@@ -92,6 +94,8 @@ def attention_forms_weights(name: str) -> bool:
 
 
 def list_attention(family: str | None = None) -> list[str]:
+    """The registered attention kinds, sorted; only those of ``family`` (``"tokens"`` or
+    ``"grid"``) when given."""
     return sorted(n for n, e in _KINDS.items() if family is None or e.family == family)
 
 

@@ -147,7 +147,8 @@ def _halve(n: int) -> int:
 class BoTNet(ResNet):
     """ResNet with BoT blocks as its last stage; see the module docstring.
 
-    Takes only inputs of ``img_size``. Shapes as :class:`~attnlab.models.resnet.ResNet`;
+    Built for ``img_size``; other input sizes work too (the relative tables are resized to
+    the feature map). Shapes as :class:`~attnlab.models.resnet.ResNet`;
     :meth:`attention_maps` gives one ``(B, heads, h*w, h*w)`` map per BoT block.
     """
 

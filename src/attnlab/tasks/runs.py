@@ -43,7 +43,12 @@ from .base import ModelConfig, Recipe, TrainedRun, get_task, recipe_dict, recipe
 __all__ = ["CONFIG", "CHANGES", "RESULTS", "open_run", "fit_run", "test_run", "finish_run", "write_results", "read_config", "read_recipe",
            "read_results", "recipe_changes", "load_run", "load_weights", "resolve_weights", "checkpoint_label"]
 
-CONFIG, CHANGES, RESULTS = "config.yaml", "config.changes.yaml", "results.json"
+CONFIG = "config.yaml"
+"""A run's resolved recipe, every default filled in; written once, never rewritten."""
+CHANGES = "config.changes.yaml"
+"""The settings changed on a resume with ``--allow-changes``, each with the step it took effect."""
+RESULTS = "results.json"
+"""A run's results: test figures, parameters, time, throughput, precision, classes."""
 # Keys that do not change what is trained: they may differ on resume without --allow-changes.
 FREE_ON_RESUME = ("description", "train.device", "train.progress", "train.progress_seconds")
 # What a run writes that is worth keeping: a folder holding any of these is never taken by a new run.
