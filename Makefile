@@ -20,10 +20,11 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check "$(TORCH)"
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,export,docs]'
-# Best effort, only when missing: the browser test of report.html drives Debian's chromium, and skips without it.
+# Best effort, only when missing: the browser tests of report.html and the site drive Debian's chromium, and skip
+# without it; a CJK font shows the Chinese pages' characters in its screenshots.
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
 	  { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
-	    { export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q chromium chromium-driver || { apt-get update -q && apt-get install -y -q chromium chromium-driver; }; }; } \
+	    { export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q chromium chromium-driver fonts-wqy-zenhei || { apt-get update -q && apt-get install -y -q chromium chromium-driver fonts-wqy-zenhei; }; }; } \
 	  || echo "chromium not installed: the browser test of report.html will skip"; fi
 	touch $(STAMP)
 

@@ -60,9 +60,20 @@ def on_config(config, **kwargs):  # the configuration's paths are absolute by no
     return config
 
 
+_CJK = "\u3000-\u303f\u3400-\u9fff\uff00-\uffef"
+_CJK_BREAK = re.compile(f"([{_CJK}])\n(?=[{_CJK}])")
+
+
+def join_cjk_lines(markdown: str) -> str:
+    """Join lines broken between two CJK characters outside code fences: a browser shows a
+    line break inside a paragraph as a space, which Chinese text does not have."""
+    parts = re.split(r"(^```.*?^```)", markdown, flags=re.M | re.S)
+    return "".join(p if i % 2 else _CJK_BREAK.sub(r"\1", p) for i, p in enumerate(parts))
+
+
 def on_page_markdown(markdown, page, **kwargs):
     _state["page"], _state["t0"] = page.file.src_uri, str(time.perf_counter())
-    return markdown
+    return join_cjk_lines(markdown) if page.file.src_uri.startswith("zh/") else markdown
 
 
 def on_page_content(html, page, **kwargs):

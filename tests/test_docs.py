@@ -9,6 +9,7 @@ on it, so this module is also the test of every tutorial's code.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -132,11 +133,17 @@ def test_the_link_check_sees_a_broken_link(tmp_path):
 
 # ----------------------------------------------------------------------------- in a browser
 def _open(driver, page: Path) -> dict:
+    from selenium.webdriver.support.ui import WebDriverWait
+
     driver.get_log("browser")
     driver.get(page.resolve().as_uri())
+    WebDriverWait(driver, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
     state = driver.execute_script("""
         return {ready: document.readyState, lang: document.documentElement.lang,
                 text: document.querySelector('article') ? document.querySelector('article').innerText.length : 0,
+                formulas: document.querySelectorAll('.katex').length,
+                untypeset: Array.from(document.querySelectorAll('.arithmatex')).filter(
+                    e => !e.querySelector('.katex')).length,
                 images: Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.alt])};""")
     # Opened from the disk, the theme's language switch cannot read the sitemap (the browser
     # refuses file:// requests); the switch still works through each page's own links (tested below).
@@ -161,6 +168,9 @@ def test_pages_render_in_a_browser(browser, site, lang):
         assert state["text"] > 500 and state["shades"] > 20, f"{where} looks blank"
         for complete, width, alt in state["images"]:
             assert complete and width > 0, f"{where}: image {alt!r} did not load"
+        assert state["untypeset"] == 0, f"{where}: formulas left as TeX"
+        if page.name == "attention.html":
+            assert state["formulas"] > 5, f"{where}: formulas not typeset"
 
 
 def _search(driver, page: Path, query: str) -> list[str]:
@@ -197,3 +207,25 @@ def test_the_language_switch_leads_to_the_other_language(browser, site):
     browser.get(links["zh"])
     assert browser.execute_script("return document.documentElement.lang") == "zh"
     assert unquote(browser.current_url).endswith("zh/tutorials/vit.html"), browser.current_url
+
+
+# ----------------------------------------------------------------------------- the build's hooks
+def _hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_root_links_become_relative_to_the_page():
+    hooks = _hooks()
+    html = '<a href="/zh/index.html">中文</a><a href="//cdn.example/x.js">far</a><img src="/">'
+    assert hooks.relative_root_links(html, "api/tasks.html") == \
+        '<a href="../zh/index.html">中文</a><a href="//cdn.example/x.js">far</a><img src="../index.html">'
+    assert hooks.relative_root_links('<a href="/guide.html">', "index.html") == '<a href="guide.html">'
+
+
+def test_chinese_lines_are_joined_outside_code():
+    hooks = _hooks()
+    text = "先用几行代码\n手写注意力\nthen English\n```python\n# 中\n文\n```\n真\n实"
+    assert hooks.join_cjk_lines(text) == "先用几行代码手写注意力\nthen English\n```python\n# 中\n文\n```\n真实"
