@@ -5,6 +5,7 @@ import io
 import os
 import pickle
 import struct
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from attnlab.data import (
     load_digits_dataset,
     require,
 )
+from attnlab.data.images import decode_image
 
 # ---------------------------------------------------------------------------- paths
 
@@ -235,6 +237,17 @@ def test_decode_images_reports_kept_indices(tmp_path):
     with pytest.warns(UserWarning, match="b.png"):
         images, kept = decode_images([tmp_path / n for n in ("a.png", "b.png", "c.png")], on_error="skip")
     assert kept == [0, 2] and images.shape == (2, 3, 4, 5)
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB"])
+def test_a_decoded_image_is_writable_and_turns_into_a_tensor_silently(tmp_path, mode):
+    Image.new(mode, (5, 4), 7).save(tmp_path / "x.png")
+    with Image.open(tmp_path / "x.png") as im:
+        arr = decode_image(im, mode)
+    assert arr.flags.writeable and arr.flags.c_contiguous and arr.shape == (len(mode), 4, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns on a read-only array
+        torch.from_numpy(arr)
 
 
 def test_image_folder_errors_for_missing_empty_or_classless_roots(tmp_path):

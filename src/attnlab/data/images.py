@@ -206,7 +206,9 @@ def decode_image(im: Image.Image, mode: str, size: int | None = None, resize: st
             im = im.resize((size, size), Image.BILINEAR, reducing_gap=3.0)
     arr = np.asarray(im)
     arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
-    return np.ascontiguousarray(arr)
+    # contiguous and writable: a grey image's array is Pillow's own, read-only, and
+    # torch.from_numpy warns on it at every prediction
+    return np.require(arr, requirements=["C", "W"])
 
 
 def _decode(path: str, mode: str, size: int | None = None, resize: str = "crop") -> np.ndarray:
