@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import time
@@ -229,3 +230,12 @@ def test_chinese_lines_are_joined_outside_code():
     hooks = _hooks()
     text = "先用几行代码\n手写注意力\nthen English\n```python\n# 中\n文\n```\n真\n实"
     assert hooks.join_cjk_lines(text) == "先用几行代码手写注意力\nthen English\n```python\n# 中\n文\n```\n真实"
+
+
+def test_the_readme_links_to_every_page_in_both_languages():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = set(re.findall(r"\]\((docs/[^)#]+)\)", readme))
+    for lang in LANGUAGES:
+        for name in TUTORIALS:
+            assert f"docs/{lang}/tutorials/{name}.md" in links, (lang, name)
+    assert [link for link in links if not (ROOT / link).is_file()] == []
