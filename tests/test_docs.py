@@ -201,7 +201,10 @@ def test_search_works_offline(browser, site, lang, query, page):
 def test_the_language_switch_leads_to_the_other_language(browser, site):
     from selenium.webdriver.common.by import By
 
+    from selenium.webdriver.support.ui import WebDriverWait
+
     browser.get((site / "tutorials" / "vit.html").resolve().as_uri())
+    WebDriverWait(browser, 30).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "a[hreflang]")) >= 2)
     links = {a.get_attribute("hreflang"): a.get_attribute("href")
              for a in browser.find_elements(By.CSS_SELECTOR, "a[hreflang]")}
     assert set(links) >= {"en", "zh"}, links
