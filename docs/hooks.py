@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 _DOCS = str(Path(__file__).resolve().parent)
-_state: dict[str, str] = {}
+_state: dict[str, str] = {}  # the working folders: "home", "work"
+_started: dict[str, float] = {}  # page -> when its Markdown began rendering
 _seconds: dict[str, float] = {}  # page -> seconds its Markdown took to render (its code included)
 log = logging.getLogger("mkdocs.hooks.attnlab")
 
@@ -42,7 +43,9 @@ def on_startup(**kwargs) -> None:
 
 
 def enter_workdir() -> str:
-    """Make a fresh temporary folder the working directory; return it."""
+    """Make a fresh temporary folder the working directory (once per build); return it."""
+    if "work" in _state:  # a plugin may run the configuration hooks again (one build per language)
+        return _state["work"]
     _state["home"] = os.getcwd()
     _state["work"] = tempfile.mkdtemp(prefix="attnlab-docs-")
     os.chdir(_state["work"])
@@ -72,13 +75,13 @@ def join_cjk_lines(markdown: str) -> str:
 
 
 def on_page_markdown(markdown, page, **kwargs):
-    _state["page"], _state["t0"] = page.file.src_uri, str(time.perf_counter())
+    _started[page.file.src_uri] = time.perf_counter()
     return join_cjk_lines(markdown) if page.file.src_uri.startswith("zh/") else markdown
 
 
 def on_page_content(html, page, **kwargs):
-    if _state.get("page") == page.file.src_uri:
-        _seconds[page.file.src_uri] = time.perf_counter() - float(_state["t0"])
+    if page.file.src_uri in _started:
+        _seconds[page.file.src_uri] = time.perf_counter() - _started.pop(page.file.src_uri)
     return html
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import io
 import os
 import re
 import subprocess
@@ -150,7 +151,7 @@ def _open(driver, page: Path) -> dict:
     # refuses file:// requests); the switch still works through each page's own links (tested below).
     state["errors"] = [e["message"] for e in driver.get_log("browser")
                        if e["level"] == "SEVERE" and "sitemap.xml" not in e["message"]]
-    shot = Image.open(__import__("io").BytesIO(driver.get_screenshot_as_png())).convert("L")
+    shot = Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("L")
     state["shades"] = len(np.unique(np.asarray(shot)))
     return state
 
