@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from attnlab.bench.machine import SPEED_FLAGS, machine_info
 from attnlab.bench.vision import IMAGE_BUDGET, PARTS, VARIANTS, vision_markdown, write_vision_report
 from attnlab.cli import main
 from attnlab.recipes import load_recipe
@@ -58,6 +59,31 @@ def test_tables_give_mean_spread_and_difference_from_the_first_row(tmp_path):
     page = write_vision_report(tmp_path)
     assert (tmp_path / "accuracy.png").is_file() and (tmp_path / "time.png").is_file()
     assert "BatchNorm, pre-norm" in page.read_text()
+
+
+def test_rows_from_two_machines_say_which_ran_where(tmp_path):
+    avx512 = {"cpu": "EPYC", "cpu_flags": ["avx2", "avx512f", "avx512_bf16"], "threads": 2, "torch": "2.13"}
+    avx2 = {"cpu": "EPYC", "cpu_flags": ["avx2"], "threads": 2, "torch": "2.13"}
+    data = {"machine": avx2, "budget": {"steps": 704, "batch_size": 256},
+            "vision": [_record("patch", "patch 4, 64 tokens (recipe)", 0, 0.56, precision="bf16"),  # no machine:
+                       _record("patch", "patch 2, 256 tokens", 0, 0.60, precision="fp32", machine=avx2)]}
+    text = vision_markdown(data)  # the record without one ran on the file's machine
+    assert "EPYC (AVX2), 2 threads" in text and "Machines" not in text and "| bf16 |" in text
+    data["vision"][0]["machine"] = avx512
+    text = vision_markdown(data)
+    assert "Machines: A: EPYC (AVX2, AVX512F, AVX512-BF16), 2 threads, torch 2.13; B: EPYC (AVX2)" in text
+    assert "| machine, precision |" in text and "| A, bf16 |" in text and "| B, fp32 |" in text
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    assert "EPYC (AVX2, AVX512F, AVX512-BF16)" in write_vision_report(tmp_path).read_text()
+
+
+def test_the_machine_record_names_the_cpu_flags_that_set_the_speed():
+    info = machine_info()
+    if not Path("/proc/cpuinfo").is_file():
+        pytest.skip("the CPU flags are read from /proc/cpuinfo (Linux)")
+    assert set(info["cpu_flags"]) <= set(SPEED_FLAGS)
+    flags = Path("/proc/cpuinfo").read_text().split()
+    assert ("avx2" in info["cpu_flags"]) == ("avx2" in flags)
 
 
 @pytest.mark.parametrize("argv, message", [

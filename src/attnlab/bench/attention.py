@@ -19,8 +19,6 @@ scaling records alone, as a list.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -28,6 +26,7 @@ from typing import Any, Callable, Sequence
 from ..errors import InputError
 from ..io import atomic_write_bytes
 from .quality import QUALITY_KINDS, run_quality
+from .machine import machine_info
 from .report import write_bench_report, write_report
 from .scaling import VARIANTS, run_point
 from .studies import run_studies
@@ -37,27 +36,6 @@ __all__ = ["run_bench", "PARTS", "DEFAULT_LENGTHS", "QUICK_LENGTHS", "machine_in
 PARTS = ("scaling", "quality", "studies")
 DEFAULT_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 QUICK_LENGTHS = (256, 512)
-
-
-def machine_info(device: str = "cpu") -> dict[str, Any]:
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "python": platform.python_version(), "device": device}
-    try:
-        with open("/proc/meminfo") as f:
-            info["memory_gb"] = round(int(next(ln for ln in f if ln.startswith("MemTotal")).split()[1]) / 2**20, 1)
-    except (OSError, StopIteration):
-        pass
-    if device.startswith("cuda") and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
 
 
 def _available_bytes() -> int | None:

@@ -19,6 +19,7 @@ from ..io import atomic_write_bytes, read_json_mapping
 from ..report.html import value_text
 from ..report.markdown import markdown_to_html
 from ..report.page import Html, Image, Note, Part, Section, Table, render_html
+from .machine import machine_label
 from .scaling import VARIANTS, crossover, fit_exponent
 
 __all__ = ["write_report", "markdown", "THEORY", "is_bench_dir", "write_bench_report"]
@@ -202,8 +203,8 @@ def _quality_table(data: dict[str, Any]) -> list[str]:
 
 def markdown(data: dict[str, Any]) -> str:
     m = data.get("machine", {})
-    head = [f"Machine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, {m.get('threads', '?')} threads, "
-            f"torch {m.get('torch', '?')}, device {m.get('device', '?')}; float32, batch 1, 8 heads of 64."
+    head = [f"Machine: {machine_label(m)}, {m.get('cores', '?')} cores, device {m.get('device', '?')}; "
+            "float32, batch 1, 8 heads of 64."
             + (" QUICK RUN: the figures mean nothing." if data.get("quick") else ""), ""]
     return "\n".join(head + _scaling_tables(data) + _quality_table(data) + _studies_tables(data))
 

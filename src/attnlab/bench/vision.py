@@ -34,6 +34,11 @@ every row alike) under ``OUT/runs/``. The study is resumable at two levels: a fi
 run is a record in ``OUT/results.json`` and is not trained again, and an interrupted run
 resumes from its last checkpoint. ``OUT/table.md``, ``accuracy.png``, ``time.png`` and
 ``report.html`` are rewritten at the end from all records.
+
+Each record keeps the machine it ran on (:func:`~attnlab.bench.machine.machine_info`:
+the CPU with its AVX2/AVX512/bfloat16 flags, threads, torch) and its precision, so a study
+resumed on another machine says which rows ran where: accuracy carries over between
+machines, samples per second only within one.
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ from ..io import atomic_write_bytes, read_json_mapping
 from ..report.markdown import markdown_to_html
 from ..suggest import did_you_mean
 from ..report.page import Html, Image, Note, Section, Table, render_html
-from .attention import ResultStore, machine_info
+from .attention import ResultStore
+from .machine import machine_info, machine_label
 
 __all__ = ["Variant", "VARIANTS", "PARTS", "SEEDS", "STEPS", "BATCH", "run_vision", "vision_markdown",
            "write_vision_report", "is_vision_dir"]
@@ -225,7 +231,7 @@ def run_vision(out: str | Path, *, parts: Sequence[str] = PARTS, seeds: dict[str
     if store.data.get("quick", quick) != quick:
         raise InputError(f"{out} holds a {'quick' if store.data['quick'] else 'full'} study; use another --out "
                          f"or --fresh")
-    store.data["machine"] = machine_info(device)
+    machine = store.data["machine"] = machine_info(device)  # this invocation's; each record keeps its own
     store.data["quick"] = quick
     store.data["budget"] = {"steps": STEPS, "batch_size": BATCH} if not quick else {"steps": 2, "batch_size": 8}
     store.save()
@@ -252,7 +258,8 @@ def run_vision(out: str | Path, *, parts: Sequence[str] = PARTS, seeds: dict[str
                 rec = _run_one(variant, seed, run_dir, overrides, out / "logs" / f"{part}-{slug}-seed{seed}.log",
                                device)
                 store.add("vision", {"part": part, "variant": variant.name, "seed": seed, "recipe": variant.recipe,
-                                     "overrides": list(variant.overrides), "run_dir": str(run_dir), **rec})
+                                     "overrides": list(variant.overrides), "run_dir": str(run_dir), **rec,
+                                     "machine": machine})
                 log(f"{part:>14} | {variant.name:<36} seed {seed}: test {100 * rec['test_accuracy']:.2f}%, "
                     f"{rec['samples_per_s']:.0f} samples/s ({time.perf_counter() - t0:.0f} s)")
     write_vision_report(out)
@@ -260,8 +267,17 @@ def run_vision(out: str | Path, *, parts: Sequence[str] = PARTS, seeds: dict[str
 
 
 # ----------------------------------------------------------------------------- tables, plots, page
-def _summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (part, variant) in :data:`VARIANTS` order: mean and spread over seeds."""
+def _machines(data: dict[str, Any]) -> list[str]:
+    """The labels of the machines the records ran on, first seen first (a record without its
+    own, from before records kept one, ran on the file's)."""
+    labels = [machine_label(r.get("machine") or data.get("machine", {})) for r in data.get("vision", [])]
+    return list(dict.fromkeys(labels)) or [machine_label(data.get("machine", {}))]
+
+
+def _summary(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (part, variant) in :data:`VARIANTS` order: mean and spread over seeds,
+    the machines and precisions its seeds ran with."""
+    records = data.get("vision", [])
     order = {v.key: i for i, v in enumerate(VARIANTS)}
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in records:
@@ -274,20 +290,27 @@ def _summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "sd": statistics.stdev(accs) if len(accs) > 1 else None, "params": recs[0]["params"],
                      "samples_per_s": statistics.fmean(r["samples_per_s"] for r in recs),
                      "minutes": statistics.fmean(r["train_seconds"] for r in recs) / 60,
-                     "peak_mb": max(peaks) if peaks else None})
+                     "peak_mb": max(peaks) if peaks else None,
+                     "ran_on": list(dict.fromkeys((machine_label(r.get("machine") or data.get("machine", {})),
+                                                   r.get("precision") or "?") for r in recs))})
     return rows
 
 
 def vision_markdown(data: dict[str, Any]) -> str:
     """The study's tables, one per part, from ``results.json``'s content."""
-    rows = _summary(data.get("vision", []))
-    machine = data.get("machine", {})
+    rows = _summary(data)
+    machines = _machines(data)
+    letter = {m: chr(ord("A") + i) for i, m in enumerate(machines)}
     budget = data.get("budget", {})
+    if len(machines) == 1:
+        where = f"{machines[0]}."
+    else:
+        where = ("Machines: " + "; ".join(f"{letter[m]}: {m}" for m in machines) + ". Samples per second and "
+                 "minutes compare only between rows of one machine and precision.")
     lines = [f"CIFAR-10 rows: {budget.get('steps')} steps of {budget.get('batch_size')} images each (AdamW, cosine "
              "decay, label smoothing 0.1, crop and flip; the best of two validation points tested once); the first "
              "row of the ViT parts is one set of runs, the study's base ViT. MR rows: the sentiment-mr recipe. "
-             f"{machine.get('cpu', '?')}, {machine.get('threads', '?')} threads, torch {machine.get('torch', '?')}. "
-             "Test accuracy is the mean over seeds ± their standard deviation; Δ is the difference from the part's "
+             f"{where} Test accuracy is the mean over seeds ± their standard deviation; Δ is the difference from the part's "
              "first row.", ""]
     if data.get("quick"):
         lines += ["**A quick run: two steps on a few images. The figures mean nothing.**", ""]
@@ -297,19 +320,21 @@ def vision_markdown(data: dict[str, Any]) -> str:
             continue
         first = part_rows[0]["mean"]
         lines += [f"### {part}: {CLAIMS[part]}", "",
-                  "| variant | test accuracy | seeds | Δ (points) | params | samples/s | train minutes | peak memory |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "| variant | test accuracy | seeds | Δ (points) | params | samples/s | train minutes | peak memory "
+                  f"| {'precision' if len(machines) == 1 else 'machine, precision'} |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
         for r in part_rows:
             acc = f"{r['mean']:.2f}%" + (f" ± {r['sd']:.2f}" if r["sd"] is not None else "")
             peak = "n/a" if r["peak_mb"] is None else f"{r['peak_mb']:.0f} MB"
+            ran_on = "; ".join(p if len(machines) == 1 else f"{letter[m]}, {p}" for m, p in r["ran_on"])
             lines.append(f"| {r['variant']} | {acc} | {r['n']} | {r['mean'] - first:+.2f} | {r['params'] / 1e6:.2f} M "
-                         f"| {r['samples_per_s']:.0f} | {r['minutes']:.1f} | {peak} |")
+                         f"| {r['samples_per_s']:.0f} | {r['minutes']:.1f} | {peak} | {ran_on} |")
         lines.append("")
     return "\n".join(lines)
 
 
 def _plots(data: dict[str, Any], out: Path) -> list[Path]:
-    rows = _summary(data.get("vision", []))
+    rows = _summary(data)
     if not rows:
         return []
     import matplotlib
@@ -376,8 +401,11 @@ def write_vision_report(out_dir: str | Path, out: str | Path | None = None) -> P
     text = vision_markdown(data)
     atomic_write_bytes(out_dir / "table.md", text.encode())
     plots = _plots(data, out_dir)
-    machine = data.get("machine", {})
-    about: list[Any] = [Table([(k, str(v)) for k, v in machine.items()], ("machine", "value"))]
+    machines = _machines(data)
+    about: list[Any] = [Table([(k, str(v)) for k, v in data.get("machine", {}).items()],
+                              ("this run's machine", "value"))]
+    if len(machines) > 1:
+        about.append(Table([(chr(ord("A") + i), m) for i, m in enumerate(machines)], ("records' machine", "")))
     if data.get("quick"):
         about.insert(0, Note("A quick run (two steps on a few images): it shows that the study runs; "
                              "the figures mean nothing."))
