@@ -267,11 +267,16 @@ def run_vision(out: str | Path, *, parts: Sequence[str] = PARTS, seeds: dict[str
 
 
 # ----------------------------------------------------------------------------- tables, plots, page
-def _machines(data: dict[str, Any]) -> list[str]:
-    """The labels of the machines the records ran on, first seen first (a record without its
-    own, from before records kept one, ran on the file's)."""
-    labels = [machine_label(r.get("machine") or data.get("machine", {})) for r in data.get("vision", [])]
-    return list(dict.fromkeys(labels)) or [machine_label(data.get("machine", {}))]
+def _ran_on(record: dict[str, Any], data: dict[str, Any]) -> str:
+    """The label of the machine ``record`` ran on (a record from before records kept their
+    own ran on the file's)."""
+    return machine_label(record.get("machine") or data.get("machine", {}))
+
+
+def _machines(data: dict[str, Any]) -> dict[str, str]:
+    """The records' machines, first seen first, each with its letter: ``{label: "A", ...}``."""
+    labels = [_ran_on(r, data) for r in data.get("vision", [])] or [machine_label(data.get("machine", {}))]
+    return {m: chr(ord("A") + i) for i, m in enumerate(dict.fromkeys(labels))}
 
 
 def _summary(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -291,21 +296,19 @@ def _summary(data: dict[str, Any]) -> list[dict[str, Any]]:
                      "samples_per_s": statistics.fmean(r["samples_per_s"] for r in recs),
                      "minutes": statistics.fmean(r["train_seconds"] for r in recs) / 60,
                      "peak_mb": max(peaks) if peaks else None,
-                     "ran_on": list(dict.fromkeys((machine_label(r.get("machine") or data.get("machine", {})),
-                                                   r.get("precision") or "?") for r in recs))})
+                     "ran_on": list(dict.fromkeys((_ran_on(r, data), r.get("precision") or "?") for r in recs))})
     return rows
 
 
 def vision_markdown(data: dict[str, Any]) -> str:
     """The study's tables, one per part, from ``results.json``'s content."""
     rows = _summary(data)
-    machines = _machines(data)
-    letter = {m: chr(ord("A") + i) for i, m in enumerate(machines)}
+    letter = _machines(data)
     budget = data.get("budget", {})
-    if len(machines) == 1:
-        where = f"{machines[0]}."
+    if len(letter) == 1:
+        where = f"{next(iter(letter))}."
     else:
-        where = ("Machines: " + "; ".join(f"{letter[m]}: {m}" for m in machines) + ". Samples per second and "
+        where = ("Machines: " + "; ".join(f"{a}: {m}" for m, a in letter.items()) + ". Samples per second and "
                  "minutes compare only between rows of one machine and precision.")
     lines = [f"CIFAR-10 rows: {budget.get('steps')} steps of {budget.get('batch_size')} images each (AdamW, cosine "
              "decay, label smoothing 0.1, crop and flip; the best of two validation points tested once); the first "
@@ -321,12 +324,12 @@ def vision_markdown(data: dict[str, Any]) -> str:
         first = part_rows[0]["mean"]
         lines += [f"### {part}: {CLAIMS[part]}", "",
                   "| variant | test accuracy | seeds | Δ (points) | params | samples/s | train minutes | peak memory "
-                  f"| {'precision' if len(machines) == 1 else 'machine, precision'} |",
+                  f"| {'precision' if len(letter) == 1 else 'machine, precision'} |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
         for r in part_rows:
             acc = f"{r['mean']:.2f}%" + (f" ± {r['sd']:.2f}" if r["sd"] is not None else "")
             peak = "n/a" if r["peak_mb"] is None else f"{r['peak_mb']:.0f} MB"
-            ran_on = "; ".join(p if len(machines) == 1 else f"{letter[m]}, {p}" for m, p in r["ran_on"])
+            ran_on = "; ".join(p if len(letter) == 1 else f"{letter[m]}, {p}" for m, p in r["ran_on"])
             lines.append(f"| {r['variant']} | {acc} | {r['n']} | {r['mean'] - first:+.2f} | {r['params'] / 1e6:.2f} M "
                          f"| {r['samples_per_s']:.0f} | {r['minutes']:.1f} | {peak} | {ran_on} |")
         lines.append("")
@@ -401,11 +404,11 @@ def write_vision_report(out_dir: str | Path, out: str | Path | None = None) -> P
     text = vision_markdown(data)
     atomic_write_bytes(out_dir / "table.md", text.encode())
     plots = _plots(data, out_dir)
-    machines = _machines(data)
+    letter = _machines(data)
     about: list[Any] = [Table([(k, str(v)) for k, v in data.get("machine", {}).items()],
                               ("this run's machine", "value"))]
-    if len(machines) > 1:
-        about.append(Table([(chr(ord("A") + i), m) for i, m in enumerate(machines)], ("records' machine", "")))
+    if len(letter) > 1:
+        about.append(Table([(a, m) for m, a in letter.items()], ("records' machine", "")))
     if data.get("quick"):
         about.insert(0, Note("A quick run (two steps on a few images): it shows that the study runs; "
                              "the figures mean nothing."))
