@@ -132,6 +132,69 @@ def test_a_diverging_run_exits_1_with_one_message_and_keeps_its_checkpoint(tmp_p
     assert latest_checkpoint(run / "checkpoints").name == "step_000000001" and not (run / "results.json").exists()
 
 
+def test_an_infinite_gradient_stops_training_without_clipping_too(tmp_path):
+    model = _Scalar()
+    model.w.register_hook(lambda g: g * math.inf)  # a finite loss whose gradient overflows
+    cfg = TrainConfig(steps=4, batch_size=8, lr=0.1, checkpoint_every=1, log_every=0, progress=False,
+                      tensorboard=False, grad_clip=None, device="cpu")
+    trainer = Trainer(model, _Data(), cfg, run_dir=tmp_path, log=lambda _: None, loss_fn=lambda out, y: out.mean())
+    with pytest.raises(NonFiniteLossError, match="at step 1: gradient norm not finite; the weights were not updated"):
+        trainer.fit()
+    assert torch.equal(model.w.detach(), torch.ones(3)) and list_checkpoints(tmp_path / "checkpoints") == []
+
+
+def test_weights_that_are_not_finite_are_never_written_as_a_checkpoint(tmp_path):
+    cfg = TrainConfig(steps=2, batch_size=8, lr=0.1, log_every=0, progress=False, tensorboard=False, device="cpu")
+    trainer = Trainer(_Scalar(), _Data(), cfg, run_dir=tmp_path, log=lambda _: None, loss_fn=lambda out, y: out.mean())
+    trainer.fit()
+    trainer.save()
+    with torch.no_grad():
+        trainer.model.w[1] = math.nan  # an update that overflowed
+    trainer.step += 1
+    with pytest.raises(NonFiniteLossError, match="1 of 1 weights tensors hold NaN or infinity \\(w\\); no checkpoint "
+                                                 "was written; checkpoint step 2 .* holds the last good weights"):
+        trainer.save()
+    assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["step_000000002"]
+    with pytest.raises(NonFiniteLossError, match="no best checkpoint was written"):
+        trainer.record_evaluation({"loss": math.nan, "accuracy": 0.5})
+    assert not (tmp_path / "checkpoints" / "best").exists()
+
+
+def test_a_diverging_run_without_clipping_leaves_only_finite_checkpoints(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert train_digits(run, "train.grad_clip=null", "train.lr=1e6", "train.steps=20", "train.checkpoint_every=1",
+                        "train.eval_every=0") == 1
+    assert "training diverged" in capsys.readouterr().err
+    for folder in list_checkpoints(run / "checkpoints"):
+        weights, _ = load_checkpoint(folder)
+        assert all(torch.isfinite(w).all() for w in weights.values() if w.is_floating_point()), folder.name
+    code = main(["eval", str(run), "--checkpoint", "last"])  # never exit 0 with a NaN loss
+    out, err = capsys.readouterr()
+    assert (code == 0 and "nan" not in out) or (code == 1 and "test_loss not finite" in err), (code, out, err)
+
+
+def test_eval_fails_when_finite_weights_give_a_loss_that_is_not(digits_run, capsys):
+    weights, state = load_checkpoint(latest_checkpoint(digits_run / "checkpoints"))
+    huge = {k: v * 1e30 if v.is_floating_point() else v for k, v in weights.items()}  # finite, but they overflow
+    checkpoint_module.save_checkpoint(digits_run / "checkpoints", 5, huge, state)
+    assert main(["eval", str(digits_run), "--checkpoint", "last"]) == 1
+    out, err = capsys.readouterr()
+    assert "test loss | nan" in out and "test_loss not finite" in err and "Traceback" not in err
+
+
+def test_eval_and_predict_refuse_a_checkpoint_whose_weights_are_not_finite(digits_run, capsys):
+    weights, state = load_checkpoint(latest_checkpoint(digits_run / "checkpoints"))
+    weights = {k: v.clone() for k, v in weights.items()}
+    first = next(k for k, v in weights.items() if v.is_floating_point())
+    weights[first][...] = math.nan
+    checkpoint_module.save_checkpoint(digits_run / "checkpoints", 5, weights, state)  # the engine would refuse
+    for command in (["eval", str(digits_run), "--checkpoint", "last"],
+                    ["predict", str(digits_run), "--checkpoint", "last", "x.png"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert "are not finite (1 of" in err and first in err and "Traceback" not in err, err
+
+
 # ---------------------------------------------------------------------------- the run directory's path
 
 

@@ -75,7 +75,7 @@ def test_precision_auto_on_this_machine_is_said_and_kept_for_eval(tmp_path, caps
 
     assert train_digits(tmp_path / "r", "train.precision=auto") == 0
     chosen, why = resolve_precision("auto", torch.device("cpu"))
-    assert f"precision auto: {chosen} ({why})" in capsys.readouterr().out
+    assert f"precision auto: {chosen} ({why}; recorded in {tmp_path / 'r' / 'resolved.json'})" in capsys.readouterr().out
     assert chosen == "fp32" or cpu_bf16_flags()  # bf16 only with native instructions
     results = json.loads((tmp_path / "r" / "results.json").read_text())
     assert results["precision"] == chosen
@@ -91,6 +91,9 @@ def test_a_float16_gpu_run_read_on_a_cpu_predicts_in_float32(digits_run):
     (digits_run / "results.json").write_text(json.dumps(results))
     config = (digits_run / "config.yaml").read_text()
     (digits_run / "config.yaml").write_text(config.replace("precision: fp32", "precision: auto"))
+    resolved = json.loads((digits_run / "resolved.json").read_text())
+    resolved["resolutions"][-1]["precision"] = "fp16"
+    (digits_run / "resolved.json").write_text(json.dumps(resolved))
     run = load_run(digits_run)
     assert run.recipe.train.precision == "auto" and run.precision == "fp32"
     assert len(run.predict([torch.zeros(1, 8, 8, dtype=torch.uint8)])) == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -214,6 +215,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _table([*run.task.metric_rows(metrics), ("test samples", f"{metrics['test_samples']:,}")], ("metric", "value"))
     if "bleu_signature" in metrics:
         print(f"sacreBLEU signature: {metrics['bleu_signature']}")
+    broken = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+    if broken:  # finite weights whose outputs overflow: a diverged run's, never a result to pass on
+        print(f"attnlab eval: error: {', '.join(broken)} not finite: {run.checkpoint} makes NaN or infinite outputs "
+              f"on these inputs (the weights of a diverging run?); evaluate an earlier checkpoint", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -44,6 +44,8 @@ __all__ = [
     "resolve_checkpoint",
     "checkpoint_step",
     "load_weights_into",
+    "nonfinite_tensors",
+    "check_finite",
     "capture_rng_state",
     "restore_rng_state",
 ]
@@ -247,10 +249,28 @@ def load_checkpoint(folder: str | Path, map_location: str | torch.device = "cpu"
     return weights, state
 
 
+def nonfinite_tensors(weights: dict[str, Tensor]) -> list[str]:
+    """The names of the floating-point tensors of ``weights`` that hold a NaN or an infinity."""
+    return [name for name, t in weights.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
+def check_finite(weights: dict[str, Tensor], source: str | Path) -> None:
+    """:class:`CheckpointError` naming ``source`` when any weight is NaN or infinite: the
+    weights of a diverged run, which no evaluation, prediction or resume can use."""
+    bad = nonfinite_tensors(weights)
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        floating = sum(t.is_floating_point() for t in weights.values())
+        raise CheckpointError(f"the weights in {source} are not finite ({len(bad)} of {floating} tensors hold NaN or "
+                              f"infinity: {shown}): they come from a diverged run and cannot be used; take an "
+                              f"earlier checkpoint")
+
+
 def load_weights_into(model: torch.nn.Module, weights: dict[str, Tensor], source: str | Path) -> None:
     """``model.load_state_dict(weights)``, refused with a :class:`CheckpointError` that
     names ``source`` and the mismatched keys when the weights belong to another model
-    (torch's own error is a wall of text that reads like a crash)."""
+    (torch's own error is a wall of text that reads like a crash), or when they are not
+    finite (:func:`check_finite`)."""
     own = model.state_dict()
     missing = [k for k in own if k not in weights]
     unexpected = [k for k in weights if k not in own]
@@ -264,6 +284,7 @@ def load_weights_into(model: torch.nn.Module, weights: dict[str, Tensor], source
                  (("missing", missing), ("unexpected", unexpected), ("other shapes:", shapes)) if keys]
         raise CheckpointError(f"the weights in {source} do not fit this model ({type(model).__name__}): "
                               f"{'; '.join(parts)}; they were written for another model or configuration")
+    check_finite(weights, source)
     model.load_state_dict(weights)
 
 

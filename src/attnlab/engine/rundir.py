@@ -37,7 +37,7 @@ LOCK = ".lock"
 # What a run writes at the top of its folder; any of them means the folder holds a run.
 RUN_FILES = ("config.yaml", "config.changes.yaml", "results.json", "metrics.jsonl", "checkpoints", "tensorboard",
              "report.html", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json", "translations.test.txt",
-             "classes.json")
+             "classes.json", "resolved.json")
 
 
 class RunDirError(InputError):

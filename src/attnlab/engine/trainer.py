@@ -25,8 +25,8 @@ from torch import Tensor, nn
 from . import distributed
 from ..errors import InputError
 from .config import check_bounds
-from .checkpoint import (capture_rng_state, latest_checkpoint, load_checkpoint, load_weights_into, restore_rng_state,
-                         save_checkpoint, save_named_checkpoint)
+from .checkpoint import (capture_rng_state, latest_checkpoint, load_checkpoint, load_weights_into, nonfinite_tensors,
+                         restore_rng_state, save_checkpoint, save_named_checkpoint)
 from .device import autocast, make_grad_scaler, resolve_precision, seed_everything, select_device
 from .metrics import MetricsLog, TensorBoardLog
 from .progress import Progress
@@ -92,8 +92,9 @@ class TrainConfig:
 
 
 class NonFiniteLossError(RuntimeError):
-    """Training stopped: a step's loss or gradient norm was NaN or infinite. The weights
-    were not updated by that step, and no checkpoint was written after it."""
+    """Training stopped: a step's loss or gradient norm was NaN or infinite (the weights
+    were not updated by that step), or the weights themselves were about to be saved with
+    a NaN or an infinity. No checkpoint holds non-finite weights."""
 
 
 class EpochSampler:
@@ -336,6 +337,7 @@ class Trainer:
         folder = self.run_dir / "checkpoints" / f"step_{self.step:09d}"
         if self._saved_step == self.step:  # written by fit, or resumed from: rewriting it would only
             return folder                  # open a window in which a kill loses it
+        self._check_weights("checkpoint")
         if distributed.is_main():
             folder = save_checkpoint(self.run_dir / "checkpoints", self.step, self.model.state_dict(), self.state(),
                                      keep=self.cfg.keep_checkpoints)
@@ -402,9 +404,9 @@ class Trainer:
                 self.scaler.scale(loss).backward()
             total += loss.item()
         finite = math.isfinite(total)
-        if finite and cfg.grad_clip:
+        if finite:  # the gradient norm is checked with clipping or without (max_norm inf: the norm alone)
             self.scaler.unscale_(self.optimizer)
-            norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or math.inf)
             # fp16's scaler skips steps with inf gradients itself; elsewhere they are divergence
             finite = self.scaler.is_enabled() or bool(torch.isfinite(norm))
         if distributed.world_size() > 1:  # every rank takes the same decision
@@ -434,16 +436,41 @@ class Trainer:
         self._nonfinite_in_a_row += 1
         what = f"loss {loss}" if not math.isfinite(loss) else "gradient norm not finite"
         if self._nonfinite_in_a_row > self.cfg.skip_nonfinite:
-            kept = "" if self._saved_step is None else (
-                f"; checkpoint step {self._saved_step} in {self.run_dir / 'checkpoints'} holds the last saved weights")
             in_a_row = f" ({self._nonfinite_in_a_row} such steps in a row)" if self._nonfinite_in_a_row > 1 else ""
             raise NonFiniteLossError(
-                f"training diverged at step {self.step + 1}: {what}{in_a_row}; the weights were not updated{kept}. "
-                f"Lower train.lr, set train.grad_clip, or set train.skip_nonfinite=N to skip up to N such steps")
+                f"training diverged at step {self.step + 1}: {what}{in_a_row}; the weights were not updated"
+                f"{self._last_good()}. Lower train.lr, set train.grad_clip, or set train.skip_nonfinite=N to skip up "
+                f"to N such steps")
         self.log(f"warning: step {self.step + 1}: {what}; skipped without an update "
                  f"({self._nonfinite_in_a_row} of at most {self.cfg.skip_nonfinite} in a row)")
         self.scheduler.step()  # the step is consumed, so a resumed run replays the same schedule
         self.step += 1
+
+    def _last_good(self) -> str:
+        """Which checkpoint a diverged run leaves to the user (empty without one)."""
+        if self._saved_step is None or self.run_dir is None:
+            return ""
+        where = f"checkpoint step {self._saved_step} in {self.run_dir / 'checkpoints'}"
+        if self._saved_step == self.step:  # the very weights whose loss or gradient was not finite
+            return (f"; {where} holds these weights (finite, but they gave this step's non-finite values): an "
+                    f"earlier checkpoint, if kept, is the last one known to train")
+        return f"; {where} holds the last good weights"
+
+    def _check_weights(self, what: str) -> None:
+        """Refuse to write a ``what`` (checkpoint) whose weights (or EMA weights) hold a NaN
+        or an infinity: :class:`NonFiniteLossError`. An update with finite gradients can
+        still overflow a weight, so the gradient check alone does not guarantee this."""
+        for label, module in (("weights", self.model), ("EMA weights", self.ema)):
+            if module is None:
+                continue
+            weights = module.state_dict()
+            bad = nonfinite_tensors(weights)
+            if bad:
+                floating = sum(t.is_floating_point() for t in weights.values())
+                raise NonFiniteLossError(
+                    f"training diverged by step {self.step}: {len(bad)} of {floating} {label} tensors hold NaN or "
+                    f"infinity ({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); no {what} was written"
+                    f"{self._last_good()}. Lower train.lr or set train.grad_clip")
 
     @torch.no_grad()
     def evaluate(self, data: Any = None, model: nn.Module | None = None) -> dict[str, float]:
@@ -474,6 +501,7 @@ class Trainer:
         score = result.get("accuracy")
         improved = score is not None and (self.best is None or score > self.best)
         if improved:
+            self._check_weights("best checkpoint")  # NaN weights score by chance: never keep them as best
             self.best = score
             if self.run_dir is not None and distributed.is_main():
                 save_named_checkpoint(self.run_dir / "checkpoints", "best", self.step,

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..data.tokenize import TextTokenizer
 from ..engine.config import ConfigError, from_dict
+from ..engine.resolved import run_precision
 from ..engine.trainer import TrainConfig
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
@@ -142,6 +143,7 @@ class TrainedRun:
     tokenizer: TextTokenizer | None = None
     target_tokenizer: TextTokenizer | None = None
     image: ImageSpec | None = None
+    _precision: str | None = field(default=None, init=False, repr=False)  # read once, by `precision`
 
     def predict(self, inputs: Sequence[Any], **options: Any) -> list[Any]:
         """What the task predicts for ``inputs`` (see the task's :meth:`Task.predict`): for a
@@ -167,18 +169,21 @@ class TrainedRun:
 
     @property
     def precision(self) -> str:
-        """The precision to evaluate in: the recipe's, or, for ``auto``, what the run chose
-        when it trained (``results.json``), so that ``evaluate`` reproduces its figures on
-        another machine too; a float16 run away from CUDA runs in float32."""
-        asked = self.recipe.train.precision
-        results = self.run_dir / "results.json"
-        if asked == "auto" and results.is_file():
-            chosen = read_json_mapping(results).get("precision")
-            if chosen in ("fp32", "bf16", "fp16"):
-                asked = chosen
-        if asked == "fp16" and self.device.type != "cuda":
+        """The precision to evaluate in: the one the run trained its last stretch in, as it
+        recorded it when it started (``resolved.json``), so that ``evaluate`` reproduces its
+        figures on another machine too; for a run of an older attnlab, the recipe's, or for
+        ``auto`` the one ``results.json`` names. A float16 run away from CUDA runs in float32."""
+        if self._precision is None:
+            asked = run_precision(self.run_dir) or self.recipe.train.precision
+            results = self.run_dir / "results.json"
+            if asked == "auto" and results.is_file():
+                chosen = read_json_mapping(results).get("precision")
+                if chosen in ("fp32", "bf16", "fp16"):
+                    asked = chosen
+            self._precision = asked
+        if self._precision == "fp16" and self.device.type != "cuda":
             return "fp32"  # float16 autocast needs CUDA: a GPU run read on a CPU runs in float32
-        return asked
+        return self._precision
 
     def evaluate(self, **options: Any) -> dict[str, Any]:
         """The test metrics of ``results.json``, recomputed with these weights."""

@@ -16,6 +16,7 @@ in ``test_checkpoint``, and :meth:`TrainedRun.evaluate` recomputes the same figu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -31,9 +32,11 @@ from ..engine import distributed
 from ..engine.checkpoint import checkpoint_step, load_checkpoint, load_weights_into, resolve_checkpoint
 from ..engine.config import ConfigError
 from ..engine.device import select_device
+from ..engine.resolved import (RESOLVED, Resolution, precision_problem, read_resolutions, resolve_run, run_precision,
+                               write_resolutions)
 from ..engine.rundir import RunDirError, RunLock, inspect_run_dir, make_run_dir
 from ..data.tokenize import TextTokenizer
-from ..engine.trainer import Trainer, evaluate_model
+from ..engine.trainer import TrainConfig, Trainer, evaluate_model
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping, read_state_dict, read_yaml_mapping
 from ..models import count_parameters
@@ -221,8 +224,55 @@ def _resume_changes(recipe: Recipe, run_dir: Path, allow_changes: bool) -> dict[
     return changes
 
 
+def _resolutions(recipe: Recipe, run_dir: Path, device: torch.device, step: int, allow_changes: bool,
+                 parent: Path | None, log: Callable[[str], None]) -> list[Resolution]:
+    """The run's records of what ``auto`` became (:mod:`attnlab.engine.resolved`), with a
+    new one when this stretch of training starts one: a new run (a sub-run takes its
+    ``parent``'s), another precision asked, or a machine that cannot run the recorded
+    precision, which is refused unless ``allow_changes``."""
+    asked = recipe.train.precision
+    records = read_resolutions(run_dir)
+    if not records:
+        inherited = read_resolutions(parent) if parent is not None else []
+        if inherited and asked == inherited[-1].asked and precision_problem(inherited[-1].precision, device) is None:
+            first = dataclasses.replace(inherited[-1], step=step, why=f"{inherited[-1].why}; as {parent} resolved it")
+        else:
+            first = resolve_run(asked, device, step)
+        if asked == "auto":
+            log(f"precision auto: {first.precision} ({first.why}; recorded in {run_dir / RESOLVED})")
+        return [first]
+    last = records[-1]
+    if asked != "auto":
+        if asked == last.precision:
+            return records
+        return records + [resolve_run(asked, device, step)]  # a precision changed with --allow-changes
+    problem = precision_problem(last.precision, device)
+    if problem is None:
+        log(f"precision auto: {last.precision}, as the run resolved it on {last.machine} ({run_dir / RESOLVED})")
+        if last.threads != torch.get_num_threads():
+            log(f"note: the run trained with {last.threads} threads, this process has {torch.get_num_threads()}: "
+                f"float sums may differ in their last bits from an uninterrupted run")
+        return records
+    if not allow_changes:
+        raise RunDirError(f"--resume: {run_dir} trains in {last.precision} (precision auto chose it on "
+                          f"{last.machine}; recorded in {RESOLVED}), and {problem}. Resume on a machine that runs "
+                          f"{last.precision}, or pass --allow-changes to continue in what precision auto chooses "
+                          f"here (recorded in {RESOLVED}: the run then mixes two precisions)")
+    new = resolve_run(asked, device, step)
+    log(f"--resume: {problem}; continuing in {new.precision} from step {step} (recorded in {run_dir / RESOLVED})")
+    return records + [new]
+
+
+def train_config(recipe: Recipe, run_dir: Path) -> TrainConfig:
+    """``recipe.train`` with its precision as the run resolved it (``resolved.json``)."""
+    precision = run_precision(run_dir)
+    if precision is None or precision == recipe.train.precision:
+        return recipe.train
+    return dataclasses.replace(recipe.train, precision=precision)
+
+
 def _claim(recipe: Recipe, run_dir: Path, resume: bool, allow_changes: bool, checkpoints: bool,
-           lock: RunLock, log: Callable[[str], None]) -> Path | None:
+           lock: RunLock, log: Callable[[str], None], parent: Path | None = None) -> Path | None:
     """Check ``run_dir`` for this training, then write its config; returns the checkpoint to
     resume from. Every refusal comes before the first write."""
     device = select_device(recipe.train.device)  # a device this machine lacks: refused before anything is written
@@ -253,8 +303,12 @@ def _claim(recipe: Recipe, run_dir: Path, resume: bool, allow_changes: bool, che
         raise RunDirError(f"--resume: {run_dir} has no valid checkpoint to continue from ({state.summary()}), and "
                           f"starting again from step 0 would overwrite the run. Move the damaged checkpoints "
                           f"away to start over deliberately, or train into another --run-dir")
+    step = checkpoint_step(state.valid) if resume and checkpoints and state.valid is not None else 0
+    resolutions = _resolutions(recipe, run_dir, device, step, allow_changes, parent, log)
     if not has_config:
         atomic_write_bytes(run_dir / CONFIG, yaml.safe_dump(recipe_dict(recipe), sort_keys=False).encode())
+    if resolutions != read_resolutions(run_dir):
+        write_resolutions(run_dir, resolutions)
     if changes:
         _record_changes(run_dir, changes, 0 if state.valid is None else checkpoint_step(state.valid))
         log(f"--resume: continuing with {_show(changes)} (recorded in {run_dir / CHANGES})")
@@ -269,7 +323,8 @@ def _claim(recipe: Recipe, run_dir: Path, resume: bool, allow_changes: bool, che
 
 @contextmanager
 def open_run(recipe: Recipe, run_dir: str | Path, *, resume: bool, allow_changes: bool = False,
-             checkpoints: bool = True, log: Callable[[str], None] = print) -> Iterator[Path | None]:
+             checkpoints: bool = True, log: Callable[[str], None] = print,
+             parent: str | Path | None = None) -> Iterator[Path | None]:
     """``with open_run(recipe, run_dir, resume=...) as resume_from:`` train inside the block.
 
     Holds the run directory's lock for the block, refuses a folder that holds another
@@ -278,7 +333,9 @@ def open_run(recipe: Recipe, run_dir: str | Path, *, resume: bool, allow_changes
     (``None``: start at step 0). ``checkpoints=False`` for a folder whose checkpoints live
     in sub-runs (cross-validation). Under torchrun, rank 0 alone checks and writes and
     every rank gets its answer (or its error). A new run that fails before its first
-    checkpoint leaves no half-made run directory behind."""
+    checkpoint leaves no half-made run directory behind. What ``auto`` becomes on this
+    machine (``train.precision``) is decided here once and recorded in ``resolved.json``
+    (a sub-run, such as a fold, takes the one of its ``parent`` run)."""
     run_dir = Path(run_dir)
     lock = RunLock(run_dir)
     outcome: tuple[bool, Any] = (True, None)
@@ -288,7 +345,8 @@ def open_run(recipe: Recipe, run_dir: str | Path, *, resume: bool, allow_changes
     try:
         if distributed.is_main():
             try:
-                outcome = (True, _claim(recipe, run_dir, resume, allow_changes, checkpoints, lock, log))
+                outcome = (True, _claim(recipe, run_dir, resume, allow_changes, checkpoints, lock, log,
+                                        None if parent is None else Path(parent)))
             except Exception as exc:  # noqa: BLE001  # re-raised below, once the other ranks know
                 error, outcome = exc, (False, str(exc))
         ok, value = distributed.broadcast_object(outcome)
@@ -372,7 +430,8 @@ def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module],
             + (f"; its classifier head does not fit this task's classes and is replaced ({', '.join(fresh)} start "
                f"fresh)" if fresh else ""))
     lr_scales = fine_tuning(model, recipe.model)
-    trainer = Trainer(model, train_set, recipe.train, eval_data=val_set, run_dir=run_dir, log=log, lr_scales=lr_scales)
+    trainer = Trainer(model, train_set, train_config(recipe, run_dir), eval_data=val_set, run_dir=run_dir, log=log,
+                      lr_scales=lr_scales)
     if resume_from is not None:
         trainer.resume(resume_from)
     start = time.perf_counter()
@@ -400,7 +459,7 @@ def test_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module]
     which = checkpoint if checkpoint != "auto" else ("best" if (run_dir / "checkpoints" / "best").is_dir() else "last")
     model = build_model()
     load_weights(run_dir, model, which)
-    cfg = recipe.train
+    cfg = train_config(recipe, run_dir)
     res = evaluate_model(model, test_set, batch_size=cfg.batch_size, device=distributed.local_device(cfg.device),
                          precision=cfg.precision, channels_last=cfg.channels_last)
     return {"test_accuracy": res["accuracy"], "test_loss": res["loss"], "test_checkpoint": which,

@@ -253,7 +253,7 @@ class TextClassification(Task):
                     continue
                 log(f"fold {k + 1}/10: {len(train_idx)} training, {len(test_idx)} test sentences")
                 with open_run(recipe, fold_dir, resume=resume and fold_dir.is_dir(), allow_changes=allow_changes,
-                              log=log) as resume_from:
+                              log=log, parent=run_dir) as resume_from:
                     folds.append(self._train_one(recipe, fold_dir, corpus, train_idx, None, test_idx,
                                                  resume_from, log))
                 log(f"fold {k + 1}/10: test accuracy {100 * folds[-1]['test_accuracy']:.2f}%")
