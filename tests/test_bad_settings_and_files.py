@@ -237,18 +237,34 @@ def test_a_run_dir_on_a_read_only_file_system_is_refused(tmp_path, monkeypatch, 
 
 def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
-    real_save = torch.save
+    real_fdopen = os.fdopen
 
-    def save(obj, f, *args, **kwargs):
-        if isinstance(obj, dict) and obj.get("step") == 4:
-            f.write(b"half a checkpoint")
+    class Full:  # a file whose disk fills up after a few bytes
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            self.f.write(data[:17])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_save(obj, f, *args, **kwargs)
 
-    monkeypatch.setattr(checkpoint_module.torch, "save", save)
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+    def fdopen(fd, *args, **kwargs):
+        f = real_fdopen(fd, *args, **kwargs)
+        return Full(f) if ".step_000000004.new/.state.pt" in os.readlink(f"/proc/self/fd/{fd}") else f
+
+    monkeypatch.setattr("attnlab.io.os.fdopen", fdopen)
     assert train_digits(run) == 1
     err = capsys.readouterr().err
-    assert f"could not write {run / 'checkpoints' / '.step_000000004.new' / 'state.pt'}: No space left on device" in err
+    assert f"could not write {run / 'checkpoints' / '.step_000000004.new' / 'state.pt'} (" in err
+    assert "KB): No space left on device (" in err and "free there)" in err
     assert "free space, then continue with --resume" in err and "Traceback" not in err
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_000000002"]
     load_checkpoint(run / "checkpoints" / "step_000000002")  # still valid

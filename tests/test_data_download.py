@@ -6,8 +6,10 @@ import dataclasses
 import gzip
 import hashlib
 import io
+import os
 import tarfile
 import threading
+import time
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -239,7 +241,7 @@ def test_cifar10_tarball_lands_in_batches_folder(tmp_path, server, monkeypatch):
     data = make_tar({f"cifar-10-batches-py/{n}": n.encode() for n in names})
     put(server, "~kriz/cifar-10-python.tar.gz", data)
     spec = dl.DATASETS["cifar10"]
-    patch_spec(monkeypatch, "cifar10", files=(dataclasses.replace(spec.files[0], sha256=sha(data)),))
+    patch_spec(monkeypatch, "cifar10", files=(dataclasses.replace(spec.files[0], sha256=sha(data), size=len(data)),))
     out = dl.download("cifar10", tmp_path, base_url=server.base, progress=None)
     assert out == tmp_path / "cifar-10-batches-py"
     assert sorted(p.name for p in out.iterdir()) == sorted(names)
@@ -263,12 +265,14 @@ def fake_cifar10(server, monkeypatch):
     data = make_tar({f"cifar-10-batches-py/{n}": f"good {n}".encode() for n in CIFAR_NAMES})
     put(server, CIFAR_PATH, data)
     spec = dl.DATASETS["cifar10"]
-    patch_spec(monkeypatch, "cifar10", files=(dataclasses.replace(spec.files[0], sha256=sha(data)),))
+    patch_spec(monkeypatch, "cifar10", files=(dataclasses.replace(spec.files[0], sha256=sha(data), size=len(data)),))
     return data
 
 
 def test_tampered_archive_at_destination_is_replaced_by_a_verified_download(tmp_path, server, fake_cifar10):
-    tampered = make_tar({f"cifar-10-batches-py/{n}": b"evil" for n in CIFAR_NAMES})
+    tampered = bytearray(fake_cifar10)  # of the right size: only its sha256 tells
+    tampered[len(tampered) // 2] ^= 0xFF
+    tampered = bytes(tampered)
     (tmp_path / "cifar-10-python.tar.gz").write_bytes(tampered)
     msgs = []
     out = dl.download("cifar10", tmp_path, base_url=server.base, progress=msgs.append)
@@ -305,3 +309,115 @@ def test_unchecked_mr_tarball_at_destination_is_still_extracted(tmp_path, server
     (tmp_path / "rt-polaritydata.tar.gz").write_bytes(fake_mr)
     out = dl.download("mr", tmp_path, base_url=server.base, progress=None)
     assert (out / "rt-polarity.pos").read_bytes() == POS and server.seen == []
+
+
+# --- archives are checked before, and bounded while, they are extracted -----------------
+
+
+def test_the_published_cifar10_size_and_the_extraction_limits():
+    cifar = dl.DATASETS["cifar10"]
+    assert cifar.files[0].size == 170_498_071
+    assert cifar.files[0].sha256 == "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce"
+    assert cifar.max_extracted_bytes == int((6 * 31_035_704 + 4_096) * 1.1) + 2**20 == 205_888_728
+    assert dl.DATASETS["mr"].max_extracted_bytes == int((626_139 + 612_256 + 16_384) * 1.1) + 2**20 == 2_428_832
+    assert dl.MAX_MEMBERS == 300
+
+
+def _tree_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_gzip_bomb_is_refused_at_the_limit_leaving_nothing(tmp_path, server, monkeypatch):
+    bomb = make_tar({"rt-polaritydata/rt-polarity.pos": bytes(50_000_000)})  # 50 MB of zeros, ~50 KB gzipped
+    assert len(bomb) < 200_000
+    put(server, MR_PATH, bomb)
+    patch_spec(monkeypatch, "mr", max_extracted_bytes=3_000_000)
+    root = tmp_path / "data"
+    start = time.perf_counter()
+    with pytest.raises(dl.DownloadError) as info:
+        dl.download("mr", root, base_url=server.base, progress=None)
+    assert time.perf_counter() - start < 2.0
+    message = str(info.value)
+    assert message.startswith("rt-polaritydata.tar.gz: refusing to extract it, a damaged or malicious archive")
+    assert "'rt-polaritydata/rt-polarity.pos' declares 50,000,000 bytes" in message and "3,000,000 bytes" in message
+    assert list(root.iterdir()) == [] and _tree_bytes(tmp_path) - len(bomb) < 100_000
+
+
+def test_extraction_stops_at_the_limit_while_writing(tmp_path, server, monkeypatch):
+    members = {f"rt-polaritydata/part{i}": bytes(400_000) for i in range(10)}  # 4 MB in all, 400 KB each
+    put(server, MR_PATH, make_tar(members))
+    patch_spec(monkeypatch, "mr", max_extracted_bytes=1_000_000)
+    written = []
+    real_copy = dl._copy_member
+    monkeypatch.setattr(dl, "_copy_member", lambda *a: written.append(real_copy(*a)) or written[-1])
+    with pytest.raises(dl.DownloadError, match=r"'rt-polaritydata/part2' declares 400,000 bytes, 1,200,000 with the "
+                                               r"members before it, while mr extracts to at most 1,000,000 bytes"):
+        dl.download("mr", tmp_path / "data", base_url=server.base, progress=None)
+    assert written == [400_000, 400_000] and list((tmp_path / "data").iterdir()) == []
+
+
+def test_a_huge_tar_header_is_refused_without_reading_it_whole(tmp_path, server, monkeypatch):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("rt-polaritydata/rt-polarity.pos")
+        info.pax_headers = {"comment": "x" * 20_000_000}  # read into memory whole by tarfile, if let
+        info.size = len(POS)
+        tar.addfile(info, io.BytesIO(POS))
+    put(server, MR_PATH, buf.getvalue())
+    patch_spec(monkeypatch, "mr", max_extracted_bytes=1_000_000)
+    with pytest.raises(dl.DownloadError, match=r"it decompresses to more than 2,048,576 bytes"):
+        dl.download("mr", tmp_path / "data", base_url=server.base, progress=None)
+    assert list((tmp_path / "data").iterdir()) == []
+
+
+def test_an_archive_of_too_many_members_is_refused(tmp_path, server, monkeypatch):
+    put(server, MR_PATH, make_tar({f"rt-polaritydata/f{i}": b"" for i in range(301)}))
+    with pytest.raises(dl.DownloadError, match="refusing to extract it, a damaged or malicious archive: it holds more "
+                                               "than 300 members"):
+        dl.download("mr", tmp_path / "data", base_url=server.base, progress=None)
+    assert list((tmp_path / "data").iterdir()) == []
+
+
+def test_an_archive_of_the_wrong_size_is_refused_before_it_is_downloaded(tmp_path, server, fake_cifar10, monkeypatch):
+    spec = dl.DATASETS["cifar10"]
+    patch_spec(monkeypatch, "cifar10", files=(dataclasses.replace(spec.files[0], size=len(fake_cifar10) + 1),))
+    with pytest.raises(dl.DownloadError, match=rf"the server offers {len(fake_cifar10):,} bytes, but the published "
+                                               rf"file has {len(fake_cifar10) + 1:,}"):
+        dl.download("cifar10", tmp_path, base_url=server.base, progress=None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["remote"]
+
+
+def test_an_archive_of_the_wrong_size_at_the_destination_is_downloaded_again_unhashed(tmp_path, server, fake_cifar10,
+                                                                                     monkeypatch):
+    (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"left over")
+    hashed = []
+    real_sha = dl.sha256_file
+    monkeypatch.setattr(dl, "sha256_file", lambda path: hashed.append(Path(path).name) or real_sha(path))
+    msgs = []
+    out = dl.download("cifar10", tmp_path, base_url=server.base, progress=msgs.append)
+    assert (out / "test_batch").read_bytes() == b"good test_batch"
+    assert any(f"9 bytes in the file already there, expected {len(fake_cifar10):,}" in m for m in msgs)
+    assert hashed == ["cifar-10-python.tar.gz.part"]  # the fresh download only
+
+
+def test_a_wrong_archive_sha256_is_refused_before_any_extraction(tmp_path, server, fake_cifar10, monkeypatch):
+    spec = dl.DATASETS["cifar10"]
+    patch_spec(monkeypatch, "cifar10", files=(dataclasses.replace(spec.files[0], sha256="3" * 64),))
+    made = []
+    real_mkdtemp = dl.tempfile.mkdtemp
+    monkeypatch.setattr(dl.tempfile, "mkdtemp", lambda *a, **k: made.append(k) or real_mkdtemp(*a, **k))
+    with pytest.raises(dl.DownloadError, match="cifar-10-python.tar.gz: sha256 mismatch"):
+        dl.download("cifar10", tmp_path, base_url=server.base, progress=None)
+    assert made == [] and sorted(p.name for p in tmp_path.iterdir()) == ["remote"]
+
+
+@pytest.mark.skipif(not os.environ.get("ATTNLAB_DATA_DIR") or
+                    not (Path(os.environ.get("ATTNLAB_DATA_DIR", "")) / "mr" / "rt-polarity.pos").is_file(),
+                    reason="real MR absent: set ATTNLAB_DATA_DIR to a folder holding mr/")
+def test_the_real_mr_files_fit_the_real_limits(tmp_path, server):
+    real = Path(os.environ["ATTNLAB_DATA_DIR"]) / "mr"
+    names = ("rt-polarity.pos", "rt-polarity.neg")
+    put(server, MR_PATH, make_tar({"rt-polaritydata.README.1.0.txt": b"readme\n" * 500,
+                                   **{f"rt-polaritydata/{n}": (real / n).read_bytes() for n in names}}))
+    out = dl.download("mr", tmp_path / "data", base_url=server.base, progress=None)
+    assert [(out / n).stat().st_size for n in names] == [626_139, 612_256]

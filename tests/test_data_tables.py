@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import warnings
 
 import pytest
 
@@ -107,6 +108,37 @@ def test_label_names_one_class_is_an_error(tmp_path):
     f = _write(tmp_path / "b.csv", "text,label\nx,pos\ny,pos\n")
     with pytest.raises(InputError, match=r"b\.csv has only 'pos'"):
         read_labelled_texts(f).label_names()
+
+
+def test_labels_one_and_one_point_zero_warn_naming_both_and_the_file(tmp_path):
+    f = _write(tmp_path / "mixed.csv", "text,label\nx,1\ny,1.0\nz,0\n")
+    with pytest.warns(UserWarning) as record:
+        names = read_labelled_texts(f).label_names()
+    assert names == ["0", "1", "1.0"]  # still three classes: the warning says so, nothing is merged
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert "'1' and '1.0'" in message and str(f) in message and "'0'" not in message
+
+
+@pytest.mark.parametrize("labels, same", [(["01", "1", "2"], "'01' and '1'"), (["1e0", "1", "3"], "'1' and '1e0'"),
+                                          (["-0", "0", "5"], "'-0' and '0'"), ([".5", "0.50", "1"], "'.5' and '0.50'")])
+def test_every_spelling_of_one_number_warns(labels, same):
+    with pytest.warns(UserWarning, match=f"labels {same} are the same number written differently"):
+        label_names(labels)
+
+
+def test_two_numbers_spelled_twice_are_named_in_one_warning():
+    with pytest.warns(UserWarning) as record:
+        label_names(["1", "1.0", "2", "2.0"])
+    assert len(record) == 1 and "'1' and '1.0'; '2' and '2.0'" in str(record[0].message)
+
+
+@pytest.mark.parametrize("labels", [["1", "2", "10"], ["0.5", "1.5", "1"], ["1", "one", "1a"], ["nan", "NaN", "x"],
+                                    ["inf", "Infinity", "x"], ["1_0", "10", "x"]])
+def test_distinct_numbers_and_words_do_not_warn(labels):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(label_names(labels)) == 3
 
 
 # --- errors ----------------------------------------------------------------------------

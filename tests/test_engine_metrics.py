@@ -24,7 +24,7 @@ def test_torn_last_line_is_ignored_but_a_bad_middle_line_is_an_error(tmp_path):
         f.write('{"step": 2, "lo')
     assert [r["step"] for r in read_metrics(path)] == [1]
     path.write_text('{"step": 1}\nnot json\n{"step": 3}\n')
-    with pytest.raises(ValueError, match="line 2 is not JSON"):
+    with pytest.raises(ValueError, match="line 2 is not a JSON record"):
         read_metrics(path)
 
 

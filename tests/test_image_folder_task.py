@@ -81,6 +81,20 @@ def test_one_folder_is_split_into_train_val_test_deterministically(tmp_path):
     assert x.shape == (3, 3, 16, 16) and x.dtype == torch.float32
 
 
+def test_a_link_to_its_own_folder_puts_no_image_in_two_splits(tmp_path):
+    import os
+
+    root = make_folder(tmp_path / "imgs")
+    os.symlink(".", root / "blue" / "self")  # os.walk followed it 40 levels deep
+    os.symlink("..", root / "red" / "up")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        classes, train, val, test = image_folder_splits(recipe(root, "data.val_size=6", "data.test_size=6").data)
+    assert (len(train), len(val), len(test)) == (24, 6, 6)
+    files = [{os.path.realpath(d.ds.samples[int(i)][0]) for i in d.indices} for d in (train, val, test)]
+    assert [len(f) for f in files] == [24, 6, 6] and len(files[0] | files[1] | files[2]) == 36
+
+
 def test_sibling_train_val_test_folders_are_used_as_they_are(tmp_path):
     make_folder(tmp_path / "d" / "train", 6)
     make_folder(tmp_path / "d" / "val", 2)

@@ -127,7 +127,7 @@ def test_resume_skips_a_damaged_newest_checkpoint_with_a_one_line_warning(digits
     assert train_digits(run, "--resume") == 0
     out = capsys.readouterr().out
     assert f"warning: skipping damaged checkpoint {newest.name}: state.pt is corrupted or truncated" in out
-    assert "it is left in place" in out
+    assert "resuming from step 2, and the resumed run will replace it when it saves step 4" in out
     assert "step 4/4" in out and "step 2/4" not in out  # resumed from step 2
     assert load_checkpoint(latest_checkpoint(run / "checkpoints"))[1]["step"] == 4  # step 4 written anew, whole
 

@@ -166,10 +166,10 @@ def test_equals_torch_encoder_with_copied_weights(norm_first, activation, poolin
     (dict(attention="exactt"), "unknown attention 'exactt'"),
     (dict(pos_encoding="rotary"), "pos_encoding must be one of"),
     (dict(padding_idx=VOCAB), "padding_idx must be None or in"),
-    (dict(drop_rate=1.0), r"drop_rate must be in \[0, 1\)"),
+    (dict(drop_rate=1.0), r"SentimentConfig.drop_rate must be >= 0.0 and < 1.0; got 1.0"),
     (dict(dropout=0.1), "SentimentConfig field 'dropout' is now called 'drop_rate'"),
     (dict(depth=-1), "depth must be a non-negative integer"),
-    (dict(vocab_size=0), "vocab_size must be a positive integer"),
+    (dict(vocab_size=0), "SentimentConfig.vocab_size must be >= 1; got 0"),
     (dict(attention_options={"dropout": 0.1}), "use attn_drop_rate"),
     (dict(poolling="cls"), "unknown SentimentConfig field 'poolling'; did you mean pooling"),
 ])

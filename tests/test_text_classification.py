@@ -122,3 +122,26 @@ def test_python_api_predicts_labels_with_probabilities(split_run):
     assert p.input == "a gorgeous , witty , seductive movie ." and [label for label, _ in p.labels] in (
         ["positive", "negative"], ["negative", "positive"])
     assert sum(prob for _, prob in p.labels) == pytest.approx(1.0, abs=1e-5) and p.labels[0][1] >= p.labels[1][1]
+
+
+def test_predict_skips_a_line_over_the_limit_without_reading_it_whole(split_run, capsys, monkeypatch):
+    long_line = b"boring " * 2_000_000  # 14 MB on one line
+    stdin = io.TextIOWrapper(io.BytesIO(b"a gorgeous movie .\n" + long_line + b"\na dull mess .\n"))
+    monkeypatch.setattr("sys.stdin", stdin)
+    assert main(["predict", str(split_run), "--max-line-chars", "1000", "--json"]) == 2
+    out, err = capsys.readouterr()
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [r.get("input") for r in records] == ["a gorgeous movie .", None, "a dull mess ."]
+    assert "is too long (more than 4,004 bytes; the limit is 1,000 characters, which --max-line-chars raises)" in \
+        records[1]["error"]
+    assert "line 2 of standard input is too long" in err and "Traceback" not in err
+    assert main(["predict", str(split_run), "--max-line-chars", "10", "a gorgeous movie ."]) == 2
+    assert "argument 1 is too long (18 characters; the limit is 10" in capsys.readouterr().err
+
+
+def test_a_truncation_warning_at_predict_names_the_recipe_key(split_run, capsys):
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        assert main(["predict", str(split_run), "boring " * 200]) == 0
+    err = capsys.readouterr().err
+    assert "the run was trained with text.max_length=32" in err and "max_length=" not in err.replace("text.max", "")

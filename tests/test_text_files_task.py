@@ -110,7 +110,8 @@ def test_the_recipe_needs_its_file_and_mr_runs_keep_their_config():
         load_corpus(recipe().data)
     with pytest.raises(InputError, match="data.text_column applies to data.name=file"):
         load_recipe("sentiment-mr", ["data.text_column=body"])
-    assert set(recipe_dict(load_recipe("sentiment-mr"))["data"]) == {"name", "data_dir", "protocol", "seed"}
+    assert set(recipe_dict(load_recipe("sentiment-mr"))["data"]) == {"name", "data_dir", "protocol", "seed",
+                                                                     "max_line_chars"}
 
 
 def test_a_file_run_trains_predicts_evaluates_and_takes_a_file_of_ones_own(tmp_path, capsys, monkeypatch):

@@ -23,6 +23,7 @@ from .bench.vision import PARTS as VISION_PARTS, is_vision_dir, run_vision, visi
 from .bench.scaling import VARIANTS
 from .data.download import download, list_datasets
 from .data.paths import data_dir
+from .data.text import MAX_LINE_CHARS
 from .data.tokenize import shorten
 from .engine import distributed
 from .engine.config import apply_overrides
@@ -282,13 +283,14 @@ def _stream(args: argparse.Namespace, run, options: dict, empty: str, chunk: int
     inputs. The exit status is 2 when an input was bad (a blank one is only reported)."""
     as_json = getattr(args, "json", False)
     gives_text = run.task.outputs == "text"
-    items = _checked_arguments(args.inputs) if args.inputs else _stdin_lines()
+    limit = args.max_line_chars
+    items = _checked_arguments(args.inputs, limit) if args.inputs else _stdin_lines(limit)
     seen = bad = 0
 
-    def emit(where: str, text: str | None, result) -> None:
+    def emit(where: str, text: str | None, problem: str | None, result) -> None:
         if isinstance(result, Exception) or result is None:
-            error = "not valid UTF-8" if text is None else "blank input" if not text.strip() else str(result)
-            if text is not None:  # (bad UTF-8 was reported as it was read)
+            error = problem if text is None else "blank input" if not text.strip() else str(result)
+            if text is not None:  # (bad UTF-8 and over-long texts were reported as they were read)
                 note = "blank: not predicted" if not text.strip() else f"error: {result}"
                 print(f"attnlab: {where}: {note}", file=sys.stderr)
             if as_json:
@@ -307,51 +309,75 @@ def _stream(args: argparse.Namespace, run, options: dict, empty: str, chunk: int
 
     for part in _chunks(items, chunk):
         seen += len(part)
-        good = [text for _, text in part if text is not None and text.strip()]
+        good = [text for _, text, _ in part if text is not None and text.strip()]
         results = iter(_predict_each(run, good, options) if good else [])
-        for where, text in part:
+        for where, text, problem in part:
             result = next(results) if text is not None and text.strip() else None
             bad += text is None or isinstance(result, Exception)
-            emit(where, text, result)
+            emit(where, text, problem, result)
     if not seen:
         raise UsageError(empty)
     return 2 if bad else 0
 
 
-def _report_bad_text(where: str, position: int) -> None:
-    print(f"attnlab: error: {where} is not valid UTF-8 (at position {position}); it was skipped", file=sys.stderr)
+def _unread(where: str, problem: str) -> tuple[str, None, str]:
+    """An input that is not predicted, reported on standard error as it is read."""
+    print(f"attnlab: error: {where} {problem}; it was skipped", file=sys.stderr)
+    return where, None, problem
 
 
-def _checked_arguments(texts: Sequence[str]) -> list[tuple[str, str | None]]:
-    """``(where, text)`` of command-line texts, ``None`` for one that is not valid UTF-8
-    (Python keeps such bytes as lone surrogates, which no tokenizer can encode)."""
-    out: list[tuple[str, str | None]] = []
+def _not_utf8(where: str, position: int) -> tuple[str, None, str]:
+    return _unread(where, f"is not valid UTF-8 (at position {position})")
+
+
+def _too_long(where: str, length: str, limit: int) -> tuple[str, None, str]:
+    return _unread(where, f"is too long ({length}; the limit is {limit:,} characters, which --max-line-chars raises)")
+
+
+def _checked_arguments(texts: Sequence[str], limit: int) -> list[tuple[str, str | None, str | None]]:
+    """``(where, text, None)`` of command-line texts; ``(where, None, problem)`` for one
+    that is not valid UTF-8 (Python keeps such bytes as lone surrogates, which no
+    tokenizer can encode) or is longer than ``limit`` characters."""
+    out: list[tuple[str, str | None, str | None]] = []
     for i, text in enumerate(texts, 1):
+        where = f"argument {i}"
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
-            _report_bad_text(f"argument {i}", exc.start)
-            out.append((f"argument {i}", None))
+            out.append(_not_utf8(where, exc.start))
             continue
-        out.append((f"argument {i}", text))
+        out.append(_too_long(where, f"{len(text):,} characters", limit) if len(text) > limit else (where, text, None))
     return out
 
 
-def _stdin_lines():
-    """``(where, line)`` of standard input, the newline removed, decoded as UTF-8 one by
-    one: ``None`` (reported on standard error) for a line that is not valid UTF-8."""
+def _stdin_lines(limit: int):
+    """``(where, line, None)`` of standard input, the newline removed, decoded as UTF-8 one
+    by one; ``(where, None, problem)`` (reported on standard error) for a line that is not
+    valid UTF-8 or longer than ``limit`` characters. A line is read a bounded piece at a time (at most
+    ``4 * limit + 4`` bytes of it are held), so a hostile one costs no more memory than
+    one at the limit."""
     stream = getattr(sys.stdin, "buffer", None)
     if stream is None:  # a text stream put in place of stdin (tests, embedding programs)
-        yield from ((f"line {n} of standard input", line.rstrip("\n").rstrip("\r"))
-                    for n, line in enumerate(sys.stdin, 1))
+        for n, line in enumerate(sys.stdin, 1):
+            where, line = f"line {n} of standard input", line.rstrip("\n").rstrip("\r")
+            yield _too_long(where, f"{len(line):,} characters", limit) if len(line) > limit else (where, line, None)
         return
-    for number, raw in enumerate(stream, 1):
+    most = 4 * limit + 4  # a character is up to 4 bytes of UTF-8, the line ending 2
+    number = 0
+    while raw := stream.readline(most + 1):
+        number += 1
         where = f"line {number} of standard input"
+        if len(raw) > most:
+            while not raw.endswith(b"\n") and (raw := stream.readline(1 << 20)):
+                pass  # the rest of the line, a block at a time
+            yield _too_long(where, f"more than {most:,} bytes", limit)
+            continue
         try:
-            yield where, raw.decode("utf-8").rstrip("\n").rstrip("\r")
+            text = raw.decode("utf-8").rstrip("\n").rstrip("\r")
         except UnicodeDecodeError as exc:
-            _report_bad_text(where, exc.start)
-            yield where, None
+            yield _not_utf8(where, exc.start)
+            continue
+        yield _too_long(where, f"{len(text):,} characters", limit) if len(text) > limit else (where, text, None)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -359,7 +385,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     it, checked against PyTorch on inputs of other shapes than it was captured with."""
     run = load_run(args.run_dir, args.checkpoint)
     out = Path(args.out) if args.out else Path(args.run_dir) / "export"
-    result = export_run(run, out, args.format, opset=args.opset)
+    result = export_run(run, out, args.format, opset=args.opset, overwrite=args.force)
     difference = verify_export(result, run)
     print(f"model: {result.path}")
     print(f"preprocessing: {result.preprocessing}")
@@ -536,6 +562,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON Lines: one object per input (input, label, prob, top_k; or error)")
     p.add_argument("--batch-size", type=_positive_int, default=64, help="inputs per batch (default 64)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
+    p.add_argument("--max-line-chars", type=_positive_int, default=MAX_LINE_CHARS, metavar="N",
+                   help=f"a longer text is reported and skipped, unread (default {MAX_LINE_CHARS:,})")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("export", parents=[plugins],
@@ -546,6 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a .onnx/.pt file, or a folder for model.onnx/model.pt (default RUN_DIR/export)")
     p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
     p.add_argument("--opset", type=_positive_int, default=None, help="ONNX opset (default: the exporter's)")
+    p.add_argument("--force", action="store_true", help="replace the files of an earlier export at --out")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("visualize", parents=[plugins], help="draw what a trained run's attention looks at (PNGs)")
@@ -573,6 +602,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="averaged, best, last or a checkpoint folder (default: the first of those the run has)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default auto)")
     p.add_argument("--json", action="store_true", help="JSON Lines: one object per input (input, output; or error)")
+    p.add_argument("--max-line-chars", type=_positive_int, default=MAX_LINE_CHARS, metavar="N",
+                   help=f"a longer text is reported and skipped, unread (default {MAX_LINE_CHARS:,})")
     p.set_defaults(func=cmd_translate)
 
     p = sub.add_parser("report", parents=[plugins],
@@ -658,6 +689,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             import_plugins(getattr(args, "imports", []))
             return args.func(args)
         except (InputError, FileNotFoundError) as exc:  # the user's input: one line
+            if getattr(exc, "traceback", ""):  # a module of the user's that failed: its own traceback first
+                print(exc.traceback, end="", file=sys.stderr)
             print(f"{prefix}: error: {exc}", file=sys.stderr)
             return 2
         except WriteError as exc:  # a full disk or a file system gone read-only, mid-run

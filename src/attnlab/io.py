@@ -11,10 +11,12 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,13 +32,24 @@ __all__ = ["WriteError", "atomic_write", "atomic_write_bytes", "read_state_dict"
 
 
 class WriteError(OSError):
-    """A file that could not be written: ``could not write PATH: No space left on device``.
+    """A file that could not be written: ``could not write PATH (12.3 MB): No space left
+    on device (1.1 MB free there)``.
 
     An :class:`OSError` with ``errno``, ``strerror`` and ``filename`` set, so callers can
-    tell a full disk (``errno.ENOSPC``) from a read-only file system (``errno.EROFS``)."""
+    tell a full disk (``errno.ENOSPC``) from a read-only file system (``errno.EROFS``);
+    ``size``: the bytes it needed, when known; ``free``: the bytes free on its file system."""
+
+    size: int | None = None
+    free: int | None = None
 
     def __str__(self) -> str:
-        return f"could not write {self.filename}: {self.strerror}"
+        size = "" if self.size is None else f" ({_mb(self.size)})"
+        free = "" if self.free is None else f" ({_mb(self.free)} free there)"
+        return f"could not write {self.filename}{size}: {self.strerror}{free}"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 1024:.1f} KB" if n >= 1024 else f"{n} bytes"
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -87,16 +100,28 @@ def atomic_write(path: str | Path, mode: str = "wb") -> Iterator[IO]:
     _fsync_dir(path.parent)
 
 
-def _write_error(exc: OSError, path: Path) -> OSError:
-    """``exc`` as a :class:`WriteError` naming ``path`` (one that already is one passes through)."""
-    if isinstance(exc, WriteError):
-        return exc
-    return WriteError(exc.errno, exc.strerror or str(exc), str(path))
+def _write_error(exc: OSError, path: Path, size: int | None = None) -> OSError:
+    """``exc`` as a :class:`WriteError` naming ``path`` (one that already is one passes
+    through), with the ``size`` it needed and the space left where it was written."""
+    if not isinstance(exc, WriteError):
+        exc = WriteError(exc.errno, exc.strerror or str(exc), str(path))
+    if size is not None and exc.size is None:
+        exc.size = size
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT) and exc.free is None:
+        try:
+            exc.free = shutil.disk_usage(Path(path).parent).free
+        except OSError:
+            pass
+    return exc
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    with atomic_write(path) as f:
-        f.write(data)
+    """``data`` into ``path`` atomically; a :class:`WriteError` that says how much was needed."""
+    try:
+        with atomic_write(path) as f:
+            f.write(data)
+    except OSError as exc:
+        raise _write_error(exc, Path(path), len(data)) from None
 
 
 def _read_text(path: Path) -> str:

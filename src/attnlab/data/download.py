@@ -5,9 +5,13 @@ downloaded to ``<file>.part`` (resumed with an HTTP ``Range`` request when a ``.
 is left from an interrupted run), checked against its sha256 when one is known, and
 renamed into place only when whole. An archive already at its destination (left by an
 earlier run) is checked against its sha256 too before it is extracted, and downloaded
-again when it does not match. Tarballs are extracted into a temporary folder
-next to the target and the folder is then renamed into place; members with absolute
-paths, ``..`` components, links or device files are refused.
+again when it does not match; so is its size, when known, before it is downloaded (from
+the server's ``Content-Length``) and before it is hashed. Tarballs are extracted one
+member at a time into a temporary folder next to the target and the folder is then
+renamed into place; members with absolute paths, ``..`` components, links or device
+files are refused, and so is an archive that holds more members, or more bytes once
+decompressed, than its data set can (a decompression bomb is stopped at that limit,
+not after it filled the disk).
 
 >>> download("mr", "~/data")        # doctest: +SKIP
 PosixPath('/home/me/data/mr')
@@ -15,6 +19,9 @@ PosixPath('/home/me/data/mr')
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import lzma
 import os
 import shutil
 import tarfile
@@ -22,9 +29,10 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Callable, Mapping
+from typing import BinaryIO, Callable, Mapping
 
 from ..errors import InputError
 from ..io import sha256_file
@@ -34,6 +42,18 @@ __all__ = ["RemoteFile", "DatasetSpec", "DATASETS", "DownloadError", "download",
 
 _CHUNK = 1 << 20
 _TIMEOUT_S = 60
+# The most members an archive may hold: MR's has 3 files, CIFAR-10's 8 (and their folders).
+MAX_MEMBERS = 300
+# What tar adds to the members' bytes once decompressed: a 512-byte header per member (more
+# for long names), padding to 512 bytes and the end-of-archive blocks.
+_TAR_OVERHEAD = 1 << 20
+_NO_LIMIT = 1 << 62  # (bytes: an archive of a data set with no max_extracted_bytes)
+
+
+def extracted_limit(member_bytes: int) -> int:
+    """The most bytes an archive whose members add up to ``member_bytes`` may extract to:
+    10% more and 1 MiB, so that a new README does not break the download."""
+    return int(member_bytes * 1.1) + (1 << 20)
 
 
 class DownloadError(InputError):
@@ -43,11 +63,12 @@ class DownloadError(InputError):
 @dataclass(frozen=True)
 class RemoteFile:
     """One file to fetch: its canonical ``url``, where it lands (``dest``, relative to
-    the data directory) and its sha256 (``None``: not checked)."""
+    the data directory), its sha256 and its size in bytes (``None``: not checked)."""
 
     url: str
     dest: str
     sha256: str | None = None
+    size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -57,7 +78,9 @@ class DatasetSpec:
     tarball is deleted after extraction). ``member_sha256`` checks extracted files
     (paths relative to ``target``). ``required`` (relative to ``target``) decides
     :meth:`present`, as does any folder in ``equivalents`` (another layout of the same
-    data that the loaders also read, e.g. CIFAR-10 as image folders)."""
+    data that the loaders also read, e.g. CIFAR-10 as image folders). ``max_extracted_bytes``
+    bounds what the archive may extract to (see :func:`extracted_limit`; ``None``: only
+    :data:`MAX_MEMBERS` is checked)."""
 
     name: str
     description: str
@@ -67,6 +90,7 @@ class DatasetSpec:
     archive_root: str | None = None
     member_sha256: Mapping[str, str] = field(default_factory=dict)
     equivalents: tuple[str, ...] = ()
+    max_extracted_bytes: int | None = None
 
     def path(self, data_dir: str | Path | None = None) -> Path:
         return _resolve_data_dir(data_dir) / self.target
@@ -84,6 +108,11 @@ _MULTI30K_FILES = tuple(
     f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("de", "en", "fr", "cs")
 )
 _CIFAR_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
+# cifar-10-batches-py/: data_batch_1..5 and test_batch of about 31,035,704 bytes each, batches.meta
+# and readme.html (a few hundred bytes together)
+_CIFAR_BYTES = 6 * 31_035_704 + 4_096
+# rt-polaritydata/rt-polarity.pos and .neg (the sha256s below are of these sizes) and a README
+_MR_BYTES = 626_139 + 612_256 + 16_384
 
 DATASETS: dict[str, DatasetSpec] = {
     "cifar10": DatasetSpec(
@@ -94,13 +123,16 @@ DATASETS: dict[str, DatasetSpec] = {
             RemoteFile(
                 "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
                 "cifar-10-python.tar.gz",
-                # 170,498,071 bytes; md5 c58f30108f718f92721af3b95e74349a (torchvision's value)
+                # md5 c58f30108f718f92721af3b95e74349a; the sha256 is torchvision's (its
+                # prototype datasets' Cifar10 resource), the size that of the published file
                 "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce",
+                170_498_071,
             ),
         ),
         required=_CIFAR_BATCHES,
         archive_root="cifar-10-batches-py",
         equivalents=("cifar10/train",),  # the image-folder copy that attnlab.data.CIFAR10 reads too
+        max_extracted_bytes=extracted_limit(_CIFAR_BYTES),
     ),
     "mr": DatasetSpec(
         name="mr",
@@ -110,7 +142,10 @@ DATASETS: dict[str, DatasetSpec] = {
             RemoteFile(
                 "https://www.cs.cornell.edu/people/pabo/movie-review-data/rt-polaritydata.tar.gz",
                 "rt-polaritydata.tar.gz",
-                None,  # tarball unchecked; its two files are checked below
+                # No published sha256 or size of this file (Hugging Face's are of a copy on
+                # Google storage): the tarball is unchecked, its two files are checked below,
+                # and max_extracted_bytes bounds what it may extract to.
+                None,
             ),
         ),
         required=("rt-polarity.pos", "rt-polarity.neg"),
@@ -119,6 +154,7 @@ DATASETS: dict[str, DatasetSpec] = {
             "rt-polarity.pos": "2da124ec187a9d5a29c9f04e91c540e02baed5af8868f550a26bd6fd4dbf8bf0",
             "rt-polarity.neg": "4ace77d558c3714723843f1d65b60c01e3417b208180f0728808d76ad0eeeaca",
         },
+        max_extracted_bytes=extracted_limit(_MR_BYTES),
     ),
     "multi30k": DatasetSpec(
         name="multi30k",
@@ -166,10 +202,10 @@ def download(
         if spec.archive_root is None and dest.is_file():
             say(f"{name}: {dest.name} already present")
             continue
-        if dest.is_file() and not _verify_existing(dest, remote.sha256, say):
+        if dest.is_file() and not _verify_existing(dest, remote, say):
             dest.unlink()  # a tampered or damaged archive: never extract it
         if not dest.is_file():
-            _fetch(url, dest, remote.sha256, say)
+            _fetch(url, dest, remote, say)
         if spec.archive_root is not None:
             _extract(dest, spec, root, say)
             dest.unlink()
@@ -180,9 +216,16 @@ def download(
     return target
 
 
-def _verify_existing(dest: Path, sha256: str | None, say: Callable[[str], object]) -> bool:
-    """Whether an archive left at ``dest`` by an earlier run may be used: its sha256 must
-    match (an archive with no known sha256 is used as is; its members are checked later)."""
+def _verify_existing(dest: Path, remote: RemoteFile, say: Callable[[str], object]) -> bool:
+    """Whether an archive left at ``dest`` by an earlier run may be used: its size (checked
+    first: it costs nothing) and its sha256 must match (an archive with no known sha256 is
+    used as is; its members are checked later)."""
+    sha256 = remote.sha256
+    size = dest.stat().st_size
+    if remote.size is not None and size != remote.size:
+        say(f"{dest}: {size:,} bytes in the file already there, expected {remote.size:,}; "
+            f"deleting it and downloading it again")
+        return False
     if sha256 is None:
         say(f"{dest.name}: already downloaded; no known sha256, not checked")
         return True
@@ -205,11 +248,22 @@ def _rebase(url: str, base_url: str | None) -> str:
     return base_url.rstrip("/") + path
 
 
-def _fetch(url: str, dest: Path, sha256: str | None, say: Callable[[str], object]) -> None:
-    """Download ``url`` to ``dest`` via ``dest.part``, resuming a left-over ``.part``."""
+def _wrong_size(url: str, part: Path, got: str, expected: int) -> DownloadError:
+    part.unlink(missing_ok=True)
+    return DownloadError(f"could not download {url}: {got}, but the published file has {expected:,}; "
+                         f"refusing it (a wrong or tampered file), nothing was kept")
+
+
+def _fetch(url: str, dest: Path, remote: RemoteFile, say: Callable[[str], object]) -> None:
+    """Download ``url`` to ``dest`` via ``dest.part``, resuming a left-over ``.part``; a known
+    size is checked against what the server announces, and the download stops past it."""
+    sha256, size = remote.sha256, remote.size
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     offset = part.stat().st_size if part.is_file() else 0
+    if size is not None and offset > size:  # a left-over that cannot be a prefix of the file
+        part.unlink()
+        offset = 0
     request = urllib.request.Request(url, headers={"User-Agent": "attnlab-download"})
     if offset:
         request.add_header("Range", f"bytes={offset}-")
@@ -233,12 +287,16 @@ def _fetch(url: str, dest: Path, sha256: str | None, say: Callable[[str], object
                 say(f"{dest.name}: resuming at {offset:,} bytes")
             length = response.headers.get("Content-Length")
             total = offset + int(length) if length and length.isdigit() else None
+            if size is not None and total is not None and total != size:
+                raise _wrong_size(url, part, f"the server offers {total:,} bytes", size)
             say(f"downloading {url} -> {dest}" + (f" ({total:,} bytes)" if total else ""))
             with open(part, "ab" if offset else "wb") as f:
                 done, next_report = offset, 0.1
                 while block := response.read(_CHUNK):
                     f.write(block)
                     done += len(block)
+                    if size is not None and done > size:  # a server that announced no length
+                        raise _wrong_size(url, part, f"the server sent more than {size:,} bytes", size)
                     if total and done / total >= next_report and done < total:
                         say(f"  {dest.name}: {100 * done // total}% ({done:,} / {total:,} bytes)")
                         next_report = done / total + 0.1
@@ -250,6 +308,11 @@ def _fetch(url: str, dest: Path, sha256: str | None, say: Callable[[str], object
     if total is not None and done != total:
         raise DownloadError(
             f"could not download {url}: got {done:,} of {total:,} bytes; "
+            f"the partial file {part} is kept, run again to resume"
+        )
+    if size is not None and done < size:  # (a server that announced no length, and stopped short)
+        raise DownloadError(
+            f"could not download {url}: got {done:,} of {size:,} bytes; "
             f"the partial file {part} is kept, run again to resume"
         )
     if sha256 is not None:
@@ -284,6 +347,76 @@ def _check_member(member: tarfile.TarInfo, archive: Path) -> None:
         raise DownloadError(f"{archive.name}: refusing member that is not a plain file or folder: {name!r}")
 
 
+class _CappedReader:
+    """A read-only stream that raises :class:`_Overflow` once more than ``cap`` bytes were read
+    from ``raw``: a tar's decompressed bytes, which tarfile otherwise reads without bound (a
+    huge pax header, say, is read into memory whole)."""
+
+    def __init__(self, raw: BinaryIO, cap: int) -> None:
+        self.raw, self.cap, self.count = raw, cap, 0
+
+    def read(self, n: int = -1) -> bytes:
+        room = self.cap - self.count + 1  # one byte more than allowed tells that the cap is passed
+        data = self.raw.read(room if n is None or n < 0 else min(n, room))
+        self.count += len(data)
+        if self.count > self.cap:
+            raise _Overflow(f"it decompresses to more than {self.cap:,} bytes")
+        return data
+
+
+class _Overflow(Exception):
+    """An archive past its limits (its message says which); becomes a :class:`DownloadError`."""
+
+
+def _decompressed(archive: Path) -> BinaryIO:
+    """``archive`` opened through the decompressor its first bytes name (gzip, bzip2, xz, or none)."""
+    with open(archive, "rb") as f:
+        magic = f.read(6)
+    if magic.startswith(b"\x1f\x8b"):
+        return gzip.open(archive, "rb")
+    if magic.startswith(b"BZh"):
+        return bz2.open(archive, "rb")
+    if magic.startswith(b"\xfd7zXZ\x00"):
+        return lzma.open(archive, "rb")
+    return open(archive, "rb")
+
+
+def _copy_member(source: BinaryIO, out: Path, name: str, budget: int) -> int:
+    """Copy a member to ``out`` in blocks; the bytes written, at most ``budget`` (else :class:`_Overflow`)."""
+    written = 0
+    with open(out, "wb") as f:
+        while block := source.read(_CHUNK):
+            written += len(block)
+            if written > budget:
+                raise _Overflow(f"member {name!r} wrote more than the {budget:,} bytes left")
+            f.write(block)
+    return written
+
+
+def _unpack(archive: Path, dest: Path, limit: int | None) -> None:
+    """Extract ``archive`` into ``dest`` one member at a time, checking each before it is written:
+    its name and type (:func:`_check_member`), the number of members (:data:`MAX_MEMBERS`), and
+    the bytes, declared and written, against ``limit``. Raises :class:`_Overflow` or
+    :class:`DownloadError`; what was extracted is left for the caller to delete."""
+    limit = _NO_LIMIT if limit is None else limit
+    total = 0
+    with _decompressed(archive) as raw, tarfile.open(fileobj=_CappedReader(raw, limit + _TAR_OVERHEAD),
+                                                     mode="r|") as tar:
+        for count, member in enumerate(tar, 1):  # a stream: a header is read once the member before it is done
+            if count > MAX_MEMBERS:
+                raise _Overflow(f"it holds more than {MAX_MEMBERS} members")
+            _check_member(member, archive)
+            out = dest.joinpath(*PurePosixPath(member.name).parts)
+            if member.isdir():
+                out.mkdir(parents=True, exist_ok=True)
+                continue
+            if total + member.size > limit:
+                raise _Overflow(f"member {member.name!r} declares {member.size:,} bytes, {total + member.size:,} "
+                                f"with the members before it")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            total += _copy_member(tar.extractfile(member), out, member.name, limit - total)
+
+
 def _extract(archive: Path, spec: DatasetSpec, root: Path, say: Callable[[str], object]) -> None:
     """Extract ``archive`` into a temporary folder in ``root``, check it, move it into place."""
     target = root / spec.target
@@ -291,19 +424,20 @@ def _extract(archive: Path, spec: DatasetSpec, root: Path, say: Callable[[str], 
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.", suffix=".extract", dir=root))
     try:
         try:
-            with tarfile.open(archive, "r:*") as tar:
-                members = tar.getmembers()
-                try:
-                    for m in members:
-                        _check_member(m, archive)
-                except DownloadError:
-                    archive.unlink(missing_ok=True)  # never keep an archive we refuse to open
-                    raise
-                if hasattr(tarfile, "data_filter"):
-                    tar.extractall(tmp, members=members, filter="data")
-                else:  # pragma: no cover - Python < 3.11.4; members were checked above
-                    tar.extractall(tmp, members=members)
-        except (tarfile.TarError, EOFError, OSError) as exc:
+            _unpack(archive, tmp, spec.max_extracted_bytes)
+        except _Overflow as exc:
+            archive.unlink(missing_ok=True)  # never keep an archive we refuse to open
+            limit = spec.max_extracted_bytes
+            most = f"{limit:,} bytes in " if limit is not None else ""
+            raise DownloadError(
+                f"{archive.name}: refusing to extract it, a damaged or malicious archive: {exc}, while {spec.name} "
+                f"extracts to at most {most}{MAX_MEMBERS} members; it was deleted with what it had extracted, "
+                f"run again to download it afresh"
+            ) from None
+        except DownloadError:
+            archive.unlink(missing_ok=True)
+            raise
+        except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
             archive.unlink(missing_ok=True)
             raise DownloadError(f"could not extract {archive.name}: {exc}; it was deleted, run again") from None
         src = tmp / spec.archive_root

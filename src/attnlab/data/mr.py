@@ -20,27 +20,28 @@ from torch import Tensor
 
 from ..errors import InputError
 from .paths import data_dir, require
-from .text import decode_lines
+from .text import MAX_LINE_CHARS, read_lines
 
 __all__ = ["MR_ENCODING", "load_mr", "mr_folds", "mr_split"]
 
 MR_ENCODING = "cp1252"
 
 
-def load_mr(root: str | Path | None = None) -> tuple[list[str], list[int]]:
+def load_mr(root: str | Path | None = None, *, max_line_chars: int = MAX_LINE_CHARS) -> tuple[list[str], list[int]]:
     """``(sentences, labels)``: the 5,331 positive sentences (label 1) in file order,
     then the 5,331 negative ones (label 0).
 
     ``root`` is the data directory (default :func:`~attnlab.data.paths.data_dir`),
     holding ``mr/rt-polarity.pos`` and ``mr/rt-polarity.neg``. Each line is stripped of
-    surrounding whitespace (most end with a space).
+    surrounding whitespace (most end with a space). A line longer than ``max_line_chars``
+    characters is an error (``data.max_line_chars``; see :func:`~attnlab.data.text.iter_lines`).
     """
     root = data_dir(root)
     sentences: list[str] = []
     labels: list[int] = []
     for name, label in (("rt-polarity.pos", 1), ("rt-polarity.neg", 0)):
         path = require(root / "mr" / name, "mr", root)
-        lines = [line.strip() for line in decode_lines(path.read_bytes(), path, MR_ENCODING)]
+        lines = [line.strip() for line in read_lines(path, MR_ENCODING, max_line_chars=max_line_chars)]
         sentences += lines
         labels += [label] * len(lines)
     return sentences, labels

@@ -22,9 +22,10 @@ from pathlib import Path
 
 from ..errors import InputError
 from .multi30k import read_gzip_lines
-from .text import read_lines
+from .text import MAX_LINE_CHARS, check_max_line_chars, read_lines
 
 __all__ = [
+    "MAX_LINE_CHARS",
     "SentencePairs",
     "find_parallel",
     "load_parallel",
@@ -33,7 +34,8 @@ __all__ = [
     "read_text_lines",
 ]
 
-_SKIP_HINT = "pass skip_blank=True to drop pairs with a blank side (their number is kept in .skipped)"
+_SKIP_HINT = ("set data.skip_blank=true (skip_blank=True in Python) to drop pairs with a blank side (their number "
+              "is kept in .skipped)")
 
 
 class SentencePairs(list[tuple[str, str]]):
@@ -48,18 +50,23 @@ class SentencePairs(list[tuple[str, str]]):
         return f"SentencePairs(n={len(self)}, skipped={self.skipped})"
 
 
-def read_text_lines(path: str | Path) -> list[str]:
+def read_text_lines(path: str | Path, *, max_line_chars: int = MAX_LINE_CHARS) -> list[str]:
     """The lines of a UTF-8 text file, gzip-compressed when its name ends in ``.gz``.
 
     Line endings are removed and nothing else, so ``result[i]`` is line ``i + 1``. Raises
     ``FileNotFoundError`` when ``path`` is not a file, and :class:`~attnlab.errors.InputError`
-    naming the file (and the 1-based line) for a broken gzip file or bytes that are not UTF-8.
+    naming the file (and the 1-based line) for a broken gzip file, bytes that are not UTF-8,
+    or a line longer than ``max_line_chars`` characters (``data.max_line_chars`` in a recipe),
+    which is refused after reading at most ``4 * max_line_chars + 4`` bytes of it.
     """
+    check_max_line_chars(max_line_chars)
     path = Path(path).expanduser()
     if not path.is_file():
         what = "is a folder" if path.is_dir() else "does not exist"
         raise FileNotFoundError(f"{path} {what}; a text file was expected")
-    return read_gzip_lines(path) if path.name.lower().endswith(".gz") else read_lines(path)
+    if path.name.lower().endswith(".gz"):
+        return read_gzip_lines(path, max_line_chars=max_line_chars)
+    return read_lines(path, max_line_chars=max_line_chars)
 
 
 def _pair(pairs: SentencePairs, line: int, source: str, target: str, skip_blank: bool, where: str) -> None:
@@ -80,15 +87,18 @@ def _blank_tail(lines: list[str]) -> int:
     return n
 
 
-def read_parallel(src_path: str | Path, tgt_path: str | Path, *, skip_blank: bool = False) -> SentencePairs:
+def read_parallel(src_path: str | Path, tgt_path: str | Path, *, skip_blank: bool = False,
+                  max_line_chars: int = MAX_LINE_CHARS) -> SentencePairs:
     """``(source, target)`` pairs from two line-aligned files (each plain or ``.gz``).
 
     Raises :class:`~attnlab.errors.InputError` naming both files and both line counts when
     they differ, and naming both files and the line when a side is blank (unless
-    ``skip_blank``, which drops that pair and counts it in ``.skipped``).
+    ``skip_blank``, which drops that pair and counts it in ``.skipped``), and naming the
+    file and line of a line longer than ``max_line_chars`` (see :func:`read_text_lines`).
     """
     src_path, tgt_path = Path(src_path).expanduser(), Path(tgt_path).expanduser()
-    sources, targets = read_text_lines(src_path), read_text_lines(tgt_path)
+    sources = read_text_lines(src_path, max_line_chars=max_line_chars)
+    targets = read_text_lines(tgt_path, max_line_chars=max_line_chars)
     if len(sources) != len(targets):
         longer = sources if len(sources) > len(targets) else targets
         blank = _blank_tail(longer)
@@ -104,17 +114,19 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path, *, skip_blank: boo
     return pairs
 
 
-def read_pairs_tsv(path: str | Path, *, skip_blank: bool = False) -> SentencePairs:
+def read_pairs_tsv(path: str | Path, *, skip_blank: bool = False,
+                   max_line_chars: int = MAX_LINE_CHARS) -> SentencePairs:
     """``(source, target)`` pairs from a TSV file (plain or ``.gz``) of ``source<TAB>target``
     lines, no header.
 
     A line with other than exactly 2 tab-separated fields raises
     :class:`~attnlab.errors.InputError` naming the file and line; an empty line, or one
-    with a blank side, too unless ``skip_blank`` (then it is dropped and counted).
+    with a blank side, too unless ``skip_blank`` (then it is dropped and counted); so does
+    a line longer than ``max_line_chars`` (see :func:`read_text_lines`).
     """
     path = Path(path).expanduser()
     pairs = SentencePairs()
-    for line, text in enumerate(read_text_lines(path), 1):
+    for line, text in enumerate(read_text_lines(path, max_line_chars=max_line_chars), 1):
         if not text.strip():
             _pair(pairs, line, "", "", skip_blank, str(path))
             continue
@@ -179,9 +191,10 @@ def find_parallel(root: str | Path, split: str, src: str, tgt: str) -> tuple[Pat
     )
 
 
-def load_parallel(root: str | Path, split: str, src: str, tgt: str, skip_blank: bool = False) -> SentencePairs:
+def load_parallel(root: str | Path, split: str, src: str, tgt: str, skip_blank: bool = False, *,
+                  max_line_chars: int = MAX_LINE_CHARS) -> SentencePairs:
     """:func:`find_parallel`, then :func:`read_parallel` or :func:`read_pairs_tsv`."""
     found = find_parallel(root, split, src, tgt)
     if isinstance(found, tuple):
-        return read_parallel(*found, skip_blank=skip_blank)
-    return read_pairs_tsv(found, skip_blank=skip_blank)
+        return read_parallel(*found, skip_blank=skip_blank, max_line_chars=max_line_chars)
+    return read_pairs_tsv(found, skip_blank=skip_blank, max_line_chars=max_line_chars)

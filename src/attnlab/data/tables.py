@@ -25,13 +25,15 @@ from __future__ import annotations
 import csv
 import json
 import re
+import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
 from ..suggest import did_you_mean
-from .parallel import read_text_lines
+from .parallel import MAX_LINE_CHARS, read_text_lines
 
 __all__ = ["EXTENSIONS", "FORMATS", "LabelledTexts", "label_names", "read_labelled_texts"]
 
@@ -40,6 +42,8 @@ FORMATS = ("csv", "tsv", "jsonl")
 EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
 _INTEGER = re.compile(r"[+-]?[0-9]+")
+# a decimal number as a person writes it: 1, 01, 1.0, .5, 1e0 (not nan, inf or 1_000)
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 _SKIP_HINT = "set data.skip_bad_rows=true (skip_bad_rows=True in Python) to skip such rows and count them"
 
 
@@ -73,9 +77,11 @@ def label_names(labels: Sequence[str], source: str | Path | None = None) -> list
     ``"10"``), else as strings; a label's class id is its index in this list.
 
     Raises :class:`~attnlab.errors.InputError` when there are fewer than 2; ``source``
-    (a file name, say) names where the labels came from in that message.
+    (a file name, say) names where the labels came from in that message. Warns when two
+    labels are two spellings of one number (``"1"`` and ``"1.0"``): they stay two classes.
     """
     names = {str(label) for label in labels}
+    _warn_same_numbers(names, source)
     if all(_INTEGER.fullmatch(name) for name in names):
         ordered = sorted(names, key=lambda name: (int(name), name))
     else:
@@ -85,6 +91,24 @@ def label_names(labels: Sequence[str], source: str | Path | None = None) -> list
         where = source if source is not None else "labels"
         raise InputError(f"a classifier needs at least 2 classes; {where} has {has}")
     return ordered
+
+
+def _warn_same_numbers(names: set[str], source: str | Path | None) -> None:
+    """One warning naming the labels that write one number in several ways (``"1"``, ``"01"``,
+    ``"1.0"``, ``"1e0"``): a file written by two tools, or a column pandas read as floats, gives
+    two classes that are one, and nothing else would tell."""
+    spellings: dict[float, list[str]] = {}
+    for name in names:
+        if _NUMBER.fullmatch(name):
+            spellings.setdefault(float(name), []).append(name)
+    clashes = [sorted(group) for _, group in sorted(spellings.items()) if len(group) > 1]
+    if not clashes:
+        return
+    listed = "; ".join(" and ".join(repr(n) for n in group) for group in clashes[:3])
+    more = f" (and {len(clashes) - 3} more numbers)" if len(clashes) > 3 else ""
+    where = f" in {source}" if source is not None else ""
+    warnings.warn(f"labels {listed}{more}{where} are the same number written differently, yet each is a class of "
+                  f"its own; write each label one way if they are meant to be one class", stacklevel=3)
 
 
 def _format_of(path: Path) -> str:
@@ -146,10 +170,32 @@ class _Collector:
         return self.result
 
 
-def _read_table(lines: list[str], fmt: str, rows: _Collector) -> LabelledTexts:
+@contextmanager
+def _csv_field_limit(limit: int) -> Iterator[None]:
+    # csv.field_size_limit is one process-wide setting: set it for this read, then put it back
+    previous = csv.field_size_limit(limit)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(previous)
+
+
+def _csv_error(path: Path, fmt: str, start: int, line: int, exc: csv.Error, max_line_chars: int) -> InputError:
+    """The error for ``exc``, raised reading line ``line`` of the row that starts on line ``start``."""
+    if "field limit" in str(exc):  # "field larger than field limit (N)": a quoted field over many lines
+        return InputError(
+            f"{path}: line {start}: a field is longer than the limit of {max_line_chars:,} characters (it runs on "
+            f"past line {line}: is a double quote left open?); the limit is data.max_line_chars in a recipe "
+            f"(max_line_chars in Python): raise it to read this file if its texts are meant to be that long"
+        )
+    return InputError(f"{path}: line {line} is not valid {fmt.upper()}: {exc}")
+
+
+def _read_table(lines: list[str], fmt: str, rows: _Collector, max_line_chars: int = MAX_LINE_CHARS) -> LabelledTexts:
     path, delimiter = rows.path, "\t" if fmt == "tsv" else ","
     reader = csv.reader((line + "\n" for line in lines), delimiter=delimiter)
     expected = f"a header line ({rows.text_column}{delimiter}{rows.label_column}, say) and at least one row"
+    start = 1
     try:
         header: list[str] | None = None
         while True:
@@ -179,7 +225,7 @@ def _read_table(lines: list[str], fmt: str, rows: _Collector) -> LabelledTexts:
                 continue
             rows.add(start, row[index[0]], row[index[1]])
     except csv.Error as exc:
-        raise InputError(f"{path}: line {reader.line_num} is not valid {fmt.upper()}: {exc}") from None
+        raise _csv_error(path, fmt, start, reader.line_num, exc, max_line_chars) from None
     return rows.done(expected)
 
 
@@ -241,6 +287,7 @@ def read_labelled_texts(
     *,
     format: str = "auto",
     skip_bad_rows: bool = False,
+    max_line_chars: int = MAX_LINE_CHARS,
 ) -> LabelledTexts:
     """Texts and labels from a CSV, TSV or JSON-lines file (see the module docstring).
 
@@ -253,11 +300,14 @@ def read_labelled_texts(
             ``.csv``, ``.tsv``, ``.jsonl``, ``.ndjson``, each optionally followed by ``.gz``).
         skip_bad_rows: skip rows with a missing or blank text or label (or the wrong
             number of fields) and count them in ``skipped``, instead of raising.
+        max_line_chars: the longest line, and CSV/TSV field, read (``data.max_line_chars``
+            in a recipe); a longer one is an error, found without reading it whole.
 
     Raises ``FileNotFoundError`` when ``path`` is not a file, and
     :class:`~attnlab.errors.InputError` naming the file (and the 1-based line) for an
-    unknown extension, bytes that are not UTF-8, a missing column, a bad row, a line of
-    invalid JSON or a label of another type, and a file with no rows.
+    unknown extension, bytes that are not UTF-8, a line or field over ``max_line_chars``,
+    a missing column, a bad row, a line of invalid JSON or a label of another type, and a
+    file with no rows.
     """
     path = Path(path).expanduser()
     if format != "auto" and format not in FORMATS:
@@ -268,6 +318,9 @@ def read_labelled_texts(
     if text_column == label_column:
         raise InputError(f"text_column and label_column must be different columns; got {text_column!r} for both")
     fmt = _format_of(path) if format == "auto" else format
-    lines = read_text_lines(path)
+    lines = read_text_lines(path, max_line_chars=max_line_chars)
     rows = _Collector(path, text_column, label_column, skip_bad_rows)
-    return _read_jsonl(lines, rows) if fmt == "jsonl" else _read_table(lines, fmt, rows)
+    if fmt == "jsonl":
+        return _read_jsonl(lines, rows)
+    with _csv_field_limit(max_line_chars):  # a quoted field may run over many lines: the limit holds for it too
+        return _read_table(lines, fmt, rows, max_line_chars)

@@ -45,6 +45,8 @@ from ..io import atomic_write_bytes
 
 __all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "TextTokenizer", "key_padding_mask", "printable", "shorten"]
 
+_LONG_TEXT = 1 << 16  # characters: a longer text is encoded on its own (see TextTokenizer._encode_pieces)
+
 SPECIAL_TOKENS = ("[PAD]", "[BOS]", "[EOS]", "[UNK]", "[CLS]", "[SEP]")
 TOKENIZER_KINDS = ("wordpiece", "bpe")
 TOKENIZER_FILE = "tokenizer.json"
@@ -283,19 +285,24 @@ class TextTokenizer:
         add_cls: bool = True,
         add_bos: bool = False,
         add_eos: bool = False,
+        length_hint: str | None = None,
     ) -> list[list[int]]:
         """Token ids of each text, special tokens included, unpadded.
 
         With ``max_length`` and ``truncation``, a text longer than ``max_length`` tokens
         (special tokens included) keeps its first tokens and its special tokens, and one
-        ``UserWarning`` per call says how many texts were cut. With ``truncation=False`` a
+        ``UserWarning`` per call says how many texts were cut, and what to do about it:
+        ``length_hint`` (a caller that reads ``max_length`` from a recipe names its key),
+        else "pass max_length=N or more". With ``truncation=False`` a
         text too long raises ``ValueError``. Empty and blank texts give the special tokens alone.
         """
         ids, cut = self._tokenize(texts, max_length, truncation, add_cls, add_bos, add_eos)
         if cut:
+            limit, hint = (f"{max_length}", length_hint) if length_hint else (
+                f"max_length={max_length}", f"pass max_length={max(cut)} or more to keep them whole")
             warnings.warn(
-                f"{len(cut):,} of {len(ids):,} texts were longer than max_length={max_length} tokens and were "
-                f"truncated (the longest had {max(cut)}); pass max_length={max(cut)} or more to keep them whole",
+                f"{len(cut):,} of {len(ids):,} texts were longer than {limit} tokens and were truncated (the "
+                f"longest had {max(cut)}); {hint}",
                 stacklevel=2,
             )
         return ids
@@ -319,8 +326,7 @@ class TextTokenizer:
                 f"max_length must be an integer > {n_special} (room for {n_special} special tokens and one more); "
                 f"got {max_length!r}"
             )
-        encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)  # fast: no offsets
-        pieces = [e.ids for e in encode_batch(texts, add_special_tokens=False)]
+        pieces = self._encode_pieces(texts)
         cut: list[int] = []
         if max_length is not None:
             budget = max_length - n_special
@@ -333,6 +339,18 @@ class TextTokenizer:
             if cut:
                 pieces = [p[:budget] for p in pieces]
         return [prefix + p + suffix for p in pieces], cut
+
+    def _encode_pieces(self, texts: list[str]) -> list[list[int]]:
+        """The ids of each text, without special tokens. Texts longer than :data:`_LONG_TEXT`
+        characters are encoded one at a time: the tokenizer holds ~100 bytes per character
+        of a batch at once (a batch of 64 texts of a million characters: several GB)."""
+        encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)  # fast: no offsets
+        long = {i for i, t in enumerate(texts) if len(t) > _LONG_TEXT}
+        if not long:
+            return [e.ids for e in encode_batch(texts, add_special_tokens=False)]
+        short = iter(encode_batch([t for i, t in enumerate(texts) if i not in long], add_special_tokens=False))
+        return [self.tokenizer.encode(t, add_special_tokens=False).ids if i in long else next(short).ids
+                for i, t in enumerate(texts)]
 
     def pad(self, sequences: Sequence[Sequence[int]], length: int | None = None) -> dict[str, Tensor]:
         """Right-pad id lists with ``pad_id``: ``input_ids`` and ``attention_mask``, ``int64``
@@ -359,19 +377,21 @@ class TextTokenizer:
         add_cls: bool = True,
         add_bos: bool = False,
         add_eos: bool = False,
+        length_hint: str | None = None,
     ) -> dict[str, Tensor]:
         """``B`` texts (or one str) -> ``{"input_ids": (B, L), "attention_mask": (B, L)}``, both ``int64``.
 
         ``padding``: ``True`` (or ``"longest"``): ``L`` is the longest encoded text of the
         batch; ``"max_length"``: ``L = max_length``. ``attention_mask`` is 1 at tokens and
         0 at padding (:func:`key_padding_mask` gives attnlab's mask). Truncation, empty
-        texts and special tokens: see :meth:`tokenize`.
+        texts, special tokens and ``length_hint``: see :meth:`tokenize`.
         """
         if padding is not True and padding not in ("longest", "max_length"):
             raise InputError(f"padding must be True, 'longest' or 'max_length'; got {padding!r}")
         if padding == "max_length" and max_length is None:
             raise InputError("max_length must be given when padding='max_length'; got None")
-        ids = self.tokenize(texts, max_length, truncation=truncation, add_cls=add_cls, add_bos=add_bos, add_eos=add_eos)
+        ids = self.tokenize(texts, max_length, truncation=truncation, add_cls=add_cls, add_bos=add_bos, add_eos=add_eos,
+                            length_hint=length_hint)
         return self.pad(ids, max_length if padding == "max_length" else None)
 
     # ------------------------------------------------------------------ decode

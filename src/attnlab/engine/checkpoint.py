@@ -20,6 +20,7 @@ truncated or corrupted file) raises :class:`CheckpointError`; older checkpoints 
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import shutil
@@ -32,7 +33,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..io import atomic_write, atomic_write_bytes, sha256_file, torch_load_safely
+from ..io import atomic_write_bytes, sha256_file, torch_load_safely
 
 __all__ = [
     "CheckpointError",
@@ -135,8 +136,11 @@ def _write(folder: Path, step: int, weights: dict[str, Tensor], state: dict[str,
 
     unique, aliases = _untie(weights)
     atomic_write_bytes(folder / WEIGHTS, save(unique, metadata={"aliases": json.dumps(aliases)}))
-    with atomic_write(folder / STATE) as f:
-        torch.save(state, f)
+    # Serialized in memory first: torch.save reports a full disk as a RuntimeError without
+    # the errno, and the size is what a message about a full disk needs to say.
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    atomic_write_bytes(folder / STATE, buffer.getvalue())
     manifest = {"step": step, "files": {n: sha256_file(folder / n) for n in (WEIGHTS, STATE)}}
     atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
 
@@ -150,7 +154,11 @@ def _replace(folder: Path, step: int, weights: dict[str, Tensor], state: dict[st
     new, old = folder.with_name(f".{folder.name}.new"), folder.with_name(f".{folder.name}.old")
     if new.exists():  # left by an interrupted save
         shutil.rmtree(new)
-    _write(new, step, weights, state)
+    try:
+        _write(new, step, weights, state)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)  # a full disk: give back what the failed save took
+        raise
     if old.exists():
         shutil.rmtree(old)
     if folder.exists():

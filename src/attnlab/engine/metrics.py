@@ -31,21 +31,28 @@ def _clean(value: Any) -> Any:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All complete records of a ``metrics.jsonl``; a torn last line is ignored."""
+    """All complete records of a ``metrics.jsonl``; a torn last line is ignored. Any
+    other line that is not a JSON object (bytes that are not UTF-8, a line of other
+    text) is an :class:`~attnlab.errors.InputError` naming the file and the line."""
     path = Path(path)
     if not path.is_file():
         return []
     records = []
-    lines = path.read_text().splitlines()
+    lines = path.read_bytes().splitlines()
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json.loads(line.decode("utf-8"))
+            if not isinstance(record, dict):
+                raise ValueError
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError both are
             if i == len(lines) - 1:
                 break  # written while the process died
-            raise InputError(f"{path}: line {i + 1} is not JSON") from None
+            raise InputError(f"{path}: line {i + 1} is not a JSON record (the file is damaged: "
+                             f"{line[:40]!r}); move it aside (the run's checkpoints do not need it), and a resumed "
+                             f"run starts a new one") from None
+        records.append(record)
     return records
 
 

@@ -14,7 +14,7 @@ from ..errors import InputError
 from ..suggest import did_you_mean
 
 __all__ = ["register_model", "create_model", "list_models", "model_entry", "build_config", "count_parameters",
-           "config_class", "upgrade_options"]
+           "config_class", "upgrade_options", "OptionError", "FIELD_RANGES", "check_ranges"]
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,42 @@ def list_models(pattern: str = "*") -> list[str]:
 
 C = TypeVar("C")
 
+_PROBABILITY = ((">=", 0.0), ("<", 1.0))
+# The ranges of the configuration fields, by name: one vocabulary across the model families,
+# so a field means the same, and is checked alike, in every config that has it.
+FIELD_RANGES: dict[str, tuple[tuple[str, float], ...]] = {
+    **dict.fromkeys(("drop_rate", "attn_drop_rate", "drop_path_rate", "pos_drop_rate"), _PROBABILITY),
+    **dict.fromkeys(("mlp_ratio", "norm_eps", "logit_scale"), ((">", 0.0),)),
+    **dict.fromkeys(("embed_dim", "num_heads", "patch_size", "in_chans", "vocab_size", "src_vocab_size",
+                     "tgt_vocab_size", "max_len", "stem_width"), ((">=", 1),)),
+}  # (depth and num_classes differ between families: each model checks them itself)
+_HOLDS = {">=": lambda v, b: v >= b, ">": lambda v, b: v > b, "<": lambda v, b: v < b}
+
+
+class OptionError(InputError):
+    """A model option outside its range: ``key``, ``value`` and ``rule`` (``">= 0.0 and < 1.0"``)."""
+
+    def __init__(self, cls: type, key: str, value: Any, rule: str) -> None:
+        super().__init__(f"{cls.__name__}.{key} must be {rule}; got {value!r}")
+        self.key, self.value, self.rule = key, value, rule
+
+
+def check_ranges(cls: type, values: dict[str, Any]) -> None:
+    """:class:`OptionError` for the first number of ``values`` outside its
+    :data:`FIELD_RANGES` range (fields without one, and values that are not numbers, pass:
+    the model's own checks see them)."""
+    for key, value in values.items():
+        ranges = FIELD_RANGES.get(key)
+        if ranges is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not all(_HOLDS[op](value, bound) for op, bound in ranges):
+            raise OptionError(cls, key, value, " and ".join(f"{op} {bound}" for op, bound in ranges))
+
 
 def build_config(cls: type[C], defaults: dict[str, Any], overrides: dict[str, Any]) -> C:
     """``cls(**defaults, **overrides)`` with an error naming any unknown override (and
-    the new name of one that attnlab renamed to timm's vocabulary)."""
+    the new name of one that attnlab renamed to timm's vocabulary), or a value outside
+    its range (:data:`FIELD_RANGES`: a dropout rate of 2, an ``mlp_ratio`` of 0)."""
     valid = [f.name for f in fields(cls)]  # type: ignore[arg-type]
     renamed = getattr(cls, "renamed", {})
     for key in overrides:
@@ -80,6 +112,7 @@ def build_config(cls: type[C], defaults: dict[str, Any], overrides: dict[str, An
                              f"timm's names)")
         if key not in valid:
             raise _unknown(f"{cls.__name__} field", key, valid)
+    check_ranges(cls, {**defaults, **overrides})
     return cls(**{**defaults, **overrides})
 
 

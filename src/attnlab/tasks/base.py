@@ -35,7 +35,7 @@ from ..engine.trainer import TrainConfig
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
 from ..models import create_model
-from ..models.registry import upgrade_options
+from ..models.registry import OptionError, upgrade_options
 from ..suggest import did_you_mean
 
 __all__ = ["DataConfig", "ModelConfig", "Recipe", "Task", "TrainedRun", "ImageSpec", "register_task", "get_task",
@@ -245,6 +245,9 @@ class Task:
         try:
             with torch.device("meta"):
                 self.build_model(recipe)
+        except OptionError as exc:  # named by its recipe key, as the training keys are
+            raise ConfigError(f"model.options.{exc.key} must be {exc.rule}; got {exc.value!r} (model "
+                              f"{recipe.model.name!r})") from None
         except InputError as exc:
             raise ConfigError(f"model {recipe.model.name!r}: {exc}") from None
         source = recipe.model.checkpoint

@@ -254,7 +254,8 @@ def _how_to_call(format: str, plan: _Plan, model_name: str, tokenizer_name: str 
             f"(probabilities by softmax), in the order of 'classes'.")
 
 
-def export_run(run: TrainedRun, out: str | Path, format: str = "onnx", *, opset: int | None = None) -> ExportResult:
+def export_run(run: TrainedRun, out: str | Path, format: str = "onnx", *, opset: int | None = None,
+               overwrite: bool = False) -> ExportResult:
     """Write ``run``'s classifier as one model file, with ``<stem>.preprocessing.json`` beside it.
 
     ``out``: the model file (``.onnx`` for ``format="onnx"``, ``.pt`` for ``"torchscript"``)
@@ -263,13 +264,22 @@ def export_run(run: TrainedRun, out: str | Path, format: str = "onnx", *, opset:
     with the run's transform in the graph; a text classifier takes ``input_ids`` and
     ``attention_mask`` and gets its tokenizer saved as ``<stem>.tokenizer.json``. Every file
     is written atomically. Raises :class:`InputError` for a run that is not a classifier,
-    an unknown format, or format ``"onnx"`` without the onnx packages.
+    an unknown format, or format ``"onnx"`` without the onnx packages, and, unless
+    ``overwrite``, when a file it would write exists already.
     """
     if format not in FORMATS:
         raise InputError(f"format must be one of {', '.join(map(repr, FORMATS))}; got {format!r}")
     if opset is not None and (format != "onnx" or not isinstance(opset, int) or isinstance(opset, bool) or opset < 1):
         raise InputError(f"opset must be a positive int, for format 'onnx' only; got {opset!r} with format {format!r}")
     path = _model_file(out, format)
+    stem = path.name.removesuffix(FORMATS[format])
+    if not overwrite:
+        there = [p for p in (path, path.with_name(f"{stem}.preprocessing.json"), path.with_name(f"{stem}.tokenizer.json"))
+                 if p.exists()]
+        if there:
+            raise InputError(f"out: {', '.join(map(str, there))} exist{'s' if len(there) == 1 else ''} already; pass "
+                             f"--force (overwrite=True in Python) to replace {'it' if len(there) == 1 else 'them'}, "
+                             f"or choose another --out")
     plan = _plan(run)
     if format == "onnx":
         _import_onnx()
@@ -284,7 +294,6 @@ def export_run(run: TrainedRun, out: str | Path, format: str = "onnx", *, opset:
                 traced = _torchscript(plan)
     finally:
         run.model.train(training)
-    stem = path.name.removesuffix(FORMATS[format])
     tokenizer = None
     if run.tokenizer is not None and "text" in plan.info:
         tokenizer = run.tokenizer.save(path.with_name(f"{stem}.tokenizer.json"))

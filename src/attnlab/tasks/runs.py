@@ -20,6 +20,7 @@ import dataclasses
 import json
 import shutil
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -32,6 +33,7 @@ from ..engine import distributed
 from ..engine.checkpoint import checkpoint_step, load_checkpoint, load_weights_into, resolve_checkpoint
 from ..engine.config import ConfigError
 from ..engine.device import select_device
+from ..engine.metrics import read_metrics
 from ..engine.resolved import (RESOLVED, Resolution, precision_problem, read_resolutions, resolve_run, run_precision,
                                write_resolutions)
 from ..engine.rundir import RunDirError, RunLock, inspect_run_dir, make_run_dir
@@ -161,9 +163,19 @@ def load_run(run_dir: str | Path, checkpoint: str = "auto", *, device: str = "cp
     if not run_dir.is_dir():
         raise InputError(f"run_dir must be a run directory; {run_dir} does not exist")
     recipe = read_recipe(run_dir)
-    run = get_task(recipe.task).load(run_dir, recipe, checkpoint)
+    task = get_task(recipe.task)
+    run = task.load(run_dir, recipe, checkpoint)
     run.model.to(select_device(device))
+    if not (run_dir / RESULTS).is_file():
+        warnings.warn(UnfinishedRunWarning(
+            f"{run_dir} is a run that has not finished (no {RESULTS}): loaded {checkpoint_label(run.checkpoint)} of "
+            f"train.steps={recipe.train.steps}; continue it with: attnlab train --run-dir {run_dir} --resume"),
+            stacklevel=2)
     return run
+
+
+class UnfinishedRunWarning(UserWarning):
+    """:func:`load_run` loaded a run that has not finished training (it has no results)."""
 
 
 def resolve_weights(run_dir: Path, checkpoint: str = "auto") -> str:
@@ -303,7 +315,13 @@ def _claim(recipe: Recipe, run_dir: Path, resume: bool, allow_changes: bool, che
         raise RunDirError(f"--resume: {run_dir} has no valid checkpoint to continue from ({state.summary()}), and "
                           f"starting again from step 0 would overwrite the run. Move the damaged checkpoints "
                           f"away to start over deliberately, or train into another --run-dir")
+    if resume:
+        read_metrics(run_dir / "metrics.jsonl")  # a damaged log is named before the resume writes anything
     step = checkpoint_step(state.valid) if resume and checkpoints and state.valid is not None else 0
+    if step > recipe.train.steps:
+        raise RunDirError(f"--resume: train.steps={recipe.train.steps} is fewer than the {step} steps {run_dir} has "
+                          f"trained (checkpoint {state.valid.name}); give train.steps={step} or more, or train a "
+                          f"shorter run into another --run-dir")
     resolutions = _resolutions(recipe, run_dir, device, step, allow_changes, parent, log)
     if not has_config:
         atomic_write_bytes(run_dir / CONFIG, yaml.safe_dump(recipe_dict(recipe), sort_keys=False).encode())
@@ -314,8 +332,13 @@ def _claim(recipe: Recipe, run_dir: Path, resume: bool, allow_changes: bool, che
         log(f"--resume: continuing with {_show(changes)} (recorded in {run_dir / CHANGES})")
     if not (checkpoints and resume):
         return None
+    cfg = recipe.train
     for folder, why in state.damaged:
-        log(f"warning: skipping damaged checkpoint {folder.name}: {why}; it is left in place")
+        n = checkpoint_step(folder)
+        saved_again = n > step and (n == cfg.steps or (cfg.checkpoint_every and n % cfg.checkpoint_every == 0))
+        fate = (f"the resumed run will replace it when it saves step {n} (move it away first to keep it)"
+                if saved_again else "it is left in place (delete it once you no longer need it)")
+        log(f"warning: skipping damaged checkpoint {folder.name}: {why}; resuming from step {step}, and {fate}")
     if state.valid is None:
         log(f"--resume: {run_dir} has no complete checkpoint yet; starting from step 0")
     return state.valid
@@ -491,7 +514,9 @@ def finish_run(run_dir: str | Path, recipe: Recipe, *, classes: Sequence[str] | 
         atomic_write_bytes(run_dir / CONFIG, yaml.safe_dump(recipe_dict(recipe), sort_keys=False).encode())
         task.save_preprocessing(run_dir, recipe, classes=classes, tokenizer=tokenizer,
                                 target_tokenizer=target_tokenizer)
-        run = load_run(run_dir, checkpoint)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnfinishedRunWarning)  # its results are what this call writes
+            run = load_run(run_dir, checkpoint)
         results: dict[str, Any] = {"model": recipe.model.name, "params": count_parameters(run.model),
                                    "test_checkpoint": checkpoint if checkpoint != "auto" else run.checkpoint.name}
         if classes is not None:

@@ -35,7 +35,7 @@ import torch
 from ..attention.capture import capture_attention
 from ..data.mr import load_mr, mr_folds, mr_split
 from ..data.tables import read_labelled_texts
-from ..data.text import SentimentDataset
+from ..data.text import MAX_LINE_CHARS, SentimentDataset
 from ..data.tokenize import TextTokenizer, shorten
 from ..engine import distributed
 from ..engine.device import autocast, select_device
@@ -84,6 +84,8 @@ class TextDataConfig(DataConfig):
     label_column: str = field(default="label", metadata=FILE)  # file: the column of the labels
     format: Literal["auto", "csv", "tsv", "jsonl"] = field(default="auto", metadata=FILE)  # auto: by extension
     skip_bad_rows: bool = field(default=False, metadata=FILE)  # file: skip rows without text or label (counted)
+    # the longest line (and CSV field) read, in characters: a longer one is refused before it is held in memory
+    max_line_chars: int = field(default=MAX_LINE_CHARS, metadata={"min": 1})
 
     def __post_init__(self) -> None:
         self.check_held_out(("val_size", "test_size"), "rows")
@@ -136,7 +138,7 @@ class TextInfo(NamedTuple):
 
 def _read(path: str, data: TextDataConfig) -> Any:
     return read_labelled_texts(path, data.text_column, data.label_column, format=data.format,
-                               skip_bad_rows=data.skip_bad_rows)
+                               skip_bad_rows=data.skip_bad_rows, max_line_chars=data.max_line_chars)
 
 
 def _indices(part: Any, classes: list[str], path: Any) -> list[int]:
@@ -152,7 +154,7 @@ def load_corpus(data: TextDataConfig) -> Corpus:
     """The texts of ``data`` (MR, or one's own files), with the split and folds a run uses:
     a pure function of the recipe, so that evaluation finds the same test rows."""
     if data.name == "mr":
-        texts, labels = load_mr(data.data_dir)
+        texts, labels = load_mr(data.data_dir, max_line_chars=data.max_line_chars)
         return Corpus(texts, labels, list(CLASSES), mr_split(labels, seed=data.seed), list(range(len(texts))))
     if not data.train:
         raise InputError("data.train must name a CSV, TSV or JSON Lines file of labelled texts when data.name is "
@@ -345,7 +347,8 @@ class TextClassification(Task):
         out: list[LabelPrediction] = []
         for start in range(0, len(inputs), batch_size):
             chunk = list(inputs[start : start + batch_size])
-            batch = run.tokenizer.encode(chunk, max_length=run.recipe.text.max_length)
+            batch = run.tokenizer.encode(chunk, max_length=run.recipe.text.max_length,
+                                         length_hint=_read_as_trained(run))
             device = run.device
             with autocast(device, run.precision):
                 logits = run.model(batch["input_ids"].to(device), batch["attention_mask"].to(device))
@@ -393,7 +396,8 @@ class TextClassification(Task):
         texts = check_texts(inputs, self.name) if inputs is not None else self._test_set(run).texts[:max_inputs]
         views = []
         for text in texts:
-            batch = run.tokenizer.encode([text], max_length=run.recipe.text.max_length)  # one text: no padding
+            batch = run.tokenizer.encode([text], max_length=run.recipe.text.max_length,  # one text: no padding
+                                         length_hint=_read_as_trained(run))
             device = next(model.parameters()).device
             with capture_attention(model, cpu=True) as maps:
                 probs = model(batch["input_ids"].to(device), batch["attention_mask"].to(device)).float().softmax(-1)[0]
@@ -403,3 +407,8 @@ class TextClassification(Task):
                                         run.tokenizer.readable_tokens(batch["input_ids"][0]), layers))
         return views
 
+
+def _read_as_trained(run: TrainedRun) -> str:
+    """What a prediction's truncation warning says: the run's model reads what it trained on."""
+    n = run.recipe.text.max_length
+    return f"the run was trained with text.max_length={n}: its model reads the first {n} tokens of each text"

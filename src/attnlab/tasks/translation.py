@@ -44,7 +44,7 @@ from torch import nn
 
 from ..attention.capture import capture_attention
 from ..data.multi30k import MULTI30K_LANGUAGES, load_multi30k
-from ..data.parallel import find_parallel, load_parallel, read_pairs_tsv
+from ..data.parallel import MAX_LINE_CHARS, find_parallel, load_parallel, read_pairs_tsv
 from ..data.tokenize import TextTokenizer, shorten
 from ..data.translation import TranslationDataset
 from ..engine import distributed
@@ -76,6 +76,8 @@ class TranslationDataConfig(DataConfig):
     test_size: float = field(default=0.05, metadata={"min": 0.0, **FILES})
     seed: int = field(default=0, metadata={"min": 0, "max": 2**32 - 1, **FILES})  # files: of the held-out pairs
     skip_blank: bool = field(default=False, metadata=FILES)  # files: drop pairs with a blank side (else an error)
+    # the longest line read, in characters: a longer one is refused before it is held in memory
+    max_line_chars: int = field(default=MAX_LINE_CHARS, metadata={"min": 1})
 
     def __post_init__(self) -> None:
         if self.source == self.target:
@@ -102,7 +104,8 @@ class TranslateConfig:
     length_penalty: float = field(default=1.0, metadata={"min": 0.0})  # hypotheses ranked by log p / length**this
     batch_size: int = field(default=64, metadata={"min": 1})  # sentences per decoding batch
     average_checkpoints: int = field(default=0, metadata={"min": 0})  # average the last N checkpoints (0, 1: no)
-    checkpoint: str = "auto"  # weights to test and translate with: auto (averaged > best > last), best, last, averaged
+    # weights to test and translate with: auto (averaged > best > last), best, last, averaged
+    checkpoint: Literal["auto", "best", "last", "averaged"] = "auto"
 
 
 @dataclass
@@ -116,6 +119,9 @@ class TranslationRecipe(Recipe):
     def __post_init__(self) -> None:
         if self.text.tokenizer_file and not self.text.joint_vocab:
             raise InputError("text.tokenizer_file gives one joint vocabulary; set text.joint_vocab=true with it")
+        if self.translate.checkpoint == "averaged" and self.translate.average_checkpoints < 2:
+            raise InputError(f"translate.checkpoint=averaged needs translate.average_checkpoints >= 2 (the weights "
+                             f"to average); got {self.translate.average_checkpoints}")
         if self.translate.average_checkpoints > self.train.keep_checkpoints:
             raise InputError(
                 f"translate.average_checkpoints must not exceed train.keep_checkpoints (the checkpoints kept); "
@@ -275,13 +281,14 @@ def file_splits(data: TranslationDataConfig) -> tuple[dict[str, list[tuple[str, 
     if not root.is_dir():
         raise InputError(f"data.root must be a folder of parallel files; {root} "
                          f"{'is a file' if root.exists() else 'does not exist'}")
-    splits = {"train": load_parallel(root, "train", data.source, data.target, skip_blank=data.skip_blank)}
+    read = {"skip_blank": data.skip_blank, "max_line_chars": data.max_line_chars}
+    splits = {"train": load_parallel(root, "train", data.source, data.target, **read)}
     for name in ("val", "test"):
         try:
             find_parallel(root, name, data.source, data.target)
         except FileNotFoundError:
             continue
-        splits[name] = load_parallel(root, name, data.source, data.target, skip_blank=data.skip_blank)
+        splits[name] = load_parallel(root, name, data.source, data.target, **read)
     skipped = sum(p.skipped for p in splits.values())
     train = splits["train"]
     if "test" not in splits:
@@ -297,14 +304,15 @@ def file_splits(data: TranslationDataConfig) -> tuple[dict[str, list[tuple[str, 
 def _pairs_of(path: Path, data: TranslationDataConfig) -> list[tuple[str, str]]:
     """Sentence pairs of one's own for ``eval --data``: a TSV file, or a folder's test files."""
     if path.is_dir():
-        return load_parallel(path, "test", data.source, data.target)
-    return read_pairs_tsv(path)
+        return load_parallel(path, "test", data.source, data.target, max_line_chars=data.max_line_chars)
+    return read_pairs_tsv(path, max_line_chars=data.max_line_chars)
 
 
 def _load_split(recipe: Recipe, split: str) -> list[tuple[str, str]]:
     if recipe.data.name == "files":
         return file_splits(recipe.data)[0][split]
-    return load_multi30k(split, recipe.data.data_dir, recipe.data.source, recipe.data.target)
+    return load_multi30k(split, recipe.data.data_dir, recipe.data.source, recipe.data.target,
+                         max_line_chars=recipe.data.max_line_chars)
 
 
 def _dataset(recipe: Recipe, src_tok: TextTokenizer, tgt_tok: TextTokenizer,
