@@ -170,7 +170,7 @@ def test_equals_torch_encoder_with_copied_weights(norm_first, activation, poolin
     (dict(dropout=0.1), "SentimentConfig field 'dropout' is now called 'drop_rate'"),
     (dict(depth=-1), "depth must be a non-negative integer"),
     (dict(vocab_size=0), "SentimentConfig.vocab_size must be >= 1; got 0"),
-    (dict(attention_options={"dropout": 0.1}), "use attn_drop_rate"),
+    (dict(attention_options={"dropout": 0.1}), "the model sets it from attn_drop_rate"),
     (dict(poolling="cls"), "unknown SentimentConfig field 'poolling'; did you mean pooling"),
 ])
 def test_config_errors_name_the_argument(overrides, message):

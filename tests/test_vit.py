@@ -306,3 +306,15 @@ def test_local_relative_bias_starts_as_a_distance_penalty_halving_per_head():
     model = create_model("vit_cifar_patch4", embed_dim=64, depth=2, num_heads=4, pos_embed="relative",
                          rel_pos_init="local")
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+@pytest.mark.parametrize("name, options", [
+    ("vit_sketch_cifar", {}), ("vit_cifar_patch4", {}), ("sentiment_transformer_tiny", {"vocab_size": 50}),
+    ("transformer_tiny", {"src_vocab_size": 50, "tgt_vocab_size": 50}),
+])
+def test_attention_options_that_the_model_sets_itself_are_one_clear_error(name, options):
+    from attnlab.errors import InputError
+
+    with pytest.raises(InputError, match="attention_options must not set 'dropout': the model sets it from "
+                                         "attn_drop_rate, so set that"):
+        create_model(name, attention_options={"dropout": 0.2}, **options)

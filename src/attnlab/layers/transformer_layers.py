@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
+from .checkpointing import checkpointed
 
 from ..attention.cache import KVCache
 from ..attention.multihead import MultiHeadAttention
@@ -171,7 +171,7 @@ class _Stack(nn.Module):
 
     def _run(self, layer: nn.Module, *args, **kwargs) -> Tensor:
         if self.grad_checkpointing and self.training and torch.is_grad_enabled():
-            return checkpoint(layer, *args, use_reentrant=False, **kwargs)
+            return checkpointed(layer, *args, **kwargs)
         return layer(*args, **kwargs)
 
     def _finish(self, x: Tensor, pad: Tensor | None) -> Tensor:

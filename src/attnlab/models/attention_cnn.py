@@ -77,7 +77,8 @@ class ConvSelfAttentionBN(nn.Module):
             nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False), nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True)
         )
         # Any "tokens" kind of the registry attends over the H*W pixels as tokens.
-        self.attn = build_attention(attention, out_channels, num_heads, dropout=dropout, **(attention_options or {}))
+        # (the block has no dropout setting of its own beside `dropout`: attention_options may set it)
+        self.attn = build_attention(attention, out_channels, num_heads, **{"dropout": dropout, **(attention_options or {})})
         self.norm = TokenBatchNorm(out_channels)
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
         self.bn = nn.BatchNorm2d(out_channels)

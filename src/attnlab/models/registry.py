@@ -14,7 +14,7 @@ from ..errors import InputError
 from ..suggest import did_you_mean
 
 __all__ = ["register_model", "create_model", "list_models", "model_entry", "build_config", "count_parameters",
-           "config_class", "upgrade_options", "OptionError", "FIELD_RANGES", "check_ranges"]
+           "config_class", "upgrade_options", "OptionError", "FIELD_RANGES", "check_ranges", "check_attention_options"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,16 @@ def check_ranges(cls: type, values: dict[str, Any]) -> None:
             continue
         if not all(_HOLDS[op](value, bound) for op, bound in ranges):
             raise OptionError(cls, key, value, " and ".join(f"{op} {bound}" for op, bound in ranges))
+
+
+def check_attention_options(options: dict[str, Any], owned: dict[str, str]) -> None:
+    """Refuse ``attention_options`` that set an option the model sets itself: ``owned`` maps
+    each such option (``"dropout"``) to the model field that sets it (``"attn_drop_rate"``).
+    (Passed on, both would reach the attention kind: Python's "multiple values" TypeError.)"""
+    for key, field_name in owned.items():
+        if key in options:
+            raise InputError(f"attention_options must not set {key!r}: the model sets it from {field_name}, "
+                             f"so set that")
 
 
 def build_config(cls: type[C], defaults: dict[str, Any], overrides: dict[str, Any]) -> C:

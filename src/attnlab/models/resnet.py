@@ -14,17 +14,15 @@ each residual branch after its last BatchNorm, before the addition (SE-ResNet, H
 
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from typing import Iterator
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from ..errors import InputError
 from ..layers.channel_attention import CHANNEL_ATTENTION, build_channel_attention
+from ..layers.checkpointing import checkpointed
 from .registry import build_config, register_model
 
 __all__ = ["ResNet", "ResNetConfig", "BasicBlock", "Bottleneck", "conv1x1", "conv3x3"]
@@ -144,26 +142,6 @@ class ResNetConfig:
             )
 
 
-@contextlib.contextmanager
-def _running_stats_kept(module: nn.Module) -> Iterator[None]:
-    """Undo the running-statistics updates of every BatchNorm in ``module`` on exit.
-
-    Gradient checkpointing runs a stage's forward twice; without this, each BatchNorm
-    would fold the same batch into its running mean/var (and ``num_batches_tracked``) twice.
-    """
-    bufs = [
-        b for m in module.modules() if getattr(m, "track_running_stats", False)
-        for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None
-    ]
-    saved = [b.clone() for b in bufs]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for b, s in zip(bufs, saved):
-                b.copy_(s)
-
-
 class ResNet(nn.Module):
     """ResNet classifier built from a :class:`ResNetConfig` (keyword overrides accepted).
 
@@ -262,10 +240,7 @@ class ResNet(nn.Module):
 
     def _run_stage(self, stage: nn.Module, x: Tensor) -> Tensor:
         if self.grad_checkpointing and self.training and torch.is_grad_enabled():
-            return checkpoint(
-                stage, x, use_reentrant=False,
-                context_fn=lambda: (contextlib.nullcontext(), _running_stats_kept(stage)),
-            )
+            return checkpointed(stage, x)
         return stage(x)
 
     def _check_input(self, x: Tensor) -> None:

@@ -60,7 +60,7 @@ from ..layers.norms import build_norm
 from ..layers.pos_encoding import build_pos_encoding
 from ..layers.relative_bias import RelativePositionBias
 from ..layers.transformer_layers import TransformerEncoder, TransformerEncoderLayer
-from .registry import build_config, register_model
+from .registry import build_config, check_attention_options, register_model
 
 __all__ = ["SentimentConfig", "AttentionSentimentClassifier"]
 
@@ -122,8 +122,7 @@ class SentimentConfig:
             )
         if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
-        if "dropout" in self.attention_options:
-            raise InputError("attention_options must not set 'dropout'; use attn_drop_rate")
+        check_attention_options(self.attention_options, {"dropout": "attn_drop_rate"})
         if self.pos_encoding == "relative" and self.attention != "exact":  # the other kinds take no attn_mask
             raise InputError(
                 f"pos_encoding='relative' needs attention='exact' (the bias is an attn_mask); "

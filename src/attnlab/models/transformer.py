@@ -22,7 +22,7 @@ from ..layers.transformer_layers import (
     TransformerEncoderLayer,
 )
 from .generation import beam_search, greedy_search
-from .registry import build_config, register_model
+from .registry import build_config, check_attention_options, register_model
 
 __all__ = ["Transformer", "TransformerConfig", "Seq2SeqTransformer"]
 
@@ -204,8 +204,7 @@ class TransformerConfig:
                 raise InputError(f"{name} must index both vocabularies; got {idx}")
         if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
-        if "dropout" in self.attention_options:
-            raise InputError("attention_options must not set 'dropout'; use attn_drop_rate")
+        check_attention_options(self.attention_options, {"dropout": "attn_drop_rate"})
         if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
             raise InputError(f"pad_id, bos_id and eos_id must differ; got {self.pad_id}, {self.bos_id}, {self.eos_id}")
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from ..attention.registry import attention_family, build_attention
 from ..dropout import Dropout
 from ..errors import InputError
+from ..layers.checkpointing import checkpointed
 from ..layers.drop_path import DropPath, drop_path_rates
 from ..layers.init import mimetic_init_
 from ..layers.mlp import Mlp
@@ -19,7 +19,7 @@ from ..layers.norms import build_norm
 from ..layers.patch_embed import PatchEmbed, ShiftedImages, to_2tuple
 from ..layers.pos_embed_2d import LearnedPosEmbed2d, RelativePositionBias2d, resample_pos_embed, sincos_2d
 from .checkpoint import load_checkpoint
-from .registry import build_config, register_model
+from .registry import build_config, check_attention_options, register_model
 
 __all__ = ["ViTConfig", "VisionTransformer", "Block"]
 
@@ -96,6 +96,7 @@ class ViTConfig:
         if self.rel_pos_init != "normal" and self.pos_embed != "relative":
             raise InputError(f"rel_pos_init applies to pos_embed='relative'; got pos_embed={self.pos_embed!r}")
         attention_family(self.attention)  # unknown names fail here, with suggestions
+        check_attention_options(self.attention_options, {"dropout": "attn_drop_rate", "bias": "qkv_bias"})
 
 
 class Block(nn.Module):
@@ -239,7 +240,7 @@ class VisionTransformer(nn.Module):
         x = self.pos_drop(self._positions(x, grid))  # type: ignore[arg-type]
         for block in self.blocks:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False)
+                x = checkpointed(block, x)
             else:
                 x = block(x)
         return self.norm(x)
