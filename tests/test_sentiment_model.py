@@ -289,3 +289,38 @@ def test_tiny_model_learns_whether_token_5_appears(pooling):
     with torch.no_grad():
         accuracy = (model.eval()(ids, mask).argmax(-1) == y).float().mean().item()
     assert accuracy > 0.95
+
+
+LENGTH_FREE = {"exact": {}, "local": {"window": 8}, "linear": {}, "lsa": {}, "performer": {},
+               "linformer": {"seq_len": 128}, "sparse-fixed": {"pattern": "fixed", "block": 8},
+               "sparse-strided": {"pattern": "strided", "block": 8}}
+LENGTH_BOUND = {"sparse-bigbird": {"pattern": "bigbird", "block": 8}, "nystrom": {"num_landmarks": 8}}
+
+
+def _classifier(kind: str, options: dict):
+    torch.manual_seed(0)
+    return create_model("sentiment_transformer_tiny", vocab_size=VOCAB, attention=kind.split("-")[0],
+                        attention_options=options).eval()
+
+
+@pytest.mark.parametrize("kind", sorted(LENGTH_FREE))
+def test_the_same_sentence_padded_to_any_length_gives_the_same_logits(kind):
+    model = _classifier(kind, LENGTH_FREE[kind])
+    ids = torch.randint(5, VOCAB, (2, 37))
+    with torch.no_grad():
+        alone = model(ids)
+        for length in (64, 100, 128):
+            padded = torch.cat([ids, torch.zeros(2, length - 37, dtype=torch.long)], 1)
+            torch.testing.assert_close(model(padded), alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", sorted(LENGTH_BOUND))
+def test_kinds_bound_to_the_length_ignore_what_the_padding_holds_but_not_its_length(kind):
+    model = _classifier(kind, LENGTH_BOUND[kind])
+    ids = torch.randint(5, VOCAB, (2, 37))
+    mask = torch.cat([torch.ones(2, 37), torch.zeros(2, 63)], 1).long()
+    with torch.no_grad():
+        zeros = model(torch.cat([ids, torch.zeros(2, 63, dtype=torch.long)], 1), mask)
+        noise = model(torch.cat([ids, torch.randint(5, VOCAB, (2, 63))], 1), mask)
+        torch.testing.assert_close(noise, zeros, atol=1e-5, rtol=1e-5)  # what padding holds: nothing
+        assert (model(ids) - zeros).abs().max() > 1e-4  # its length: something, as the docstring says
