@@ -243,3 +243,11 @@ def test_the_readme_links_to_every_page_in_both_languages():
         for name in TUTORIALS:
             assert f"docs/{lang}/tutorials/{name}.md" in links, (lang, name)
     assert [link for link in links if not (ROOT / link).is_file()] == []
+
+
+def test_no_page_holds_a_control_character():
+    # A "\text" typed into a Python string once became a TAB and an "ext" in a formula.
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        bad = [(n, line) for n, line in enumerate(text.splitlines(), 1) if re.search(r"[\x00-\x08\x0b-\x1f]|\t", line)]
+        assert not bad, f"{page.relative_to(ROOT)}: line {bad[0][0]} holds a control character: {bad[0][1]!r}"

@@ -648,7 +648,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only this row, for example 'heads/8 heads of 16' (repeatable; default: every row of --parts)")
     q.add_argument("--data-dir", default=None, help="default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab")
     q.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
-    q.add_argument("--quick", action="store_true", help="two steps on a few images per variant: checks that it runs")
+    q.add_argument("--quick", action="store_true", help="two steps on a few images for the first two rows of each part, each tested on the whole "
+                        "test set: checks that everything runs (about 25 minutes on 2 CPU cores)")
     q.add_argument("--fresh", action="store_true", help="start over instead of keeping the finished runs in --out")
     q.set_defaults(func=cmd_bench_vision)
     return parser

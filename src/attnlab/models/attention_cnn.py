@@ -31,8 +31,9 @@ class AttentionBlock(nn.Module):
     """Pixel self-attention with 1x1-conv projections: ``(B, C, H, W) -> (B, C, H, W)``.
 
     Queries and keys have ``C / reduction`` channels, values ``C``. Logits are scaled by
-    ``1/sqrt(C / reduction)`` (the tutorials leave them unscaled, which saturates the
-    softmax as channels grow). The output is ``x + gamma * attention(x)`` with ``gamma``
+    ``1/sqrt(C / reduction)``, the key size, as the tutorials' block scales them (SAGAN's
+    block, which this one follows, leaves them unscaled, which saturates the softmax as
+    channels grow). The output is ``x + gamma * attention(x)`` with ``gamma``
     starting at 0, so the block starts as the identity and learns how much to attend.
     """
 
