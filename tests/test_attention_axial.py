@@ -3,7 +3,7 @@ import torch
 
 import attnlab.attention.variants.axial  # noqa: F401  (registers "axial")
 from attnlab.attention import build_attention, scaled_dot_product_attention
-from attnlab.attention.variants.axial import AxialAttention2d
+from attnlab.attention.variants.axial import AxialAttention2d, AxialWeights
 
 
 def _dense_step(x, qkv, out_proj, num_heads, blocked):
@@ -29,7 +29,9 @@ def test_axial_equals_two_masked_dense_attentions(bias):
     h, w, dim, heads = 5, 7, 32, 4
     m = AxialAttention2d(dim, heads, size=(h, w), bias=bias).eval()
     x = torch.randn(2, dim, h, w)
-    out, (row_w, col_w) = m(x, need_weights=True)
+    out, weights = m(x, need_weights=True)
+    assert isinstance(weights, AxialWeights)
+    row_w, col_w = weights.rows, weights.cols
     assert out.shape == x.shape
     assert row_w.shape == (2, heads, h, w, w) and col_w.shape == (2, heads, w, h, h)
     row_block, col_block = _masks(h, w)
@@ -37,7 +39,9 @@ def test_axial_equals_two_masked_dense_attentions(bias):
         y, dense_row = _dense_step(x, m.qkv_row, m.out_row, heads, row_block)
         ref, dense_col = _dense_step(y, m.qkv_col, m.out_col, heads, col_block)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(m(x), ref, atol=1e-5, rtol=1e-5)  # fused path
+    fused, none = m(x)  # the fused path: the same pair, no weights
+    assert none is None
+    torch.testing.assert_close(fused, ref, atol=1e-5, rtol=1e-5)
     # Weights: row_w[b, n, y, xq, xk] is the dense weight of (y, xq) -> (y, xk).
     dense_row = dense_row.reshape(2, heads, h, w, h, w)
     dense_col = dense_col.reshape(2, heads, h, w, h, w)
@@ -61,13 +65,13 @@ def test_build_attention_axial():
     m = build_attention("axial", 32, 4, size=(5, 7))
     assert isinstance(m, AxialAttention2d)
     assert "size=(5, 7)" in repr(m)
-    assert m(torch.randn(2, 32, 5, 7)).shape == (2, 32, 5, 7)
+    assert m(torch.randn(2, 32, 5, 7))[0].shape == (2, 32, 5, 7)
 
 
 def test_axial_gradients_flow():
     m = AxialAttention2d(16, 4, size=(3, 5))
     x = torch.randn(2, 16, 3, 5, requires_grad=True)
-    m(x).square().sum().backward()
+    m(x)[0].square().sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
     for name, p in m.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
@@ -77,9 +81,9 @@ def test_axial_dropout_in_training_only():
     m = AxialAttention2d(16, 2, dropout=0.5)
     x = torch.randn(1, 16, 4, 4)
     m.eval()
-    torch.testing.assert_close(m(x), m(x))
+    torch.testing.assert_close(m(x)[0], m(x)[0])
     m.train()
-    assert not torch.allclose(m(x), m.eval()(x))
+    assert not torch.allclose(m(x)[0], m.eval()(x)[0])
 
 
 @pytest.mark.parametrize("shape", [(2, 32, 5, 6), (2, 16, 5, 7), (32, 5, 7), (2, 32, 7, 5)])

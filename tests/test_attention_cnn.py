@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from attnlab.attention import capture_attention
 from attnlab.models import count_parameters, create_model
 from attnlab.models.attention_cnn import AttentionBlock, ConvSelfAttentionBN
 
@@ -10,10 +11,12 @@ from attnlab.models.attention_cnn import AttentionBlock, ConvSelfAttentionBN
 def test_attention_block_starts_as_identity_and_returns_pixel_weights():
     blk = AttentionBlock(16)
     x = torch.randn(2, 16, 5, 7)  # not square
-    out, w = blk(x, need_weights=True)
+    with capture_attention(blk) as maps:  # a block returns its output; the weights come from a capture
+        out = blk(x)
     torch.testing.assert_close(out, x)  # gamma = 0 at initialisation
-    assert w.shape == (2, 35, 35)
-    torch.testing.assert_close(w.sum(-1), torch.ones(2, 35))
+    (w,) = maps[""]
+    assert w.shape == (2, 1, 35, 35)  # one head
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 1, 35))
     with torch.no_grad():
         blk.gamma.fill_(1.0)
     assert not torch.allclose(blk(x), x)

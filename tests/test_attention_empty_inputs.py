@@ -120,7 +120,10 @@ def _grid_module(kind, size, training):
 
 
 def _grid_output(result, need_weights):
-    return result if need_weights else (result, None)
+    """Every attention kind returns ``(output, weights or None)``, whatever ``need_weights`` is."""
+    out, weights = result
+    assert (weights is None) != need_weights
+    return out, weights
 
 
 @pytest.mark.parametrize("need_weights", [False, True])

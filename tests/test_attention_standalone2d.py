@@ -38,7 +38,8 @@ def test_full_window_equals_dense_attention(h, w):
     with torch.no_grad():
         ref, _ = _dense(m, x)
         out, weights = m(x, need_weights=True)
-        fused = m(x)
+        fused, none = m(x)
+        assert none is None  # every attention kind returns (output, weights or None)
     assert weights.shape == (2, 4, h * w, k * k)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fused, ref, atol=1e-5, rtol=1e-5)
@@ -53,7 +54,7 @@ def test_small_window_equals_masked_dense_attention(k):
         ref, ref_weights = _dense(m, x, _window_blocked(h, w, k))
         out, weights = m(x, need_weights=True)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(m(x), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(m(x)[0], ref, atol=1e-5, rtol=1e-5)
     # Scatter the window weights back to dense (query, key) positions and compare.
     r = k // 2
     dense = torch.zeros_like(ref_weights)
@@ -85,8 +86,8 @@ def test_relative_embeddings_change_the_result():
     m = StandAloneSelfAttention2d(16, 2, kernel_size=3).eval()
     x = torch.randn(1, 16, 5, 5)
     with torch.no_grad():
-        with_pos = m(x)
-        without = _zero_embeddings(m)(x)
+        with_pos, _ = m(x)
+        without, _ = _zero_embeddings(m)(x)
     assert not torch.allclose(with_pos, without, atol=1e-4)
 
 
@@ -113,7 +114,7 @@ def test_build_attention_standalone2d():
     assert isinstance(m, StandAloneSelfAttention2d)
     assert "kernel_size=3" in repr(m)
     x = torch.randn(2, 32, 5, 7, requires_grad=True)
-    m(x).sum().backward()
+    m(x)[0].sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
     for name, p in m.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name

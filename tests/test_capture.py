@@ -157,9 +157,11 @@ def test_the_tutorials_attention_block_is_recorded():
         ref = model(x)
         with capture_attention(model) as maps:
             out = model(x)
-        _, w = model.attention(model.stage2(model.stage1(x)), need_weights=True)
+        fmap, blk = model.stage2(model.stage1(x)), model.attention
+        q, k = (conv(fmap).flatten(2).transpose(1, 2) for conv in (blk.query, blk.key))  # (B, 64, C/8)
+        w = torch.softmax(q @ k.transpose(1, 2) / q.shape[-1] ** 0.5, dim=-1)  # the block's formula, by hand
     assert list(maps) == ["attention"] and torch.equal(out, ref)
-    assert maps["attention"][0].shape == (2, 1, 64, 64) and torch.allclose(maps["attention"][0][:, 0], w)
+    assert maps["attention"][0].shape == (2, 1, 64, 64) and torch.allclose(maps["attention"][0][:, 0], w, atol=1e-6)
 
 
 def test_cross_attention_and_relpos2d_modules():
@@ -173,8 +175,8 @@ def test_cross_attention_and_relpos2d_modules():
     img = torch.randn(2, 8, 3, 4)
     ref_out, ref_w = rp(img, need_weights=True)
     with capture_attention(rp) as maps:
-        out = rp(img)
-    assert isinstance(out, torch.Tensor) and torch.allclose(out, rp(img), atol=1e-6)  # no tuple: as outside
+        out, none = rp(img)
+    assert none is None and torch.allclose(out, rp(img)[0], atol=1e-6)  # no weights asked for: as outside
     assert maps[""][0].shape == (2, 2, 12, 12) and torch.equal(maps[""][0], ref_w)
     assert _cleared(rp)
 
@@ -210,33 +212,42 @@ def test_vit_blocks_record_what_need_weights_gives():
     assert _cleared(model)
 
 
-def test_botnet_records_the_maps_of_attention_maps():
+def test_botnet_records_what_its_attention_gives_when_asked_for_weights():
     model = create_model("botnet_cifar", layers=[1, 1, 1, 2], widths=[8, 8, 8, 8], stem_width=8).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        ref_logits, ref_maps = model(x), model.attention_maps(x)
+        ref_logits = model(x)
         with capture_attention(model) as maps:
             logits = model(x)
     assert list(maps) == ["layer4.0.attn", "layer4.1.attn"]
     assert torch.allclose(logits, ref_logits, atol=1e-5)
     assert [tuple(w[0].shape) for w in maps.values()] == [(2, 4, 64, 64), (2, 4, 16, 16)]  # 8x8, then 4x4
-    for calls, ref in zip(maps.values(), ref_maps):
-        assert torch.allclose(calls[0], ref, atol=1e-6)
+    for name, calls in maps.items():
+        attn = model.get_submodule(name)
+        args, kw = _call_args(model, attn, x)
+        with torch.no_grad():
+            _, w = attn(*args, **kw, need_weights=True)
+        assert torch.allclose(calls[0], w, atol=1e-6), name
+    assert [torch.equal(a, c[0]) for a, c in zip(model.attention_maps(x), maps.values())] == [True, True]
 
 
-def test_sentiment_classifier_records_the_maps_of_attention_maps():
+def test_sentiment_classifier_records_what_its_attention_gives_when_asked_for_weights():
     model = create_model("sentiment_transformer_tiny", vocab_size=50, depth=2).eval()
     ids = torch.randint(1, 50, (3, 9))
     mask = torch.ones(3, 9, dtype=torch.long)
     mask[1, 6:] = 0
     with torch.no_grad():
-        ref_logits, ref_maps = model(ids, mask), model.attention_maps(ids, mask)
+        ref_logits = model(ids, mask)
         with capture_attention(model) as maps:
             logits = model(ids, mask)
     assert torch.allclose(logits, ref_logits, atol=1e-5)
     assert len(maps) == 2
-    for calls, ref in zip(maps.values(), ref_maps):
-        assert len(calls) == 1 and torch.allclose(calls[0], ref, atol=1e-6)
+    for name, calls in maps.items():
+        attn = model.get_submodule(name)
+        args, kw = _call_args(model, attn, ids, mask)
+        with torch.no_grad():
+            _, w = attn(*args, **{**kw, "need_weights": True, "average_attn_weights": False})
+        assert len(calls) == 1 and torch.allclose(calls[0], w, atol=1e-6), name
 
 
 def test_translator_generation_records_cross_attention_per_step_with_the_cache():

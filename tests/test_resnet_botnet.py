@@ -9,6 +9,7 @@ from torch import nn
 
 import attnlab.models.botnet  # noqa: F401  (registers the botnet family)
 import attnlab.models.resnet  # noqa: F401  (registers the resnet family)
+from attnlab.attention import capture_attention
 from attnlab.attention.registry import attention_family, build_attention
 from attnlab.attention.variants.relpos2d import RelPosSelfAttention2d
 from attnlab.models.registry import count_parameters, create_model, model_entry
@@ -296,8 +297,11 @@ def test_attention_maps_path_gives_the_forward_output():
         feats = m.layer3(m.layer2(m.layer1(m.forward_stem(x))))
         y = feats
         for block in m.layer4:
-            y, _ = block(y, need_weights=True)
+            y = block(y)
         torch.testing.assert_close(y, m.forward_features(x))
+        with capture_attention(m) as maps:  # the weights come from a capture, and change nothing
+            torch.testing.assert_close(m.forward_features(x), y)
+        assert len(maps["layer4.0.attn"]) == 1
 
 
 # --------------------------------------------------------------------------- training behaviour
@@ -393,19 +397,19 @@ def test_relpos2d_equals_the_loop_reference():
     out, w = m(x, need_weights=True)
     torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(w.double(), ref_w, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(m(x).double(), ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(m(x)[0].double(), ref_out, atol=1e-5, rtol=1e-5)
 
 
 def test_relpos2d_position_tables_matter():
     # The same pixels shifted get different logits only through the position terms.
     m = build_attention("relpos2d", 8, 2, size=(3, 4))
     x = torch.randn(1, 8, 3, 4)
-    out = m(x)
+    out, _ = m(x)
     with torch.no_grad():
         m.rel_height.zero_()
         m.rel_width.zero_()
-    assert not torch.allclose(out, m(x), atol=1e-4)
-    torch.testing.assert_close(m(x).double(), naive_relpos2d(m, x)[0], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out, m(x)[0], atol=1e-4)
+    torch.testing.assert_close(m(x)[0].double(), naive_relpos2d(m, x)[0], atol=1e-5, rtol=1e-5)
 
 
 def test_relpos2d_fused_and_explicit_paths_agree_with_gradients():
@@ -416,7 +420,8 @@ def test_relpos2d_fused_and_explicit_paths_agree_with_gradients():
     for need_weights in (False, True):
         m.zero_grad()
         x.grad = None
-        out = m(x, need_weights=True)[0] if need_weights else m(x)
+        out, weights = m(x, need_weights=need_weights)
+        assert (weights is None) != need_weights
         (out * g).sum().backward()
         grads.append([out.detach(), x.grad.clone()] + [p.grad.clone() for p in m.parameters()])
     assert len(grads[0]) == 2 + 3  # qkv.weight, rel_height, rel_width
@@ -424,10 +429,10 @@ def test_relpos2d_fused_and_explicit_paths_agree_with_gradients():
         torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-4)
 
 
-def test_relpos2d_forward_returns_a_tensor_by_default():
+def test_relpos2d_returns_the_output_and_no_weights_by_default():
     m = build_attention("relpos2d", 8, 2, size=4)
-    out = m(torch.randn(1, 8, 4, 4))
-    assert isinstance(out, torch.Tensor) and out.shape == (1, 8, 4, 4)
+    out, none = m(torch.randn(1, 8, 4, 4))
+    assert isinstance(out, torch.Tensor) and out.shape == (1, 8, 4, 4) and none is None
     out, w = m(torch.randn(1, 8, 4, 4), need_weights=True)
     assert w.shape == (1, 2, 16, 16)
     torch.testing.assert_close(w.sum(-1), torch.ones(1, 2, 16))
@@ -467,9 +472,9 @@ def test_relpos2d_dropout_only_in_training():
     m = build_attention("relpos2d", 8, 2, size=3, dropout=0.5)
     x = torch.randn(2, 8, 3, 3)
     m.eval()
-    torch.testing.assert_close(m(x), m(x, need_weights=True)[0])
+    torch.testing.assert_close(m(x)[0], m(x, need_weights=True)[0])
     m.train()
-    assert not torch.allclose(m(x), m.eval()(x))
+    assert not torch.allclose(m(x)[0], m.eval()(x)[0])
 
 
 @pytest.mark.parametrize("place,stages,blocks", [

@@ -5,7 +5,7 @@ from .cache import KVCache
 from .functional import causal_mask, merge_masks, scaled_dot_product_attention
 from .multihead import CrossAttention, MultiHeadAttention, SelfAttention
 from .variants import axial, linear, linformer, local, lsa, nystrom, performer, relpos2d, sparse, standalone2d  # noqa: F401  (register)
-from .variants.axial import AxialAttention2d
+from .variants.axial import AxialAttention2d, AxialWeights
 from .variants.base import TokenAttention
 from .variants.linear import LinearAttention
 from .variants.linformer import LinformerAttention
@@ -44,5 +44,6 @@ __all__ = [
     "LinformerAttention",
     "NystromAttention",
     "AxialAttention2d",
+    "AxialWeights",
     "StandAloneSelfAttention2d",
 ]

@@ -8,9 +8,14 @@ Two families share the registry:
   ``(B, L, dim)``, returning ``(out (B, L, dim), weights or None)``. Masks follow
   :mod:`attnlab.attention.functional`.
 * ``"grid"`` kinds attend over a feature map. Built as ``cls(dim, num_heads, *,
-  size=(H, W), **options)``; called as ``module(x)`` with ``x`` ``(B, dim, H, W)``,
-  returning ``(B, dim, H, W)``, or ``module(x, need_weights=True)`` returning
-  ``(out, weights (B, heads, H*W, H*W))``.
+  size=(H, W), **options)``; called as ``module(x, need_weights=False)`` with ``x``
+  ``(B, dim, H, W)``, returning ``(out (B, dim, H, W), weights or None)``: ``relpos2d``'s
+  weights are ``(B, heads, H*W, H*W)``, the others' are of their own shapes (each kind's
+  docstring says which).
+
+Every kind returns the same pair whatever ``need_weights`` is; the weights are ``None``
+unless asked for. :func:`~attnlab.attention.capture_attention` is the route to the weights
+of the attention inside a model.
 
 A model that works on feature maps can still use a ``"tokens"`` kind by flattening the
 map (see :func:`attend_grid`).

@@ -48,19 +48,19 @@ class AttentionBlock(nn.Module):
         self.value = nn.Conv2d(channels, channels, 1)
         self.gamma = nn.Parameter(torch.zeros(1))
 
-    def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """With ``need_weights`` also the attention ``(B, H*W, H*W)`` (query pixel, key pixel)."""
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, C, H, W) -> (B, C, H, W)``; its weights ``(B, 1, H*W, H*W)`` (query pixel,
+        key pixel): :func:`~attnlab.attention.capture_attention`."""
         b, c, h, w = x.shape
         tokens = lambda t: t.flatten(2).transpose(1, 2)  # (B, C', H, W) -> (B, H*W, C')
         capture = self._attn_capture  # set only inside capture_attention
         out, weights = scaled_dot_product_attention(
             tokens(self.query(x)), tokens(self.key(x)), tokens(self.value(x)),
-            need_weights=need_weights or capture is not None,
+            need_weights=capture is not None,
         )
         if capture is not None:
             capture(weights[:, None])  # one head: (B, 1, H*W, H*W)
-        out = x + self.gamma * out.transpose(1, 2).reshape(b, c, h, w)
-        return (out, weights) if need_weights else out  # type: ignore[return-value]
+        return x + self.gamma * out.transpose(1, 2).reshape(b, c, h, w)
 
 
 class ConvSelfAttentionBN(nn.Module):

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from ..attention.capture import capture_attention
 from ..attention.registry import attend_grid, attention_family, build_attention
 from ..attention.variants import relpos2d  # noqa: F401  (registers "relpos2d")
 from ..errors import InputError
@@ -39,8 +40,8 @@ class BoTBlock(nn.Module):
     :class:`~attnlab.models.resnet.Bottleneck`, the MHSA being ``attn`` and ``bn2`` its BN.
 
     Shapes: ``(B, in_chans, H, W) -> (B, 4 * planes, H / stride, W / stride)``, with
-    ``(H, W) = size``. ``forward(x, need_weights=True)`` also returns the per-head
-    attention maps ``(B, heads, H*W, H*W)``.
+    ``(H, W) = size``. Its attention's weights: :func:`~attnlab.attention.capture_attention`
+    (``block.attn``), or :meth:`BoTNet.attention_maps`.
     """
 
     expansion = 4
@@ -80,26 +81,19 @@ class BoTBlock(nn.Module):
     def last_bn(self) -> nn.BatchNorm2d:
         return self.bn3
 
-    def _attend(self, x: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        if self.family == "grid":
-            return self.attn(x, need_weights=True) if need_weights else (self.attn(x), None)
-        if not need_weights:
-            return attend_grid(self.attn, x), None
-        b, c, h, w = x.shape
-        out, weights = self.attn(x.flatten(2).transpose(1, 2), need_weights=True, average_attn_weights=False)
-        return out.transpose(1, 2).reshape(b, c, h, w), weights
+    def _attend(self, x: Tensor) -> Tensor:
+        return self.attn(x)[0] if self.family == "grid" else attend_grid(self.attn, x)
 
-    def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor) -> Tensor:
         if isinstance(self.pool, nn.AvgPool2d) and (x.shape[-2] % 2 or x.shape[-1] % 2):
             raise InputError(f"a stride-2 BoT block needs an even map size; this input gives "
                              f"{tuple(x.shape[-2:])} here (choose an image size that halves evenly down to it)")
         shortcut = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
-        out, weights = self._attend(out, need_weights)
+        out = self._attend(out)
         out = self.relu(self.bn2(self.pool(out)))
         out = self.channel_attn(self.bn3(self.conv3(out)))
-        out = self.relu(out + shortcut)
-        return (out, weights) if need_weights else out
+        return self.relu(out + shortcut)
 
 
 @dataclass
@@ -194,24 +188,20 @@ class BoTNet(ResNet):
                 block.attn.reset_parameters()
 
     def attention_maps(self, x: Tensor) -> list[Tensor]:
-        """Per-head attention of every BoT block for input ``x`` ``(B, in_chans, H, W)``.
+        """Per-head attention of every BoT block for input ``x`` ``(B, in_chans, H, W)``:
+        :func:`~attnlab.attention.capture_attention` of the blocks' ``attn`` over a forward.
 
-        One ``(B, heads, h*w, h*w)`` tensor per BoT block (see ``mhsa_in``; at 224x224 for
-        ``botnet50``: 196x196, then 49x49 twice), pixels in row-major order, rows summing
-        to 1. Runs under the caller's grad mode and the model's train/eval mode. A
-        ``"grid"`` attention kind must accept ``need_weights=True`` (``relpos2d`` does).
+        One detached ``(B, heads, h*w, h*w)`` tensor per BoT block (see ``mhsa_in``; at
+        224x224 for ``botnet50``: 196x196, then 49x49 twice), pixels in row-major order,
+        rows summing to 1, in the model's train/eval mode. The attention kind must form
+        its weight matrix (``relpos2d`` and the exact ``"tokens"`` kind do; capture names
+        those that do not).
         """
         self._check_input(x)
-        x = self.forward_stem(x)
-        maps = []
-        for stage in self.stage_list():
-            for block in stage:
-                if isinstance(block, BoTBlock):
-                    x, weights = block(x, need_weights=True)
-                    maps.append(weights)
-                else:
-                    x = block(x)
-        return maps
+        names = [f"{name}.attn" for name, m in self.named_modules() if isinstance(m, BoTBlock)]
+        with capture_attention(self, include=names) as maps:
+            self(x)
+        return [maps[name][0] for name in names]
 
 
 # --------------------------------------------------------------------------- registry

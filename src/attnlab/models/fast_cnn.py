@@ -25,6 +25,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..attention.capture import capture_attention
 from ..attention.registry import attention_family, build_attention
 from ..errors import InputError
 from .registry import build_config, register_model
@@ -82,13 +83,12 @@ class MapSelfAttention(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.attn = build_attention(attention, dim, num_heads, **options)
 
-    def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """With ``need_weights`` also ``(B, heads, H*W, H*W)`` (query pixel, key pixel; row-major)."""
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, C, H, W) -> (B, C, H, W)``; the weights: capture_attention of ``attn``."""
         b, c, h, w = x.shape
         t = x.flatten(2).transpose(1, 2)  # (B, H*W, C)
-        out, weights = self.attn(self.norm(t), need_weights=need_weights, average_attn_weights=False)
-        x = x + out.transpose(1, 2).reshape(b, c, h, w)
-        return (x, weights) if need_weights else x
+        out, _ = self.attn(self.norm(t))
+        return x + out.transpose(1, 2).reshape(b, c, h, w)
 
 
 class FastAttentionCNN(nn.Module):
@@ -119,16 +119,12 @@ class FastAttentionCNN(nn.Module):
         return self.head(feats.amax(dim=(2, 3))) * self.config.logit_scale
 
     def attention_maps(self, x: Tensor) -> list[Tensor]:
-        """``(B, heads, h*w, h*w)`` for every attention block, in order."""
-        x = F.gelu(self.stem(x))
-        maps = []
-        for layer in self.features:
-            if isinstance(layer, MapSelfAttention):
-                x, weights = layer(x, need_weights=True)
-                maps.append(weights)
-            else:
-                x = layer(x)
-        return maps
+        """``(B, heads, h*w, h*w)`` for every attention block, in order (query pixel, key
+        pixel; row-major): :func:`~attnlab.attention.capture_attention` over a forward."""
+        names = [f"{name}.attn" for name, m in self.named_modules() if isinstance(m, MapSelfAttention)]
+        with capture_attention(self, include=names) as maps:
+            self(x)
+        return [maps[name][0] for name in names]
 
 
 @register_model("attention_cnn")

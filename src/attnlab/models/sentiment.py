@@ -59,6 +59,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from ..attention.capture import capture_attention
 from ..attention.registry import attention_family
 from ..dropout import Dropout
 from ..errors import InputError
@@ -134,29 +135,6 @@ class SentimentConfig:
                 f"pos_encoding='relative' needs attention='exact' (the bias is an attn_mask); "
                 f"got attention={self.attention!r}"
             )
-
-
-def _layer_with_weights(
-    layer: TransformerEncoderLayer, x: Tensor, pad: Tensor | None, bias: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
-    """``layer(x, key_padding_mask=pad, attn_mask=bias)`` and its attention weights ``(B, H, L, L)``.
-
-    TransformerEncoderLayer does not return weights; this mirrors its forward step by
-    step (tests check that both give the same logits).
-    """
-
-    def sa(h: Tensor) -> tuple[Tensor, Tensor]:
-        out, w = layer.self_attn(h, key_padding_mask=pad, attn_mask=bias, need_weights=True,
-                                 average_attn_weights=False)
-        return layer.dropout(out), w
-
-    if layer.norm_first:
-        out, w = sa(layer.norm1(x, pad))
-        x = x + out
-        return x + layer.dropout(layer.ff(layer.norm2(x, pad))), w
-    out, w = sa(x)
-    x = layer.norm1(x + out, pad)
-    return layer.norm2(x + layer.dropout(layer.ff(x)), pad), w
 
 
 class AttentionSentimentClassifier(nn.Module):
@@ -253,19 +231,18 @@ class AttentionSentimentClassifier(nn.Module):
     def forward_with_attention(
         self, input_ids: Tensor, attention_mask: Tensor | None = None
     ) -> tuple[Tensor, list[Tensor]]:
-        """Logits ``(B, num_classes)`` and every layer's attention weights, as :meth:`attention_maps`.
+        """Logits ``(B, num_classes)`` and every layer's attention weights, as :meth:`attention_maps`:
+        :func:`~attnlab.attention.capture_attention` over :meth:`forward`.
 
-        Slower than :meth:`forward` (the weights are materialized; no fused kernel and
-        no gradient checkpointing), equal to it otherwise.
+        Slower than :meth:`forward` (the weights are materialized: no fused kernel), equal
+        to it otherwise. The weights are detached.
         """
-        pad = self.padding_mask(input_ids, attention_mask)
-        x = self._embed(input_ids)
-        bias = self._attn_bias(x)
-        maps = []
-        for layer in self.encoder.layers:
-            x, w = _layer_with_weights(layer, x, pad, bias)
-            maps.append(w)
-        return self.forward_head(self._final_norm(x, pad), pad), maps
+        if not self.encoder.layers:  # depth 0: a bag of embeddings, no attention
+            return self(input_ids, attention_mask), []
+        names = [f"encoder.layers.{i}.self_attn" for i in range(len(self.encoder.layers))]
+        with capture_attention(self, include=names) as maps:
+            logits = self(input_ids, attention_mask)
+        return logits, [maps[name][0] for name in names]
 
     def attention_maps(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> list[Tensor]:
         """One ``(B, heads, L, L)`` tensor per layer (query, key), before attention dropout.

@@ -14,13 +14,23 @@ every other one, at a cost of ``O(H·W·(H + W)·d)`` instead of full attention'
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from torch import Tensor, nn
 
 from ..functional import scaled_dot_product_attention
 from ..registry import register_attention
 from .grid import check_heads, check_map, grid_size
 
-__all__ = ["AxialAttention2d"]
+__all__ = ["AxialAttention2d", "AxialWeights"]
+
+
+class AxialWeights(NamedTuple):
+    """The weights of one axial attention call: ``rows`` ``(B, heads, H, W, W)`` (the pass
+    along each row) and ``cols`` ``(B, heads, W, H, H)`` (the pass along each column)."""
+
+    rows: Tensor
+    cols: Tensor
 
 
 @register_attention("axial", family="grid")
@@ -45,15 +55,16 @@ class AxialAttention2d(nn.Module):
     ==============  =================================================================
     ``x``           ``(B, dim, H, W)``
     output          ``(B, dim, H, W)``
-    weights         only with ``need_weights=True``: a pair ``(row_weights,
-                    col_weights)``; ``row_weights`` ``(B, heads, H, W, W)`` is
-                    ``[b, head, y, x_query, x_key]``, ``col_weights``
+    weights         with ``need_weights=True`` an :class:`AxialWeights` ``(rows,
+                    cols)``, else ``None``; ``rows`` ``(B, heads, H, W, W)`` is
+                    ``[b, head, y, x_query, x_key]``, ``cols``
                     ``(B, heads, W, H, H)`` is ``[b, head, x, y_query, y_key]``;
                     each last-axis row sums to 1
     ==============  =================================================================
 
-    ``forward(x)`` returns the output tensor; ``forward(x, need_weights=True)`` returns
-    ``(output, (row_weights, col_weights))``.
+    ``forward(x)`` returns ``(output, None)``, as every attention kind does;
+    ``forward(x, need_weights=True)`` returns ``(output, AxialWeights(rows, cols))``: two
+    passes with projections between them form no single ``HW x HW`` matrix.
     """
 
     def __init__(
@@ -105,23 +116,21 @@ class AxialAttention2d(nn.Module):
             weights = weights.reshape(b, n, a, l, l)
         return out_proj(out), weights
 
-    def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
-        """``x`` ``(B, dim, H, W)`` -> ``(B, dim, H, W)``, or ``(output, (row_weights,
-        col_weights))`` with ``need_weights`` (see the class docstring for shapes)."""
+    def forward(self, x: Tensor, need_weights: bool = False) -> tuple[Tensor, AxialWeights | None]:
+        """``x`` ``(B, dim, H, W)`` -> ``(output (B, dim, H, W), AxialWeights or None)`` (see
+        the class docstring for shapes)."""
         self._check_input(x)
         b, _, h, w = x.shape
         if h == 0 or w == 0:  # an empty map (which the 1x1 convs refuse): nothing to attend
             out = x.clone()  # the empty (B, dim, H, W) result, on the autograd graph
             if need_weights:
-                return out, (x.new_zeros(b, self.num_heads, h, w, w), x.new_zeros(b, self.num_heads, w, h, h))
-            return out
+                return out, AxialWeights(x.new_zeros(b, self.num_heads, h, w, w), x.new_zeros(b, self.num_heads, w, h, h))
+            return out, None
         y, row_weights = self._attend_rows(x, self.qkv_row, self.out_row, need_weights)  # over W
         # Columns: swap H and W so that each column is a line, then swap back.
         out, col_weights = self._attend_rows(y.transpose(2, 3), self.qkv_col, self.out_col, need_weights)
         out = out.transpose(2, 3).contiguous()
-        if need_weights:
-            return out, (row_weights, col_weights)  # type: ignore[return-value]
-        return out
+        return out, (AxialWeights(row_weights, col_weights) if need_weights else None)  # type: ignore[arg-type]
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, size={self.size}, dropout={self.dropout}"

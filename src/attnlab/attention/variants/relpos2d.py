@@ -63,12 +63,13 @@ class RelPosSelfAttention2d(nn.Module):
     output          ``(B, dim, H, W)``: the heads' outputs concatenated channel-wise
                     (``channel = head * D + d``); there is no output projection,
                     as in the paper, where the block's 1x1 conv follows
-    weights         ``(B, heads, H*W, H*W)``, only with ``need_weights=True``; pixels
-                    in row-major order (``i = y * W + x``), each row sums to 1
+    weights         ``(B, heads, H*W, H*W)`` with ``need_weights=True``, else ``None``;
+                    pixels in row-major order (``i = y * W + x``), each row sums to 1
     ==============  =================================================================
 
-    ``forward(x)`` returns the output tensor; ``forward(x, need_weights=True)`` returns
-    ``(output, weights)`` and computes the softmax explicitly, otherwise torch's fused
+    ``forward(x)`` returns ``(output, None)``, as every attention kind does;
+    ``forward(x, need_weights=True)`` returns ``(output, weights)`` and computes the
+    softmax explicitly, otherwise torch's fused
     ``scaled_dot_product_attention`` runs with the position logits as an additive mask
     (except inside :func:`~attnlab.attention.capture_attention`, which records the weights).
     """
@@ -135,9 +136,9 @@ class RelPosSelfAttention2d(nn.Module):
                 f"got ({', '.join(map(str, x.shape))})"
             )
 
-    def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """``x`` ``(B, dim, H, W)`` -> ``(B, dim, H, W)``, or ``(output, weights)`` with
-        ``need_weights`` (see the class docstring for shapes)."""
+    def forward(self, x: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """``x`` ``(B, dim, H, W)`` -> ``(output (B, dim, H, W), weights or None)`` (see the
+        class docstring for shapes)."""
         self._check_input(x)
         b, c, h, w = x.shape
         n, d = self.num_heads, self.head_dim
@@ -153,7 +154,7 @@ class RelPosSelfAttention2d(nn.Module):
         if capture is not None:
             capture(weights)  # (B, heads, H*W, H*W)
         out = out.transpose(-1, -2).reshape(b, c, h, w)  # (B, heads, D, HW) -> channel = head * D + d
-        return (out, weights) if need_weights else out
+        return out, (weights if need_weights else None)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, size={self.size}, dropout={self.dropout}"

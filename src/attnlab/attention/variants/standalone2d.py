@@ -58,14 +58,14 @@ class StandAloneSelfAttention2d(nn.Module):
     output          ``(B, dim, H, W)``: the heads' outputs concatenated channel-wise
                     (``channel = head * D + d``); there is no output projection,
                     as in the paper, where the layer replaces a convolution
-    weights         ``(B, heads, H*W, k*k)``, only with ``need_weights=True``: query
+    weights         ``(B, heads, H*W, k*k)`` with ``need_weights=True``, else ``None``: query
                     pixels in row-major order (``i = y * W + x``), window positions
                     in row-major order (``(dy + k//2) * k + (dx + k//2)``); positions
                     outside the map have weight 0, each row sums to 1
     ==============  =================================================================
 
-    ``forward(x)`` returns the output tensor; ``forward(x, need_weights=True)`` returns
-    ``(output, weights)``.
+    ``forward(x)`` returns ``(output, None)``, as every attention kind does;
+    ``forward(x, need_weights=True)`` returns ``(output, weights)``.
     """
 
     def __init__(
@@ -120,15 +120,15 @@ class StandAloneSelfAttention2d(nn.Module):
         logits_c = torch.einsum("bnld,nkd->bnlk", q[..., d_rows:], self.rel_cols)  # over column offset
         return (logits_r[..., :, None] + logits_c[..., None, :]).flatten(-2)  # window row-major
 
-    def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """``x`` ``(B, dim, H, W)`` -> ``(B, dim, H, W)``, or ``(output, weights)`` with
-        ``need_weights`` (see the class docstring for shapes)."""
+    def forward(self, x: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """``x`` ``(B, dim, H, W)`` -> ``(output (B, dim, H, W), weights or None)`` (see the
+        class docstring for shapes)."""
         self._check_input(x)
         b, c, h, w = x.shape
         n, d, k = self.num_heads, self.head_dim, self.kernel_size
         if h == 0 or w == 0:  # an empty map (which the 1x1 conv refuses): nothing to attend
             out = x.clone()  # the empty (B, dim, H, W) result, on the autograd graph
-            return (out, x.new_zeros(b, n, 0, k * k)) if need_weights else out
+            return out, (x.new_zeros(b, n, 0, k * k) if need_weights else None)
         q, kk, v = self.qkv(x).chunk(3, dim=1)  # three (B, C, H, W)
         q = q.reshape(b, n, d, h * w).transpose(-1, -2) * (1.0 / math.sqrt(d))  # (B, n, HW, D), scaled once
         keys, values = self._windows(kk), self._windows(v)  # (B, n, HW, k*k, D)
@@ -146,9 +146,7 @@ class StandAloneSelfAttention2d(nn.Module):
             need_weights=need_weights,
         )
         out = out.reshape(b, n, h * w, d).transpose(-1, -2).reshape(b, c, h, w)  # channel = head * D + d
-        if need_weights:
-            return out, weights.reshape(b, n, h * w, k * k)  # type: ignore[union-attr]
-        return out
+        return out, (weights.reshape(b, n, h * w, k * k) if need_weights else None)  # type: ignore[union-attr]
 
     def extra_repr(self) -> str:
         return (
