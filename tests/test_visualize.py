@@ -9,6 +9,8 @@ import torch
 import yaml
 from PIL import Image
 
+import attnlab
+
 from attnlab.tasks.text_classification import TextInfo
 from attnlab.cli import main
 from attnlab.data.tokenize import TextTokenizer
@@ -213,4 +215,39 @@ def test_cli_missing_run_dir_and_query_on_a_vit_exit_2(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     run = make_run(tmp_path / "vit", "vit-digits", ["model.options.depth=1"], image_model)
     assert main(["visualize", str(run), "--query", "1,1"]) == 2
-    assert "BoTNet query pixels" in capsys.readouterr().err
+    assert "query pixels of a model with 2-D attention (BoTNet)" in capsys.readouterr().err
+
+
+def test_a_family_says_how_its_attention_is_drawn():
+    from torch import nn
+
+    from attnlab.models.maps import PixelMaps, attention_maps_adapter, register_attention_maps
+    from attnlab.models.vit import VisionTransformer
+
+    class MyViT(VisionTransformer):  # a subclass draws as its family does
+        pass
+
+    vit = attnlab.create_model("vit_digits_patch2", depth=1, embed_dim=32, num_heads=2).eval()
+    assert attention_maps_adapter(MyViT(vit.config)) is attention_maps_adapter(vit) is not None
+    logits, maps = attention_maps_adapter(vit)(vit, torch.randn(2, 1, 8, 8))
+    assert logits.shape == (2, 10) and maps.grid == (4, 4) and maps.prefix == 1
+    assert [tuple(w.shape) for w in maps.layers] == [(2, 2, 17, 17)]
+
+    class Mine(nn.Module):
+        pass
+
+    assert attention_maps_adapter(Mine()) is None
+
+    @register_attention_maps(Mine)
+    def _mine(model, x):
+        return x.sum((1, 2, 3))[:, None], PixelMaps([])
+
+    assert attention_maps_adapter(Mine()) is _mine
+
+
+def test_a_run_whose_family_draws_no_attention_says_which_do(tmp_path, capsys):
+    run = make_run(tmp_path / "res", "resnet-cifar10", ["model.options={layers: [1, 1, 1, 1], widths: [8, 8, 8, 8], "
+                                                         "stem_width: 8}"], image_model)
+    assert main(["visualize", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be visualized" in err and "BoTNet" in err and "VisionTransformer" in err and "Traceback" not in err

@@ -25,6 +25,7 @@ from ..attention.registry import attend_grid, attention_family, build_attention
 from ..attention.variants import relpos2d  # noqa: F401  (registers "relpos2d")
 from ..errors import InputError
 from ..layers.channel_attention import build_channel_attention
+from .maps import PixelMaps, register_attention_maps
 from .registry import register_model
 from .resnet import Bottleneck, ResNet, ResNetConfig, conv1x1, projection
 
@@ -202,6 +203,29 @@ class BoTNet(ResNet):
         with capture_attention(self, include=names) as maps:
             self(x)
         return [maps[name][0] for name in names]
+
+
+@register_attention_maps(BoTNet)
+def _botnet_maps(model: BoTNet, x: Tensor) -> tuple[Tensor, PixelMaps]:
+    """Every BoT block's attention, with the map size it attends over (its input's: the
+    1x1 reduce keeps the size)."""
+    blocks = [(name, m) for name, m in model.named_modules() if isinstance(m, BoTBlock)]
+    sizes: dict[str, tuple[int, int]] = {}
+
+    def note_size(name: str):
+        def hook(module: nn.Module, args: tuple) -> None:  # returns None: the input stays as it is
+            sizes.setdefault(name, tuple(args[0].shape[-2:]))
+        return hook
+
+    hooks = [m.register_forward_pre_hook(note_size(name)) for name, m in blocks]
+    attn = [f"{n}.attn" if n else "attn" for n, _ in blocks]
+    try:
+        with capture_attention(model, include=attn, cpu=True) as maps:
+            logits = model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return logits, PixelMaps([(name, maps[a][0], sizes[name]) for (name, _), a in zip(blocks, attn)])
 
 
 # --------------------------------------------------------------------------- registry

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..attention.capture import capture_attention
 from ..attention.registry import attention_family, build_attention
 from ..dropout import Dropout
 from ..errors import InputError
@@ -19,6 +20,7 @@ from ..layers.norms import build_norm
 from ..layers.patch_embed import PatchEmbed, ShiftedImages, to_2tuple
 from ..layers.pos_embed_2d import LearnedPosEmbed2d, RelativePositionBias2d, resample_pos_embed, sincos_2d
 from .checkpoint import load_checkpoint
+from .maps import TokenGridMaps, register_attention_maps
 from .registry import build_config, check_attention_options, register_model
 
 __all__ = ["ViTConfig", "VisionTransformer", "Block"]
@@ -311,3 +313,13 @@ def vit_sketch_cifar(**overrides: Any) -> VisionTransformer:
     """The tutorials' single-block ViT sketch: 32x32, patch 4, width 128, 1 block, 4 heads."""
     return _vit(dict(img_size=32, patch_size=4, num_classes=10, embed_dim=128, depth=1, num_heads=4), overrides)
 
+
+@register_attention_maps(VisionTransformer)
+def _vit_maps(model: VisionTransformer, x: Tensor) -> tuple[Tensor, TokenGridMaps]:
+    """Every block's attention over the class token(s) and the patch grid."""
+    with capture_attention(model, cpu=True) as maps:
+        logits = model(x)
+    layers = [calls[0] for calls in maps.values() if calls]  # (B, H, N, N) per block
+    grid = model.patch_embed.grid_for(x.shape[-2], x.shape[-1])
+    return logits, TokenGridMaps(layers, tuple(grid), model.num_prefix_tokens,
+                                 "token" if model.config.global_pool == "token" else "avg")

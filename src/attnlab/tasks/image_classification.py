@@ -31,7 +31,6 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from ..attention.capture import capture_attention
 from ..data import load_digits_dataset
 from ..data.images import CIFAR10, CIFAR10_CLASSES, ImageFolder, decode_image, decompression_bomb_sizes, scan_images
 from ..data.transforms import cifar_eval_transforms, cifar_train_transforms, digits_transforms, folder_transforms
@@ -40,9 +39,8 @@ from ..engine.device import autocast, select_device
 from ..engine.trainer import evaluate_model
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
-from ..models.botnet import BoTBlock, BoTNet
 from ..models.registry import config_class
-from ..models.vit import VisionTransformer
+from ..models.maps import TokenGridMaps, attention_maps_adapter, families_with_maps
 from .base import DataConfig, ImageSpec, ModelConfig, Recipe, Task, TrainedRun, register_task
 from .splits import cap_per_class, stratified_split
 from .runs import checkpoint_label, fit_run, load_run, load_weights, open_run, test_run, write_results
@@ -478,23 +476,33 @@ class ImageClassification(Task):
     def attention_views(self, run: TrainedRun, inputs: Sequence[Any] | None, *, max_inputs: int = 2,
                         queries: Sequence[tuple[int, int]] | None = None) -> list[Any]:
         model = run.model
-        if isinstance(model, VisionTransformer):
-            if queries is not None:
-                raise InputError(f"queries (--query) choose BoTNet query pixels; run {run.run_dir} is a ViT")
-        elif not isinstance(model, BoTNet):
-            raise InputError(f"run {run.run_dir} cannot be visualized: visualize draws ViT (hybrid too) and BoTNet "
-                             f"image models, and this run's model is {run.recipe.model.name!r}")
+        adapter = attention_maps_adapter(model)  # the model's family says how its attention is drawn
+        if adapter is None:
+            raise InputError(f"run {run.run_dir} cannot be visualized: visualize draws image models whose family "
+                             f"says how its attention maps are drawn ({', '.join(families_with_maps())}), and this "
+                             f"run's model is {run.recipe.model.name!r}")
         images, names = self._images(run, inputs, max_inputs)
         x = run.image.transform(images).to(next(model.parameters()).device)
-        if isinstance(model, VisionTransformer):
-            return _vit_views(model, images, x, names, run.classes)
+        logits, maps = adapter(model, x)
+        probs = logits.float().softmax(-1)
+        titles = []
+        for b in range(images.shape[0]):
+            p, c = probs[b].max(0)
+            titles.append(f"{names[b]} -> {run.classes[int(c)]} ({float(p):.2f})")
+        if isinstance(maps, TokenGridMaps):
+            if queries is not None:
+                raise InputError(f"queries (--query) choose query pixels of a model with 2-D attention (BoTNet); run "
+                                 f"{run.run_dir} is a {type(model).__name__} over patch tokens")
+            return [ImageAttention(titles[b], images[b], [w[b] for w in maps.layers], maps.grid, maps.prefix,
+                                   maps.pooling) for b in range(images.shape[0])]
         h, w = images.shape[-2:]
         for r, c in queries or ():
             if not (0 <= r < h and 0 <= c < w):
                 raise InputError(f"queries: ({r}, {c}) lies outside the {h}x{w} image the model sees; "
                                  f"need 0 <= row < {h} and 0 <= col < {w}")
-        return _botnet_views(model, images, x, names, run.classes,
-                             list(queries or [(h // 2, w // 2), (h // 4, w // 4), (3 * h // 4, 3 * w // 4)]))
+        shown = list(queries or [(h // 2, w // 2), (h // 4, w // 4), (3 * h // 4, 3 * w // 4)])
+        return [PixelAttention(titles[b], images[b], [(name, weights[b], size) for name, weights, size in maps.blocks],
+                               shown) for b in range(images.shape[0])]
 
     def _images(self, run: TrainedRun, inputs: Sequence[Any] | None, max_inputs: int) -> tuple[Tensor, list[str]]:
         """``uint8`` ``(N, C, H, W)`` images as the model's data has them, and their names."""
@@ -511,44 +519,3 @@ class ImageClassification(Task):
         return images, [f"test image {k}, label {run.classes[int(test.ds.targets[k])]}" for k in range(n)]
 
 
-def _vit_views(model: VisionTransformer, images: Tensor, x: Tensor, names: list[str],
-               classes: list[str]) -> list[ImageAttention]:
-    with capture_attention(model, cpu=True) as maps:
-        probs = model(x).float().softmax(-1)
-    layers = [calls[0] for calls in maps.values() if calls]  # (B, H, N, N) per block
-    grid = model.patch_embed.grid_for(x.shape[-2], x.shape[-1])
-    views = []
-    for b in range(images.shape[0]):
-        p, c = probs[b].max(0)
-        views.append(ImageAttention(f"{names[b]} -> {classes[int(c)]} ({float(p):.2f})", images[b],
-                                    [w[b] for w in layers], tuple(grid), model.num_prefix_tokens,
-                                    "token" if model.config.global_pool == "token" else "avg"))
-    return views
-
-
-def _botnet_views(model: BoTNet, images: Tensor, x: Tensor, names: list[str], classes: list[str],
-                  queries: list[tuple[int, int]]) -> list[PixelAttention]:
-    blocks = [(name, m) for name, m in model.named_modules() if isinstance(m, BoTBlock)]
-    sizes: dict[str, tuple[int, int]] = {}
-
-    def note_size(name: str):
-        def hook(module: nn.Module, args: tuple) -> None:  # returns None: the input stays as it is
-            sizes.setdefault(name, tuple(args[0].shape[-2:]))
-        return hook
-
-    # The attention runs at the block's input resolution (its 1x1 reduce keeps the size).
-    hooks = [m.register_forward_pre_hook(note_size(name)) for name, m in blocks]
-    attn = [f"{n}.attn" if n else "attn" for n, _ in blocks]
-    try:
-        with capture_attention(model, include=attn, cpu=True) as maps:
-            probs = model(x).float().softmax(-1)
-    finally:
-        for h in hooks:
-            h.remove()
-    views = []
-    for b in range(images.shape[0]):
-        p, c = probs[b].max(0)
-        views.append(PixelAttention(f"{names[b]} -> {classes[int(c)]} ({float(p):.2f})", images[b],
-                                    [(name, maps[a][0][b], sizes[name]) for (name, _), a in zip(blocks, attn)],
-                                    queries))
-    return views
