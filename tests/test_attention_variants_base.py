@@ -55,7 +55,7 @@ def test_errors_name_the_kind_and_the_argument():
         m(torch.randn(2, 5, 16))
     with pytest.raises(ValueError, match=r"key_padding_mask must be bool of shape \(2, 5\)"):
         Dense(32, 4)(x, key_padding_mask=torch.zeros(2, 5))
-    with pytest.raises(ValueError, match="dim must be a positive multiple of num_heads"):
+    with pytest.raises(ValueError, match="embed_dim must be divisible by num_heads"):
         Dense(30, 4)
     with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
         Dense(32, 4, dropout=1.0)

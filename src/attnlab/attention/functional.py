@@ -30,7 +30,21 @@ from torch import Tensor
 from ..dropout import dropout
 from ..errors import InputError, shape_str
 
-__all__ = ["scaled_dot_product_attention", "merge_masks", "causal_mask"]
+__all__ = ["check_heads", "scaled_dot_product_attention", "merge_masks", "causal_mask"]
+
+
+def check_heads(embed_dim: int, num_heads: int, dropout: float = 0.0) -> None:
+    """The arguments every attention module shares, checked once for all of them:
+    ``embed_dim`` and ``num_heads`` positive integers, ``num_heads`` dividing ``embed_dim``,
+    ``dropout`` in ``[0, 1)``."""
+    if isinstance(embed_dim, bool) or isinstance(num_heads, bool) or not isinstance(embed_dim, int) \
+            or not isinstance(num_heads, int) or embed_dim <= 0 or num_heads <= 0:
+        raise InputError(f"embed_dim and num_heads must be positive integers; got embed_dim={embed_dim!r}, "
+                         f"num_heads={num_heads!r}")
+    if embed_dim % num_heads:
+        raise InputError(f"embed_dim must be divisible by num_heads; got embed_dim={embed_dim}, num_heads={num_heads}")
+    if not 0.0 <= dropout < 1.0:
+        raise InputError(f"dropout must be in [0, 1); got {dropout}")
 
 
 def causal_mask(lq: int, lk: int, device: torch.device | str | None = None) -> Tensor:

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, shape_str
 from .cache import KVCache
-from .functional import scaled_dot_product_attention
+from .functional import check_heads, scaled_dot_product_attention
 from .registry import register_attention
 
 __all__ = ["MultiHeadAttention", "SelfAttention", "CrossAttention"]
@@ -71,14 +71,7 @@ class MultiHeadAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if embed_dim <= 0 or num_heads <= 0:
-            raise InputError(f"embed_dim and num_heads must be positive; got {embed_dim} and {num_heads}")
-        if embed_dim % num_heads != 0:
-            raise InputError(
-                f"embed_dim must be divisible by num_heads; got embed_dim={embed_dim}, num_heads={num_heads}"
-            )
-        if not 0.0 <= dropout < 1.0:
-            raise InputError(f"dropout must be in [0, 1); got {dropout}")
+        check_heads(embed_dim, num_heads, dropout)
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads

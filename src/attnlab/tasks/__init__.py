@@ -18,9 +18,9 @@ from .base import (DataConfig, ImageSpec, ModelConfig, Recipe, Task, TrainedRun,
                    recipe_dict, recipe_from_dict, register_task)
 from .runs import CHANGES, CONFIG, RESULTS, finish_run, load_run, open_run, read_config, read_recipe, read_results
 from .views import (AlignmentAttention, ClassifierPredictions, ImageAttention, LabelPrediction, PixelAttention,
-                    SampleTable, TextPrediction, TokenAttention)
+                    SampleTable, TextPrediction, TextAttention)
 
 __all__ = ["Task", "TrainedRun", "Recipe", "DataConfig", "ModelConfig", "ImageSpec", "register_task", "get_task",
            "list_tasks", "recipe_from_dict", "recipe_dict", "load_run", "finish_run", "open_run", "read_config", "read_recipe",
            "read_results", "CONFIG", "CHANGES", "RESULTS", "LabelPrediction", "TextPrediction", "ClassifierPredictions", "SampleTable",
-           "TokenAttention", "AlignmentAttention", "ImageAttention", "PixelAttention"]
+           "TextAttention", "AlignmentAttention", "ImageAttention", "PixelAttention"]

@@ -46,7 +46,7 @@ from .base import DataConfig, ModelConfig, Recipe, Task, TrainedRun, check_texts
 from .image_classification import predict_labels, spread
 from .splits import stratified_split
 from .runs import checkpoint_label, fit_run, load_run, load_weights, open_run, test_run, write_results
-from .views import ClassifierPredictions, LabelPrediction, TokenAttention
+from .views import ClassifierPredictions, LabelPrediction, TextAttention
 
 __all__ = ["TextConfig", "TextDataConfig", "TextClassificationRecipe", "TextClassification", "build_tokenizer",
            "CLASSES"]
@@ -403,7 +403,7 @@ class TextClassification(Task):
                 probs = model(batch["input_ids"].to(device), batch["attention_mask"].to(device)).float().softmax(-1)[0]
             p, c = probs.max(0)
             layers = [(name, calls[0][0]) for name, calls in maps.items() if calls]
-            views.append(TokenAttention(f'"{shorten(text)}" -> {run.classes[int(c)]} ({float(p):.2f})',
+            views.append(TextAttention(f'"{shorten(text)}" -> {run.classes[int(c)]} ({float(p):.2f})',
                                         run.tokenizer.readable_tokens(batch["input_ids"][0]), layers))
         return views
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["LabelPrediction", "TextPrediction", "ClassifierPredictions", "SampleTable", "TokenAttention",
+__all__ = ["LabelPrediction", "TextPrediction", "ClassifierPredictions", "SampleTable", "TextAttention",
            "AlignmentAttention", "ImageAttention", "PixelAttention"]
 
 
@@ -86,7 +86,7 @@ class SampleTable:
 
 
 @dataclass
-class TokenAttention:
+class TextAttention:
     """Self-attention over one token sequence: per layer ``(name, weights (heads, L, L))``."""
 
     title: str

@@ -5,7 +5,7 @@
 =====================  ========================================================  ==========================
 view                   pictures (one set per input)                              files
 =====================  ========================================================  ==========================
-TokenAttention         per layer: every head's token-to-token heatmap, the mean  ``NN_layerL.png``
+TextAttention          per layer: every head's token-to-token heatmap, the mean  ``NN_layerL.png``
 ImageAttention (ViT)   rollout and the last layer's class-token attention per    ``NN_vit.png``
                        head, over the image
 PixelAttention         per block: where the query pixels look, per head          ``NN_botnet_blockK.png``
@@ -24,7 +24,7 @@ import torch
 
 from ..engine.device import select_device
 from ..errors import InputError
-from ..tasks import (AlignmentAttention, ImageAttention, PixelAttention, TokenAttention, TrainedRun, load_run)
+from ..tasks import (AlignmentAttention, ImageAttention, PixelAttention, TextAttention, TrainedRun, load_run)
 from .attention import alignment_figure, attention_rollout, image_attention_figure, pixel_query_figure, token_heatmaps
 
 __all__ = ["visualize_run", "draw_views"]
@@ -64,7 +64,7 @@ def draw_views(views: Sequence[Any], out: Path) -> list[Path]:
     ``out``; returns the PNGs written, in order."""
     paths = []
     for i, view in enumerate(views):
-        if isinstance(view, TokenAttention):
+        if isinstance(view, TextAttention):
             for layer, (name, w) in enumerate(view.layers):
                 paths.append(token_heatmaps(w, view.tokens, view.tokens, out / f"{i:02d}_layer{layer}.png",
                                             title=f"{view.title}\nlayer {layer} ({name})"))

@@ -18,9 +18,9 @@ from typing import NamedTuple
 
 from torch import Tensor, nn
 
-from ..functional import scaled_dot_product_attention
+from ..functional import check_heads, scaled_dot_product_attention
 from ..registry import register_attention
-from .grid import check_heads, check_map, grid_size
+from .grid import check_map, grid_size
 
 __all__ = ["AxialAttention2d", "AxialWeights"]
 

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import InputError, shape_str
+from ..functional import check_heads
 
 __all__ = ["TokenAttention"]
 
@@ -40,11 +41,10 @@ class TokenAttention(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
-        if dim <= 0 or num_heads <= 0 or dim % num_heads:
-            raise InputError(f"{self.kind}: dim must be a positive multiple of num_heads; got dim={dim}, "
-                             f"num_heads={num_heads}")
-        if not 0.0 <= dropout < 1.0:
-            raise InputError(f"{self.kind}: dropout must be in [0, 1); got {dropout}")
+        try:
+            check_heads(dim, num_heads, dropout)
+        except InputError as exc:
+            raise InputError(f"{self.kind}: {exc}") from None
         self.embed_dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.dropout = dropout
         self.in_proj = nn.Linear(dim, 3 * dim, bias=bias)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...errors import InputError
 
-__all__ = ["grid_size", "check_heads", "check_map"]
+__all__ = ["grid_size", "check_map"]
 
 
 def grid_size(size: int | tuple[int, int] | list[int] | None, *, optional: bool = False) -> tuple[int, int] | None:
@@ -16,16 +16,6 @@ def grid_size(size: int | tuple[int, int] | list[int] | None, *, optional: bool 
         allowed = "None, a positive integer" if optional else "a positive integer"
         raise InputError(f"size must be {allowed} or a pair (H, W) of them; got {size!r}")
     return pair  # type: ignore[return-value]
-
-
-def check_heads(dim: int, num_heads: int, dropout: float) -> None:
-    """``dim`` and ``num_heads`` positive integers, ``num_heads`` dividing ``dim``; ``dropout`` in [0, 1)."""
-    if not isinstance(dim, int) or not isinstance(num_heads, int) or dim <= 0 or num_heads <= 0:
-        raise InputError(f"dim and num_heads must be positive integers; got dim={dim!r}, num_heads={num_heads!r}")
-    if dim % num_heads != 0:
-        raise InputError(f"dim must be divisible by num_heads; got dim={dim}, num_heads={num_heads}")
-    if not 0.0 <= dropout < 1.0:
-        raise InputError(f"dropout must be in [0, 1); got {dropout}")
 
 
 def check_map(x, dim: int, size: tuple[int, int] | None) -> None:

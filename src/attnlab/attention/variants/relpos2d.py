@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...errors import InputError
-from ..functional import scaled_dot_product_attention
+from ..functional import check_heads, scaled_dot_product_attention
 from ..registry import register_attention
-from .grid import check_heads, grid_size
+from .grid import grid_size
 
 __all__ = ["RelPosSelfAttention2d"]
 
