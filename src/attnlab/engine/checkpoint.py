@@ -46,6 +46,7 @@ __all__ = [
     "checkpoint_step",
     "load_weights_into",
     "nonfinite_tensors",
+    "nonfinite_summary",
     "check_finite",
     "capture_rng_state",
     "restore_rng_state",
@@ -262,16 +263,25 @@ def nonfinite_tensors(weights: dict[str, Tensor]) -> list[str]:
     return [name for name, t in weights.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
 
 
+def nonfinite_summary(weights: dict[str, Tensor]) -> tuple[str, str] | None:
+    """``("40 of 56", "blocks.0.attn.in_proj.weight, ... and 37 more")``: how many floating
+    tensors of ``weights`` hold NaN or infinity, and which; ``None`` when all are finite."""
+    bad = nonfinite_tensors(weights)
+    if not bad:
+        return None
+    floating = sum(t.is_floating_point() for t in weights.values())
+    return f"{len(bad)} of {floating}", ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+
+
 def check_finite(weights: dict[str, Tensor], source: str | Path) -> None:
     """:class:`CheckpointError` naming ``source`` when any weight is NaN or infinite: the
     weights of a diverged run, which no evaluation, prediction or resume can use."""
-    bad = nonfinite_tensors(weights)
-    if bad:
-        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-        floating = sum(t.is_floating_point() for t in weights.values())
-        raise CheckpointError(f"the weights in {source} are not finite ({len(bad)} of {floating} tensors hold NaN or "
-                              f"infinity: {shown}): they come from a diverged run and cannot be used; take an "
-                              f"earlier checkpoint")
+    summary = nonfinite_summary(weights)
+    if summary is not None:
+        count, names = summary
+        raise CheckpointError(f"the weights in {source} are not finite ({count} tensors hold NaN or infinity: "
+                              f"{names}): they come from a diverged run and cannot be used; take an earlier "
+                              f"checkpoint")
 
 
 def load_weights_into(model: torch.nn.Module, weights: dict[str, Tensor], source: str | Path) -> None:

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from . import distributed
 from ..errors import InputError
 from .config import check_bounds
-from .checkpoint import (capture_rng_state, latest_checkpoint, load_checkpoint, load_weights_into, nonfinite_tensors,
+from .checkpoint import (capture_rng_state, latest_checkpoint, load_checkpoint, load_weights_into, nonfinite_summary,
                          restore_rng_state, save_checkpoint, save_named_checkpoint)
 from .device import autocast, make_grad_scaler, resolve_precision, seed_everything, select_device
 from .metrics import MetricsLog, TensorBoardLog
@@ -463,14 +463,12 @@ class Trainer:
         for label, module in (("weights", self.model), ("EMA weights", self.ema)):
             if module is None:
                 continue
-            weights = module.state_dict()
-            bad = nonfinite_tensors(weights)
-            if bad:
-                floating = sum(t.is_floating_point() for t in weights.values())
+            summary = nonfinite_summary(module.state_dict())
+            if summary is not None:
+                count, names = summary
                 raise NonFiniteLossError(
-                    f"training diverged by step {self.step}: {len(bad)} of {floating} {label} tensors hold NaN or "
-                    f"infinity ({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); no {what} was written"
-                    f"{self._last_good()}. Lower train.lr or set train.grad_clip")
+                    f"training diverged by step {self.step}: {count} {label} tensors hold NaN or infinity ({names}); "
+                    f"no {what} was written{self._last_good()}. Lower train.lr or set train.grad_clip")
 
     @torch.no_grad()
     def evaluate(self, data: Any = None, model: nn.Module | None = None) -> dict[str, float]:

@@ -163,8 +163,7 @@ def load_run(run_dir: str | Path, checkpoint: str = "auto", *, device: str = "cp
     if not run_dir.is_dir():
         raise InputError(f"run_dir must be a run directory; {run_dir} does not exist")
     recipe = read_recipe(run_dir)
-    task = get_task(recipe.task)
-    run = task.load(run_dir, recipe, checkpoint)
+    run = get_task(recipe.task).load(run_dir, recipe, checkpoint)
     run.model.to(select_device(device))
     if not (run_dir / RESULTS).is_file():
         warnings.warn(UnfinishedRunWarning(
@@ -237,11 +236,11 @@ def _resume_changes(recipe: Recipe, run_dir: Path, allow_changes: bool) -> dict[
 
 
 def _resolutions(recipe: Recipe, run_dir: Path, device: torch.device, step: int, allow_changes: bool,
-                 parent: Path | None, log: Callable[[str], None]) -> list[Resolution]:
-    """The run's records of what ``auto`` became (:mod:`attnlab.engine.resolved`), with a
-    new one when this stretch of training starts one: a new run (a sub-run takes its
-    ``parent``'s), another precision asked, or a machine that cannot run the recorded
-    precision, which is refused unless ``allow_changes``."""
+                 parent: Path | None, log: Callable[[str], None]) -> list[Resolution] | None:
+    """The run's records of what ``auto`` became (:mod:`attnlab.engine.resolved`) when this
+    stretch of training adds one (``None``: the recorded ones stand): a new run (a sub-run
+    takes its ``parent``'s), another precision asked, or a machine that cannot run the
+    recorded precision, which is refused unless ``allow_changes``."""
     asked = recipe.train.precision
     records = read_resolutions(run_dir)
     if not records:
@@ -256,7 +255,7 @@ def _resolutions(recipe: Recipe, run_dir: Path, device: torch.device, step: int,
     last = records[-1]
     if asked != "auto":
         if asked == last.precision:
-            return records
+            return None
         return records + [resolve_run(asked, device, step)]  # a precision changed with --allow-changes
     problem = precision_problem(last.precision, device)
     if problem is None:
@@ -264,7 +263,7 @@ def _resolutions(recipe: Recipe, run_dir: Path, device: torch.device, step: int,
         if last.threads != torch.get_num_threads():
             log(f"note: the run trained with {last.threads} threads, this process has {torch.get_num_threads()}: "
                 f"float sums may differ in their last bits from an uninterrupted run")
-        return records
+        return None
     if not allow_changes:
         raise RunDirError(f"--resume: {run_dir} trains in {last.precision} (precision auto chose it on "
                           f"{last.machine}; recorded in {RESOLVED}), and {problem}. Resume on a machine that runs "
@@ -325,7 +324,7 @@ def _claim(recipe: Recipe, run_dir: Path, resume: bool, allow_changes: bool, che
     resolutions = _resolutions(recipe, run_dir, device, step, allow_changes, parent, log)
     if not has_config:
         atomic_write_bytes(run_dir / CONFIG, yaml.safe_dump(recipe_dict(recipe), sort_keys=False).encode())
-    if resolutions != read_resolutions(run_dir):
+    if resolutions is not None:
         write_resolutions(run_dir, resolutions)
     if changes:
         _record_changes(run_dir, changes, 0 if state.valid is None else checkpoint_step(state.valid))
