@@ -96,14 +96,13 @@ def test_axial_wrong_input_shape(shape):
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(dim=30, num_heads=4),
-        dict(dim=32, num_heads=0),
-        dict(dim=32, num_heads=4, dropout=1.0),
-        dict(dim=32, num_heads=4, size=(5, 0)),
-        dict(dim=32, num_heads=4, size=(1, 2, 3)),
+        dict(embed_dim=30, num_heads=4),
+        dict(embed_dim=32, num_heads=0),
+        dict(embed_dim=32, num_heads=4, dropout=1.0),
+        dict(embed_dim=32, num_heads=4, size=(5, 0)),
+        dict(embed_dim=32, num_heads=4, size=(1, 2, 3)),
     ],
 )
 def test_axial_bad_arguments(kwargs):
-    dim, heads = kwargs.pop("dim"), kwargs.pop("num_heads")
     with pytest.raises(ValueError):
-        AxialAttention2d(dim, heads, **kwargs)
+        AxialAttention2d(**kwargs)

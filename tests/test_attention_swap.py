@@ -1,6 +1,8 @@
 """Every registered attention kind plugs into the models that take one, trains a step
 with gradient checkpointing, and keeps the model's checkpoint keys of exact attention."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -84,3 +86,40 @@ def test_translator_encoder_with_each_kind(kind):
 def test_translator_rejects_a_grid_kind():
     with pytest.raises(ValueError, match="attention must be a 'tokens' kind; 'axial' is a grid kind"):
         create_model("transformer_tiny", attention="axial")
+
+
+def test_vit_rejects_a_grid_kind():
+    with pytest.raises(ValueError, match="attention must be a 'tokens' kind; 'axial' is a grid kind"):
+        create_model("vit_digits_patch2", attention="axial")
+
+
+@pytest.mark.parametrize("kind", sorted(TOKEN_OPTIONS) + sorted(GRID_OPTIONS))
+def test_every_kind_is_built_from_embed_dim_and_num_heads(kind):
+    from attnlab.attention import registry
+
+    assert list(inspect.signature(registry._KINDS[kind].cls).parameters)[:2] == ["embed_dim", "num_heads"]
+    options = TOKEN_OPTIONS[kind] if kind in TOKEN_OPTIONS else {"size": (4, 4), **GRID_OPTIONS[kind]}
+    m = registry.build_attention(kind, 32, 4, **options)
+    assert (m.embed_dim, m.num_heads) == (32, 4)
+
+
+def test_build_attention_options_are_the_keywords_after_width_and_heads(monkeypatch):
+    from attnlab.attention import registry
+    from attnlab.attention.multihead import SelfAttention
+
+    # The width and the heads are no options, whatever a kind calls them.
+    with pytest.raises(ValueError, match="unknown option 'dim' of attention 'local'; options: bias, dropout, window$"):
+        registry.build_attention("local", 32, 4, dim=32)
+
+    class Plugin(SelfAttention):  # a kind registered by a plugin, with its own names for the first two
+        def __init__(self, dim, heads, *, gain=1.0, dropout=0.0):
+            super().__init__(dim, heads, dropout=dropout)
+            self.gain = gain
+
+    monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
+    registry.register_attention("plugin_test")(Plugin)
+    assert registry.build_attention("plugin_test", 16, 2, gain=0.5).gain == 0.5
+    with pytest.raises(ValueError, match="unknown option 'gian' of attention 'plugin_test'; did you mean gain"):
+        registry.build_attention("plugin_test", 16, 2, gian=0.5)
+    with pytest.raises(ValueError, match="unknown option 'heads' of attention 'plugin_test'; options: dropout, gain$"):
+        registry.build_attention("plugin_test", 16, 2, heads=2)

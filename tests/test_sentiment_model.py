@@ -234,8 +234,8 @@ def test_grad_checkpointing_gives_the_same_gradients():
 
 def test_a_registered_tokens_kind_is_used_with_its_options(monkeypatch):
     class ScaledSelfAttention(SelfAttention):
-        def __init__(self, dim, num_heads, *, gain=1.0, **kw):
-            super().__init__(dim, num_heads, **kw)
+        def __init__(self, embed_dim, num_heads, *, gain=1.0, **kw):
+            super().__init__(embed_dim, num_heads, **kw)
             self.gain = gain
 
         def forward(self, x, **kw):

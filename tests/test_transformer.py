@@ -131,7 +131,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 
 
 def test_encoder_layer_accepts_batchnorm_by_name():
-    layer = TransformerEncoderLayer(D, H, FF, norm="batchnorm")
+    layer = TransformerEncoderLayer(D, H, mlp_ratio=FF / D, norm="batchnorm")
     assert type(layer.norm1).__name__ == "TokenBatchNorm"
 
 

@@ -318,3 +318,33 @@ def test_attention_options_that_the_model_sets_itself_are_one_clear_error(name, 
     with pytest.raises(InputError, match="attention_options must not set 'dropout': the model sets it from "
                                          "attn_drop_rate, so set that"):
         create_model(name, attention_options={"dropout": 0.2}, **options)
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_vit_block_is_the_transformer_encoder_layer_under_timms_names(norm_first):
+    """One encoder block: with the same weights, a ViT block and a GELU encoder layer give the
+    same tokens, dropout and drop path included; each keeps its own state_dict keys."""
+    from attnlab.layers import EncoderBlock, TransformerEncoderLayer
+    from attnlab.models.vit import Block
+
+    rates = dict(mlp_ratio=2.0, drop_rate=0.1, attn_drop_rate=0.2, drop_path_rate=0.3, norm_first=norm_first)
+    vit_block = Block(32, 4, **rates)
+    layer = TransformerEncoderLayer(32, 4, activation="gelu", norm_eps=1e-6, **rates)
+    assert isinstance(vit_block, EncoderBlock) and isinstance(layer, EncoderBlock)
+    assert list(vit_block.state_dict()) == [
+        "norm1.weight", "norm1.bias", "attn.in_proj.weight", "attn.in_proj.bias", "attn.out_proj.weight",
+        "attn.out_proj.bias", "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight",
+        "mlp.fc2.bias"]  # timm's
+    assert list(layer.state_dict()) == [
+        "self_attn.in_proj.weight", "self_attn.in_proj.bias", "self_attn.out_proj.weight", "self_attn.out_proj.bias",
+        "ff.fc1.weight", "ff.fc1.bias", "ff.fc2.weight", "ff.fc2.bias", "norm1.weight", "norm1.bias",
+        "norm2.weight", "norm2.bias"]  # torch's, with attnlab's in_proj and ff
+    layer.load_state_dict({k.replace("attn.", "self_attn.").replace("mlp.", "ff."): v
+                           for k, v in vit_block.state_dict().items()})
+    x = torch.randn(3, 5, 32)
+    for mode in (False, True):
+        outs = []
+        for m in (vit_block, layer):
+            torch.manual_seed(1)
+            outs.append(m.train(mode)(x))
+        assert torch.equal(outs[0], outs[1])

@@ -2,16 +2,16 @@
 
 Two families share the registry:
 
-* ``"tokens"`` kinds attend over a sequence. Built as ``cls(dim, num_heads, *, dropout,
-  bias, **options)``; called as ``module(x, *, key_padding_mask=None, attn_mask=None,
-  is_causal=False, need_weights=False, average_attn_weights=True)`` with ``x``
-  ``(B, L, dim)``, returning ``(out (B, L, dim), weights or None)``. Masks follow
-  :mod:`attnlab.attention.functional`.
-* ``"grid"`` kinds attend over a feature map. Built as ``cls(dim, num_heads, *,
+* ``"tokens"`` kinds attend over a sequence. Built as ``cls(embed_dim, num_heads, *,
+  dropout, bias, **options)``; called as ``module(x, *, key_padding_mask=None,
+  attn_mask=None, is_causal=False, need_weights=False, average_attn_weights=True)`` with
+  ``x`` ``(B, L, embed_dim)``, returning ``(out (B, L, embed_dim), weights or None)``.
+  Masks follow :mod:`attnlab.attention.functional`.
+* ``"grid"`` kinds attend over a feature map. Built as ``cls(embed_dim, num_heads, *,
   size=(H, W), **options)``; called as ``module(x, need_weights=False)`` with ``x``
-  ``(B, dim, H, W)``, returning ``(out (B, dim, H, W), weights or None)``: ``relpos2d``'s
-  weights are ``(B, heads, H*W, H*W)``, the others' are of their own shapes (each kind's
-  docstring says which).
+  ``(B, embed_dim, H, W)``, returning ``(out (B, embed_dim, H, W), weights or None)``:
+  ``relpos2d``'s weights are ``(B, heads, H*W, H*W)``, the others' are of their own shapes
+  (each kind's docstring says which).
 
 Every kind returns the same pair whatever ``need_weights`` is; the weights are ``None``
 unless asked for. :func:`~attnlab.attention.capture_attention` is the route to the weights
@@ -79,18 +79,20 @@ def attention_family(name: str) -> str:
     return _entry(name).family
 
 
-def build_attention(name: str, dim: int, num_heads: int, **options: Any) -> nn.Module:
-    """Build attention kind ``name`` for width ``dim`` and ``num_heads`` heads; an option
-    the kind does not take is an error naming it (with the close matches)."""
+def build_attention(name: str, embed_dim: int, num_heads: int, **options: Any) -> nn.Module:
+    """Build attention kind ``name`` for width ``embed_dim`` and ``num_heads`` heads; an
+    option the kind does not take is an error naming it (with the close matches)."""
     cls = _entry(name).cls
     params = inspect.signature(cls).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        known = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY
-                 or (p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and n not in ("dim", "embed_dim", "num_heads"))]
+        # The options are the keyword parameters after the first two, which take the width and
+        # the heads (passed by position: a kind registered by a plugin may still call them dim, heads).
+        known = [n for n, p in list(params.items())[2:]
+                 if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
         for key in options:
-            if key not in params:
+            if key not in known:
                 raise InputError(f"unknown option {key!r} of attention {name!r}" + did_you_mean(key, known, "options"))
-    return cls(dim, num_heads, **options)
+    return cls(embed_dim, num_heads, **options)
 
 
 def attention_forms_weights(name: str) -> bool:

@@ -8,6 +8,7 @@ from .norms import LayerNorm, TokenBatchNorm, build_norm
 from .pos_encoding import LearnedPositionalEncoding, SinusoidalPositionalEncoding, build_pos_encoding
 from .transformer_layers import (
     DecoderCache,
+    EncoderBlock,
     TransformerDecoder,
     TransformerDecoderLayer,
     TransformerEncoder,
@@ -27,6 +28,7 @@ __all__ = [
     "SinusoidalPositionalEncoding",
     "LearnedPositionalEncoding",
     "build_pos_encoding",
+    "EncoderBlock",
     "TransformerEncoderLayer",
     "TransformerDecoderLayer",
     "TransformerEncoder",

@@ -6,17 +6,19 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
-from .checkpointing import checkpointed
 
 from ..attention.cache import KVCache
 from ..attention.multihead import MultiHeadAttention
 from ..attention.registry import attention_family, build_attention
 from ..dropout import Dropout
 from ..errors import InputError
+from .checkpointing import checkpointed
+from .drop_path import DropPath
 from .mlp import Mlp
 from .norms import build_norm
 
 __all__ = [
+    "EncoderBlock",
     "TransformerEncoderLayer",
     "TransformerDecoderLayer",
     "TransformerEncoder",
@@ -30,13 +32,69 @@ def _token_padding(mask: Tensor | None) -> Tensor | None:
     return mask if mask is not None and mask.dtype == torch.bool else None
 
 
-class TransformerEncoderLayer(nn.Module):
-    """Self-attention and feed-forward, each wrapped in dropout + residual + norm.
+class EncoderBlock(nn.Module):
+    """The Transformer encoder block: self-attention, then an MLP, each a residual branch
+    with dropout and stochastic depth, pre-norm or post-norm.
 
-    Post-norm (``norm_first=False``, the 2017 paper): ``x = norm(x + drop(f(x)))``.
-    Pre-norm (``norm_first=True``): ``x = x + drop(f(norm(x)))``; trains deep stacks
-    without warm-up tricks. ``norm`` is ``"layernorm"`` or ``"batchnorm"`` (token
-    BatchNorm, see :class:`attnlab.layers.norms.TokenBatchNorm`).
+    Pre-norm (``norm_first=True``): ``x = x + drop_path(drop(f(norm(x))))``; trains deep
+    stacks without warm-up tricks. Post-norm (``norm_first=False``, the 2017 paper):
+    ``x = norm(x + drop_path(drop(f(x))))``. ``f`` is the attention, then the MLP.
+
+    This is the forward of :class:`TransformerEncoderLayer` and of the ViT's
+    :class:`~attnlab.models.vit.Block`. Each builds its parts itself, under its own names
+    (its ``state_dict`` keys: torch's for the one, timm's for the other, so that both
+    load what they always loaded) and in its own order (the order of its seeded
+    initialisation and of its parameters): ``norm1`` and ``norm2`` (norms that take a
+    padding mask, :func:`~attnlab.layers.norms.build_norm`), ``drop`` (a
+    :class:`~attnlab.dropout.Dropout`), ``drop_path`` (a
+    :class:`~attnlab.layers.drop_path.DropPath`), and the two branches, which it calls in
+    :meth:`attend` and :meth:`feed_forward`.
+
+    Shapes: ``x`` ``(B, L, E)`` -> ``(B, L, E)``; ``key_padding_mask`` ``(B, L)``.
+    """
+
+    norm1: nn.Module
+    norm2: nn.Module
+    drop: Dropout
+    drop_path: DropPath
+
+    def __init__(self, *, norm_first: bool) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+
+    def attend(self, x: Tensor, *, key_padding_mask: Tensor | None, attn_mask: Tensor | None,
+               is_causal: bool) -> Tensor:
+        """The attention branch: ``(B, L, E) -> (B, L, E)``."""
+        raise NotImplementedError
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        """The MLP branch: ``(B, L, E) -> (B, L, E)``."""
+        raise NotImplementedError
+
+    def forward(
+        self, x: Tensor, *, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        pad = _token_padding(key_padding_mask)
+        masks = dict(key_padding_mask=key_padding_mask, attn_mask=attn_mask, is_causal=is_causal)
+        if self.norm_first:
+            x = x + self.drop_path(self.drop(self.attend(self.norm1(x, pad), **masks)))
+            return x + self.drop_path(self.drop(self.feed_forward(self.norm2(x, pad))))
+        x = self.norm1(x + self.drop_path(self.drop(self.attend(x, **masks))), pad)
+        return self.norm2(x + self.drop_path(self.drop(self.feed_forward(x))), pad)
+
+
+class TransformerEncoderLayer(EncoderBlock):
+    """Self-attention and feed-forward, each wrapped in dropout + residual + norm
+    (:class:`EncoderBlock`), with the module names of ``torch.nn.TransformerEncoderLayer``
+    (``self_attn``; ``ff`` holds its ``linear1`` and ``linear2``).
+
+    ``norm`` is ``"layernorm"`` or ``"batchnorm"`` (token BatchNorm, see
+    :class:`attnlab.layers.norms.TokenBatchNorm`). The feed-forward width is
+    ``round(embed_dim * mlp_ratio)``, as in the models' configurations; ``drop_rate`` drops
+    on the residual branches and the feed-forward hidden layer, ``attn_drop_rate`` (default
+    ``drop_rate``) on the attention weights, ``drop_path_rate`` whole residual branches
+    (stochastic depth; off by default); ``bias`` is that of every projection.
 
     The self-attention is a ``"tokens"`` kind of the attention registry, built here from
     ``attention`` and ``attention_options`` (``"exact"``: multi-head attention with the
@@ -46,39 +104,31 @@ class TransformerEncoderLayer(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, *,
-        attention_dropout: float | None = None, activation: str = "relu", norm_first: bool = False,
-        norm: str = "layernorm", norm_eps: float = 1e-5, bias: bool = True, attention: str = "exact",
-        attention_options: dict | None = None,
+        self, embed_dim: int, num_heads: int, *, mlp_ratio: float = 4.0, drop_rate: float = 0.1,
+        attn_drop_rate: float | None = None, drop_path_rate: float = 0.0, activation: str = "relu",
+        norm_first: bool = False, norm: str = "layernorm", norm_eps: float = 1e-5, bias: bool = True,
+        attention: str = "exact", attention_options: dict | None = None,
     ) -> None:
-        super().__init__()
-        attn_drop = dropout if attention_dropout is None else attention_dropout
-        self.norm_first = norm_first
+        super().__init__(norm_first=norm_first)
+        attn_drop = drop_rate if attn_drop_rate is None else attn_drop_rate
         if attention_family(attention) != "tokens":  # unknown names fail here, with suggestions
             raise InputError(f"attention must be a 'tokens' kind of the registry; {attention!r} is a grid kind")
         if "dropout" in (attention_options or {}):
-            raise InputError("attention_options must not set 'dropout'; use attention_dropout")
-        self.self_attn = build_attention(attention, d_model, nhead, dropout=attn_drop, bias=bias,
+            raise InputError("attention_options must not set 'dropout'; use attn_drop_rate")
+        self.self_attn = build_attention(attention, embed_dim, num_heads, dropout=attn_drop, bias=bias,
                                          **(attention_options or {}))
-        self.ff = Mlp(d_model, dim_feedforward, activation=activation, dropout=dropout, bias=bias)
-        self.norm1 = build_norm(norm, d_model, norm_eps)
-        self.norm2 = build_norm(norm, d_model, norm_eps)
-        self.dropout = Dropout(dropout)
+        self.ff = Mlp(embed_dim, round(embed_dim * mlp_ratio), activation=activation, dropout=drop_rate, bias=bias)
+        self.norm1 = build_norm(norm, embed_dim, norm_eps)
+        self.norm2 = build_norm(norm, embed_dim, norm_eps)
+        self.drop = Dropout(drop_rate)
+        self.drop_path = DropPath(drop_path_rate)
 
-    def _sa(self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
-        out, _ = self.self_attn(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask, is_causal=is_causal)
-        return self.dropout(out)
+    def attend(self, x: Tensor, *, key_padding_mask: Tensor | None, attn_mask: Tensor | None,
+               is_causal: bool) -> Tensor:
+        return self.self_attn(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask, is_causal=is_causal)[0]
 
-    def forward(
-        self, x: Tensor, *, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
-        is_causal: bool = False,
-    ) -> Tensor:
-        pad = _token_padding(key_padding_mask)
-        if self.norm_first:
-            x = x + self._sa(self.norm1(x, pad), key_padding_mask, attn_mask, is_causal)
-            return x + self.dropout(self.ff(self.norm2(x, pad)))
-        x = self.norm1(x + self._sa(x, key_padding_mask, attn_mask, is_causal), pad)
-        return self.norm2(x + self.dropout(self.ff(x)), pad)
+    def feed_forward(self, x: Tensor) -> Tensor:
+        return self.ff(x)
 
 
 @dataclass
@@ -106,26 +156,27 @@ class DecoderCache:
 
 class TransformerDecoderLayer(nn.Module):
     """Causal self-attention, cross-attention to the encoder memory, feed-forward;
-    post-norm or pre-norm as in :class:`TransformerEncoderLayer`.
+    post-norm or pre-norm, with the arguments of :class:`TransformerEncoderLayer` (its
+    attention is always exact: the key/value cache and the cross-attention need it).
 
     Shapes: ``x`` ``(B, Lt, E)``, ``memory`` ``(B, Ls, E)`` -> ``(B, Lt, E)``.
     """
 
     def __init__(
-        self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, *,
-        attention_dropout: float | None = None, activation: str = "relu", norm_first: bool = False,
+        self, embed_dim: int, num_heads: int, *, mlp_ratio: float = 4.0, drop_rate: float = 0.1,
+        attn_drop_rate: float | None = None, activation: str = "relu", norm_first: bool = False,
         norm: str = "layernorm", norm_eps: float = 1e-5, bias: bool = True,
     ) -> None:
         super().__init__()
-        attn_drop = dropout if attention_dropout is None else attention_dropout
+        attn_drop = drop_rate if attn_drop_rate is None else attn_drop_rate
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, nhead, dropout=attn_drop, bias=bias)
-        self.cross_attn = MultiHeadAttention(d_model, nhead, dropout=attn_drop, bias=bias)
-        self.ff = Mlp(d_model, dim_feedforward, activation=activation, dropout=dropout, bias=bias)
-        self.norm1 = build_norm(norm, d_model, norm_eps)
-        self.norm2 = build_norm(norm, d_model, norm_eps)
-        self.norm3 = build_norm(norm, d_model, norm_eps)
-        self.dropout = Dropout(dropout)
+        self.self_attn = MultiHeadAttention(embed_dim, num_heads, dropout=attn_drop, bias=bias)
+        self.cross_attn = MultiHeadAttention(embed_dim, num_heads, dropout=attn_drop, bias=bias)
+        self.ff = Mlp(embed_dim, round(embed_dim * mlp_ratio), activation=activation, dropout=drop_rate, bias=bias)
+        self.norm1 = build_norm(norm, embed_dim, norm_eps)
+        self.norm2 = build_norm(norm, embed_dim, norm_eps)
+        self.norm3 = build_norm(norm, embed_dim, norm_eps)
+        self.drop = Dropout(drop_rate)
 
     def forward(
         self, x: Tensor, memory: Tensor | None, *, tgt_key_padding_mask: Tensor | None = None,
@@ -140,22 +191,22 @@ class TransformerDecoderLayer(nn.Module):
                 h, key_padding_mask=tgt_key_padding_mask, attn_mask=tgt_mask, is_causal=tgt_is_causal,
                 cache=self_cache,
             )
-            return self.dropout(out)
+            return self.drop(out)
 
         def ca(h: Tensor) -> Tensor:
             mem = h if memory is None else memory  # memory is None only with a filled cache
             out, _ = self.cross_attn(
                 h, mem, key_padding_mask=memory_key_padding_mask, attn_mask=memory_mask, cache=cross_cache
             )
-            return self.dropout(out)
+            return self.drop(out)
 
         if self.norm_first:
             x = x + sa(self.norm1(x, pad))
             x = x + ca(self.norm2(x, pad))
-            return x + self.dropout(self.ff(self.norm3(x, pad)))
+            return x + self.drop(self.ff(self.norm3(x, pad)))
         x = self.norm1(x + sa(x), pad)
         x = self.norm2(x + ca(x), pad)
-        return self.norm3(x + self.dropout(self.ff(x)), pad)
+        return self.norm3(x + self.drop(self.ff(x)), pad)
 
 
 class _Stack(nn.Module):

@@ -161,7 +161,7 @@ class AttentionSentimentClassifier(nn.Module):
         layers = []
         for _ in range(cfg.depth):
             layers.append(TransformerEncoderLayer(
-                e, cfg.num_heads, round(e * cfg.mlp_ratio), cfg.drop_rate, attention_dropout=cfg.attn_drop_rate,
+                e, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, drop_rate=cfg.drop_rate, attn_drop_rate=cfg.attn_drop_rate,
                 activation=cfg.activation, norm_first=cfg.norm_first, norm=cfg.norm, norm_eps=cfg.norm_eps,
                 attention=cfg.attention, attention_options=cfg.attention_options,
             ))

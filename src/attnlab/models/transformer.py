@@ -33,6 +33,8 @@ class Transformer(nn.Module):
 
     ``final_norm`` adds a norm after each stack; default: only for pre-norm, where it is
     needed. ``torch.nn.Transformer`` always has one; :meth:`from_torch` keeps that.
+    The arguments are those of :class:`TransformerConfig` (the feed-forward width is
+    ``round(embed_dim * mlp_ratio)``), with a ``bias`` on every projection.
 
     Shapes: ``src`` ``(B, Ls, E)``, ``tgt`` ``(B, Lt, E)`` -> ``(B, Lt, E)``; padding
     masks ``(B, Ls)`` / ``(B, Lt)``, ``True`` = padding (see
@@ -40,29 +42,29 @@ class Transformer(nn.Module):
     """
 
     def __init__(
-        self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
-        dim_feedforward: int = 2048, dropout: float = 0.1, *, attention_dropout: float | None = None,
+        self, embed_dim: int = 512, num_heads: int = 8, encoder_depth: int = 6, decoder_depth: int = 6, *,
+        mlp_ratio: float = 4.0, drop_rate: float = 0.1, attn_drop_rate: float | None = None,
         activation: str = "relu", norm_first: bool = False, norm: str = "layernorm", norm_eps: float = 1e-5,
         final_norm: bool | None = None, bias: bool = True, attention: str = "exact",
         attention_options: dict | None = None,
     ) -> None:
         super().__init__()
         kw = dict(
-            attention_dropout=attention_dropout, activation=activation, norm_first=norm_first, norm=norm,
-            norm_eps=norm_eps, bias=bias,
+            mlp_ratio=mlp_ratio, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate, activation=activation,
+            norm_first=norm_first, norm=norm, norm_eps=norm_eps, bias=bias,
         )
         final = norm_first if final_norm is None else final_norm
-        self.d_model, self.nhead = d_model, nhead
+        self.embed_dim, self.num_heads = embed_dim, num_heads
         # The encoder's self-attention is any "tokens" kind; the decoder keeps exact attention
         # (its key/value cache and its cross-attention need the weights over every key).
         self.encoder = TransformerEncoder(
-            [TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, attention=attention,
-                                     attention_options=attention_options, **kw) for _ in range(num_encoder_layers)],
-            build_norm(norm, d_model, norm_eps) if final else None,
+            [TransformerEncoderLayer(embed_dim, num_heads, attention=attention, attention_options=attention_options,
+                                     **kw) for _ in range(encoder_depth)],
+            build_norm(norm, embed_dim, norm_eps) if final else None,
         )
         self.decoder = TransformerDecoder(
-            [TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, **kw) for _ in range(num_decoder_layers)],
-            build_norm(norm, d_model, norm_eps) if final else None,
+            [TransformerDecoderLayer(embed_dim, num_heads, **kw) for _ in range(decoder_depth)],
+            build_norm(norm, embed_dim, norm_eps) if final else None,
         )
         self._reset_parameters()
 
@@ -95,10 +97,12 @@ class Transformer(nn.Module):
         act = {1: "relu", 2: "gelu"}.get(getattr(enc0, "activation_relu_or_gelu", 0))
         if act is None:
             raise InputError("from_torch: only 'relu' and 'gelu' activations are supported")
+        # torch's d_model, nhead, dim_feedforward and dropout are our embed_dim, num_heads,
+        # mlp_ratio (the width over embed_dim, which round() gives back exactly) and drop_rate.
         new = cls(
-            d_model=module.d_model, nhead=module.nhead, num_encoder_layers=len(module.encoder.layers),
-            num_decoder_layers=len(module.decoder.layers), dim_feedforward=enc0.linear1.out_features,
-            dropout=enc0.dropout.p, attention_dropout=enc0.self_attn.dropout, activation=act,
+            embed_dim=module.d_model, num_heads=module.nhead, encoder_depth=len(module.encoder.layers),
+            decoder_depth=len(module.decoder.layers), mlp_ratio=enc0.linear1.out_features / module.d_model,
+            drop_rate=enc0.dropout.p, attn_drop_rate=enc0.self_attn.dropout, activation=act,
             norm_first=enc0.norm_first, norm_eps=enc0.norm1.eps, final_norm=module.encoder.norm is not None,
             bias=enc0.linear1.bias is not None,
         )
@@ -131,7 +135,7 @@ class TransformerConfig:
 
     src_vocab_size: int = 37000
     tgt_vocab_size: int = 37000
-    embed_dim: int = 512  # d_model
+    embed_dim: int = 512
     num_heads: int = 8
     encoder_depth: int = 6  # encoder layers
     decoder_depth: int = 6  # decoder layers
@@ -174,7 +178,8 @@ class TransformerConfig:
         return {TransformerConfig.renamed.get(k, k): v for k, v in options.items()}
 
     @property
-    def dim_feedforward(self) -> int:
+    def mlp_hidden_dim(self) -> int:
+        """The feed-forward width (the paper's d_ff)."""
         return round(self.embed_dim * self.mlp_ratio)
 
     def __post_init__(self) -> None:
@@ -212,7 +217,7 @@ class TransformerConfig:
 class Seq2SeqTransformer(nn.Module):
     """Token-to-token Transformer: embeddings, positions, encoder-decoder, output layer.
 
-    Embeddings are scaled by ``sqrt(d_model)`` (paper §3.4). Padding masks come from
+    Embeddings are scaled by ``sqrt(embed_dim)`` (paper §3.4). Padding masks come from
     ``pad_id``; the decoder is causal. ``generate`` decodes greedily or by beam search
     using a key/value cache.
 
@@ -226,8 +231,8 @@ class Seq2SeqTransformer(nn.Module):
         self.config = cfg
         d = cfg.embed_dim
         self.transformer = Transformer(
-            d, cfg.num_heads, cfg.encoder_depth, cfg.decoder_depth, cfg.dim_feedforward, cfg.drop_rate,
-            attention_dropout=cfg.attn_drop_rate, activation=cfg.activation, norm_first=cfg.norm_first,
+            d, cfg.num_heads, cfg.encoder_depth, cfg.decoder_depth, mlp_ratio=cfg.mlp_ratio, drop_rate=cfg.drop_rate,
+            attn_drop_rate=cfg.attn_drop_rate, activation=cfg.activation, norm_first=cfg.norm_first,
             norm=cfg.norm, norm_eps=cfg.norm_eps, final_norm=cfg.final_norm, attention=cfg.attention,
             attention_options=cfg.attention_options,
         )

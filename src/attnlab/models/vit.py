@@ -19,6 +19,7 @@ from ..layers.mlp import Mlp
 from ..layers.norms import build_norm
 from ..layers.patch_embed import PatchEmbed, ShiftedImages, to_2tuple
 from ..layers.pos_embed_2d import LearnedPosEmbed2d, RelativePositionBias2d, resample_pos_embed, sincos_2d
+from ..layers.transformer_layers import EncoderBlock
 from .checkpoint import load_checkpoint
 from .maps import TokenGridMaps, register_attention_maps
 from .registry import build_config, check_attention_options, register_model
@@ -97,39 +98,46 @@ class ViTConfig:
             raise InputError(f"rel_pos_init must be 'normal' or 'local'; got {self.rel_pos_init!r}")
         if self.rel_pos_init != "normal" and self.pos_embed != "relative":
             raise InputError(f"rel_pos_init applies to pos_embed='relative'; got pos_embed={self.pos_embed!r}")
-        attention_family(self.attention)  # unknown names fail here, with suggestions
+        if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
+            raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         check_attention_options(self.attention_options, {"dropout": "attn_drop_rate", "bias": "qkv_bias"})
 
 
-class Block(nn.Module):
-    """Pre-norm Transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``, each
-    branch with dropout and stochastic depth; with ``norm_first=False`` post-norm:
-    ``norm(x + attn(x))``, then ``norm(x + mlp(x))``. ``norm``: ``"layernorm"`` or
-    ``"batchnorm"`` (token BatchNorm). ``(B, N, E) -> (B, N, E)``."""
+class Block(EncoderBlock):
+    """timm's ViT block: :class:`~attnlab.layers.EncoderBlock` (pre-norm: ``x + attn(norm(x))``,
+    then ``x + mlp(norm(x))``, each branch with dropout and stochastic depth; post-norm with
+    ``norm_first=False``) with timm's module names (``norm1``, ``attn``, ``norm2``, ``mlp``),
+    a GELU MLP of width ``int(embed_dim * mlp_ratio)`` (timm's rounding), ``qkv_bias`` on the
+    attention only, and an optional relative position bias ``rel_pos``, added to the attention
+    logits. ``norm``: ``"layernorm"`` or ``"batchnorm"`` (token BatchNorm). ``(B, N, E) -> (B, N, E)``."""
 
     def __init__(
-        self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, qkv_bias: bool = True, drop: float = 0.0,
-        attn_drop: float = 0.0, drop_path: float = 0.0, norm_eps: float = 1e-6, attention: str = "exact",
-        attention_options: dict[str, Any] | None = None, rel_pos: RelativePositionBias2d | None = None,
-        norm: str = "layernorm", norm_first: bool = True,
+        self, embed_dim: int, num_heads: int, *, mlp_ratio: float = 4.0, qkv_bias: bool = True,
+        drop_rate: float = 0.0, attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0, norm_eps: float = 1e-6,
+        attention: str = "exact", attention_options: dict[str, Any] | None = None,
+        rel_pos: RelativePositionBias2d | None = None, norm: str = "layernorm", norm_first: bool = True,
     ) -> None:
-        super().__init__()
-        self.norm_first = norm_first
-        self.norm1 = build_norm(norm, dim, norm_eps)
-        self.attn = build_attention(attention, dim, num_heads, dropout=attn_drop, bias=qkv_bias, **(attention_options or {}))
+        super().__init__(norm_first=norm_first)
+        self.norm1 = build_norm(norm, embed_dim, norm_eps)
+        self.attn = build_attention(attention, embed_dim, num_heads, dropout=attn_drop_rate, bias=qkv_bias,
+                                    **(attention_options or {}))
         self.rel_pos = rel_pos
-        self.drop = Dropout(drop)
-        self.drop_path = DropPath(drop_path)
-        self.norm2 = build_norm(norm, dim, norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), activation="gelu", dropout=drop)
+        self.drop = Dropout(drop_rate)
+        self.drop_path = DropPath(drop_path_rate)
+        self.norm2 = build_norm(norm, embed_dim, norm_eps)
+        self.mlp = Mlp(embed_dim, int(embed_dim * mlp_ratio), activation="gelu", dropout=drop_rate)
 
-    def forward(self, x: Tensor) -> Tensor:
-        kw = {} if self.rel_pos is None else {"attn_mask": self.rel_pos()}
-        if not self.norm_first:
-            x = self.norm1(x + self.drop_path(self.drop(self.attn(x, **kw)[0])))
-            return self.norm2(x + self.drop_path(self.drop(self.mlp(x))))
-        x = x + self.drop_path(self.drop(self.attn(self.norm1(x), **kw)[0]))
-        return x + self.drop_path(self.drop(self.mlp(self.norm2(x))))
+    def attend(self, x: Tensor, *, key_padding_mask: Tensor | None, attn_mask: Tensor | None,
+               is_causal: bool) -> Tensor:
+        if self.rel_pos is not None:
+            if attn_mask is not None:
+                raise InputError("this block adds its relative position bias as the attention mask; "
+                                 "it takes no attn_mask of its own")
+            attn_mask = self.rel_pos()
+        return self.attn(x, key_padding_mask=key_padding_mask, attn_mask=attn_mask, is_causal=is_causal)[0]
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        return self.mlp(x)
 
 
 class VisionTransformer(nn.Module):
@@ -171,9 +179,10 @@ class VisionTransformer(nn.Module):
         rates = drop_path_rates(cfg.drop_path_rate, cfg.depth)
         self.blocks = nn.ModuleList(
             Block(
-                e, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop=cfg.drop_rate,
-                attn_drop=cfg.attn_drop_rate, drop_path=rates[i], norm_eps=cfg.norm_eps, attention=cfg.attention,
-                attention_options=cfg.attention_options, norm=cfg.norm, norm_first=cfg.norm_first,
+                e, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop_rate=cfg.drop_rate,
+                attn_drop_rate=cfg.attn_drop_rate, drop_path_rate=rates[i], norm_eps=cfg.norm_eps,
+                attention=cfg.attention, attention_options=cfg.attention_options, norm=cfg.norm,
+                norm_first=cfg.norm_first,
                 rel_pos=RelativePositionBias2d(grid, cfg.num_heads, cfg.class_token, cfg.rel_pos_init)
                 if cfg.pos_embed == "relative" else None,
             )

@@ -38,8 +38,8 @@ class AxialAttention2d(nn.Module):
     r"""Multi-head axial self-attention over an ``H x W`` map: rows first, then columns.
 
     Args:
-        dim: channels ``C`` of the input and output.
-        num_heads: ``heads``; must divide ``dim``. Head width ``D = dim / heads``.
+        embed_dim: channels ``C`` of the input and output.
+        num_heads: ``heads``; must divide ``embed_dim``. Head width ``D = C / heads``.
         size: ``(H, W)`` (or one int for a square map), or ``None``. The module has no
             size-dependent parameters, so any map size works; when ``size`` is given,
             inputs of another size are rejected.
@@ -53,8 +53,8 @@ class AxialAttention2d(nn.Module):
     Shapes:
 
     ==============  =================================================================
-    ``x``           ``(B, dim, H, W)``
-    output          ``(B, dim, H, W)``
+    ``x``           ``(B, C, H, W)``
+    output          ``(B, C, H, W)``
     weights         with ``need_weights=True`` an :class:`AxialWeights` ``(rows,
                     cols)``, else ``None``; ``rows`` ``(B, heads, H, W, W)`` is
                     ``[b, head, y, x_query, x_key]``, ``cols``
@@ -69,7 +69,7 @@ class AxialAttention2d(nn.Module):
 
     def __init__(
         self,
-        dim: int,
+        embed_dim: int,
         num_heads: int,
         *,
         size: int | tuple[int, int] | None = None,
@@ -77,25 +77,25 @@ class AxialAttention2d(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        check_heads(dim, num_heads, dropout)
-        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        check_heads(embed_dim, num_heads, dropout)
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.size = grid_size(size, optional=True)
         self.dropout = dropout
-        self.qkv_row = nn.Conv2d(dim, 3 * dim, 1, bias=bias)
-        self.out_row = nn.Conv2d(dim, dim, 1, bias=bias)
-        self.qkv_col = nn.Conv2d(dim, 3 * dim, 1, bias=bias)
-        self.out_col = nn.Conv2d(dim, dim, 1, bias=bias)
+        self.qkv_row = nn.Conv2d(embed_dim, 3 * embed_dim, 1, bias=bias)
+        self.out_row = nn.Conv2d(embed_dim, embed_dim, 1, bias=bias)
+        self.qkv_col = nn.Conv2d(embed_dim, 3 * embed_dim, 1, bias=bias)
+        self.out_col = nn.Conv2d(embed_dim, embed_dim, 1, bias=bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        # std dim^-1/2 keeps every projection's output at the input's scale.
+        # std embed_dim^-1/2 keeps every projection's output at the input's scale.
         for conv in (self.qkv_row, self.out_row, self.qkv_col, self.out_col):
-            nn.init.normal_(conv.weight, std=self.dim**-0.5)
+            nn.init.normal_(conv.weight, std=self.embed_dim**-0.5)
             if conv.bias is not None:
                 nn.init.zeros_(conv.bias)
 
     def _check_input(self, x: Tensor) -> None:
-        check_map(x, self.dim, self.size)
+        check_map(x, self.embed_dim, self.size)
 
     def _attend_rows(
         self, x: Tensor, qkv: nn.Conv2d, out_proj: nn.Conv2d, need_weights: bool
@@ -117,12 +117,12 @@ class AxialAttention2d(nn.Module):
         return out_proj(out), weights
 
     def forward(self, x: Tensor, need_weights: bool = False) -> tuple[Tensor, AxialWeights | None]:
-        """``x`` ``(B, dim, H, W)`` -> ``(output (B, dim, H, W), AxialWeights or None)`` (see
+        """``x`` ``(B, C, H, W)`` -> ``(output (B, C, H, W), AxialWeights or None)`` (see
         the class docstring for shapes)."""
         self._check_input(x)
         b, _, h, w = x.shape
         if h == 0 or w == 0:  # an empty map (which the 1x1 convs refuse): nothing to attend
-            out = x.clone()  # the empty (B, dim, H, W) result, on the autograd graph
+            out = x.clone()  # the empty (B, C, H, W) result, on the autograd graph
             if need_weights:
                 return out, AxialWeights(x.new_zeros(b, self.num_heads, h, w, w), x.new_zeros(b, self.num_heads, w, h, h))
             return out, None
@@ -133,4 +133,4 @@ class AxialAttention2d(nn.Module):
         return out, (AxialWeights(row_weights, col_weights) if need_weights else None)  # type: ignore[arg-type]
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, num_heads={self.num_heads}, size={self.size}, dropout={self.dropout}"
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, size={self.size}, dropout={self.dropout}"

@@ -39,16 +39,16 @@ class TokenAttention(nn.Module):
     supports_causal = True
     supports_padding = True
 
-    def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True) -> None:
+    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
         try:
-            check_heads(dim, num_heads, dropout)
+            check_heads(embed_dim, num_heads, dropout)
         except InputError as exc:
             raise InputError(f"{self.kind}: {exc}") from None
-        self.embed_dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.dropout = dropout
-        self.in_proj = nn.Linear(dim, 3 * dim, bias=bias)
-        self.out_proj = nn.Linear(dim, dim, bias=bias)
+        self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         nn.init.xavier_uniform_(self.in_proj.weight)  # as SelfAttention (torch's initialisation)
         for lin in (self.in_proj, self.out_proj):
             if lin.bias is not None:

@@ -18,12 +18,12 @@ def grid_size(size: int | tuple[int, int] | list[int] | None, *, optional: bool 
     return pair  # type: ignore[return-value]
 
 
-def check_map(x, dim: int, size: tuple[int, int] | None) -> None:
-    """``x`` must be ``(B, dim, H, W)``, with ``(H, W) == size`` when ``size`` is given."""
-    ok = x.dim() == 4 and x.shape[1] == dim
+def check_map(x, embed_dim: int, size: tuple[int, int] | None) -> None:
+    """``x`` must be ``(B, embed_dim, H, W)``, with ``(H, W) == size`` when ``size`` is given."""
+    ok = x.dim() == 4 and x.shape[1] == embed_dim
     if ok and size is not None:
         ok = tuple(x.shape[2:]) == size
     if not ok:
         hw = "H, W" if size is None else f"{size[0]}, {size[1]}"
-        raise InputError(f"x must have shape (B, {dim}, {hw}) (channels dim={dim}, size={size}); "
+        raise InputError(f"x must have shape (B, {embed_dim}, {hw}) (channels embed_dim={embed_dim}, size={size}); "
                          f"got ({', '.join(map(str, x.shape))})")

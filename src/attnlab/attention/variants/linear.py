@@ -151,7 +151,7 @@ class LinearAttention(TokenAttention):
     """Linear attention with ``phi(x) = elu(x) + 1`` (Katharopoulos et al., 2020).
 
     Args:
-        dim: as exact self-attention.
+        embed_dim: as exact self-attention.
         num_heads: as exact self-attention.
         bias: as exact self-attention.
         dropout: accepted so that a model can pass its ``attn_dropout`` unchanged, but
@@ -165,9 +165,9 @@ class LinearAttention(TokenAttention):
     kind = "linear"
     chunk_size = 64
 
-    def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
+    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  eps: float = 1e-6) -> None:
-        super().__init__(dim, num_heads, dropout=dropout, bias=bias)
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias)
         if not eps > 0:
             raise InputError(f"{self.kind}: eps must be positive; got {eps}")
         self.eps = eps

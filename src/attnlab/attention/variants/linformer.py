@@ -43,7 +43,7 @@ class LinformerAttention(TokenAttention):
     """Linformer self-attention; see the module docstring.
 
     Args:
-        dim: as for exact self-attention.
+        embed_dim: as for exact self-attention.
         num_heads: as for exact self-attention.
         dropout: as for exact self-attention.
         bias: as for exact self-attention.
@@ -56,9 +56,9 @@ class LinformerAttention(TokenAttention):
     supports_causal = False
     supports_padding = True
 
-    def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
+    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  seq_len: int = 512, k: int = 64, share_kv: bool = False) -> None:
-        super().__init__(dim, num_heads, dropout=dropout, bias=bias)
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias)
         if seq_len <= 0 or k <= 0:
             raise InputError(f"{self.kind}: seq_len and k must be positive; got seq_len={seq_len}, k={k}")
         self.seq_len, self.k, self.share_kv = seq_len, k, share_kv

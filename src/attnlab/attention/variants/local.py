@@ -111,7 +111,7 @@ class LocalAttention(TokenAttention):
     """Sliding-window self-attention (see the module docstring).
 
     Args:
-        dim: as :class:`~.base.TokenAttention`.
+        embed_dim: as :class:`~.base.TokenAttention`.
         num_heads: as :class:`~.base.TokenAttention`.
         dropout: as :class:`~.base.TokenAttention`.
         bias: as :class:`~.base.TokenAttention`.
@@ -121,11 +121,11 @@ class LocalAttention(TokenAttention):
 
     kind = "local"
 
-    def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
+    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  window: int = 128) -> None:
         if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window <= 0:
             raise InputError(f"{self.kind}: window must be a positive int; got window={window!r}")
-        super().__init__(dim, num_heads, dropout=dropout, bias=bias)
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias)
         self.window = int(window)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: Tensor | None,

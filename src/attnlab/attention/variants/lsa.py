@@ -31,8 +31,8 @@ class LocalitySelfAttention(TokenAttention):
 
     kind = "lsa"
 
-    def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True) -> None:
-        super().__init__(dim, num_heads, dropout=dropout, bias=bias)
+    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True) -> None:
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias)
         self.log_scale = nn.Parameter(torch.tensor(math.log(self.head_dim**-0.5)))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: Tensor | None,

@@ -82,7 +82,7 @@ class NystromAttention(TokenAttention):
     """Nyström self-attention; see the module docstring.
 
     Args:
-        dim: as for exact self-attention.
+        embed_dim: as for exact self-attention.
         num_heads: as for exact self-attention.
         dropout: as for exact self-attention.
         bias: as for exact self-attention.
@@ -96,9 +96,9 @@ class NystromAttention(TokenAttention):
     supports_causal = False
     supports_padding = True
 
-    def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
+    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  num_landmarks: int = 64, pinv_iters: int = 6, conv_kernel: int | None = None) -> None:
-        super().__init__(dim, num_heads, dropout=dropout, bias=bias)
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias)
         if num_landmarks <= 0:
             raise InputError(f"{self.kind}: num_landmarks must be positive; got {num_landmarks}")
         if pinv_iters <= 0:

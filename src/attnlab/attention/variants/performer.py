@@ -147,7 +147,7 @@ class PerformerAttention(TokenAttention):
     """FAVOR+ attention with positive orthogonal random features (Choromanski et al., 2021).
 
     Args:
-        dim: as exact self-attention.
+        embed_dim: as exact self-attention.
         num_heads: as exact self-attention.
         bias: as exact self-attention.
         dropout: accepted so that a model can pass its ``attn_dropout`` unchanged, but
@@ -167,9 +167,9 @@ class PerformerAttention(TokenAttention):
     chunk_size = 64
     eps = 1e-20
 
-    def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
+    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  num_features: int | None = None, redraw: bool = False, seed: int = 0) -> None:
-        super().__init__(dim, num_heads, dropout=dropout, bias=bias)
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias)
         d = self.head_dim
         if num_features is None:
             num_features = max(d, int(round(d * math.log(d))))

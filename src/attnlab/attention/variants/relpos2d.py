@@ -46,8 +46,8 @@ class RelPosSelfAttention2d(nn.Module):
     r"""Multi-head self-attention over an ``H x W`` map with 2-D relative position logits.
 
     Args:
-        dim: channels ``C`` of the input and output.
-        num_heads: ``heads``; must divide ``dim``. Head width ``D = dim / heads``.
+        embed_dim: channels ``C`` of the input and output.
+        num_heads: ``heads``; must divide ``embed_dim``. Head width ``D = C / heads``.
         size: ``(H, W)`` (or one int for a square map): the map the relative tables are
             made for, spanning exactly its offsets. Another map size works too: the tables
             are resized to its offsets by linear interpolation (as timm and BEiT resize
@@ -59,8 +59,8 @@ class RelPosSelfAttention2d(nn.Module):
     Shapes:
 
     ==============  =================================================================
-    ``x``           ``(B, dim, H, W)``
-    output          ``(B, dim, H, W)``: the heads' outputs concatenated channel-wise
+    ``x``           ``(B, C, H, W)``
+    output          ``(B, C, H, W)``: the heads' outputs concatenated channel-wise
                     (``channel = head * D + d``); there is no output projection,
                     as in the paper, where the block's 1x1 conv follows
     weights         ``(B, heads, H*W, H*W)`` with ``need_weights=True``, else ``None``;
@@ -78,15 +78,15 @@ class RelPosSelfAttention2d(nn.Module):
     _attn_capture: Callable[[Tensor], None] | None = None
 
     def __init__(
-        self, dim: int, num_heads: int, *, size: int | tuple[int, int], dropout: float = 0.0, bias: bool = False
+        self, embed_dim: int, num_heads: int, *, size: int | tuple[int, int], dropout: float = 0.0, bias: bool = False
     ) -> None:
         super().__init__()
-        check_heads(dim, num_heads, dropout)
-        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        check_heads(embed_dim, num_heads, dropout)
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.size = grid_size(size)
         self.dropout = dropout
         h, w = self.size
-        self.qkv = nn.Conv2d(dim, 3 * dim, 1, bias=bias)
+        self.qkv = nn.Conv2d(embed_dim, 3 * embed_dim, 1, bias=bias)
         self.rel_height = nn.Parameter(torch.empty(2 * h - 1, self.head_dim))
         self.rel_width = nn.Parameter(torch.empty(2 * w - 1, self.head_dim))
         # Relative -> absolute: [y_i, y_j] -> row of rel_height for offset y_j - y_i.
@@ -95,9 +95,9 @@ class RelPosSelfAttention2d(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        # std dim^-1/2 keeps q, k, v at the input's scale; std D^-1/2 makes q·r about as
+        # std embed_dim^-1/2 keeps q, k, v at the input's scale; std D^-1/2 makes q·r about as
         # large as q·k at the start, so neither logit term dominates.
-        nn.init.normal_(self.qkv.weight, std=self.dim**-0.5)
+        nn.init.normal_(self.qkv.weight, std=self.embed_dim**-0.5)
         if self.qkv.bias is not None:
             nn.init.zeros_(self.qkv.bias)
         nn.init.normal_(self.rel_height, std=self.head_dim**-0.5)
@@ -130,14 +130,14 @@ class RelPosSelfAttention2d(nn.Module):
         return (logits_h[..., :, None] + logits_w[..., None, :]).reshape(b, n, h * w, h * w)
 
     def _check_input(self, x: Tensor) -> None:
-        if x.dim() != 4 or x.shape[1] != self.dim or x.shape[2] < 1 or x.shape[3] < 1:
+        if x.dim() != 4 or x.shape[1] != self.embed_dim or x.shape[2] < 1 or x.shape[3] < 1:
             raise InputError(
-                f"x must have shape (B, {self.dim}, H, W) with H, W >= 1 (channels dim={self.dim}); "
+                f"x must have shape (B, {self.embed_dim}, H, W) with H, W >= 1 (channels embed_dim={self.embed_dim}); "
                 f"got ({', '.join(map(str, x.shape))})"
             )
 
     def forward(self, x: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """``x`` ``(B, dim, H, W)`` -> ``(output (B, dim, H, W), weights or None)`` (see the
+        """``x`` ``(B, C, H, W)`` -> ``(output (B, C, H, W), weights or None)`` (see the
         class docstring for shapes)."""
         self._check_input(x)
         b, c, h, w = x.shape
@@ -157,4 +157,4 @@ class RelPosSelfAttention2d(nn.Module):
         return out, (weights if need_weights else None)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, num_heads={self.num_heads}, size={self.size}, dropout={self.dropout}"
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, size={self.size}, dropout={self.dropout}"

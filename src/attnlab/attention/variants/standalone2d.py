@@ -36,8 +36,8 @@ class StandAloneSelfAttention2d(nn.Module):
     r"""Multi-head local self-attention over ``k x k`` windows, with relative positions.
 
     Args:
-        dim: channels ``C`` of the input and output.
-        num_heads: ``heads``; must divide ``dim``. Head width ``D = dim / heads``.
+        embed_dim: channels ``C`` of the input and output.
+        num_heads: ``heads``; must divide ``embed_dim``. Head width ``D = C / heads``.
         size: ``(H, W)`` (or one int for a square map), or ``None``. No parameter
             depends on the map size, so any size works; when ``size`` is given, inputs
             of another size are rejected.
@@ -46,7 +46,7 @@ class StandAloneSelfAttention2d(nn.Module):
         dropout: dropout on the attention weights, in training mode.
         bias: biases on the q/k/v projection (the paper has none).
 
-    Parameters: ``qkv`` (a 1x1 conv to ``3 * dim``); ``rel_rows`` ``(heads, k, D // 2)``
+    Parameters: ``qkv`` (a 1x1 conv to ``3 * embed_dim``); ``rel_rows`` ``(heads, k, D // 2)``
     and ``rel_cols`` ``(heads, k, D - D // 2)``, indexed by offset ``+ k // 2``. Each
     head has its own embeddings (the paper's ``r`` has ``d_out`` channels, split into
     heads like the keys).
@@ -54,8 +54,8 @@ class StandAloneSelfAttention2d(nn.Module):
     Shapes:
 
     ==============  =================================================================
-    ``x``           ``(B, dim, H, W)``
-    output          ``(B, dim, H, W)``: the heads' outputs concatenated channel-wise
+    ``x``           ``(B, C, H, W)``
+    output          ``(B, C, H, W)``: the heads' outputs concatenated channel-wise
                     (``channel = head * D + d``); there is no output projection,
                     as in the paper, where the layer replaces a convolution
     weights         ``(B, heads, H*W, k*k)`` with ``need_weights=True``, else ``None``: query
@@ -70,7 +70,7 @@ class StandAloneSelfAttention2d(nn.Module):
 
     def __init__(
         self,
-        dim: int,
+        embed_dim: int,
         num_heads: int,
         *,
         size: int | tuple[int, int] | None = None,
@@ -79,29 +79,29 @@ class StandAloneSelfAttention2d(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        check_heads(dim, num_heads, dropout)
+        check_heads(embed_dim, num_heads, dropout)
         if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size <= 0 or kernel_size % 2 == 0:
             raise InputError(f"kernel_size must be an odd positive integer; got {kernel_size!r}")
-        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.size = grid_size(size, optional=True)
         self.kernel_size = kernel_size
         self.dropout = dropout
         d_rows = self.head_dim // 2
-        self.qkv = nn.Conv2d(dim, 3 * dim, 1, bias=bias)
+        self.qkv = nn.Conv2d(embed_dim, 3 * embed_dim, 1, bias=bias)
         self.rel_rows = nn.Parameter(torch.empty(num_heads, kernel_size, d_rows))
         self.rel_cols = nn.Parameter(torch.empty(num_heads, kernel_size, self.head_dim - d_rows))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         # As relpos2d: q, k, v at the input's scale, and q·r about as large as q·k.
-        nn.init.normal_(self.qkv.weight, std=self.dim**-0.5)
+        nn.init.normal_(self.qkv.weight, std=self.embed_dim**-0.5)
         if self.qkv.bias is not None:
             nn.init.zeros_(self.qkv.bias)
         nn.init.normal_(self.rel_rows, std=self.head_dim**-0.5)
         nn.init.normal_(self.rel_cols, std=self.head_dim**-0.5)
 
     def _check_input(self, x: Tensor) -> None:
-        check_map(x, self.dim, self.size)
+        check_map(x, self.embed_dim, self.size)
 
     def _windows(self, t: Tensor) -> Tensor:
         """``(B, C, H, W)`` -> ``(B, heads, H*W, k*k, D)``: each pixel's zero-padded window."""
@@ -121,13 +121,13 @@ class StandAloneSelfAttention2d(nn.Module):
         return (logits_r[..., :, None] + logits_c[..., None, :]).flatten(-2)  # window row-major
 
     def forward(self, x: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """``x`` ``(B, dim, H, W)`` -> ``(output (B, dim, H, W), weights or None)`` (see the
+        """``x`` ``(B, C, H, W)`` -> ``(output (B, C, H, W), weights or None)`` (see the
         class docstring for shapes)."""
         self._check_input(x)
         b, c, h, w = x.shape
         n, d, k = self.num_heads, self.head_dim, self.kernel_size
         if h == 0 or w == 0:  # an empty map (which the 1x1 conv refuses): nothing to attend
-            out = x.clone()  # the empty (B, dim, H, W) result, on the autograd graph
+            out = x.clone()  # the empty (B, C, H, W) result, on the autograd graph
             return out, (x.new_zeros(b, n, 0, k * k) if need_weights else None)
         q, kk, v = self.qkv(x).chunk(3, dim=1)  # three (B, C, H, W)
         q = q.reshape(b, n, d, h * w).transpose(-1, -2) * (1.0 / math.sqrt(d))  # (B, n, HW, D), scaled once
@@ -150,6 +150,6 @@ class StandAloneSelfAttention2d(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"dim={self.dim}, num_heads={self.num_heads}, size={self.size}, "
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, size={self.size}, "
             f"kernel_size={self.kernel_size}, dropout={self.dropout}"
         )
