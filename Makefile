@@ -35,7 +35,7 @@ run: $(STAMP)
 # the suite ran in 15.4 min serially and in 8.7 min so (AVX2-only EPYC); more threads per worker than
 # cores per worker slow every test (two 2-thread torch processes on 2 cores: 5-30x).
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15
 
 # The documentation site, into site/ (open site/index.html from the disk; search works offline).
 # Every example on its pages runs while it builds; a failing one fails the build.

@@ -142,7 +142,7 @@ def child(spec: dict) -> None:
     from attnlab.engine.trainer import Trainer
     from attnlab.recipes import load_recipe
     from attnlab.tasks.base import get_task
-    from attnlab.tasks.image_classification import image_folder_splits
+    from attnlab.data.source import source_of
 
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
@@ -154,7 +154,8 @@ def child(spec: dict) -> None:
         "train.tensorboard=false", "train.device=cpu", f"train.warmup_steps={min(60, spec['steps'])}",
     ])
     start = time.perf_counter()
-    classes, train, _, _ = image_folder_splits(recipe.data)
+    splits = source_of(recipe.data).load(recipe.data)
+    classes, train = splits.classes, splits.train
     build_s = time.perf_counter() - start
     streamed = train.ds.images is None
     samples = train.ds.samples

@@ -16,8 +16,8 @@ What it measures
    training pairs, ``transformer_small`` with the recipe's options, batch 128 grouped by
    length, label smoothing 0.1), the same way. The peer, in the same process and on the
    same batches: a model of the same size on ``torch.nn.Transformer`` (``batch_first``,
-   the same d_model, heads, layers, feed-forward width, dropout, activation and norm
-   placement; its own source and target ``nn.Embedding`` scaled by sqrt(d_model), a learned
+   the same width, heads, layers, feed-forward width, dropout, activation and norm
+   placement; its own source and target ``nn.Embedding`` scaled by sqrt(embed_dim), a learned
    ``nn.Embedding`` of positions, embedding dropout, an output ``nn.Linear`` tied to the
    target embedding as attnlab's is; causal mask from
    ``nn.Transformer.generate_square_subsequent_mask``, key padding masks), trained with
@@ -82,7 +82,8 @@ from attnlab.engine.trainer import IGNORE_INDEX, Trainer, TrainConfig
 from attnlab.io import atomic_write_bytes
 from attnlab.recipes import Recipe, load_recipe
 from attnlab.tasks import get_task, load_run, translation
-from attnlab.tasks.text_classification import build_tokenizer
+from attnlab.tasks.text import build_tokenizer
+from attnlab.tasks.text_classification import TextInfo
 
 SENTIMENT_RECIPE, TRANSLATION_RECIPE = "sentiment-mr", "translate-multi30k"
 
@@ -135,7 +136,7 @@ def bench_sentiment(args: argparse.Namespace, device: torch.device) -> dict[str,
     tokenizer = build_tokenizer(recipe.text, train_texts)
     data = SentimentDataset(train_texts, [labels[i] for i in train_idx], tokenizer, recipe.text.max_length)
     torch.manual_seed(0)
-    model = get_task(recipe.task).build_model(recipe, tokenizer)
+    model = get_task(recipe.task).build_model(recipe, TextInfo(tokenizer, ["negative", "positive"]))
     cfg = bench_config(recipe, args.warmup + args.steps, device)
     trainer = Trainer(model, data, cfg, run_dir=None, log=lambda *_: None)
     order = trainer._batches()
@@ -178,7 +179,7 @@ class TorchSeq2Seq(nn.Module):
         self.tgt_pos = nn.Embedding(cfg.max_len, d)
         self.drop = nn.Dropout(cfg.drop_rate)
         self.transformer = nn.Transformer(
-            d, cfg.num_heads, cfg.encoder_depth, cfg.decoder_depth, cfg.dim_feedforward, cfg.drop_rate,
+            d, cfg.num_heads, cfg.encoder_depth, cfg.decoder_depth, cfg.mlp_hidden_dim, cfg.drop_rate,
             activation=cfg.activation, layer_norm_eps=cfg.norm_eps, batch_first=True, norm_first=cfg.norm_first)
         self.generator = nn.Linear(d, cfg.tgt_vocab_size, bias=not cfg.tie_output)
         for emb in {self.src_embed, self.tgt_embed}:  # as attnlab's: N(0, 1/d), padding row zero

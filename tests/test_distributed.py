@@ -21,12 +21,18 @@ from attnlab.engine.metrics import read_metrics
 from attnlab.engine.trainer import TrainConfig, Trainer
 from attnlab.models import create_model
 from attnlab.recipes import load_recipe
-from attnlab.tasks.image_classification import build_data
+from attnlab.data.source import source_of
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with the gloo backend is not available on this platform")
 
 K, B = 5, 16  # K steps, then K more after a resume; B samples per rank and step
+
+
+def build_data(recipe):
+    """``(train, validation, test)`` of the recipe's data source."""
+    splits = source_of(recipe.data).load(recipe.data)
+    return splits.train, splits.val, splits.test
 
 
 def tiny_model(seed=0):

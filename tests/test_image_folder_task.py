@@ -15,9 +15,21 @@ from attnlab.cli import main
 from attnlab.data.images import ImageFolder, decode_image
 from attnlab.errors import InputError
 from attnlab.recipes import load_recipe
-from attnlab.tasks.image_classification import build_data, image_folder_splits
+from attnlab.data.source import source_of
 
 from conftest import COLOURS, make_folder, photo  # a folder of images of every kind, made by the tests
+
+def image_folder_splits(data):
+    """``(classes, train, validation, test)`` of the folder source."""
+    splits = source_of(data).load(data)
+    return splits.classes, splits.train, splits.val, splits.test
+
+
+def build_data(recipe):
+    """``(train, validation, test)`` of the recipe's source."""
+    splits = source_of(recipe.data).load(recipe.data)
+    return splits.train, splits.val, splits.test
+
 
 def recipe(root, *overrides):
     return load_recipe("image-folder", [f"data.root={root}", "data.img_size=16", "model.options.widths=[8,16,16]",

@@ -42,3 +42,30 @@ def test_without_the_import_the_task_is_unknown_and_the_error_says_so(tmp_path):
     assert r.returncode == 2 and "unknown task 'circle'" in r.stderr and "Traceback" not in r.stderr
     r = attnlab("train", str(recipe), "--import", "no_such_module", cwd=tmp_path)
     assert r.returncode == 2 and "--import no_such_module: no module named 'no_such_module'" in r.stderr
+
+
+def test_a_data_source_of_ones_own_feeds_an_existing_task(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    run = tmp_path / "run"
+    overrides = ["data.name=stripes", "data.count=400", "train.steps=150", "train.eval_every=0",
+                 "train.progress=false", "train.tensorboard=false", "model.options.depth=1"]
+    r = attnlab("train", "vit-digits", *overrides, "--import", "my_sources", "--run-dir", str(run), cwd=FIXTURES)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "on stripes (image_classification)" in r.stdout and "data: 400 stripes" in r.stdout
+    results = json.loads((run / "results.json").read_text())
+    assert results["classes"] == ["horizontal", "vertical"] and results["test_size"] == 100
+    assert results["test_accuracy"] > 0.9
+    plugin = str(FIXTURES / "my_sources.py")
+    r = attnlab("eval", str(run), "--import", plugin, cwd=tmp_path)
+    assert r.returncode == 0 and f"| test accuracy | {100 * results['test_accuracy']:.2f}% |" in r.stdout, r.stderr
+    picture = np.zeros((8, 8), np.uint8)
+    picture[:, ::2] = 220  # vertical stripes
+    Image.fromarray(picture).save(tmp_path / "v.png")
+    r = attnlab("predict", str(run), str(tmp_path / "v.png"), "--import", plugin, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.split("\t")[0] == "vertical", r.stdout + r.stderr
+    # Without the module, the source is unknown and the error says how a source registers.
+    r = attnlab("train", "vit-digits", "data.name=stripes", "--run-dir", str(tmp_path / "no"), cwd=tmp_path)
+    assert r.returncode == 2 and "data.name must be one of 'digits', 'cifar10', 'folder'; got 'stripes'" in r.stderr
+    assert "--import" in r.stderr

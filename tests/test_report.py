@@ -20,7 +20,7 @@ from attnlab.cli import main
 from attnlab.report import Image, Note, Pre, Section, Table, plot_curves, render_html
 from attnlab.report.html import write_run_report
 from attnlab.report.markdown import markdown_to_html
-from attnlab.tasks import get_task, read_recipe
+from attnlab.tasks import report_items
 
 # The sections of a run's page, from what its task reports (in this order).
 CLASSIFIER_SECTIONS = ["Results", "Configuration", "Training curves", "Confusion matrix", "Sample predictions",
@@ -30,7 +30,7 @@ TRANSLATION_SECTIONS = ["Results", "Configuration", "Training curves", "Sample t
 
 def classifier_predictions(run_dir, device="cpu"):
     """What the run's task hands the report: its predictions on the test set."""
-    [predictions] = get_task(read_recipe(run_dir).task).report_items(Path(run_dir), device=device)
+    [predictions] = report_items(run_dir, device=device)
     return predictions
 
 DATA = os.environ.get("ATTNLAB_DATA_DIR")

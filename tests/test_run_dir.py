@@ -14,11 +14,17 @@ from attnlab.data.images import CIFAR10_CLASSES
 from attnlab.engine.checkpoint import CheckpointError, resolve_checkpoint, save_named_checkpoint
 from attnlab.engine.metrics import read_metrics
 from attnlab.recipes import load_recipe
-from attnlab.tasks import image_classification as ic
+from attnlab.data.source import source_of
 from attnlab.tasks import load_run
 
 TINY = ["train.steps=8", "train.warmup_steps=1", "train.batch_size=32", "train.eval_every=4",
         "train.checkpoint_every=4", "train.log_every=2", "model.options.depth=1"]
+
+
+def build_data(recipe):
+    """``(train, validation, test)`` of the recipe's data source."""
+    splits = source_of(recipe.data).load(recipe.data)
+    return splits.train, splits.val, splits.test
 
 
 @pytest.fixture(scope="module")
@@ -140,14 +146,14 @@ def test_cifar10_recipes_train_from_an_image_folder(tiny_cifar, tmp_path, recipe
 
 def test_max_per_class_caps_the_built_in_sets_too(tiny_cifar):
     recipe = load_recipe("attncnn-cifar10", [f"data.data_dir={tiny_cifar}", "data.val_size=10", "data.max_per_class=2"])
-    train, val, _ = ic.build_data(recipe)
+    train, val, _ = build_data(recipe)
     assert len(val) == 10 and len(train) == 20  # 3 per class after the split, capped at 2
     assert torch.bincount(train.ds.targets[train.indices]).tolist() == [2] * 10
 
 
 def test_batched_fetch_equals_one_image_at_a_time(tiny_cifar):
     recipe = load_recipe("attncnn-cifar10", [f"data.data_dir={tiny_cifar}", "data.val_size=10"])
-    _, val, test = ic.build_data(recipe)
+    _, val, test = build_data(recipe)
     assert sorted(val.ds.targets[val.indices].tolist()) == list(range(10))  # stratified: one image per class
     x, y = test.get_batch([3, 0, 7])
     for row, i in enumerate([3, 0, 7]):

@@ -9,7 +9,7 @@ from attnlab.cli import main
 from attnlab.errors import InputError
 from attnlab.recipes import load_recipe
 from attnlab.tasks import recipe_dict
-from attnlab.tasks.text_classification import load_corpus
+from attnlab.data.source import source_of
 
 WORDS = {"sports": "goal match team score win", "weather": "rain sun cloud storm wind",
          "food": "bread soup cheese apple rice"}
@@ -38,20 +38,28 @@ def write_csv(path, data, header=("text", "label"), sep=","):
     return path
 
 
+def load_texts(data):
+    """The splits the labelled-file source gives for a recipe's data section."""
+    return source_of(data).load(data)
+
+
 def recipe(*overrides):
     return load_recipe("text-classification", ["text.vocab_size=300", "model.options.embed_dim=32",
                                                "model.options.depth=1", "model.options.num_heads=2", *overrides])
 
 
 def test_one_file_is_split_stratified_and_the_classes_are_its_labels(tmp_path):
+    from collections import Counter
+
     path = write_csv(tmp_path / "t.csv", rows())
-    corpus = load_corpus(recipe(f"data.train={path}").data)
-    assert corpus.classes == ["food", "sports", "weather"]
-    train, dev, test = corpus.split
+    splits = load_texts(recipe(f"data.train={path}").data)
+    assert splits.classes == ["food", "sports", "weather"]
+    train, dev, test = splits.train, splits.val, splits.test
     assert (len(train), len(dev), len(test)) == (48, 6, 6)
-    assert sorted(corpus.labels[i] for i in test) == [0, 0, 1, 1, 2, 2]
-    assert not set(train) & set(dev) | set(train) & set(test) | set(dev) & set(test)
-    assert load_corpus(recipe(f"data.train={path}").data).split == corpus.split  # deterministic
+    assert sorted(test.labels) == [0, 0, 1, 1, 2, 2]
+    pairs = lambda part: Counter(zip(part.texts, part.labels))  # noqa: E731
+    assert pairs(train) + pairs(dev) + pairs(test) == pairs(splits.pool)  # a partition of the file's rows
+    assert load_texts(recipe(f"data.train={path}").data) == splits  # deterministic
 
 
 def test_integer_labels_sort_as_numbers_and_jsonl_and_tsv_read_alike(tmp_path):
@@ -60,18 +68,18 @@ def test_integer_labels_sort_as_numbers_and_jsonl_and_tsv_read_alike(tmp_path):
         for text, label in data:
             f.write(json.dumps({"body": text, "y": label}) + "\n")
     write_csv(tmp_path / "t.tsv", data, ("body", "y"), "\t")
-    a = load_corpus(recipe(f"data.train={tmp_path / 't.jsonl'}", "data.text_column=body", "data.label_column=y").data)
-    b = load_corpus(recipe(f"data.train={tmp_path / 't.tsv'}", "data.text_column=body", "data.label_column=y").data)
+    a = load_texts(recipe(f"data.train={tmp_path / 't.jsonl'}", "data.text_column=body", "data.label_column=y").data)
+    b = load_texts(recipe(f"data.train={tmp_path / 't.tsv'}", "data.text_column=body", "data.label_column=y").data)
     assert a.classes == b.classes == ["1", "2", "10"]
-    assert a.texts == b.texts and a.labels == b.labels
+    assert a.pool.texts == b.pool.texts and a.pool.labels == b.pool.labels
 
 
 def test_separate_val_and_test_files_are_used_as_they_are(tmp_path):
     train = write_csv(tmp_path / "train.csv", rows(10, 0))
     val = write_csv(tmp_path / "val.csv", rows(2, 1))
     test = write_csv(tmp_path / "test.csv", [r for r in rows(3, 2) if r[1] != "food"])  # a class may be absent
-    corpus = load_corpus(recipe(f"data.train={train}", f"data.val={val}", f"data.test={test}").data)
-    assert [len(p) for p in corpus.split] == [30, 6, 6]
+    splits = load_texts(recipe(f"data.train={train}", f"data.val={val}", f"data.test={test}").data)
+    assert [len(p) for p in (splits.train, splits.val, splits.test)] == [30, 6, 6]
 
 
 def test_bad_rows_are_named_or_skipped_and_counted(tmp_path):
@@ -79,10 +87,10 @@ def test_bad_rows_are_named_or_skipped_and_counted(tmp_path):
     data[3] = ("", data[3][1])
     path = write_csv(tmp_path / "t.csv", data)
     with pytest.raises(InputError, match=r"t\.csv.*line 5.*skip_bad_rows"):
-        load_corpus(recipe(f"data.train={path}").data)
-    corpus = load_corpus(recipe(f"data.train={path}", "data.skip_bad_rows=true", "data.val_size=0",
-                                "data.test_size=3").data)
-    assert corpus.skipped == 1 and len(corpus.texts) == 14
+        load_texts(recipe(f"data.train={path}").data)
+    splits = load_texts(recipe(f"data.train={path}", "data.skip_bad_rows=true", "data.val_size=0",
+                               "data.test_size=3").data)
+    assert splits.skipped == 1 and len(splits.pool) == 14
 
 
 @pytest.mark.parametrize("content, overrides, message", [
@@ -95,19 +103,19 @@ def test_files_no_classifier_can_learn_from_are_one_clear_error(tmp_path, conten
     if content is not None:
         path.write_text(content)
     with pytest.raises((InputError, FileNotFoundError), match=message):
-        load_corpus(recipe(f"data.train={path}", *overrides).data)
+        load_texts(recipe(f"data.train={path}", *overrides).data)
 
 
 def test_a_val_label_the_training_file_lacks_is_an_error(tmp_path):
     train = write_csv(tmp_path / "train.csv", [r for r in rows() if r[1] != "food"])
     val = write_csv(tmp_path / "val.csv", rows(2))
     with pytest.raises(InputError, match=r"val\.csv has labels the training data lacks: 'food'"):
-        load_corpus(recipe(f"data.train={train}", f"data.val={val}").data)
+        load_texts(recipe(f"data.train={train}", f"data.val={val}").data)
 
 
 def test_the_recipe_needs_its_file_and_mr_runs_keep_their_config():
     with pytest.raises(InputError, match="data.train must name"):
-        load_corpus(recipe().data)
+        load_texts(recipe().data)
     with pytest.raises(InputError, match="data.text_column applies to data.name=file"):
         load_recipe("sentiment-mr", ["data.text_column=body"])
     assert set(recipe_dict(load_recipe("sentiment-mr"))["data"]) == {"name", "data_dir", "protocol", "seed",

@@ -10,7 +10,7 @@ from attnlab.cli import main
 from attnlab.errors import InputError
 from attnlab.recipes import load_recipe
 from attnlab.tasks import recipe_dict
-from attnlab.tasks.translation import file_splits
+from attnlab.data.source import source_of
 
 WORDS = {"un": "one", "deux": "two", "trois": "three", "chat": "cat", "chien": "dog", "rouge": "red", "vert": "green"}
 
@@ -36,6 +36,12 @@ def write(folder, split, data, src="xx", tgt="yy", gz=False):
         else:
             (folder / f"{split}.{lang}").write_text(text, encoding="utf-8")
     return folder
+
+
+def file_splits(data):
+    """The parts of the parallel-files source, by name, and how many pairs it skipped."""
+    splits = source_of(data).load(data)
+    return {"train": splits.train, "val": splits.val, "test": splits.test}, splits.skipped
 
 
 def data(root, *overrides):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -23,6 +24,7 @@ from .bench.vision import PARTS as VISION_PARTS, is_vision_dir, run_vision, visi
 from .bench.scaling import VARIANTS
 from .data.download import download, list_datasets
 from .data.paths import data_dir
+from .data.source import list_sources
 from .data.text import MAX_LINE_CHARS
 from .data.tokenize import shorten
 from .engine import distributed
@@ -34,7 +36,7 @@ from .models import count_parameters, create_model, list_models, model_entry
 from .plugins import import_plugins
 from .recipes import list_recipes, load_recipe, recipe_keys
 from .report import write_run_report, write_run_report_safely
-from .tasks import get_task, load_run, read_recipe, recipe_dict, recipe_from_dict
+from .tasks import get_task, load_run, read_recipe, recipe_dict, recipe_from_dict, train
 from .tasks.export import FORMATS, export_run, verify_export
 from .viz.run import visualize_run
 
@@ -72,6 +74,14 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sources(args: argparse.Namespace) -> int:
+    """The registered data sources, by kind of data, each with the data keys it takes."""
+    for source in sorted(list_sources(), key=lambda s: s.kind):
+        keys = [f.name for f in dataclasses.fields(source.config_class) if f.name not in ("name", "data_dir")]
+        print(f"{source.kind:<15} {source.name:<9} {source.summary}\n{'':<25} data keys: {', '.join(keys) or '-'}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """``attnlab train demo-reverse`` into a temporary folder, with its examples."""
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -83,7 +93,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
           f"({args.steps} steps, device {args.device})")
     with tempfile.TemporaryDirectory(prefix="attnlab-demo-") as folder:
         task = get_task(recipe.task)
-        results = task.train(recipe, folder)
+        results = train(recipe, folder)
         run = load_run(folder)
         examples = run.predict(["5 9 3 7", "12 4 4 18 6", "3 14 8 19 11 10 5"])
     print()
@@ -171,7 +181,7 @@ def _train(args: argparse.Namespace) -> int:
         verb = "resuming" if args.resume else "train"
         print(f"attnlab {verb} {name}: {recipe.model.name} on {recipe.data.name} ({task.name}), "
               f"run directory {run_dir}")
-    results = task.train(recipe, run_dir, resume=args.resume, allow_changes=args.allow_changes)
+    results = train(recipe, run_dir, resume=args.resume, allow_changes=args.allow_changes)
     if not distributed.is_main():  # rank 0 alone writes the report and prints the results
         return 0
     write_run_report_safely(run_dir, print)
@@ -514,6 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list registered models with their parameter counts")
     p.add_argument("pattern", nargs="?", default="*", help="shell-style name filter, e.g. 'transformer_*'")
     p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("sources", parents=[plugins], help="list the data sources a recipe's data.name can name")
+    p.set_defaults(func=cmd_sources)
 
     p = sub.add_parser("demo", help="train a tiny Transformer to reverse strings, then decode (about a minute)")
     p.add_argument("--steps", type=_positive_int, default=600, help="training steps (default 600)")

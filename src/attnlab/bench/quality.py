@@ -27,7 +27,7 @@ from ..engine.trainer import TrainConfig, Trainer
 from ..errors import InputError
 from ..models import create_model
 from ..recipes import load_recipe
-from ..tasks import get_task
+from ..tasks import train
 from .scaling import VARIANTS
 
 __all__ = ["NeedleDataset", "needle_accuracy", "mr_accuracy", "NUM_VALUES"]
@@ -106,7 +106,7 @@ def mr_accuracy(kind: str, options: dict[str, Any], run_dir: str | Path, *, over
     sets = [f"model.options.attention={kind}", f"model.options.attention_options={_yaml_flow(options)}",
             "train.progress=false", "train.tensorboard=false", *overrides]
     recipe = load_recipe("sentiment-mr", sets)
-    results = get_task(recipe.task).train(recipe, run_dir, log=log)
+    results = train(recipe, run_dir, log=log)
     return {"task": "mr", "kind": kind, "options": options, "accuracy": results["test_accuracy"],
             "train_seconds": results["train_seconds"], "samples_per_s": results["samples_per_s"],
             "steps": results["steps"], "overrides": list(overrides)}

@@ -1,5 +1,11 @@
 """Data sets, transforms and batch mixing for attnlab.
 
+* :mod:`.source`: the registry of data sources (``data.name``): :func:`register_source`,
+  :func:`get_source`; each kind of data has a module with its keys and built-in sources
+  (:mod:`.labelled_images`: digits, cifar10; :mod:`.labelled_texts`: mr;
+  :mod:`.sentence_pairs`: multi30k; :mod:`.reversal`), and each source of one's own data a
+  module of its own (:mod:`.image_folder`, :mod:`.text_files`, :mod:`.parallel_files`).
+* :mod:`.splits`: stratified and random hold-outs, per-class caps.
 * :mod:`.paths`: where data lives (``--data-dir``, ``$ATTNLAB_DATA_DIR``, ``~/.cache/attnlab``).
 * :mod:`.images`: digits, any ``root/<class>/<file>`` folder, CIFAR-10 (image folders
   or the original pickled batches, read with a restricted unpickler).
@@ -24,8 +30,10 @@ from .mix import Mixup, cutmix_box, one_hot
 from .mr import load_mr, mr_folds, mr_split
 from .multi30k import load_multi30k
 from .paths import data_dir, require
+from .source import Source, SourceConfig, Splits, get_source, list_sources, register_source, source_of
 from .text import SentimentDataset, read_lines
 from .tokenize import SPECIAL_TOKENS, TextTokenizer, key_padding_mask
+from . import image_folder, labelled_images, labelled_texts, parallel_files, reversal, sentence_pairs, text_files  # noqa: E501,F401  # the built-in sources register
 from .transforms import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -44,6 +52,13 @@ from .transforms import (
 )
 
 __all__ = [
+    "Source",
+    "SourceConfig",
+    "Splits",
+    "register_source",
+    "get_source",
+    "source_of",
+    "list_sources",
     "data_dir",
     "require",
     "IMG_EXTENSIONS",

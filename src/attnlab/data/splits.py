@@ -1,4 +1,4 @@
-"""Splits of a labelled data set that every task uses: stratified hold-outs and per-class caps."""
+"""How a source splits its examples: stratified hold-outs, per-class caps, random hold-outs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from torch import Tensor
 
 from ..errors import InputError
 
-__all__ = ["stratified_split", "cap_per_class"]
+__all__ = ["stratified_split", "cap_per_class", "random_held_out"]
 
 
 def stratified_split(targets: Tensor, size: float, seed: int,
@@ -40,3 +40,13 @@ def cap_per_class(indices: Tensor, targets: Tensor, cap: int, seed: int) -> Tens
     order = indices[torch.randperm(len(indices), generator=gen)]
     kept = torch.cat([order[targets[order] == c][:cap] for c in targets[indices].unique()])
     return kept.sort().values
+
+
+def random_held_out(n: int, size: float, seed: int, what: str, unit: str = "examples") -> tuple[list[int], list[int]]:
+    """``(kept, held out)`` indices of ``range(n)``: ``size`` of them (a count, or a fraction
+    below 1) at random with ``seed`` (examples without labels to stratify by)."""
+    count = int(size) if size >= 1 else round(size * n)
+    if not 0 < count < n:
+        raise InputError(f"{what} must leave some of the {n} {unit} and hold out at least one; got {size!r}")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    return sorted(order[count:]), sorted(order[:count])

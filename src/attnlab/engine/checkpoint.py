@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..io import atomic_write_bytes, sha256_file, torch_load_safely
+from ..io import atomic_write_bytes, read_json_mapping, sha256_file, torch_load_safely
 
 __all__ = [
     "CheckpointError",
@@ -48,6 +48,7 @@ __all__ = [
     "nonfinite_tensors",
     "nonfinite_summary",
     "check_finite",
+    "checkpoint_label",
     "capture_rng_state",
     "restore_rng_state",
 ]
@@ -382,3 +383,10 @@ def average_checkpoints(folders: list[str | Path]) -> dict[str, Tensor]:
             else:
                 total[name] = w
     return {n: (t / len(folders)).to(dtypes[n]) if t.is_floating_point() else t for n, t in total.items()}
+
+
+def checkpoint_label(folder: Path) -> str:
+    """``checkpoint best (step 1200)``: which weights, for captions."""
+    manifest = folder / "manifest.json"
+    step = read_json_mapping(manifest).get("step") if manifest.is_file() else None
+    return f"checkpoint {folder.name}" + (f" (step {step})" if step is not None else "")

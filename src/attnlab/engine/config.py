@@ -9,7 +9,9 @@ field's type annotation (``int``, ``float``, ``str``, ``bool``, ``Literal[...]``
 field's metadata: ``min``/``max`` (inclusive) and ``gt``/``lt`` (exclusive), e.g.
 ``field(default=0.1, metadata={"min": 0, "lt": 1})``. A float is never NaN or infinite.
 A dataclass built directly in Python gets the same bound checks from
-:func:`check_bounds` in its ``__post_init__``.
+:func:`check_bounds` in its ``__post_init__``. A nested dataclass whose keys depend on
+its content (a recipe's ``data`` section, whose source says which keys apply) has a
+classmethod ``config_class_for(mapping, where)`` that returns the class to read it as.
 """
 
 from __future__ import annotations
@@ -90,6 +92,9 @@ def _check(value: Any, tp: Any, where: str) -> Any:
 
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     """Build dataclass ``cls`` from ``data``, checking every key and value."""
+    choose = getattr(cls, "config_class_for", None)  # a section whose keys depend on its content
+    if choose is not None:
+        cls = choose(data, where)
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     kwargs = {}

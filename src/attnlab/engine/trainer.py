@@ -33,7 +33,7 @@ from .progress import Progress
 from .optim import build_optimizer, warmup_cosine
 
 __all__ = ["TrainConfig", "EpochSampler", "Trainer", "NonFiniteLossError", "IGNORE_INDEX", "flatten_tokens",
-           "evaluate_model"]
+           "evaluate_model", "predict_batches"]
 
 IGNORE_INDEX = -100  # target value of padding in sequence targets (torch's and Hugging Face's convention)
 
@@ -247,6 +247,23 @@ def evaluate_model(model: nn.Module, data: Any, *, batch_size: int = 256, device
     loss_sum, correct, count = _eval_sums(model, data, range(0, len(data), batch_size), batch_size, move,
                                           device_, precision, workers)
     return {"loss": loss_sum / count, "accuracy": correct / count, "samples": len(data)}
+
+
+@torch.no_grad()
+def predict_batches(model: nn.Module, data: Any, *, batch_size: int = 256, device: str | torch.device = "auto",
+                    precision: str = "fp32", channels_last: bool = False) -> Iterator[tuple[Tensor, Tensor]]:
+    """``(outputs, targets)`` of ``model`` over ``data``, one batch after the other, read,
+    moved and computed as :func:`evaluate_model` does (outputs in float32, on the device;
+    targets as the data set gives them), so predictions agree with the figures."""
+    device_ = select_device(device) if isinstance(device, str) else device
+    model = model.to(device_).eval()
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    for start in range(0, len(data), batch_size):
+        x, y = _batch(data, list(range(start, min(start + batch_size, len(data)))))
+        with autocast(device_, precision):
+            out = _call(model, _move(x, device_, channels_last))
+        yield out.float(), y
 
 
 class Trainer:

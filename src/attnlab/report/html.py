@@ -21,7 +21,7 @@ from typing import Any
 from .. import __version__
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
-from ..tasks import CHANGES, ClassifierPredictions, SampleTable, Task, get_task, read_config, read_recipe
+from ..tasks import CHANGES, ClassifierPredictions, SampleTable, Task, get_task, read_config, read_recipe, report_items
 from ..viz.run import visualize_run
 from .curves import plot_curves, read_metrics
 from .page import Image, Note, Part, Pre, Section, Table, data_uri, render_html
@@ -144,7 +144,7 @@ def _task_sections(run_dir: Path, task: Task, device: str) -> list[Section]:
     """What the task shows beside results, configuration and curves; a failure (the data
     set or a checkpoint gone) is a note under the task's usual headings."""
     try:
-        return [section for item in task.report_items(run_dir, device=device) for section in _item_sections(item)]
+        return [section for item in report_items(run_dir, device=device) for section in _item_sections(item)]
     except Exception as exc:  # noqa: BLE001
         heading = "Sample outputs" if task.outputs == "text" else "Sample predictions"
         return [Section(heading, [Note(f"Predictions on the test set could not be computed: {_why(exc)}")])]

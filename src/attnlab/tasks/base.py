@@ -5,8 +5,7 @@ A task (image classification, text classification, translation, the reversal dem
 one of the user's own) is one class behind one protocol. ``cli``, ``viz`` and ``report``
 call the protocol and never name a task::
 
-    task = get_task(recipe.task)
-    results = task.train(recipe, run_dir)          # results.json's content
+    results = train(recipe, run_dir)                # results.json's content (attnlab.tasks.runs.train)
     run = load_run(run_dir)                         # a TrainedRun: recipe, model, preprocessing, classes
     run.evaluate()                                  # the test metrics of results.json, recomputed
     run.predict(["a witty film ."])                 # what the task predicts for new inputs
@@ -23,11 +22,13 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence, TypeVar
+from typing import Any, Callable, ClassVar, Sequence, TypeVar, get_type_hints
 
 import torch
 from torch import nn
 
+from ..data.labelled_images import ImageSpec
+from ..data.source import SourceConfig, source_of
 from ..data.tokenize import TextTokenizer
 from ..engine.config import ConfigError, from_dict
 from ..engine.resolved import run_precision
@@ -38,37 +39,16 @@ from ..models import create_model
 from ..models.registry import OptionError, upgrade_options
 from ..suggest import did_you_mean
 
-__all__ = ["DataConfig", "ModelConfig", "Recipe", "Task", "TrainedRun", "ImageSpec", "register_task", "get_task",
+__all__ = ["DataConfig", "ModelConfig", "Recipe", "Task", "TrainedRun", "Prepared", "Preprocessing", "ImageSpec", "register_task", "get_task",
            "list_tasks", "recipe_from_dict", "recipe_dict", "check_texts"]
 
 
 # ----------------------------------------------------------------------------- recipes
 
 
-@dataclass
-class DataConfig:
-    """What every task's ``data`` section has; each task adds its own keys."""
-
-    name: str = ""  # a data set the task knows
-    data_dir: str | None = None  # default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab
-
-    def check_applies(self) -> None:
-        """Keys whose metadata says they apply ``only`` to other data sets must keep their
-        defaults (a subclass's ``__post_init__`` calls it)."""
-        for f in dataclasses.fields(self):
-            only = f.metadata.get("only")
-            if only and self.name not in only:
-                default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                if getattr(self, f.name) != default:
-                    raise InputError(f"data.{f.name} applies to data.name={'/'.join(only)}; got data.name="
-                                     f"{self.name!r} with data.{f.name}={getattr(self, f.name)!r}")
-
-    def check_held_out(self, keys: Sequence[str], unit: str) -> None:
-        """Each of ``keys`` is a fraction below 1 or a whole count of ``unit``."""
-        for key in keys:
-            value = getattr(self, key)
-            if value >= 1 and value != int(value):
-                raise InputError(f"data.{key} must be a fraction below 1 or a whole count of {unit}; got {value!r}")
+DataConfig = SourceConfig
+"""A recipe's ``data`` section: a registered source's config (:mod:`attnlab.data.source`),
+or the plain section of a task of one's own that reads its own data."""
 
 
 @dataclass
@@ -97,33 +77,15 @@ class Recipe:
 
 def recipe_dict(recipe: Recipe) -> dict[str, Any]:
     """A recipe as plain YAML-ready data, in reading order: description, task, data,
-    model, the task's own sections, train. Data keys whose field metadata says they apply
-    ``only`` to other data sets (``field(metadata={"only": ("folder",)})``) are left out."""
+    model, the task's own sections, train. The data section holds the keys of its
+    source alone."""
     data = dataclasses.asdict(recipe)
-    # keys of the data section that apply to other data sets only (metadata "only"): left out
-    name = getattr(recipe.data, "name", None)
-    for f in dataclasses.fields(recipe.data):
-        if "only" in f.metadata and name not in f.metadata["only"]:
-            data["data"].pop(f.name, None)
     first = ("description", "task", "data", "model")
     return {**{k: data[k] for k in first}, **{k: v for k, v in data.items() if k not in first + ("train",)},
             "train": data["train"]}
 
 
 # ----------------------------------------------------------------------------- a finished run
-
-
-@dataclass
-class ImageSpec:
-    """What an image model takes: files are read in ``mode`` (``"L"`` or ``"RGB"``),
-    resized to ``size`` ``(H, W)`` (``resize``: ``"squash"`` both sides, or ``"crop"``: the
-    shorter side, then the centre) and passed through ``transform`` (``uint8``
-    ``(B, C, H, W)`` -> the model's float input)."""
-
-    mode: str
-    size: tuple[int, int]
-    transform: Callable[[torch.Tensor], torch.Tensor]
-    resize: str = "squash"
 
 
 @dataclass
@@ -193,11 +155,50 @@ class TrainedRun:
 # ----------------------------------------------------------------------------- the protocol
 
 
+@dataclass
+class Prepared:
+    """What a task's :meth:`Task.prepare` hands the training skeleton: the data sets as the
+    trainer reads them (``val`` ``None``: no validation), ``info`` for the model's options
+    (:meth:`Task.model_options`), a classifier's ``classes`` (they decide whether a source
+    run's head fits, and go to ``results.json``), and ``facts`` for ``results.json``
+    (sizes, vocabularies)."""
+
+    train: Any
+    val: Any
+    test: Any
+    info: Any = None
+    classes: list[str] | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Preprocessing:
+    """What a finished run reads back beside its weights (:meth:`Task.preprocessing`):
+    ``info`` for the model's options, and what :class:`TrainedRun` carries."""
+
+    info: Any = None
+    classes: list[str] | None = None
+    tokenizer: TextTokenizer | None = None
+    target_tokenizer: TextTokenizer | None = None
+    image: ImageSpec | None = None
+
+
 class Task:
     """One kind of learning problem, behind the protocol that the command line, the
-    pictures and the report call. Subclasses set the class attributes and implement
-    :meth:`model_options`, :meth:`train`, :meth:`load` and :meth:`evaluate`; the rest
-    have defaults that say what the task cannot do."""
+    pictures and the report call.
+
+    Training is one skeleton, :func:`attnlab.tasks.runs.train`, whose steps a task fills
+    in: :meth:`read_data` (before the run directory is made), :meth:`prepare` (inside it:
+    the preprocessing fitted or, on resume, read back, and the data sets), then the engine
+    fits and tests, :meth:`score` adds what the task measures beyond loss and accuracy,
+    and ``results.json`` is written. :meth:`folds` splits a run into complete sub-runs
+    (cross-validation) and :meth:`combine` merges their results.
+
+    A task whose recipe's ``data`` section is a kind of source's (a
+    :class:`~attnlab.data.source.SourceConfig` subclass with a ``kind``) gets its data
+    from the source registry (:mod:`attnlab.data.source`) and never names a source.
+    Subclasses set the class attributes and implement :meth:`model_options`,
+    :meth:`prepare`, :meth:`preprocessing` and :meth:`evaluate`; the rest have defaults."""
 
     name: ClassVar[str]  # the recipe's `task:` value
     recipe_class: ClassVar[type[Recipe]]
@@ -205,8 +206,9 @@ class Task:
     inputs: ClassVar[str | None] = None  # what predict takes: "images" (files) or "texts"; None: no predict
     outputs: ClassVar[str] = "labels"  # "labels" (a class and its probability) or "text" (generated)
     sample_unit: ClassVar[str] = "samples"  # what throughput counts, e.g. "images"
-    # Keys whose change on --resume leaves the run meaningless to continue (prefixes of dotted keys).
-    fixed_on_resume: ClassVar[tuple[str, ...]] = ("task", "data.name", "model", "train.optimizer")
+    # Keys whose change on --resume leaves the run meaningless to continue (prefixes of dotted keys);
+    # the data source adds its own (SourceConfig.fixed_keys).
+    fixed_on_resume: ClassVar[tuple[str, ...]] = ("task", "model", "train.optimizer")
     # Keys of an older attnlab's config.yaml that this task does not have (dotted): dropped on reading.
     legacy_keys: ClassVar[tuple[str, ...]] = ()
 
@@ -226,6 +228,9 @@ class Task:
         model = data.get("model")
         if isinstance(model, dict) and isinstance(model.get("options"), dict) and isinstance(model.get("name"), str):
             model["options"] = upgrade_options(model["name"], model["options"])  # today's option names
+        section = get_type_hints(self.recipe_class).get("data")
+        if isinstance(data.get("data"), dict) and hasattr(section, "drop_foreign_keys"):
+            data["data"] = section.drop_foreign_keys(data["data"])  # older runs carried every source's keys
         for key in self.legacy_keys:
             *path, last = key.split(".")
             node: Any = data
@@ -242,14 +247,7 @@ class Task:
     def check(self, recipe: Recipe) -> None:
         """Checks that the dataclasses cannot make: ``model.options`` against the model's
         configuration, by building it on the meta device (no memory, no weights)."""
-        try:
-            with torch.device("meta"):
-                self.build_model(recipe)
-        except OptionError as exc:  # named by its recipe key, as the training keys are
-            raise ConfigError(f"model.options.{exc.key} must be {exc.rule}; got {exc.value!r} (model "
-                              f"{recipe.model.name!r})") from None
-        except InputError as exc:
-            raise ConfigError(f"model {recipe.model.name!r}: {exc}") from None
+        self.check_model(recipe)
         source = recipe.model.checkpoint
         if source is not None:
             path = Path(source).expanduser()
@@ -259,11 +257,56 @@ class Task:
         elif recipe.model.freeze_backbone:
             raise ConfigError("model.freeze_backbone needs model.checkpoint (the weights to keep); got none")
 
-    # ------------------------------------------------------------------ training
-    def train(self, recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
-        """Train ``recipe`` into ``run_dir``; returns what it writes to ``results.json``."""
+    def check_model(self, recipe: Recipe) -> None:
+        """``model.options`` against the model's configuration, named by their recipe keys."""
+        try:
+            with torch.device("meta"):
+                self.build_model(recipe)
+        except OptionError as exc:  # named by its recipe key, as the training keys are
+            raise ConfigError(f"model.options.{exc.key} must be {exc.rule}; got {exc.value!r} (model "
+                              f"{recipe.model.name!r})") from None
+        except InputError as exc:
+            raise ConfigError(f"model {recipe.model.name!r}: {exc}") from None
+
+    # ------------------------------------------------------------------ the training skeleton's steps
+    def read_data(self, recipe: Recipe, log: Callable[[str], None]) -> Any:
+        """The run's data, read before its run directory is made (a bad file is named before
+        anything is written): by default the splits of the recipe's source, whose notes
+        (counts, skipped rows) go to ``log``."""
+        if not recipe.data.kind:
+            raise NotImplementedError(f"task {self.name!r} reads its own data: it must define read_data")
+        splits = source_of(recipe.data).load(recipe.data)
+        for note in splits.notes:
+            log(note)
+        return splits
+
+    def folds(self, recipe: Recipe, data: Any) -> list[tuple[str, Any]] | None:
+        """``[(folder name, data of that sub-run), ...]`` when a run is made of complete
+        sub-runs in folders of its own (the folds of a cross-validation), which
+        :meth:`combine` merges; ``None``: one run."""
+        return None
+
+    def combine(self, recipe: Recipe, results: list[dict[str, Any]]) -> dict[str, Any]:
+        """The ``results.json`` of a run made of sub-runs, from theirs."""
         raise NotImplementedError
+
+    def prepare(self, recipe: Recipe, run_dir: Path, data: Any, log: Callable[[str], None]) -> Prepared:
+        """Inside the claimed ``run_dir``: the preprocessing (classes, tokenizers) learned
+        from ``data`` and written beside the weights, or read back on resume (the weights
+        belong to it), and the data sets the trainer reads."""
+        raise NotImplementedError
+
+    def test_weights(self, recipe: Recipe, run_dir: Path, log: Callable[[str], None]) -> str:
+        """After fitting: the checkpoint the test set is evaluated with (``"auto"``: best on
+        validation when the run kept one, else last); a task may write one first
+        (averaged weights). Runs on every rank."""
+        return "auto"
+
+    def score(self, recipe: Recipe, run_dir: Path, model: nn.Module, prepared: Prepared, data: Any,
+              log: Callable[[str], None]) -> dict[str, Any]:
+        """What the task measures on the test set beyond the engine's loss and accuracy
+        (BLEU, exact match), with the tested ``model``; rank 0 alone."""
+        return {}
 
     def describe(self, recipe: Recipe) -> str:
         """What a run of ``recipe`` is, in a few words (the report's subtitle)."""
@@ -296,9 +339,10 @@ class Task:
         return written
 
     # ------------------------------------------------------------------ a finished run
-    def load(self, run_dir: Path, recipe: Recipe, checkpoint: str = "auto") -> TrainedRun:
-        """``run_dir`` (trained with ``recipe``) as a :class:`TrainedRun`, the model in eval mode."""
-        raise NotImplementedError
+    def preprocessing(self, run_dir: Path, recipe: Recipe) -> Preprocessing:
+        """What ``run_dir`` (trained with ``recipe``) holds beside its weights, read back:
+        :func:`attnlab.tasks.runs.load_run` builds the model from it, once."""
+        return Preprocessing()
 
     def evaluate(self, run: TrainedRun, *, device: str = "auto", data: str | Path | None = None) -> dict[str, Any]:
         """The test metrics, under the keys ``results.json`` gives them, and ``samples``;
@@ -320,9 +364,10 @@ class Task:
         folds of a cross-validation); their curves and pictures stand for it."""
         return []
 
-    def report_items(self, run_dir: Path, *, device: str = "auto") -> list[Any]:
+    def report_items(self, runs: Sequence[TrainedRun], *, device: str = "auto") -> list[Any]:
         """What the run report shows beside results, configuration and curves: views of
-        :mod:`attnlab.tasks.views` (predictions on the test set, sample outputs)."""
+        :mod:`attnlab.tasks.views` (predictions on the test set, sample outputs). ``runs``:
+        the run, or its sub-runs (:meth:`sub_runs`), loaded."""
         return []
 
     def attention_views(self, run: TrainedRun, inputs: Sequence[Any] | None, *, max_inputs: int = 2,
@@ -382,8 +427,9 @@ def list_tasks() -> list[Task]:
 
 def recipe_from_dict(data: dict[str, Any], source: str = "", *, legacy: bool = False) -> Recipe:
     """A recipe of its task's recipe class, checked (keys, types, ranges, model options).
-    ``source`` (a file name) prefixes the errors. ``legacy``: the config of a run trained
-    by an older attnlab, whose sections of other tasks are dropped."""
+    ``source`` (a file name) prefixes the errors. ``legacy``: the config of a run (perhaps
+    trained by an older attnlab, whose sections of other tasks are dropped), whose model
+    was checked when it trained and is not built here."""
     name = data.get("task", "image_classification")
     if not isinstance(name, str):
         raise ConfigError(f"{source + ': ' if source else ''}task must be a task name; got {name!r}")
@@ -393,7 +439,8 @@ def recipe_from_dict(data: dict[str, Any], source: str = "", *, legacy: bool = F
     data = {**data, "task": task.name}
     try:
         recipe = from_dict(task.recipe_class, data)
-        task.check(recipe)
+        if not legacy:  # a run's own recipe was checked when it trained; loading it builds its model once
+            task.check(recipe)
     except InputError as exc:
         raise ConfigError(f"{source}: {exc}" if source else str(exc)) from None
     return recipe

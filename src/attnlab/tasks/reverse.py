@@ -14,38 +14,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from ..data.reversal import BOS, EOS, FIRST, PAD, ReverseConfig, ReverseDataset
+from ..data.source import Splits, source_of
 from ..engine.device import select_device
-from ..engine.trainer import IGNORE_INDEX, evaluate_model
+from ..engine.trainer import evaluate_model
 from ..errors import InputError
-from .base import DataConfig, ModelConfig, Recipe, Task, TrainedRun, check_texts, register_task
-from .runs import fit_run, load_weights, open_run, test_run, write_results
-from .translation import seq2seq_alignment, strip_padding
+from .base import ModelConfig, Prepared, Recipe, Task, TrainedRun, check_texts, register_task
+from .seq2seq import seq2seq_alignment, strip_padding
 from .views import TextPrediction
 
-__all__ = ["ReverseDataConfig", "ReverseRecipe", "Reverse", "ReverseDataset", "exact_match"]
-
-PAD, BOS, EOS, FIRST = 0, 1, 2, 3
-
-
-@dataclass
-class ReverseDataConfig(DataConfig):
-    name: Literal["reverse"] = "reverse"
-    vocab_size: int = field(default=20, metadata={"min": FIRST + 1})  # ids 0-2 are padding, begin and end
-    min_length: int = field(default=2, metadata={"min": 1})
-    max_length: int = field(default=12, metadata={"min": 1})
-    train_size: int = field(default=50_000, metadata={"min": 1})
-    test_size: int = field(default=256, metadata={"min": 1})
-    seed: int = field(default=0, metadata={"min": 0, "max": 2**32 - 2})  # of the strings (the test set: seed + 1)
-
-    def __post_init__(self) -> None:
-        if self.min_length > self.max_length:
-            raise InputError(f"data.min_length must not exceed data.max_length; got {self.min_length} > "
-                             f"{self.max_length}")
+__all__ = ["ReverseRecipe", "Reverse", "exact_match"]
 
 
 @dataclass
@@ -56,40 +39,9 @@ class GenerateConfig:
 @dataclass
 class ReverseRecipe(Recipe):
     task: str = "reverse"
-    data: ReverseDataConfig = field(default_factory=ReverseDataConfig)
+    data: ReverseConfig = field(default_factory=ReverseConfig)
     model: ModelConfig = field(default_factory=lambda: ModelConfig("transformer_tiny", {"drop_rate": 0.0}))
     generate: GenerateConfig = field(default_factory=GenerateConfig)
-
-
-class ReverseDataset:
-    """``size`` random strings and their reversals, drawn once from ``seed``. Batches are
-    ``({"src": (B, Ls), "tgt": (B, Lt)}, labels (B, Lt))`` as in
-    :class:`~attnlab.data.translation.TranslationDataset`: the decoder input starts with
-    ``BOS``, the labels end with ``EOS``, padding is ``PAD`` in inputs and ``-100`` in labels."""
-
-    def __init__(self, size: int, vocab_size: int, min_length: int, max_length: int, seed: int) -> None:
-        gen = torch.Generator().manual_seed(seed)
-        self.lengths = torch.randint(min_length, max_length + 1, (size,), generator=gen)
-        tokens = torch.randint(FIRST, vocab_size, (size, max_length), generator=gen)
-        self.tokens = tokens.masked_fill(torch.arange(max_length) >= self.lengths[:, None], PAD)
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def strings(self, indices: Sequence[int]) -> list[list[int]]:
-        return [self.tokens[i, : int(self.lengths[i])].tolist() for i in indices]
-
-    def get_batch(self, indices: Sequence[int]) -> tuple[dict[str, Tensor], Tensor]:
-        index = torch.as_tensor(indices, dtype=torch.long)
-        n = int(self.lengths[index].max())
-        src = self.tokens[index, :n]
-        rev = torch.full((len(index), n + 1), PAD, dtype=torch.long)
-        for row, i in enumerate(index.tolist()):
-            k = int(self.lengths[i])
-            rev[row, :k] = self.tokens[i, :k].flip(0)
-            rev[row, k] = EOS
-        tgt = torch.cat([torch.full((len(index), 1), BOS, dtype=torch.long), rev[:, :-1]], dim=1)
-        return {"src": src, "tgt": tgt}, rev.masked_fill(rev == PAD, IGNORE_INDEX)
 
 
 def exact_match(pred: Tensor, strings: list[list[int]]) -> float:
@@ -116,7 +68,7 @@ class Reverse(Task):
     inputs = "texts"
     outputs = "text"
     sample_unit = "strings"
-    fixed_on_resume = ("task", "data", "model", "train.optimizer")
+    fixed_on_resume = ("task", "model", "train.optimizer")
 
     def model_options(self, recipe: Recipe, info: Any = None) -> dict[str, Any]:
         v = recipe.data.vocab_size
@@ -129,23 +81,15 @@ class Reverse(Task):
                 ("test token accuracy", f"{100 * metrics['test_accuracy']:.2f}%"),
                 ("test loss", f"{metrics['test_loss']:.4f}")]
 
-    def _data(self, recipe: Recipe, split: str) -> ReverseDataset:
-        d = recipe.data
-        size, seed = (d.train_size, d.seed) if split == "train" else (d.test_size, d.seed + 1)
-        return ReverseDataset(size, d.vocab_size, d.min_length, d.max_length, seed)
+    def _test(self, recipe: Recipe) -> ReverseDataset:
+        return source_of(recipe.data).load_test(recipe.data)
 
-    def train(self, recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
-        run_dir = Path(run_dir)
-        with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, log=log) as resume_from:
-            build = lambda: self.build_model(recipe)  # noqa: E731
-            results = fit_run(recipe, run_dir, build, self._data(recipe, "train"), None, resume_from=resume_from,
-                              log=log)
-            test = self._data(recipe, "test")
-            tested, model = test_run(recipe, run_dir, build, test)
-            results = {**tested, **self._exact_match(model, recipe, test), **results}
-            write_results(run_dir, results)
-            return results
+    def prepare(self, recipe: Recipe, run_dir: Path, data: Splits, log: Callable[[str], None]) -> Prepared:
+        return Prepared(data.train, None, data.test)
+
+    def score(self, recipe: Recipe, run_dir: Path, model: nn.Module, prepared: Prepared, data: Splits,
+              log: Callable[[str], None]) -> dict[str, Any]:
+        return self._exact_match(model, recipe, prepared.test)
 
     @torch.no_grad()
     def _exact_match(self, model: nn.Module, recipe: Recipe, test: ReverseDataset) -> dict[str, Any]:
@@ -159,15 +103,10 @@ class Reverse(Task):
                                                 strings),
                 "num_beams": beams}
 
-    def load(self, run_dir: Path, recipe: Recipe, checkpoint: str = "auto") -> TrainedRun:
-        model = self.build_model(recipe)
-        folder = load_weights(run_dir, model, checkpoint)
-        return TrainedRun(self, run_dir, recipe, model.eval(), folder)
-
     def evaluate(self, run: TrainedRun, *, device: str = "auto", data: str | Path | None = None) -> dict[str, Any]:
         if data is not None:
             raise InputError(f"the {self.name} demo makes its own data; it takes no --data")
-        cfg, test = run.recipe.train, self._data(run.recipe, "test")
+        cfg, test = run.recipe.train, self._test(run.recipe)
         res = evaluate_model(run.model, test, batch_size=cfg.batch_size, device=device, precision=run.precision)
         return {"test_accuracy": res["accuracy"], "test_loss": res["loss"], "test_samples": res["samples"],
                 **self._exact_match(run.model, run.recipe, test)}
@@ -198,7 +137,7 @@ class Reverse(Task):
         if queries is not None:
             raise InputError(f"queries (--query) choose BoTNet query pixels; run {run.run_dir} is a {self.name} run")
         strings = [_parse(t, run.recipe.data.vocab_size) for t in check_texts(inputs, self.name)] \
-            if inputs is not None else self._data(run.recipe, "test").strings(range(max_inputs))
+            if inputs is not None else self._test(run.recipe).strings(range(max_inputs))
         views = []
         for ids in strings:
             src = torch.tensor([ids], device=next(run.model.parameters()).device)

@@ -1,151 +1,43 @@
-"""What every task does with a run directory: claim it, write the config, train with the
-engine, test once, write ``results.json``; and read a finished run back.
-
-A run directory is never overwritten by another run: :func:`open_run` holds its lock
-for the whole training, refuses a new run in a folder that holds one, and on
-``--resume`` compares the recipe with the run's own before anything is written. A
-change that the run cannot continue with (the task's ``fixed_on_resume`` keys: task,
-data, model, tokenizer, optimizer) is refused; another one (more steps, another learning
-rate) only with ``allow_changes``, and it is recorded in ``config.changes.yaml`` beside
-the untouched ``config.yaml``.
+"""What every task does with a run directory: the one training skeleton (:func:`train`:
+read the data, claim the run directory, fit with the engine, test once, write
+``results.json``), and a finished run read back as one object (:func:`load_run`).
 
 One meaning of "test": model selection ("best") uses a validation split, never the test
 set; the test set is evaluated once, at the end, with the weights ``results.json`` names
 in ``test_checkpoint``, and :meth:`TrainedRun.evaluate` recomputes the same figures.
+The files of a run are read and written by :mod:`.run_files`; the run directory is
+claimed by :mod:`.claim`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import shutil
 import time
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import yaml
 from torch import nn
 
-from ..engine import distributed
-from ..engine.checkpoint import checkpoint_step, load_checkpoint, load_weights_into, resolve_checkpoint
-from ..engine.config import ConfigError
-from ..engine.device import select_device
-from ..engine.metrics import read_metrics
-from ..engine.resolved import (RESOLVED, Resolution, precision_problem, read_resolutions, resolve_run, run_precision,
-                               write_resolutions)
-from ..engine.rundir import RunDirError, RunLock, inspect_run_dir, make_run_dir
 from ..data.tokenize import TextTokenizer
-from ..engine.trainer import TrainConfig, Trainer, evaluate_model
+from ..engine import distributed
+from ..engine.checkpoint import checkpoint_label, load_checkpoint, resolve_checkpoint
+from ..engine.device import select_device
+from ..engine.rundir import RunLock
+from ..engine.trainer import Trainer, evaluate_model
 from ..errors import InputError
-from ..io import atomic_write_bytes, read_json_mapping, read_state_dict, read_yaml_mapping
+from ..io import atomic_write_bytes, read_json_mapping, read_state_dict
 from ..models import count_parameters
 from ..models.checkpoint import classifier_name, load_pretrained
-from .base import ModelConfig, Recipe, TrainedRun, get_task, recipe_dict, recipe_from_dict
+from .base import ModelConfig, Recipe, Task, TrainedRun, get_task, recipe_dict, recipe_from_dict
+from .claim import open_run
+from .run_files import (CHANGES, CONFIG, RESULTS, load_weights, read_config, read_recipe, read_results,
+                        recipe_changes, resolve_weights, train_config, write_results)
 
-__all__ = ["CONFIG", "CHANGES", "RESULTS", "open_run", "fit_run", "test_run", "finish_run", "write_results", "read_config", "read_recipe",
-           "read_results", "recipe_changes", "load_run", "load_weights", "resolve_weights", "checkpoint_label"]
-
-CONFIG = "config.yaml"
-"""A run's resolved recipe, every default filled in; written once, never rewritten."""
-CHANGES = "config.changes.yaml"
-"""The settings changed on a resume with ``--allow-changes``, each with the step it took effect."""
-RESULTS = "results.json"
-"""A run's results: test figures, parameters, time, throughput, precision, classes."""
-# Keys that do not change what is trained: they may differ on resume without --allow-changes.
-FREE_ON_RESUME = ("description", "train.device", "train.progress", "train.progress_seconds")
-# What a run writes that is worth keeping: a folder holding any of these is never taken by a new run.
-_KEEP = ("results.json", "checkpoints/best")
-
-
-def _matches(key: str, prefixes: tuple[str, ...]) -> bool:
-    return any(key == p or key.startswith(p + ".") for p in prefixes)
-
-
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"train": {"lr": 1e-3}}`` -> ``{"train.lr": 1e-3}`` (lists stay whole)."""
-    if not isinstance(data, dict):
-        return {prefix: data}
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
-_UNSET = "(unset)"
-
-
-def recipe_changes(old: Recipe, new: Recipe) -> dict[str, tuple[Any, Any]]:
-    """``{dotted key: (old value, new value)}`` where two recipes differ."""
-    a, b = _flatten(recipe_dict(old)), _flatten(recipe_dict(new))
-    return {k: (a.get(k, _UNSET), b.get(k, _UNSET)) for k in sorted(a.keys() | b.keys())
-            if a.get(k, _UNSET) != b.get(k, _UNSET)}
-
-
-def _show(changes: dict[str, tuple[Any, Any]]) -> str:
-    return ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in changes.items())
-
-
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    *path, last = key.split(".")
-    for part in path:
-        data = data.setdefault(part, {})
-    if value == _UNSET:
-        data.pop(last, None)
-    else:
-        data[last] = value
-
-
-# ----------------------------------------------------------------------------- reading a run
-
-
-def read_config(run_dir: str | Path) -> dict[str, Any]:
-    """``config.yaml`` with every change of ``config.changes.yaml`` applied, in order."""
-    run_dir = Path(run_dir)
-    data = read_yaml_mapping(run_dir / CONFIG)
-    for record in _read_changes(run_dir):
-        for key, change in record["changed"].items():
-            _set_dotted(data, key, change["to"])
-    return data
-
-
-def _read_changes(run_dir: Path) -> list[dict[str, Any]]:
-    """The records of ``config.changes.yaml`` (none when the run was never changed)."""
-    path = run_dir / CHANGES
-    if not path.exists():
-        return []
-    try:
-        records = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"{path} cannot be read: {exc}") from None
-    if not isinstance(records, list) or not all(
-            isinstance(r, dict) and isinstance(r.get("changed"), dict)
-            and all(isinstance(c, dict) and "to" in c for c in r["changed"].values()) for r in records):
-        raise InputError(f"{path} is damaged: expected a list of {{step, time, changed: {{key: {{from, to}}}}}} "
-                         f"records")
-    return records
-
-
-def read_recipe(run_dir: str | Path) -> Recipe:
-    """The resolved recipe a run directory trains with: its ``config.yaml`` and the
-    changes recorded on resume. ``InputError`` naming the file when it is missing,
-    empty or not a valid recipe. A run of an older attnlab loads too (its task's old
-    name and the sections of other tasks that it carried are converted)."""
-    run_dir = Path(run_dir)
-    if not (run_dir / CONFIG).exists():
-        raise InputError(f"run_dir must be an attnlab run directory with {CONFIG}; {run_dir} has none")
-    try:
-        return recipe_from_dict(read_config(run_dir), legacy=True)
-    except InputError as exc:
-        raise InputError(f"{run_dir / CONFIG} is not a valid recipe: {exc}") from None
-
-
-def read_results(run_dir: str | Path) -> dict[str, Any] | None:
-    """A run's ``results.json``; ``None`` while the run has not finished."""
-    path = Path(run_dir) / RESULTS
-    return read_json_mapping(path) if path.exists() else None
+__all__ = ["CONFIG", "CHANGES", "RESULTS", "train", "open_run", "fit_run", "test_run", "finish_run", "write_results",
+           "read_config", "read_recipe", "read_results", "recipe_changes", "load_run", "report_items", "load_weights",
+           "resolve_weights", "checkpoint_label", "UnfinishedRunWarning"]
 
 
 def load_run(run_dir: str | Path, checkpoint: str = "auto", *, device: str = "cpu") -> TrainedRun:
@@ -163,7 +55,12 @@ def load_run(run_dir: str | Path, checkpoint: str = "auto", *, device: str = "cp
     if not run_dir.is_dir():
         raise InputError(f"run_dir must be a run directory; {run_dir} does not exist")
     recipe = read_recipe(run_dir)
-    run = get_task(recipe.task).load(run_dir, recipe, checkpoint)
+    task = get_task(recipe.task)
+    pre = task.preprocessing(run_dir, recipe)
+    model = task.build_model(recipe, pre.info)  # built once: the recipe was checked when the run trained
+    folder = load_weights(run_dir, model, checkpoint)
+    run = TrainedRun(task, run_dir, recipe, model.eval(), folder, classes=pre.classes, tokenizer=pre.tokenizer,
+                     target_tokenizer=pre.target_tokenizer, image=pre.image)
     run.model.to(select_device(device))
     if not (run_dir / RESULTS).is_file():
         warnings.warn(UnfinishedRunWarning(
@@ -173,233 +70,17 @@ def load_run(run_dir: str | Path, checkpoint: str = "auto", *, device: str = "cp
     return run
 
 
+def report_items(run_dir: str | Path, *, device: str = "auto") -> list[Any]:
+    """What a run's task shows in its report (:meth:`Task.report_items`), given the run
+    loaded, or its sub-runs (the folds of a cross-validation)."""
+    run_dir = Path(run_dir)
+    task = get_task(read_recipe(run_dir).task)
+    return task.report_items([load_run(folder, device=device) for folder in task.sub_runs(run_dir) or [run_dir]],
+                             device=device)
+
+
 class UnfinishedRunWarning(UserWarning):
     """:func:`load_run` loaded a run that has not finished training (it has no results)."""
-
-
-def resolve_weights(run_dir: Path, checkpoint: str = "auto") -> str:
-    """``"auto"`` -> the checkpoint ``results.json`` was tested with (``test_checkpoint``),
-    else the first of averaged, best, last that the run has; other names pass through."""
-    if checkpoint != "auto":
-        return checkpoint
-    results = read_results(run_dir) if (run_dir / RESULTS).is_file() else None
-    if results is not None:
-        # Runs of attnlab before test_checkpoint: translations named bleu_checkpoint, the rest tested "last".
-        named = results.get("test_checkpoint", results.get("bleu_checkpoint", "last"))
-        if isinstance(named, str) and ((run_dir / "checkpoints" / named).is_dir() or named == "last"):
-            return named
-    return next((n for n in ("averaged", "best") if (run_dir / "checkpoints" / n).is_dir()), "last")
-
-
-def checkpoint_label(folder: Path) -> str:
-    """``checkpoint best (step 1200)``: which weights, for captions."""
-    manifest = folder / "manifest.json"
-    step = read_json_mapping(manifest).get("step") if manifest.is_file() else None
-    return f"checkpoint {folder.name}" + (f" (step {step})" if step is not None else "")
-
-
-def load_weights(run_dir: str | Path, model: nn.Module, checkpoint: str = "auto") -> Path:
-    """Load a run's checkpoint into ``model`` (EMA weights when the run kept them) and
-    return its folder; see :func:`resolve_weights` for ``checkpoint``."""
-    run_dir = Path(run_dir)
-    folder = resolve_checkpoint(run_dir / "checkpoints", resolve_weights(run_dir, checkpoint))
-    weights, state = load_checkpoint(folder)
-    load_weights_into(model, state.get("ema") or weights, folder)
-    return folder
-
-
-# ----------------------------------------------------------------------------- claiming a run directory
-
-
-def _record_changes(run_dir: Path, changes: dict[str, tuple[Any, Any]], step: int) -> None:
-    path = run_dir / CHANGES
-    records = _read_changes(run_dir)
-    records.append({"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    "changed": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}})
-    atomic_write_bytes(path, yaml.safe_dump(records, sort_keys=False).encode())
-
-
-def _resume_changes(recipe: Recipe, run_dir: Path, allow_changes: bool) -> dict[str, tuple[Any, Any]]:
-    """How ``recipe`` differs from the run's own; refused when the run cannot continue with it."""
-    changes = recipe_changes(read_recipe(run_dir), recipe)
-    fixed = {k: v for k, v in changes.items() if _matches(k, get_task(recipe.task).fixed_on_resume)}
-    if fixed:
-        raise RunDirError(f"--resume: the recipe differs from the run's in {_show(fixed)}; the run cannot continue "
-                          f"with that (its weights, data and tokenizer belong to the old values). Resume without "
-                          f"these overrides, or train into another --run-dir")
-    flagged = {k: v for k, v in changes.items() if not _matches(k, FREE_ON_RESUME)}
-    if flagged and not allow_changes:
-        raise RunDirError(f"--resume: the recipe differs from the run's in {_show(flagged)}; pass --allow-changes to "
-                          f"continue with the new values (recorded in {CHANGES}), or resume with the run's own "
-                          f"recipe: attnlab train --run-dir {run_dir} --resume")
-    return changes
-
-
-def _resolutions(recipe: Recipe, run_dir: Path, device: torch.device, step: int, allow_changes: bool,
-                 parent: Path | None, log: Callable[[str], None]) -> list[Resolution] | None:
-    """The run's records of what ``auto`` became (:mod:`attnlab.engine.resolved`) when this
-    stretch of training adds one (``None``: the recorded ones stand): a new run (a sub-run
-    takes its ``parent``'s), another precision asked, or a machine that cannot run the
-    recorded precision, which is refused unless ``allow_changes``."""
-    asked = recipe.train.precision
-    records = read_resolutions(run_dir)
-    if not records:
-        inherited = read_resolutions(parent) if parent is not None else []
-        if inherited and asked == inherited[-1].asked and precision_problem(inherited[-1].precision, device) is None:
-            first = dataclasses.replace(inherited[-1], step=step, why=f"{inherited[-1].why}; as {parent} resolved it")
-        else:
-            first = resolve_run(asked, device, step)
-        if asked == "auto":
-            log(f"precision auto: {first.precision} ({first.why}; recorded in {run_dir / RESOLVED})")
-        return [first]
-    last = records[-1]
-    if asked != "auto":
-        if asked == last.precision:
-            return None
-        return records + [resolve_run(asked, device, step)]  # a precision changed with --allow-changes
-    problem = precision_problem(last.precision, device)
-    if problem is None:
-        log(f"precision auto: {last.precision}, as the run resolved it on {last.machine} ({run_dir / RESOLVED})")
-        if last.threads != torch.get_num_threads():
-            log(f"note: the run trained with {last.threads} threads, this process has {torch.get_num_threads()}: "
-                f"float sums may differ in their last bits from an uninterrupted run")
-        return None
-    if not allow_changes:
-        raise RunDirError(f"--resume: {run_dir} trains in {last.precision} (precision auto chose it on "
-                          f"{last.machine}; recorded in {RESOLVED}), and {problem}. Resume on a machine that runs "
-                          f"{last.precision}, or pass --allow-changes to continue in what precision auto chooses "
-                          f"here (recorded in {RESOLVED}: the run then mixes two precisions)")
-    new = resolve_run(asked, device, step)
-    log(f"--resume: {problem}; continuing in {new.precision} from step {step} (recorded in {run_dir / RESOLVED})")
-    return records + [new]
-
-
-def train_config(recipe: Recipe, run_dir: Path) -> TrainConfig:
-    """``recipe.train`` with its precision as the run resolved it (``resolved.json``)."""
-    precision = run_precision(run_dir)
-    if precision is None or precision == recipe.train.precision:
-        return recipe.train
-    return dataclasses.replace(recipe.train, precision=precision)
-
-
-def _claim(recipe: Recipe, run_dir: Path, resume: bool, allow_changes: bool, checkpoints: bool,
-           lock: RunLock, log: Callable[[str], None], parent: Path | None = None) -> Path | None:
-    """Check ``run_dir`` for this training, then write its config; returns the checkpoint to
-    resume from. Every refusal comes before the first write."""
-    device = select_device(recipe.train.device)  # a device this machine lacks: refused before anything is written
-    if recipe.train.precision == "fp16" and device.type != "cuda":
-        raise ConfigError(f"train.precision 'fp16' needs a CUDA device (a gradient scaler); got {device.type}; "
-                          f"use bf16")
-    make_run_dir(run_dir)
-    lock.acquire()
-    if lock.took_over:
-        log(f"note: {lock.path} was left by a training that has ended ({lock.took_over}); taking it over")
-    state = inspect_run_dir(run_dir)
-    keeps = state.valid or state.damaged or any(f in state.files for f in _KEEP) or any(
-        f.startswith("fold_") for f in state.files)
-    has_config = (run_dir / CONFIG).exists()
-    if state.holds_run and not resume:
-        if keeps:
-            raise RunDirError(f"--run-dir {run_dir} already holds a run ({state.summary()}); pass --resume to "
-                              f"continue it, or choose another --run-dir")
-        # A run that never saved a checkpoint: nothing in it can be continued or evaluated.
-        log(f"note: {run_dir} holds a run that never saved a checkpoint ({state.summary()}); starting over in it")
-        _forget(run_dir)
-        has_config = False
-    if state.holds_run and resume and not has_config:
-        raise RunDirError(f"--resume: {run_dir} holds files of a run ({state.summary()}) but no {CONFIG} to say "
-                          f"how it was trained; choose another --run-dir")
-    changes = _resume_changes(recipe, run_dir, allow_changes) if has_config else {}
-    if checkpoints and has_config and state.valid is None and keeps:
-        raise RunDirError(f"--resume: {run_dir} has no valid checkpoint to continue from ({state.summary()}), and "
-                          f"starting again from step 0 would overwrite the run. Move the damaged checkpoints "
-                          f"away to start over deliberately, or train into another --run-dir")
-    if resume:
-        read_metrics(run_dir / "metrics.jsonl")  # a damaged log is named before the resume writes anything
-    step = checkpoint_step(state.valid) if resume and checkpoints and state.valid is not None else 0
-    if step > recipe.train.steps:
-        raise RunDirError(f"--resume: train.steps={recipe.train.steps} is fewer than the {step} steps {run_dir} has "
-                          f"trained (checkpoint {state.valid.name}); give train.steps={step} or more, or train a "
-                          f"shorter run into another --run-dir")
-    resolutions = _resolutions(recipe, run_dir, device, step, allow_changes, parent, log)
-    if not has_config:
-        atomic_write_bytes(run_dir / CONFIG, yaml.safe_dump(recipe_dict(recipe), sort_keys=False).encode())
-    if resolutions is not None:
-        write_resolutions(run_dir, resolutions)
-    if changes:
-        _record_changes(run_dir, changes, 0 if state.valid is None else checkpoint_step(state.valid))
-        log(f"--resume: continuing with {_show(changes)} (recorded in {run_dir / CHANGES})")
-    if not (checkpoints and resume):
-        return None
-    cfg = recipe.train
-    for folder, why in state.damaged:
-        n = checkpoint_step(folder)
-        saved_again = n > step and (n == cfg.steps or (cfg.checkpoint_every and n % cfg.checkpoint_every == 0))
-        fate = (f"the resumed run will replace it when it saves step {n} (move it away first to keep it)"
-                if saved_again else "it is left in place (delete it once you no longer need it)")
-        log(f"warning: skipping damaged checkpoint {folder.name}: {why}; resuming from step {step}, and {fate}")
-    if state.valid is None:
-        log(f"--resume: {run_dir} has no complete checkpoint yet; starting from step 0")
-    return state.valid
-
-
-@contextmanager
-def open_run(recipe: Recipe, run_dir: str | Path, *, resume: bool, allow_changes: bool = False,
-             checkpoints: bool = True, log: Callable[[str], None] = print,
-             parent: str | Path | None = None) -> Iterator[Path | None]:
-    """``with open_run(recipe, run_dir, resume=...) as resume_from:`` train inside the block.
-
-    Holds the run directory's lock for the block, refuses a folder that holds another
-    run (or, on resume, a recipe the run cannot continue with) before anything in it is
-    written, writes ``config.yaml``, and yields the checkpoint folder to resume from
-    (``None``: start at step 0). ``checkpoints=False`` for a folder whose checkpoints live
-    in sub-runs (cross-validation). Under torchrun, rank 0 alone checks and writes and
-    every rank gets its answer (or its error). A new run that fails before its first
-    checkpoint leaves no half-made run directory behind. What ``auto`` becomes on this
-    machine (``train.precision``) is decided here once and recorded in ``resolved.json``
-    (a sub-run, such as a fold, takes the one of its ``parent`` run)."""
-    run_dir = Path(run_dir)
-    lock = RunLock(run_dir)
-    outcome: tuple[bool, Any] = (True, None)
-    error: Exception | None = None
-    existed = run_dir.exists()
-    forgotten = False
-    try:
-        if distributed.is_main():
-            try:
-                outcome = (True, _claim(recipe, run_dir, resume, allow_changes, checkpoints, lock, log,
-                                        None if parent is None else Path(parent)))
-            except Exception as exc:  # noqa: BLE001  # re-raised below, once the other ranks know
-                error, outcome = exc, (False, str(exc))
-        ok, value = distributed.broadcast_object(outcome)
-        if not ok:
-            raise error if error is not None else RunDirError(value)
-        try:
-            yield value
-        except BaseException:
-            if not resume and distributed.is_main():
-                forgotten = _forget(run_dir)
-            raise
-    finally:
-        lock.release()
-        if forgotten and not existed:
-            try:
-                run_dir.rmdir()  # the folder this call made, now empty
-            except OSError:
-                pass
-
-
-def _forget(run_dir: Path) -> bool:
-    """Remove what a new run that never saved a checkpoint wrote (config, tokenizers,
-    metrics, events, pictures), so that the same command can run again once mended. A
-    run with a checkpoint or results is kept as it is (``False``)."""
-    state = inspect_run_dir(run_dir)
-    if state.valid or state.damaged or any(f in state.files for f in _KEEP):
-        return False
-    for name in state.files:
-        path = run_dir / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    return True
 
 
 # ----------------------------------------------------------------------------- training and testing
@@ -531,7 +212,63 @@ def finish_run(run_dir: str | Path, recipe: Recipe, *, classes: Sequence[str] | 
     return results
 
 
-def write_results(run_dir: Path, results: dict[str, Any]) -> None:
-    """``results.json`` (rank 0 alone), written atomically."""
+# ----------------------------------------------------------------------------- the training skeleton
+
+
+def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
+          log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train ``recipe`` into ``run_dir`` and return what it writes to ``results.json``: the
+    one skeleton of every task, whose steps the task fills in (see :class:`Task`)::
+
+        data = task.read_data(recipe)          # before the run directory is made
+        with open_run(recipe, run_dir):        # claimed, config.yaml written, resume checked
+            prepared = task.prepare(...)       # preprocessing written (or read back), data sets
+            fit_run(...)                       # the engine trains; checkpoints/best on validation
+            test_run(..., task.test_weights()) # the test set, once
+            task.score(...)                    # the task's own figures (BLEU, exact match)
+            write_results(...)
+
+    A task whose :meth:`Task.folds` splits the run trains each fold as a complete run in
+    its own folder (a resumed run keeps the finished ones) and writes the
+    :meth:`Task.combine` of their results at the top."""
+    task = get_task(recipe.task)
+    run_dir = Path(run_dir)
+    data = task.read_data(recipe, log)
+    folds = task.folds(recipe, data)
+    if folds is None:
+        with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, log=log) as resume_from:
+            return _train_one(task, recipe, run_dir, data, resume_from, log)
+    # config.yaml and the lock at the top too; the folds hold the checkpoints
+    with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, checkpoints=False, log=log):
+        start = time.perf_counter()
+        results = []
+        for k, (name, part, note) in enumerate(folds):
+            sub = run_dir / name
+            if resume and (sub / RESULTS).is_file() and not allow_changes:  # a finished fold of an interrupted run
+                results.append(read_json_mapping(sub / RESULTS))
+                continue
+            log(f"{name} ({k + 1}/{len(folds)}): {note}")
+            with open_run(recipe, sub, resume=resume and sub.is_dir(), allow_changes=allow_changes, log=log,
+                          parent=run_dir) as resume_from:
+                results.append(_train_one(task, recipe, sub, part, resume_from, log))
+            log(f"{name} ({k + 1}/{len(folds)}): " + ", ".join(f"{key} {value}"
+                                                                for key, value in task.metric_rows(results[-1])))
+        combined = {**task.combine(recipe, results), "wall_seconds": time.perf_counter() - start}
+        write_results(run_dir, combined)
+        return combined
+
+
+def _train_one(task: Task, recipe: Recipe, run_dir: Path, data: Any, resume_from: Path | None,
+               log: Callable[[str], None]) -> dict[str, Any]:
+    """One run in a claimed directory: prepare, fit, test, score, write its results."""
+    prepared = task.prepare(recipe, run_dir, data, log)
+    build = lambda: task.build_model(recipe, prepared.info)  # noqa: E731
+    fitted = fit_run(recipe, run_dir, build, prepared.train, prepared.val, resume_from=resume_from, log=log,
+                     classes=prepared.classes)
+    tested, model = test_run(recipe, run_dir, build, prepared.test, task.test_weights(recipe, run_dir, log))
+    results = {**tested, **fitted, **({"classes": prepared.classes} if prepared.classes is not None else {}),
+               **prepared.facts}
     if distributed.is_main():
-        atomic_write_bytes(run_dir / RESULTS, json.dumps(results, indent=1).encode())
+        results.update(task.score(recipe, run_dir, model, prepared, data, log))
+    write_results(run_dir, results)
+    return results

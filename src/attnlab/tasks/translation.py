@@ -2,15 +2,9 @@
 BPE, a Transformer trained by the engine with label smoothing, checkpoint averaging, beam
 search, and BLEU on the test set.
 
-Data (``data.name``):
-
-* ``multi30k``: Multi30k task 1, any two of ``de``, ``en``, ``fr``, ``cs``.
-* ``files``: a folder ``data.root`` of parallel files, one sentence per line, line ``i``
-  of one the translation of line ``i`` of the other: ``train.SRC`` and ``train.TGT`` for
-  the language codes ``data.source`` and ``data.target`` (any codes; each file may be
-  gzipped, ``train.de.gz``), or a ``train.tsv`` of ``source<TAB>target`` lines. ``val``
-  and ``test`` files alike are used when present; else ``data.val_size`` and
-  ``data.test_size`` of the training pairs are held out (at random, ``data.seed``).
+Data: any source of sentence pairs (``data.name``: the built-in ``multi30k``, any two of
+``de``, ``en``, ``fr``, ``cs``; ``files``, parallel files of one's own; or a source one
+registers; see :mod:`attnlab.data.sentence_pairs` and :mod:`attnlab.data.parallel_files`).
 
 A run directory gains, beside the engine's files::
 
@@ -22,7 +16,7 @@ A run directory gains, beside the engine's files::
 The validation split (Multi30k ``val``) picks ``checkpoints/best``. The test set is
 evaluated once, with the weights of ``translate.checkpoint`` (``auto``: averaged, else
 best, else last), named in ``results.json``'s ``test_checkpoint``: its token accuracy and
-loss (teacher-forced), and the BLEU of the beam-search translations of ``test_2016_flickr``:
+loss (teacher-forced), and the BLEU of the beam-search translations of the test set:
 
 * ``bleu``: sacreBLEU, detokenized and case-sensitive (its default ``13a`` tokenizer), the
   standard figure for this task;
@@ -42,9 +36,8 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 from torch import nn
 
-from ..attention.capture import capture_attention
-from ..data.multi30k import MULTI30K_LANGUAGES, load_multi30k
-from ..data.parallel import MAX_LINE_CHARS, find_parallel, load_parallel, read_pairs_tsv
+from ..data.sentence_pairs import Multi30kConfig, PairSource, PairSourceConfig
+from ..data.source import Splits, source_of
 from ..data.tokenize import TextTokenizer, shorten
 from ..data.translation import TranslationDataset
 from ..engine import distributed
@@ -53,42 +46,13 @@ from ..engine.device import select_device
 from ..engine.trainer import evaluate_model
 from ..errors import InputError
 from ..io import atomic_write_bytes
-from .base import DataConfig, ModelConfig, Recipe, Task, TrainedRun, check_texts, register_task
-from .runs import fit_run, load_weights, open_run, read_recipe, resolve_weights, test_run, write_results
-from .text_classification import TextConfig
-from .views import AlignmentAttention, SampleTable, TextPrediction
+from .base import ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_texts, register_task
+from .seq2seq import seq2seq_alignment, strip_padding
+from .text import TextConfig
+from .views import SampleTable, TextPrediction
 
-__all__ = ["TranslationDataConfig", "TranslationTextConfig", "TranslateConfig", "TranslationRecipe", "Translation",
-           "translate", "bleu_scores", "build_tokenizers", "seq2seq_alignment"]
-
-
-FILES = {"only": ("files",)}  # a data key that applies to data.name=files alone
-
-
-@dataclass
-class TranslationDataConfig(DataConfig):
-    name: Literal["multi30k", "files"] = "multi30k"
-    source: str = "de"  # language code of the source (multi30k: de, en, fr or cs; files: any, e.g. the extension)
-    target: str = "en"  # language code of the target
-    root: str | None = field(default=None, metadata=FILES)  # files: the folder of train.SRC/train.TGT (or train.tsv)
-    # files without val / test files: training pairs held out, a count or a fraction below 1
-    val_size: float = field(default=0.05, metadata={"min": 0.0, **FILES})
-    test_size: float = field(default=0.05, metadata={"min": 0.0, **FILES})
-    seed: int = field(default=0, metadata={"min": 0, "max": 2**32 - 1, **FILES})  # files: of the held-out pairs
-    skip_blank: bool = field(default=False, metadata=FILES)  # files: drop pairs with a blank side (else an error)
-    # the longest line read, in characters: a longer one is refused before it is held in memory
-    max_line_chars: int = field(default=MAX_LINE_CHARS, metadata={"min": 1})
-
-    def __post_init__(self) -> None:
-        if self.source == self.target:
-            raise InputError(f"data.source and data.target must differ; got {self.source!r} for both")
-        if self.name == "multi30k":
-            for key in ("source", "target"):
-                if getattr(self, key) not in MULTI30K_LANGUAGES:
-                    raise InputError(f"data.{key} must be one of {', '.join(map(repr, MULTI30K_LANGUAGES))} for "
-                                     f"multi30k; got {getattr(self, key)!r}")
-        self.check_applies()
-        self.check_held_out(("val_size", "test_size"), "pairs")
+__all__ = ["TranslationTextConfig", "TranslateConfig", "TranslationRecipe", "Translation", "translate", "bleu_scores",
+           "build_tokenizers"]
 
 
 @dataclass
@@ -111,7 +75,7 @@ class TranslateConfig:
 @dataclass
 class TranslationRecipe(Recipe):
     task: str = "translation"
-    data: TranslationDataConfig = field(default_factory=TranslationDataConfig)
+    data: PairSourceConfig = field(default_factory=Multi30kConfig)
     model: ModelConfig = field(default_factory=lambda: ModelConfig("transformer_small"))
     text: TranslationTextConfig = field(default_factory=TranslationTextConfig)
     translate: TranslateConfig = field(default_factory=TranslateConfig)
@@ -238,81 +202,8 @@ def average_last_checkpoints(run_dir: Path, count: int) -> Path | None:
                                  {"step": step, "averaged": [f.name for f in folders]})
 
 
-def seq2seq_alignment(model: nn.Module, src_ids: list[int], src_tokens: list[str], hyp: list[int],
-                      tgt_tokens: list[str], title: str) -> AlignmentAttention:
-    """The decoder's cross-attention for the hypothesis ``hyp`` of source ``src_ids``.
-
-    The chosen hypothesis is teacher-forced: row t is the step that produced ``hyp[t]``.
-    (Beam search reorders and drops rows between steps, so its per-step weights follow no
-    single hypothesis; this pass gives the weights that the cached steps computed.)"""
-    cfg, device = model.config, next(model.parameters()).device
-    src = torch.tensor([src_ids], device=device)
-    tgt_in = torch.tensor([[cfg.bos_id] + hyp[:-1]], device=device)
-    with capture_attention(model, include="transformer.decoder.layers.*.cross_attn", cpu=True) as maps:
-        memory, memory_pad = model.encode(src)
-        model.decode(tgt_in, memory, memory_pad)
-    return AlignmentAttention(title, src_tokens, tgt_tokens, [calls[0][0] for calls in maps.values() if calls])
-
-
-def strip_padding(hyp: list[int], pad_id: int) -> list[int]:
-    """A generated row without its right padding (a batch pads its shorter rows)."""
-    while len(hyp) > 1 and hyp[-1] == pad_id:
-        hyp = hyp[:-1]
-    return hyp
-
-
-def _held_out(n: int, size: float, seed: int, what: str) -> tuple[list[int], list[int]]:
-    """``(kept, held out)`` indices of ``range(n)``: ``size`` of them (count or fraction) at random."""
-    count = int(size) if size >= 1 else round(size * n)
-    if not 0 < count < n:
-        raise InputError(f"{what} must leave some of the {n} training pairs and hold out at least one; got {size!r}")
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-    return sorted(order[count:]), sorted(order[:count])
-
-
-def file_splits(data: TranslationDataConfig) -> tuple[dict[str, list[tuple[str, str]]], int]:
-    """The train, val and test pairs of a folder of parallel files (see the module docstring),
-    and how many pairs with a blank side were skipped (``data.skip_blank``): a pure function
-    of the recipe, so that evaluation finds the same test pairs."""
-    if not data.root:
-        raise InputError("data.root must name a folder of parallel files (train.SRC and train.TGT, or train.tsv) "
-                         "when data.name is 'files'")
-    root = Path(data.root).expanduser()
-    if not root.is_dir():
-        raise InputError(f"data.root must be a folder of parallel files; {root} "
-                         f"{'is a file' if root.exists() else 'does not exist'}")
-    read = {"skip_blank": data.skip_blank, "max_line_chars": data.max_line_chars}
-    splits = {"train": load_parallel(root, "train", data.source, data.target, **read)}
-    for name in ("val", "test"):
-        try:
-            find_parallel(root, name, data.source, data.target)
-        except FileNotFoundError:
-            continue
-        splits[name] = load_parallel(root, name, data.source, data.target, **read)
-    skipped = sum(p.skipped for p in splits.values())
-    train = splits["train"]
-    if "test" not in splits:
-        keep, held = _held_out(len(train), data.test_size, data.seed, "data.test_size")
-        splits["test"], train = [train[i] for i in held], [train[i] for i in keep]
-    if "val" not in splits:
-        keep, held = _held_out(len(train), data.val_size, data.seed + 1, "data.val_size")
-        splits["val"], train = [train[i] for i in held], [train[i] for i in keep]
-    splits["train"] = train
-    return splits, skipped
-
-
-def _pairs_of(path: Path, data: TranslationDataConfig) -> list[tuple[str, str]]:
-    """Sentence pairs of one's own for ``eval --data``: a TSV file, or a folder's test files."""
-    if path.is_dir():
-        return load_parallel(path, "test", data.source, data.target, max_line_chars=data.max_line_chars)
-    return read_pairs_tsv(path, max_line_chars=data.max_line_chars)
-
-
-def _load_split(recipe: Recipe, split: str) -> list[tuple[str, str]]:
-    if recipe.data.name == "files":
-        return file_splits(recipe.data)[0][split]
-    return load_multi30k(split, recipe.data.data_dir, recipe.data.source, recipe.data.target,
-                         max_line_chars=recipe.data.max_line_chars)
+def _source(recipe: Recipe) -> PairSource:
+    return source_of(recipe.data)
 
 
 def _dataset(recipe: Recipe, src_tok: TextTokenizer, tgt_tok: TextTokenizer,
@@ -329,8 +220,7 @@ class Translation(Task):
     inputs = "texts"
     outputs = "text"
     sample_unit = "sentence pairs"
-    fixed_on_resume = ("task", "data.name", "data.source", "data.target", "data.root", "data.val_size",
-                       "data.test_size", "data.seed", "model", "text", "train.optimizer")
+    fixed_on_resume = ("task", "model", "text", "train.optimizer")
     legacy_keys = ("data.augment", "data.protocol")
 
     def model_options(self, recipe: Recipe, info: tuple[TextTokenizer, TextTokenizer] | None = None) -> dict[str, Any]:
@@ -375,69 +265,67 @@ class Translation(Task):
             written.append(target_tokenizer.save(tgt_path))
         return written
 
+    def describe(self, recipe: Recipe) -> str:
+        return _source(recipe).describe(recipe.data)
+
     # ------------------------------------------------------------------ training
-    def train(self, recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
-        run_dir = Path(run_dir)
-        # read before a run directory is made: a missing or mismatched file is named at once
-        if recipe.data.name == "files":
-            splits, skipped = file_splits(recipe.data)
-            log(f"data: {len(splits['train'])} training, {len(splits['val'])} validation, {len(splits['test'])} test "
-                f"pairs ({recipe.data.source} -> {recipe.data.target})"
-                + (f"; {skipped} pairs with a blank side skipped" if skipped else ""))
+    def prepare(self, recipe: Recipe, run_dir: Path, data: Splits, log: Callable[[str], None]) -> Prepared:
+        src_path, tgt_path = _tokenizer_paths(run_dir, recipe.text.joint_vocab)
+        if src_path.is_file() and tgt_path.is_file():  # a resumed run: its weights belong to these
+            src_tok = TextTokenizer.load(src_path)
+            tgt_tok = src_tok if recipe.text.joint_vocab else TextTokenizer.load(tgt_path)
         else:
-            splits = {name: _load_split(recipe, name) for name in ("train", "val", "test")}
-        with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, log=log) as resume_from:
-            src_path, tgt_path = _tokenizer_paths(run_dir, recipe.text.joint_vocab)
-            if src_path.is_file() and tgt_path.is_file():  # a resumed run: its weights belong to these
-                src_tok = TextTokenizer.load(src_path)
-                tgt_tok = src_tok if recipe.text.joint_vocab else TextTokenizer.load(tgt_path)
-            else:
-                src_tok, tgt_tok = build_tokenizers(recipe, splits["train"])
-                if distributed.is_main():
-                    src_tok.save(src_path)
-                    if tgt_tok is not src_tok:
-                        tgt_tok.save(tgt_path)
-            data = {name: _dataset(recipe, src_tok, tgt_tok, pairs) for name, pairs in splits.items()}
-            build = lambda: self.build_model(recipe, (src_tok, tgt_tok))  # noqa: E731
-            results = fit_run(recipe, run_dir, build, data["train"], data["val"], resume_from=resume_from, log=log)
-            tr = recipe.translate
+            src_tok, tgt_tok = build_tokenizers(recipe, data.train)
             if distributed.is_main():
-                averaged = average_last_checkpoints(run_dir, tr.average_checkpoints)
-                if averaged is not None:
-                    log(f"averaged the weights of the last {tr.average_checkpoints} checkpoints into {averaged}")
-            distributed.barrier()
-            tested, model = test_run(recipe, run_dir, build, data["test"], resolve_weights(run_dir, tr.checkpoint))
-            results = {**tested, **results, "train_size": len(data["train"]), "dev_size": len(data["val"]),
-                       "test_size": len(data["test"]), "src_vocab_size": src_tok.vocab_size,
-                       "tgt_vocab_size": tgt_tok.vocab_size, "joint_vocab": src_tok is tgt_tok,
-                       "metric": "token accuracy (teacher forcing)"}
-            if distributed.is_main():
-                start = time.perf_counter()
-                sources, references = zip(*splits["test"])
-                hyps = translate_as_recipe(recipe, model, src_tok, tgt_tok, sources, batch_size=tr.batch_size,
-                                           device=recipe.train.device)
-                seconds = time.perf_counter() - start
-                atomic_write_bytes(run_dir / "translations.test.txt", ("\n".join(hyps) + "\n").encode())
-                scores = bleu_scores(hyps, references)
-                log(f"test_2016_flickr BLEU {scores['bleu']:.2f} (sacreBLEU, cased), {scores['bleu_lowercase']:.2f} "
-                    f"(lower-cased); beam {tr.num_beams}, {len(hyps) / seconds:.1f} sentences/s, "
-                    f"weights {tested['test_checkpoint']}")
-                results.update(scores, num_beams=tr.num_beams, translate_seconds=seconds)
-            write_results(run_dir, results)
-            return results
+                src_tok.save(src_path)
+                if tgt_tok is not src_tok:
+                    tgt_tok.save(tgt_path)
+        train, val, test = (_dataset(recipe, src_tok, tgt_tok, pairs) for pairs in (data.train, data.val, data.test))
+        return Prepared(train, val, test, (src_tok, tgt_tok), facts={
+            "train_size": len(train), "dev_size": len(val), "test_size": len(test),
+            "src_vocab_size": src_tok.vocab_size, "tgt_vocab_size": tgt_tok.vocab_size,
+            "joint_vocab": src_tok is tgt_tok, "metric": "token accuracy (teacher forcing)"})
+
+    def test_weights(self, recipe: Recipe, run_dir: Path, log: Callable[[str], None]) -> str:
+        """The averaged weights, written first when ``translate.average_checkpoints`` asks,
+        unless ``translate.checkpoint`` names others."""
+        tr = recipe.translate
+        if distributed.is_main():
+            averaged = average_last_checkpoints(run_dir, tr.average_checkpoints)
+            if averaged is not None:
+                log(f"averaged the weights of the last {tr.average_checkpoints} checkpoints into {averaged}")
+        distributed.barrier()
+        if tr.checkpoint == "auto" and (run_dir / "checkpoints" / "averaged").is_dir():
+            return "averaged"
+        return tr.checkpoint
+
+    def score(self, recipe: Recipe, run_dir: Path, model: nn.Module, prepared: Prepared, data: Splits,
+              log: Callable[[str], None]) -> dict[str, Any]:
+        """The BLEU of the beam-search translations of the test set, which are kept in
+        ``translations.test.txt``."""
+        tr = recipe.translate
+        src_tok, tgt_tok = prepared.info
+        start = time.perf_counter()
+        sources, references = zip(*data.test)
+        hyps = translate_as_recipe(recipe, model, src_tok, tgt_tok, sources, batch_size=tr.batch_size,
+                                   device=recipe.train.device)
+        seconds = time.perf_counter() - start
+        atomic_write_bytes(run_dir / "translations.test.txt", ("\n".join(hyps) + "\n").encode())
+        scores = bleu_scores(hyps, references)
+        log(f"{_source(recipe).test_name} BLEU {scores['bleu']:.2f} (sacreBLEU, cased), "
+            f"{scores['bleu_lowercase']:.2f} (lower-cased); beam {tr.num_beams}, {len(hyps) / seconds:.1f} "
+            f"sentences/s")
+        return {**scores, "num_beams": tr.num_beams, "translate_seconds": seconds}
 
     # ------------------------------------------------------------------ a finished run
-    def load(self, run_dir: Path, recipe: Recipe, checkpoint: str = "auto") -> TrainedRun:
+    def preprocessing(self, run_dir: Path, recipe: Recipe) -> Preprocessing:
         src_path, tgt_path = _tokenizer_paths(run_dir, recipe.text.joint_vocab)
         for path in (src_path, tgt_path):
             if not path.is_file():
                 raise InputError(f"run_dir must hold the run's {path.name}; {run_dir} has none")
         src_tok = TextTokenizer.load(src_path)
         tgt_tok = src_tok if recipe.text.joint_vocab else TextTokenizer.load(tgt_path)
-        model = self.build_model(recipe, (src_tok, tgt_tok))
-        folder = load_weights(run_dir, model, checkpoint)
-        return TrainedRun(self, run_dir, recipe, model.eval(), folder, tokenizer=src_tok, target_tokenizer=tgt_tok)
+        return Preprocessing((src_tok, tgt_tok), tokenizer=src_tok, target_tokenizer=tgt_tok)
 
     def evaluate(self, run: TrainedRun, *, device: str = "auto", batch_size: int | None = None,
                  data: str | Path | None = None) -> dict[str, Any]:
@@ -446,7 +334,8 @@ class Translation(Task):
         sentences per decoding batch; the result does not depend on it). ``data``: pairs of
         one's own instead: a TSV file of ``source<TAB>target`` lines, or a folder holding
         ``test.SRC`` and ``test.TGT`` for the run's language codes."""
-        pairs = _load_split(run.recipe, "test") if data is None else _pairs_of(Path(data), run.recipe.data)
+        source = _source(run.recipe)
+        pairs = source.load_test(run.recipe.data) if data is None else source.read_pairs(run.recipe.data, data)
         cfg = run.recipe.train
         res = evaluate_model(run.model, _dataset(run.recipe, run.tokenizer, run.target_tokenizer, pairs),
                              batch_size=cfg.batch_size, device=device, precision=run.precision)
@@ -466,18 +355,20 @@ class Translation(Task):
                                    num_beams=num_beams, max_length=max_length, batch_size=batch_size, device=device)
         return [TextPrediction(t, o) for t, o in zip(texts, outs)]
 
-    def report_items(self, run_dir: Path, *, device: str = "auto") -> list[Any]:
+    def report_items(self, runs: Sequence[TrainedRun], *, device: str = "auto") -> list[Any]:
         """The first test sentences with the run's translations (read from
         ``translations.test.txt``: nothing is translated again)."""
-        recipe = read_recipe(run_dir)
+        [run] = runs
+        recipe, run_dir = run.recipe, run.run_dir
         path = run_dir / "translations.test.txt"
         if not path.is_file():
             raise InputError(f"run_dir must hold translations.test.txt (written at the end of training); "
                              f"{run_dir} has none")
         hyps = path.read_text(encoding="utf-8").splitlines()
-        pairs = _load_split(recipe, "test")
+        source = _source(recipe)
+        pairs = source.load_test(recipe.data)
         rows = [(s, r, h) for (s, r), h in zip(pairs[:8], hyps[:8])]
-        return [SampleTable("Sample translations", "The first test sentences (test_2016_flickr) with the run's "
+        return [SampleTable("Sample translations", f"The first test sentences ({source.test_name}) with the run's "
                             "beam-search translations.", ("source", "reference", "translation"), rows)]
 
     @torch.no_grad()
@@ -486,7 +377,7 @@ class Translation(Task):
         if queries is not None:
             raise InputError(f"queries (--query) choose BoTNet query pixels; run {run.run_dir} is a {self.name} run")
         texts = check_texts(inputs, self.name) if inputs is not None else \
-            [s for s, _ in _load_split(run.recipe, "test")[:max_inputs]]
+            [s for s, _ in _source(run.recipe).load_test(run.recipe.data)[:max_inputs]]
         model, cfg, tr = run.model, run.model.config, run.recipe.translate
         src_tok, tgt_tok = run.tokenizer, run.target_tokenizer
         views = []

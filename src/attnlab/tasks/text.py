@@ -1,0 +1,31 @@
+"""What the text tasks share: the ``text`` section of their recipes (tokenization) and
+the tokenizer it gives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+from ..data.tokenize import TextTokenizer
+
+__all__ = ["TextConfig", "build_tokenizer"]
+
+
+@dataclass
+class TextConfig:
+    """Tokenization of a text task."""
+
+    tokenizer: Literal["wordpiece", "bpe"] = "wordpiece"
+    vocab_size: int = field(default=8000, metadata={"min": 263})
+    lowercase: bool = True
+    min_frequency: int = field(default=1, metadata={"min": 0})
+    max_length: int = field(default=64, metadata={"min": 3})  # tokens per text, special tokens included
+    tokenizer_file: str | None = None  # a tokenizer.json to use instead of training one
+
+
+def build_tokenizer(text: TextConfig, texts: Sequence[str]) -> TextTokenizer:
+    """``text.tokenizer_file``, or a tokenizer of ``text``'s kind trained on ``texts``."""
+    if text.tokenizer_file:
+        return TextTokenizer.load(text.tokenizer_file)
+    return TextTokenizer.train(texts, text.tokenizer, text.vocab_size, lowercase=text.lowercase,
+                               min_frequency=text.min_frequency)
