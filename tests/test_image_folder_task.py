@@ -292,3 +292,17 @@ def test_a_run_trained_with_the_python_trainer_becomes_a_full_run_directory(tmp_
     assert (tmp_path / "mine" / "report.html").is_file()
     with pytest.raises(InputError, match="has no checkpoints/"):
         finish_run(tmp_path / "empty", r, classes=classes)
+
+
+def test_the_attention_pictures_name_each_test_image_by_its_own_label(tmp_path):
+    root = make_folder(tmp_path / "imgs", 10)  # one folder: the test images are held out of it
+    run_dir = tmp_path / "run"
+    assert main(["train", "image-folder", f"data.root={root}", "data.img_size=8", "model.name=vit_digits_patch2",
+                 "model.options={}", "train.steps=1", "train.batch_size=8", "train.eval_every=0", "train.log_every=0",
+                 "train.progress=false", "train.tensorboard=false", "--run-dir", str(run_dir)]) == 0
+    run = attnlab.load_run(run_dir)
+    views = run.task.attention_views(run, None, max_inputs=3)
+    test = source_of(run.recipe.data).load_test(run.recipe.data)
+    labels = [run.classes[int(y)] for y in test.targets[:3]]
+    assert labels == ["blue", "green", "red"]  # one held-out image per class
+    assert [view.title.split(" -> ")[0] for view in views] == [f"test image {k}, label {c}" for k, c in enumerate(labels)]
