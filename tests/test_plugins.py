@@ -49,7 +49,7 @@ def test_a_data_source_of_ones_own_feeds_an_existing_task(tmp_path):
     from PIL import Image
 
     run = tmp_path / "run"
-    overrides = ["data.name=stripes", "data.count=400", "train.steps=150", "train.eval_every=0",
+    overrides = ["data.name=stripes", "data.count=400", "train.steps=50", "train.eval_every=0",
                  "train.progress=false", "train.tensorboard=false", "model.options.depth=1"]
     r = attnlab("train", "vit-digits", *overrides, "--import", "my_sources", "--run-dir", str(run), cwd=FIXTURES)
     assert r.returncode == 0, r.stderr[-3000:]
