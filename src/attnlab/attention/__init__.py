@@ -1,9 +1,12 @@
 """The attention mechanism: scaled dot-product attention, multi-head attention, caches,
 and capturing the weights of a model's attention (:func:`capture_attention`)."""
 
-from .cache import KVCache
+from .alibi import alibi_bias, alibi_slopes
+from .cache import DecodingCache, KVCache
 from .functional import causal_mask, merge_masks, scaled_dot_product_attention
+from .grouped import GroupedQueryAttention, RMSNorm
 from .multihead import CrossAttention, MultiHeadAttention, SelfAttention
+from .rotary import RotaryEmbedding, apply_rotary, rotate_half
 from .variants import axial, linear, linformer, local, lsa, nystrom, performer, relpos2d, sparse, standalone2d  # noqa: F401  (register)
 from .variants.axial import AxialAttention2d, AxialWeights
 from .variants.base import TokenAttention
@@ -28,6 +31,14 @@ __all__ = [
     "SelfAttention",
     "CrossAttention",
     "KVCache",
+    "DecodingCache",
+    "GroupedQueryAttention",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "apply_rotary",
+    "rotate_half",
+    "alibi_slopes",
+    "alibi_bias",
     "capture_attention",
     "build_attention",
     "register_attention",

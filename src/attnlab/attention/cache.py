@@ -7,7 +7,7 @@ from torch import Tensor
 
 from ..errors import InputError
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "DecodingCache"]
 
 
 class KVCache:
@@ -87,3 +87,68 @@ class KVCache:
     def __repr__(self) -> str:
         kind = "static" if self.static else "growing"
         return f"KVCache({kind}, batch={self.batch_size}, len={self._len})"
+
+
+class DecodingCache:
+    """One attention layer's keys and values while a decoder generates, ``(B, Hkv, L, D)``.
+
+    Only the key/value heads are stored (grouped-query attention stores ``Hkv`` heads, not
+    ``H``). Without a ``window`` the buffers are allocated once, for ``capacity`` positions,
+    and each step writes its keys in place: no copy of the prefix per token. With a
+    ``window`` (sliding-window attention) only the last ``window - 1`` positions are kept,
+    so memory is bounded however long the generation runs.
+
+    :meth:`update` returns all the keys and values a step attends to and ``start``, the
+    slot index of the first of them (slots count every position the cache has seen).
+    """
+
+    def __init__(self, capacity: int, *, window: int | None = None) -> None:
+        if capacity < 1:
+            raise InputError(f"capacity must be a positive number of positions; got {capacity}")
+        if window is not None and window < 1:
+            raise InputError(f"window must be a positive number of positions; got {window}")
+        self.capacity, self.window = capacity, window
+        self._k: Tensor | None = None
+        self._v: Tensor | None = None
+        self.seq_len = 0  # positions seen
+        self.start = 0  # slot of the first stored position
+
+    @property
+    def stored(self) -> int:
+        """Positions held now."""
+        return self.seq_len - self.start
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, int]:
+        """Add this step's ``k``, ``v`` ``(B, Hkv, L_new, D)``; returns ``(keys, values,
+        start)`` of everything the step attends to."""
+        n = k.shape[2]
+        if self.window is not None:
+            if self._k is None:
+                k_all, v_all = k, v
+            else:
+                k_all, v_all = torch.cat([self._k, k], dim=2), torch.cat([self._v, v], dim=2)  # type: ignore[list-item]
+            start = self.start
+            keep = min(self.window - 1, k_all.shape[2])
+            self._k, self._v = k_all[:, :, k_all.shape[2] - keep :], v_all[:, :, v_all.shape[2] - keep :]
+            self.seq_len += n
+            self.start = self.seq_len - keep
+            return k_all, v_all, start
+        if self.seq_len + n > self.capacity:
+            raise InputError(f"the cache holds {self.capacity} positions; {self.seq_len} are used and the step "
+                             f"adds {n}: make it larger (max_new_tokens plus the prompt)")
+        if self._k is None:
+            b, h, _, d = k.shape
+            self._k = k.new_empty(b, h, self.capacity, d)
+            self._v = v.new_empty(b, h, self.capacity, v.shape[3])
+        self._k[:, :, self.seq_len : self.seq_len + n] = k
+        self._v[:, :, self.seq_len : self.seq_len + n] = v  # type: ignore[index]
+        self.seq_len += n
+        return self._k[:, :, : self.seq_len], self._v[:, :, : self.seq_len], 0  # type: ignore[index]
+
+    def nbytes(self) -> int:
+        """Bytes of the buffers held now."""
+        return sum(t.untyped_storage().nbytes() for t in (self._k, self._v) if t is not None)
+
+    def __repr__(self) -> str:
+        return (f"DecodingCache(capacity={self.capacity}, window={self.window}, seen={self.seq_len}, "
+                f"stored={self.stored})")

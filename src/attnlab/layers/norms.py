@@ -10,6 +10,7 @@ from typing import Callable
 
 from torch import Tensor, nn
 
+from ..attention.grouped import RMSNorm
 from ..errors import InputError, shape_str
 
 __all__ = ["LayerNorm", "TokenBatchNorm", "build_norm", "NORMS"]
@@ -54,12 +55,13 @@ class TokenBatchNorm(nn.BatchNorm1d):
 NORMS: dict[str, Callable[..., nn.Module]] = {
     "layernorm": LayerNorm,
     "batchnorm": TokenBatchNorm,
+    "rmsnorm": RMSNorm,
 }
 _ALIASES = {"layer": "layernorm", "ln": "layernorm", "batch": "batchnorm", "bn": "batchnorm"}
 
 
 def build_norm(name: str, dim: int, eps: float = 1e-5) -> nn.Module:
-    """A norm by name: ``"layernorm"`` (``"ln"``) or ``"batchnorm"`` (``"bn"``)."""
+    """A norm by name: ``"layernorm"`` (``"ln"``), ``"batchnorm"`` (``"bn"``) or ``"rmsnorm"``."""
     key = _ALIASES.get(name.lower(), name.lower()) if isinstance(name, str) else name
     if key not in NORMS:
         raise InputError(f"norm must be one of {sorted(NORMS)}; got {name!r}")

@@ -1,8 +1,10 @@
 """Models, one file per family, all registered with :func:`create_model`."""
 
 # Importing a family registers its models; resnet before the hybrid ViT, which builds on it.
-from . import attention_cnn, botnet, cct, fast_cnn, resnet, sentiment, transformer, vit, vit_hybrid  # noqa: F401
+from . import attention_cnn, botnet, cct, fast_cnn, gpt, resnet, sentiment, transformer, vit, vit_hybrid  # noqa: F401
 from .botnet import BoTNet, BoTNetConfig
+from .gpt import GPT, GPTConfig
+from .hf import from_hf
 from .registry import count_parameters, create_model, list_models, model_entry, register_model
 from .resnet import ResNet, ResNetConfig
 from .transformer import Seq2SeqTransformer, Transformer, TransformerConfig
@@ -10,6 +12,9 @@ from .vit import VisionTransformer, ViTConfig
 
 __all__ = [
     "create_model",
+    "from_hf",
+    "GPT",
+    "GPTConfig",
     "list_models",
     "model_entry",
     "register_model",

@@ -1,0 +1,196 @@
+"""Grouped-query self-attention, the attention of today's decoder-only language models:
+``num_kv_heads`` key/value heads shared by groups of query heads (1: multi-query; equal
+to ``num_heads``: ordinary multi-head), rotary positions or ALiBi, a sliding window,
+QK-norm, and a preallocated key/value cache (:class:`~attnlab.attention.cache.DecodingCache`)
+that stores only the key/value heads.
+
+Registered as the ``"gqa"`` tokens kind, so every token model can use it; with none of
+its options it is exact multi-head self-attention.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import InputError, shape_str
+from .alibi import alibi_bias, alibi_slopes
+from .cache import DecodingCache
+from .functional import check_heads, scaled_dot_product_attention
+from .registry import register_attention
+from .rotary import RotaryEmbedding
+
+__all__ = ["GroupedQueryAttention", "RMSNorm", "band_mask"]
+
+
+class RMSNorm(nn.Module):
+    """``x / rms(x) · weight`` (Zhang and Sennrich, 2019), computed in float32 and cast back
+    (as Llama does, so half-precision inputs keep their accuracy). ``(..., dim)``."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def band_mask(q_slots: Tensor, k_slots: Tensor, *, causal: bool, window: int | None) -> Tensor | None:
+    """Bool ``(Lq, Lk)``, ``True`` = blocked: future keys (``causal``) and keys ``window`` or
+    more positions away (behind, and ahead when not causal); ``None`` when nothing is blocked."""
+    if not causal and window is None:
+        return None
+    distance = q_slots[:, None] - k_slots[None, :]  # query minus key
+    blocked = torch.zeros(distance.shape, dtype=torch.bool, device=distance.device)
+    if causal:
+        blocked |= distance < 0
+    if window is not None:
+        blocked |= distance >= window
+        if not causal:
+            blocked |= distance <= -window
+    return blocked
+
+
+def _combine(mask: Tensor | None, extra: Tensor | None) -> Tensor | None:
+    """Two masks as one: bool (``True`` = blocked) or float (added to the logits)."""
+    if mask is None or extra is None:
+        return extra if mask is None else mask
+    if mask.dtype == torch.bool and extra.dtype == torch.bool:
+        return mask | extra
+    if mask.dtype == torch.bool:
+        mask, extra = extra, mask
+    return mask.masked_fill(extra, float("-inf")) if extra.dtype == torch.bool else mask + extra
+
+
+@register_attention("gqa", forms_weights=True)
+class GroupedQueryAttention(nn.Module):
+    r"""Self-attention with grouped key/value heads, batch-first.
+
+    Args:
+        embed_dim: ``E``.
+        num_heads: query heads ``H``; divides ``E`` (head size ``D = E / H``).
+        num_kv_heads: key/value heads ``Hkv``, dividing ``H`` (default ``H``; 1 is
+            multi-query attention).
+        dropout: on the attention weights, in training mode.
+        bias: biases on the query, key and value projections.
+        out_bias: a bias on the output projection (default ``bias``).
+        rope: rotate queries and keys by their positions (:class:`RotaryEmbedding`).
+        rope_theta: its base.
+        alibi: add ALiBi's per-head distance penalty to the logits.
+        window: each query sees the ``window`` latest keys, itself included (a sliding
+            window; both sides when not causal). With a cache, only those are stored.
+        qk_norm: RMSNorm on each head's queries and keys before the product.
+
+    ``forward(x, *, key_padding_mask, attn_mask, is_causal, need_weights,
+    average_attn_weights, positions, cache)``: ``x`` ``(B, L, E)``; ``positions`` ``(L,)``
+    or ``(B, L)``: the rotary positions of the new tokens (default: the next ones after
+    the cache's, or ``0..L-1``); ``key_padding_mask`` ``(B, Lk_total)`` over the cached
+    and new keys. Returns ``(out (B, L, E), weights (B, Lq, Lk) averaged over heads or
+    (B, H, Lq, Lk), or None)``.
+
+    The projections are ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj``, as in Llama.
+    """
+
+    _attn_capture: Callable[[Tensor], None] | None = None
+
+    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
+                 num_kv_heads: int | None = None, out_bias: bool | None = None, rope: bool = False,
+                 rope_theta: float = 10000.0, alibi: bool = False, window: int | None = None,
+                 qk_norm: bool = False) -> None:
+        super().__init__()
+        check_heads(embed_dim, num_heads, dropout)
+        kv = num_heads if num_kv_heads is None else num_kv_heads
+        if not isinstance(kv, int) or kv < 1 or num_heads % kv:
+            raise InputError(f"num_kv_heads must be a positive divisor of num_heads={num_heads}; got {num_kv_heads!r}")
+        if rope and alibi:
+            raise InputError("rope and alibi are two ways to give positions; choose one")
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise InputError(f"window must be a positive number of positions; got {window!r}")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, kv
+        self.head_dim = embed_dim // num_heads
+        self.dropout, self.window = dropout, window
+        self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias if out_bias is None else out_bias)
+        self.rotary = RotaryEmbedding(self.head_dim, rope_theta) if rope else None
+        if alibi:
+            self.register_buffer("alibi_slopes", alibi_slopes(num_heads), persistent=False)
+        else:
+            self.alibi_slopes = None
+        self.q_norm = RMSNorm(self.head_dim) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim) if qk_norm else None
+
+    def _heads(self, x: Tensor, heads: int) -> Tensor:
+        b, n, _ = x.shape
+        return x.view(b, n, heads, self.head_dim).transpose(1, 2)  # (B, heads, L, D)
+
+    def forward(self, x: Tensor, *, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
+                is_causal: bool = False, need_weights: bool = False, average_attn_weights: bool = True,
+                positions: Tensor | None = None, cache: DecodingCache | None = None,
+                ) -> tuple[Tensor, Tensor | None]:
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
+            raise InputError(f"x must have shape (B, L, {self.embed_dim}); got {shape_str(x)}")
+        batch, n, _ = x.shape
+        past = cache.seq_len if cache is not None else 0
+        q = self._heads(self.q_proj(x), self.num_heads)
+        k = self._heads(self.k_proj(x), self.num_kv_heads)
+        v = self._heads(self.v_proj(x), self.num_kv_heads)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
+        if self.rotary is not None:
+            if positions is None:
+                positions = torch.arange(past, past + n, device=x.device)
+            q, k = self.rotary(q, k, positions)
+        start = 0
+        if cache is not None:
+            k, v, start = cache.update(k, v)
+        lk = k.shape[2]
+        q_slots = torch.arange(past, past + n, device=x.device)
+        k_slots = torch.arange(start, start + lk, device=x.device)
+        mask = attn_mask
+        if self.alibi_slopes is not None:
+            mask = _combine(mask, alibi_bias(self.alibi_slopes, q_slots, k_slots).to(q.dtype))
+        if self.window is not None:
+            mask = _combine(mask, band_mask(q_slots, k_slots, causal=is_causal, window=self.window))
+            is_causal = False  # the band holds the causal part too
+        if key_padding_mask is not None and key_padding_mask.shape[-1] != lk:
+            if cache is not None and self.window is not None and key_padding_mask.shape[-1] > lk:
+                key_padding_mask = key_padding_mask[:, -lk:]  # the keys a sliding window still holds
+            else:
+                raise InputError(f"key_padding_mask must cover the {lk} keys of this step; got "
+                                 f"{shape_str(key_padding_mask)}")
+        if self.num_kv_heads != self.num_heads:  # each key/value head serves a group of query heads
+            group = self.num_heads // self.num_kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        capture = self._attn_capture
+        out, weights = scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, key_padding_mask=key_padding_mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights or capture is not None)
+        if capture is not None:
+            capture(weights)
+            if not need_weights:
+                weights = None
+        out = self.o_proj(out.transpose(1, 2).reshape(batch, n, self.num_heads * self.head_dim))
+        if weights is not None and average_attn_weights:
+            weights = weights.mean(dim=1)
+        return out, weights
+
+    def extra_repr(self) -> str:
+        parts = [f"embed_dim={self.embed_dim}", f"num_heads={self.num_heads}", f"num_kv_heads={self.num_kv_heads}"]
+        if self.rotary is not None:
+            parts.append(f"rope_theta={self.rotary.theta:g}")
+        if self.alibi_slopes is not None:
+            parts.append("alibi")
+        if self.window is not None:
+            parts.append(f"window={self.window}")
+        return ", ".join(parts)

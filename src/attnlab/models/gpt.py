@@ -1,0 +1,313 @@
+"""Decoder-only language models: GPT-2's shape and Llama's, in one configuration.
+
+A stack of pre-norm blocks, ``x + attn(norm(x))`` then ``x + mlp(norm(x))``, over token
+embeddings, with a final norm and a head onto the vocabulary (tied to the embeddings or
+not). Positions are learned or sinusoidal embeddings added to the input, rotary
+(``pos_embed="rope"``) or ALiBi inside the attention, or none. The attention is the
+``"gqa"`` kind (grouped-query heads, sliding window, QK-norm, a preallocated cache) or any
+tokens kind that can be causal (``local``, ``linear``, ``performer``), which decodes
+without a cache.
+
+``forward(input_ids (B, L), *, padding_mask, doc_ids, positions, cache)`` gives logits
+``(B, L, vocab_size)``. ``doc_ids`` ``(B, L)`` packs several documents in a row: no token
+attends across a document boundary and positions restart at each document, so a packed
+row computes what its documents would alone. ``generate`` decodes greedily or samples
+(temperature, top-k, top-p, a seed) with the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention.cache import DecodingCache
+from ..attention.registry import attention_family, build_attention
+from ..dropout import Dropout
+from ..errors import InputError, shape_str
+from ..layers.norms import build_norm
+from ..layers.pos_encoding import sinusoid_table
+from .registry import build_config, check_attention_options, register_model
+
+__all__ = ["GPTConfig", "GPT", "SwiGLU", "GeluMlp", "document_positions"]
+
+POS_EMBEDS = ("learned", "sinusoidal", "rope", "alibi", "none")
+MLPS = ("gelu", "gelu_tanh", "swiglu")
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50257
+    max_len: int = 1024  # the longest context (learned positions have this many rows)
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    num_kv_heads: int | None = None  # grouped-query attention (None: num_heads; 1: multi-query)
+    mlp_ratio: float = 4.0
+    mlp_hidden_dim: int | None = None  # the MLP width itself (Llama's intermediate_size); overrides mlp_ratio
+    mlp: str = "gelu"  # "gelu", "gelu_tanh" (GPT-2's), "swiglu" (Llama's)
+    norm: str = "layernorm"  # or "rmsnorm"
+    norm_eps: float = 1e-5
+    pos_embed: str = "learned"  # learned, sinusoidal, rope, alibi, none
+    rope_theta: float = 10000.0
+    window: int | None = None  # sliding-window attention: each token sees the last `window` tokens
+    qk_norm: bool = False
+    bias: bool = True  # biases of the attention projections, the MLP and the norms' (layernorm)
+    tie_embeddings: bool = True
+    drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    attention: str = "gqa"
+    attention_options: dict = field(default_factory=dict)
+    grad_checkpointing: bool = False
+
+    renamed: ClassVar[dict[str, str]] = {"n_layer": "depth", "n_head": "num_heads", "n_embd": "embed_dim",
+                                          "dropout": "drop_rate", "block_size": "max_len"}
+
+    def __post_init__(self) -> None:
+        if self.pos_embed not in POS_EMBEDS:
+            raise InputError(f"pos_embed must be one of {', '.join(POS_EMBEDS)}; got {self.pos_embed!r}")
+        if self.mlp not in MLPS:
+            raise InputError(f"mlp must be one of {', '.join(MLPS)}; got {self.mlp!r}")
+        if attention_family(self.attention) != "tokens":
+            raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
+        if self.attention != "gqa" and (self.num_kv_heads is not None or self.window is not None or self.qk_norm
+                                        or self.pos_embed in ("rope", "alibi")):
+            raise InputError(f"num_kv_heads, window, qk_norm and pos_embed rope/alibi are options of the 'gqa' "
+                             f"attention; attention={self.attention!r} has none of them")
+        check_attention_options(self.attention_options, {"dropout": "attn_drop_rate", "bias": "bias",
+                                                         "num_kv_heads": "num_kv_heads", "window": "window"})
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        return self.mlp_hidden_dim if self.mlp_hidden_dim is not None else round(self.embed_dim * self.mlp_ratio)
+
+
+class GeluMlp(nn.Module):
+    """``c_proj(gelu(c_fc(x)))``, GPT-2's MLP (``gelu_tanh``: its tanh approximation)."""
+
+    def __init__(self, dim: int, hidden: int, *, tanh: bool, bias: bool, drop_rate: float) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(dim, hidden, bias=bias)
+        self.c_proj = nn.Linear(hidden, dim, bias=bias)
+        self.approximate = "tanh" if tanh else "none"
+        self.drop = Dropout(drop_rate)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c_proj(self.drop(F.gelu(self.c_fc(x), approximate=self.approximate)))
+
+
+class SwiGLU(nn.Module):
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))`` (Shazeer, 2020), Llama's MLP."""
+
+    def __init__(self, dim: int, hidden: int, *, bias: bool, drop_rate: float) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=bias)
+        self.up_proj = nn.Linear(dim, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, dim, bias=bias)
+        self.drop = Dropout(drop_rate)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.drop(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+
+
+class DecoderBlock(nn.Module):
+    """``x + drop(attn(norm1(x)))``, then ``x + drop(mlp(norm2(x)))``."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        options: dict[str, Any] = dict(cfg.attention_options)
+        if cfg.attention == "gqa":
+            options.update(num_kv_heads=cfg.num_kv_heads, rope=cfg.pos_embed == "rope", rope_theta=cfg.rope_theta,
+                           alibi=cfg.pos_embed == "alibi", window=cfg.window, qk_norm=cfg.qk_norm)
+        self.norm1 = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps)
+        self.attn = build_attention(cfg.attention, cfg.embed_dim, cfg.num_heads, dropout=cfg.attn_drop_rate,
+                                    bias=cfg.bias, **options)
+        self.norm2 = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps)
+        if cfg.mlp == "swiglu":
+            self.mlp: nn.Module = SwiGLU(cfg.embed_dim, cfg.hidden_dim, bias=cfg.bias, drop_rate=cfg.drop_rate)
+        else:
+            self.mlp = GeluMlp(cfg.embed_dim, cfg.hidden_dim, tanh=cfg.mlp == "gelu_tanh", bias=cfg.bias,
+                               drop_rate=cfg.drop_rate)
+        self.drop = Dropout(cfg.drop_rate)
+
+    def forward(self, x: Tensor, *, attn_mask: Tensor | None, key_padding_mask: Tensor | None,
+                positions: Tensor | None, cache: DecodingCache | None) -> Tensor:
+        kw: dict[str, Any] = {"positions": positions, "cache": cache} if isinstance(cache, DecodingCache) or \
+            positions is not None else {}
+        h, _ = self.attn(self.norm1(x), key_padding_mask=key_padding_mask, attn_mask=attn_mask, is_causal=True, **kw)
+        x = x + self.drop(h)
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+def document_positions(doc_ids: Tensor) -> Tensor:
+    """``(B, L)`` positions that restart at 0 where ``doc_ids`` ``(B, L)`` changes."""
+    index = torch.arange(doc_ids.shape[1], device=doc_ids.device).expand_as(doc_ids)
+    starts = torch.ones_like(doc_ids, dtype=torch.bool)
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - first
+
+
+class GPT(nn.Module):
+    """A decoder-only language model (see the module docstring)."""
+
+    def __init__(self, config: GPTConfig | None = None, **overrides: Any) -> None:
+        super().__init__()
+        cfg = build_config(GPTConfig, asdict(config or GPTConfig()), overrides)
+        self.config = cfg
+        self.tok_embed = nn.Embedding(cfg.vocab_size, cfg.embed_dim)
+        if cfg.pos_embed == "learned":
+            self.pos_embed: nn.Module | None = nn.Embedding(cfg.max_len, cfg.embed_dim)
+        else:
+            self.pos_embed = None
+        if cfg.pos_embed == "sinusoidal":
+            self.register_buffer("sinusoid", sinusoid_table(cfg.max_len, cfg.embed_dim), persistent=False)
+        self.drop = Dropout(cfg.drop_rate)
+        self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.depth))
+        self.norm = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps)
+        self.head = nn.Linear(cfg.embed_dim, cfg.vocab_size, bias=False)
+        self.apply(self._init)
+        if cfg.tie_embeddings:
+            self.head.weight = self.tok_embed.weight
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        # GPT-2's initialisation: normal(0, 0.02) weights, zero biases.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def new_cache(self, capacity: int) -> list[DecodingCache]:
+        """One preallocated :class:`DecodingCache` per block, for ``capacity`` positions."""
+        if self.config.attention != "gqa":
+            raise InputError(f"attention {self.config.attention!r} decodes without a cache; only 'gqa' keeps one")
+        return [DecodingCache(capacity, window=self.config.window) for _ in self.blocks]
+
+    def forward(self, input_ids: Tensor, *, padding_mask: Tensor | None = None, doc_ids: Tensor | None = None,
+                positions: Tensor | None = None, cache: list[DecodingCache] | None = None) -> Tensor:
+        cfg = self.config
+        if input_ids.dim() != 2 or input_ids.dtype not in (torch.long, torch.int32, torch.int64):
+            raise InputError(f"input_ids must be (B, L) integer token ids; got {shape_str(input_ids)} "
+                             f"{input_ids.dtype}")
+        b, n = input_ids.shape
+        past = cache[0].seq_len if cache else 0
+        if positions is None:
+            positions = document_positions(doc_ids) if doc_ids is not None else \
+                torch.arange(past, past + n, device=input_ids.device)
+        if int(positions.max()) >= cfg.max_len and cfg.pos_embed in ("learned", "sinusoidal"):
+            raise InputError(f"positions reach {int(positions.max())}; the model's {cfg.pos_embed} positions hold "
+                             f"max_len={cfg.max_len}")
+        x = self.tok_embed(input_ids)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(positions)
+        elif cfg.pos_embed == "sinusoidal":
+            x = x + self.sinusoid[positions].to(x.dtype)
+        x = self.drop(x)
+        attn_mask = None
+        if doc_ids is not None:  # packing: a token sees its own document only
+            if cache is not None:
+                raise InputError("doc_ids pack documents for training and scoring; generation takes no doc_ids")
+            attn_mask = (doc_ids[:, :, None] != doc_ids[:, None, :])[:, None]  # (B, 1, L, L), True = blocked
+        rope_positions = positions if cfg.pos_embed == "rope" else None
+        for i, block in enumerate(self.blocks):
+            x = block(x, attn_mask=attn_mask, key_padding_mask=padding_mask, positions=rope_positions,
+                      cache=cache[i] if cache else None)
+        return self.head(self.norm(x))
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(self, input_ids: Tensor, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, eos_id: int | None = None,
+                 padding_mask: Tensor | None = None) -> Tensor:
+        """``(B, L + max_new_tokens)`` ids: the prompts ``input_ids`` ``(B, L)`` and what follows.
+
+        ``temperature`` 0 decodes greedily; above 0 it samples from the softmax of
+        ``logits / temperature``, within the ``top_k`` most probable tokens and the smallest
+        set whose probability reaches ``top_p``, drawn with ``seed`` (reproducible). Prompts of
+        different lengths are left-padded, with ``padding_mask`` ``(B, L)`` ``True`` at the
+        padding. A row that emits ``eos_id`` is continued with ``eos_id``."""
+        cfg = self.config
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise InputError(f"max_new_tokens must be a non-negative integer; got {max_new_tokens!r}")
+        if temperature < 0:
+            raise InputError(f"temperature must be >= 0 (0: greedy); got {temperature}")
+        if top_k is not None and top_k < 1:
+            raise InputError(f"top_k must be a positive integer; got {top_k}")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise InputError(f"top_p must be in (0, 1]; got {top_p}")
+        total = input_ids.shape[1] + max_new_tokens
+        if cfg.pos_embed in ("learned", "sinusoidal") and total > cfg.max_len:
+            raise InputError(f"prompt and max_new_tokens make {total} positions; the model holds max_len={cfg.max_len}")
+        self.eval()
+        gen = None if seed is None else torch.Generator(device=input_ids.device).manual_seed(seed)
+        pad = padding_mask
+        positions = None if pad is None else (~pad).long().cumsum(1).sub(1).clamp(min=0)
+        cache = self.new_cache(total) if cfg.attention == "gqa" else None
+        ids, done = input_ids, torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        step_ids, step_pos = input_ids, positions
+        for _ in range(max_new_tokens):
+            if cache is None:  # an attention kind without a cache: the whole sequence again
+                logits = self(ids, padding_mask=pad, positions=positions)[:, -1]
+            else:
+                logits = self(step_ids, padding_mask=pad, positions=step_pos, cache=cache)[:, -1]
+            nxt = self._choose(logits.float(), temperature, top_k, top_p, gen)
+            if eos_id is not None:
+                nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+                done |= nxt == eos_id
+            ids = torch.cat([ids, nxt[:, None]], dim=1)
+            step_ids = nxt[:, None]
+            if pad is not None:
+                pad = torch.cat([pad, torch.zeros_like(pad[:, :1])], dim=1)
+                last = positions[:, -1:] + 1  # type: ignore[index]
+                positions = torch.cat([positions, last], dim=1)  # type: ignore[list-item]
+                step_pos = last
+        return ids
+
+    @staticmethod
+    def _choose(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
+                gen: torch.Generator | None) -> Tensor:
+        if temperature == 0:
+            return logits.argmax(-1)
+        logits = logits / temperature
+        if top_k is not None:
+            kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if top_p is not None:
+            sorted_logits, order = logits.sort(dim=-1, descending=True)
+            cumulative = sorted_logits.softmax(-1).cumsum(-1)
+            drop = cumulative - sorted_logits.softmax(-1) >= top_p  # the tokens past the nucleus
+            logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+        return torch.multinomial(logits.softmax(-1), 1, generator=gen)[:, 0]
+
+
+def _gpt(defaults: dict[str, Any], overrides: dict[str, Any]) -> GPT:
+    return GPT(build_config(GPTConfig, defaults, overrides))
+
+
+@register_model("lm")
+def gpt_tiny(**overrides: Any) -> GPT:
+    """A tiny decoder-only model for tests and character models: 4 layers of width 128."""
+    return _gpt(dict(vocab_size=256, max_len=256, embed_dim=128, depth=4, num_heads=4), overrides)
+
+
+@register_model("lm")
+def gpt_small(**overrides: Any) -> GPT:
+    """GPT-2 small's shape: 12 layers of width 768, 12 heads, context 1,024, GELU (tanh)."""
+    return _gpt(dict(mlp="gelu_tanh"), overrides)
+
+
+@register_model("lm")
+def llama_tiny(**overrides: Any) -> GPT:
+    """A tiny Llama-style model: RMSNorm, SwiGLU, rotary positions, 8 query and 2 key/value
+    heads, no biases, untied head; 4 layers of width 256."""
+    return _gpt(dict(vocab_size=256, max_len=2048, embed_dim=256, depth=4, num_heads=8, num_kv_heads=2,
+                     mlp="swiglu", mlp_hidden_dim=688, norm="rmsnorm", norm_eps=1e-6, pos_embed="rope",
+                     bias=False, tie_embeddings=False), overrides)

@@ -1,0 +1,158 @@
+"""Hugging Face checkpoint folders as attnlab models: ``from_hf(folder)``.
+
+A folder in the Hugging Face layout (``config.json`` and ``model.safetensors``, from a
+local disk: nothing is downloaded) of the GPT-2, Llama or Mistral family becomes a
+:class:`~attnlab.models.gpt.GPT` in eval mode. Each family is one configuration map and
+one readable list of key renames (GPT-2 stores its projections as ``Conv1D``, the
+transpose of a linear layer, and packs query, key and value in ``c_attn``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError
+from ..io import read_json_mapping
+from .gpt import GPT, GPTConfig
+
+__all__ = ["from_hf", "HF_FAMILIES"]
+
+
+def _gpt2_config(c: dict[str, Any]) -> GPTConfig:
+    activation = c.get("activation_function", "gelu_new")
+    if activation not in ("gelu_new", "gelu_pytorch_tanh", "gelu"):
+        raise InputError(f"config.json: activation_function {activation!r} is not supported for GPT-2")
+    return GPTConfig(vocab_size=c["vocab_size"], max_len=c["n_positions"], embed_dim=c["n_embd"], depth=c["n_layer"],
+                     num_heads=c["n_head"], mlp_hidden_dim=c.get("n_inner") or 4 * c["n_embd"],
+                     mlp="gelu" if activation == "gelu" else "gelu_tanh", norm="layernorm",
+                     norm_eps=c.get("layer_norm_epsilon", 1e-5), pos_embed="learned", bias=True,
+                     tie_embeddings=c.get("tie_word_embeddings", True))
+
+
+def _gpt2_weights(sd: dict[str, Tensor], cfg: GPTConfig) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    sd = {k.removeprefix("transformer."): v for k, v in sd.items()}
+    out = {"tok_embed.weight": sd.pop("wte.weight"), "pos_embed.weight": sd.pop("wpe.weight"),
+           "norm.weight": sd.pop("ln_f.weight"), "norm.bias": sd.pop("ln_f.bias")}
+    for i in range(cfg.depth):
+        p, q = f"h.{i}.", f"blocks.{i}."
+        for theirs, ours in (("ln_1", "norm1"), ("ln_2", "norm2")):
+            out[q + ours + ".weight"], out[q + ours + ".bias"] = sd.pop(p + theirs + ".weight"), sd.pop(p + theirs + ".bias")
+        w, b = sd.pop(p + "attn.c_attn.weight").t(), sd.pop(p + "attn.c_attn.bias")  # Conv1D: (in, out)
+        for name, wi, bi in zip(("q_proj", "k_proj", "v_proj"), w.chunk(3, 0), b.chunk(3, 0)):
+            out[q + f"attn.{name}.weight"], out[q + f"attn.{name}.bias"] = wi, bi
+        out[q + "attn.o_proj.weight"], out[q + "attn.o_proj.bias"] = sd.pop(p + "attn.c_proj.weight").t(), \
+            sd.pop(p + "attn.c_proj.bias")
+        for name in ("c_fc", "c_proj"):
+            out[q + f"mlp.{name}.weight"] = sd.pop(p + f"mlp.{name}.weight").t()
+            out[q + f"mlp.{name}.bias"] = sd.pop(p + f"mlp.{name}.bias")
+        sd.pop(p + "attn.bias", None), sd.pop(p + "attn.masked_bias", None)  # causal-mask buffers
+    if "lm_head.weight" in sd:
+        out["head.weight"] = sd.pop("lm_head.weight")
+    return out, sd
+
+
+def _rope_theta(c: dict[str, Any]) -> float:
+    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in ("default", None):
+        raise InputError(f"config.json: rope scaling {kind!r} is not supported (plain rotary positions only)")
+    return float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+
+
+def _llama_config(c: dict[str, Any]) -> GPTConfig:
+    if c.get("hidden_act", "silu") != "silu":
+        raise InputError(f"config.json: hidden_act {c['hidden_act']!r} is not supported (SwiGLU uses silu)")
+    heads = c["num_attention_heads"]
+    if c.get("head_dim") not in (None, c["hidden_size"] // heads):
+        raise InputError(f"config.json: head_dim {c['head_dim']} differs from hidden_size / num_attention_heads")
+    bias = bool(c.get("attention_bias", False))
+    if bool(c.get("mlp_bias", False)) != bias:
+        raise InputError("config.json: attention_bias and mlp_bias must agree (one bias setting for the block)")
+    return GPTConfig(vocab_size=c["vocab_size"], max_len=c.get("max_position_embeddings", 2048),
+                     embed_dim=c["hidden_size"], depth=c["num_hidden_layers"], num_heads=heads,
+                     num_kv_heads=c.get("num_key_value_heads") or heads, mlp_hidden_dim=c["intermediate_size"],
+                     mlp="swiglu", norm="rmsnorm", norm_eps=c.get("rms_norm_eps", 1e-6), pos_embed="rope",
+                     rope_theta=_rope_theta(c), window=c.get("sliding_window") if c.get("use_sliding_window", True)
+                     else None, bias=bias, tie_embeddings=bool(c.get("tie_word_embeddings", False)))
+
+
+def _llama_weights(sd: dict[str, Tensor], cfg: GPTConfig) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    out = {"tok_embed.weight": sd.pop("model.embed_tokens.weight"), "norm.weight": sd.pop("model.norm.weight")}
+    for i in range(cfg.depth):
+        p, q = f"model.layers.{i}.", f"blocks.{i}."
+        renames = {"input_layernorm": "norm1", "post_attention_layernorm": "norm2"}
+        renames.update({f"self_attn.{n}": f"attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "o_proj")})
+        renames.update({f"mlp.{n}": f"mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj")})
+        for theirs, ours in renames.items():
+            for suffix in (".weight", ".bias"):
+                if p + theirs + suffix in sd:
+                    out[q + ours + suffix] = sd.pop(p + theirs + suffix)
+        sd.pop(p + "self_attn.rotary_emb.inv_freq", None)
+    if "lm_head.weight" in sd:
+        out["head.weight"] = sd.pop("lm_head.weight")
+    return out, sd
+
+
+HF_FAMILIES: dict[str, tuple[Callable[[dict[str, Any]], GPTConfig], Callable[..., Any]]] = {
+    "gpt2": (_gpt2_config, _gpt2_weights),
+    "llama": (_llama_config, _llama_weights),
+    "mistral": (_llama_config, _llama_weights),
+}
+
+
+def _read_weights(folder: Path) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("model*.safetensors"))
+    if not files:
+        raise InputError(f"{folder} must hold model.safetensors (the weights in Hugging Face's layout); found none"
+                         + (" (pytorch_model.bin is not read: save the model with safe_serialization)"
+                            if (folder / "pytorch_model.bin").is_file() else ""))
+    weights: dict[str, Tensor] = {}
+    for path in files:
+        try:
+            weights.update(load_file(str(path)))
+        except Exception as exc:  # noqa: BLE001  # safetensors raises its own error types
+            raise InputError(f"{path} is not a readable safetensors file: {exc}") from None
+    return weights
+
+
+def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT:
+    """The model of a Hugging Face checkpoint folder (GPT-2, Llama or Mistral), in eval mode,
+    with its weights in ``dtype``: ``model(ids)`` gives ``(B, L, vocab)`` logits and
+    ``model.generate(ids, max_new_tokens=...)`` ``(B, L + new)`` ids."""
+    folder = Path(folder).expanduser()
+    if not (folder / "config.json").is_file():
+        raise InputError(f"folder must be a Hugging Face checkpoint folder with config.json; {folder} has none")
+    config = read_json_mapping(folder / "config.json")
+    family = config.get("model_type")
+    if family not in HF_FAMILIES:
+        raise InputError(f"{folder / 'config.json'}: model_type {family!r} is not supported; from_hf reads "
+                         f"{', '.join(HF_FAMILIES)}")
+    make_config, convert = HF_FAMILIES[family]
+    try:
+        cfg = make_config(config)
+    except KeyError as exc:
+        raise InputError(f"{folder / 'config.json'} lacks the key {exc.args[0]!r} of a {family} config") from None
+    model = GPT(cfg)
+    weights, left = convert(_read_weights(folder), cfg)
+    if left:
+        raise InputError(f"{folder}: weights that a {family} model of this config does not have: "
+                         f"{', '.join(sorted(left)[:5])}{' ...' if len(left) > 5 else ''}")
+    if cfg.tie_embeddings:
+        weights.pop("head.weight", None)
+    expected = {k for k in model.state_dict() if not (cfg.tie_embeddings and k == "head.weight")}
+    missing = sorted(expected - set(weights))
+    if missing:
+        raise InputError(f"{folder}: the checkpoint lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    shapes = [k for k, v in weights.items() if tuple(v.shape) != tuple(model.state_dict()[k].shape)]
+    if shapes:
+        k = shapes[0]
+        raise InputError(f"{folder}: {k} has shape {tuple(weights[k].shape)} in the checkpoint but "
+                         f"{tuple(model.state_dict()[k].shape)} in its config")
+    model.load_state_dict(weights, strict=not cfg.tie_embeddings)
+    return model.to(dtype).eval()

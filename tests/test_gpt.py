@@ -1,0 +1,153 @@
+"""Decoder-only language models and the attention they use: rotary positions, ALiBi,
+grouped-query heads, sliding windows, a preallocated cache, packing and sampling."""
+
+import math
+
+import pytest
+import torch
+
+from attnlab.attention import DecodingCache, RotaryEmbedding, alibi_slopes, build_attention
+from attnlab.errors import InputError
+from attnlab.models import create_model
+from attnlab.models.gpt import document_positions
+
+OPTIONS = [{}, {"num_kv_heads": 2, "rope": True}, {"num_kv_heads": 1}, {"alibi": True},
+           {"window": 3, "rope": True, "num_kv_heads": 2}, {"qk_norm": True, "rope": True}]
+
+
+def greedy_without_cache(model, ids, new):
+    for _ in range(new):
+        ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids
+
+
+def test_rotary_scores_depend_on_the_distance_alone():
+    rope = RotaryEmbedding(16)
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+    def score(m, n):
+        qm, _ = rope(q, q, torch.tensor([m]))
+        _, kn = rope(k, k, torch.tensor([n]))
+        return float((qm * kn).sum())
+    assert score(7, 3) == pytest.approx(score(104, 100), abs=1e-4)
+    assert score(7, 3) != pytest.approx(score(7, 5), abs=1e-3)
+    assert score(0, 0) == pytest.approx(float((q * k).sum()), abs=1e-6)  # position 0: no rotation
+
+
+def test_alibi_slopes_are_the_papers_geometric_sequence():
+    assert alibi_slopes(8).tolist() == pytest.approx([2 ** -(i + 1) for i in range(8)])
+    six = alibi_slopes(6).tolist()  # 4 of the power of two below, then every other one of 8
+    assert six == pytest.approx([2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3])
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(o) or "plain")
+def test_cached_steps_equal_the_whole_sequence(options):
+    torch.manual_seed(0)
+    attn = build_attention("gqa", 32, 4, dropout=0.0, bias=False, **options).eval()
+    x = torch.randn(2, 9, 32)
+    whole, _ = attn(x, is_causal=True)
+    cache = DecodingCache(16, window=options.get("window"))
+    steps = [attn(x[:, :4], is_causal=True, cache=cache)[0]]
+    steps += [attn(x[:, t : t + 1], is_causal=True, cache=cache)[0] for t in range(4, 9)]
+    assert torch.allclose(torch.cat(steps, dim=1), whole, atol=1e-6)
+
+
+def test_the_cache_stores_the_key_value_heads_alone_and_a_window_bounds_it():
+    attn = build_attention("gqa", 64, 8, dropout=0.0, bias=False, num_kv_heads=2).eval()
+    cache = DecodingCache(40)
+    attn(torch.randn(1, 30, 64), is_causal=True, cache=cache)
+    assert cache.nbytes() == 2 * 1 * 2 * 40 * 8 * 4  # k and v, batch 1, 2 heads, 40 slots, head size 8, float32
+    windowed = build_attention("gqa", 64, 8, dropout=0.0, bias=False, num_kv_heads=2, window=5).eval()
+    cache = DecodingCache(10_000, window=5)
+    for _ in range(200):
+        windowed(torch.randn(1, 1, 64), is_causal=True, cache=cache)
+    assert (cache.seq_len, cache.stored) == (200, 4)
+
+
+def test_a_sliding_window_sees_the_last_window_tokens_only():
+    torch.manual_seed(0)
+    attn = build_attention("gqa", 16, 2, dropout=0.0, bias=False, window=3).eval()
+    x = torch.randn(1, 8, 16)
+    _, weights = attn(x, is_causal=True, need_weights=True)
+    visible = weights[0] > 0
+    assert visible.sum(-1).tolist() == [1, 2, 3, 3, 3, 3, 3, 3]
+    assert not visible[7, :5].any() and visible[7, 5:].all()
+
+
+@pytest.mark.parametrize("name, options", [
+    ("gpt_tiny", {}), ("gpt_tiny", {"pos_embed": "alibi"}), ("gpt_tiny", {"pos_embed": "sinusoidal"}),
+    ("llama_tiny", {}), ("llama_tiny", {"window": 4}), ("llama_tiny", {"num_kv_heads": 1, "qk_norm": True}),
+    ("gpt_tiny", {"attention": "linear"}),  # a kind without a cache decodes by recomputing
+])
+def test_cached_greedy_generation_equals_recomputing_every_step(name, options):
+    torch.manual_seed(0)
+    model = create_model(name, **options).eval()
+    ids = torch.randint(0, 256, (2, 5))
+    out = model.generate(ids, 8)
+    assert out.shape == (2, 13) and torch.equal(out[:, :5], ids)
+    assert torch.equal(out, greedy_without_cache(model, ids, 8))
+
+
+def test_packed_documents_compute_what_each_would_alone():
+    torch.manual_seed(0)
+    model = create_model("llama_tiny", depth=2).eval()
+    a, b = torch.randint(0, 256, (1, 5)), torch.randint(0, 256, (1, 7))
+    packed = model(torch.cat([a, b], 1), doc_ids=torch.tensor([[0] * 5 + [1] * 7]))
+    assert torch.allclose(packed, torch.cat([model(a), model(b)], 1), atol=1e-5)
+    assert document_positions(torch.tensor([[3, 3, 4, 4, 4, 9]])).tolist() == [[0, 1, 0, 1, 2, 0]]
+
+
+def test_left_padded_prompts_generate_what_they_would_alone():
+    torch.manual_seed(0)
+    model = create_model("llama_tiny", depth=2).eval()
+    short, long = torch.randint(0, 256, (1, 3)), torch.randint(0, 256, (1, 6))
+    batch = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1), long])
+    pad = torch.tensor([[True] * 3 + [False] * 3, [False] * 6])
+    out = model.generate(batch, 6, padding_mask=pad)
+    assert torch.equal(out[0, 3:], model.generate(short, 6)[0])
+    assert torch.equal(out[1], model.generate(long, 6)[0])
+
+
+def test_sampling_is_reproducible_with_a_seed_and_top_k_1_is_greedy():
+    torch.manual_seed(0)
+    model = create_model("gpt_tiny", depth=1).eval()
+    ids = torch.randint(0, 256, (3, 4))
+    a = model.generate(ids, 12, temperature=1.0, top_k=50, top_p=0.9, seed=7)
+    assert torch.equal(a, model.generate(ids, 12, temperature=1.0, top_k=50, top_p=0.9, seed=7))
+    assert not torch.equal(a, model.generate(ids, 12, temperature=1.0, top_k=50, top_p=0.9, seed=8))
+    assert torch.equal(model.generate(ids, 6, temperature=0.7, top_k=1, seed=1), model.generate(ids, 6))
+
+
+def test_top_p_keeps_the_smallest_set_that_reaches_p():
+    from attnlab.models.gpt import GPT
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    picks = {int(GPT._choose(logits, 1.0, None, 0.7, torch.Generator().manual_seed(s))) for s in range(200)}
+    assert picks == {0, 1}  # 0.5 + 0.3 reaches 0.7; 0.15 and 0.05 are never drawn
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"num_kv_heads": 3}, "num_kv_heads must be a positive divisor of num_heads=4"),
+    ({"rope": True, "alibi": True}, "choose one"),
+    ({"window": 0}, "window must be a positive number"),
+])
+def test_attention_options_that_cannot_work_are_one_clear_error(options, message):
+    with pytest.raises(InputError, match=message):
+        build_attention("gqa", 32, 4, dropout=0.0, bias=True, **options)
+
+
+def test_model_options_that_cannot_work_are_one_clear_error():
+    with pytest.raises(InputError, match="pos_embed must be one of"):
+        create_model("gpt_tiny", pos_embed="rotary")
+    with pytest.raises(InputError, match="options of the 'gqa' attention"):
+        create_model("gpt_tiny", attention="linear", num_kv_heads=2)
+    with pytest.raises(InputError, match="max_len=256"):
+        create_model("gpt_tiny").generate(torch.zeros(1, 250, dtype=torch.long), 10)
+
+
+def test_every_token_model_can_use_grouped_query_attention_with_rope():
+    model = create_model("sentiment_transformer_tiny", vocab_size=100, num_classes=2, attention="gqa",
+                         attention_options={"num_kv_heads": 1, "rope": True}).eval()
+    ids = torch.randint(0, 100, (2, 10))
+    with torch.no_grad():
+        logits = model(ids, torch.ones(2, 10, dtype=torch.long))
+    assert logits.shape == (2, 2) and math.isfinite(float(logits.sum()))
