@@ -125,12 +125,25 @@ def fake_multi30k(server, monkeypatch):
 
 
 def test_registry_and_list(tmp_path):
-    assert set(dl.DATASETS) == {"cifar10", "mr", "multi30k"}
+    assert set(dl.DATASETS) == {"cifar10", "mr", "multi30k", "tinyshakespeare"}
     assert len(dl.DATASETS["multi30k"].files) == 12
     assert sum(r.sha256 is not None for r in dl.DATASETS["multi30k"].files) == 1
     rows = dl.list_datasets(tmp_path)
-    assert [(n, p) for n, _, p in rows] == [("cifar10", False), ("mr", False), ("multi30k", False)]
+    assert [(n, p) for n, _, p in rows] == [("cifar10", False), ("mr", False), ("multi30k", False),
+                                            ("tinyshakespeare", False)]
     assert all(d for _, d, _ in rows)
+
+
+def test_the_tiny_shakespeare_checksum_is_that_of_the_shared_copy():
+    import os
+
+    from attnlab.io import sha256_file
+
+    copy = Path(os.environ.get("ATTNLAB_DATA_DIR", "/nonexistent")) / "tinyshakespeare" / "input.txt"
+    if not copy.is_file():
+        pytest.skip("no copy of Tiny Shakespeare under ATTNLAB_DATA_DIR to check the checksum against")
+    [remote] = dl.DATASETS["tinyshakespeare"].files
+    assert (sha256_file(copy), copy.stat().st_size) == (remote.sha256, remote.size)
 
 
 def test_mr_download_extracts_then_second_call_fetches_nothing(tmp_path, server, fake_mr):
@@ -141,7 +154,8 @@ def test_mr_download_extracts_then_second_call_fetches_nothing(tmp_path, server,
     assert server.seen == [(f"/{MR_PATH}", None)]
     # no tarball, .part or temporary folder left behind
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["mr"]
-    assert {n: p for n, _, p in dl.list_datasets(tmp_path / "data")} == {"cifar10": False, "mr": True, "multi30k": False}
+    assert {n: p for n, _, p in dl.list_datasets(tmp_path / "data")} == {"cifar10": False, "mr": True, "multi30k": False,
+                                                                   "tinyshakespeare": False}
 
     msgs.clear()
     assert dl.download("mr", tmp_path / "data", base_url=server.base, progress=msgs.append) == out

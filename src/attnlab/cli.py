@@ -78,7 +78,7 @@ def cmd_sources(args: argparse.Namespace) -> int:
     """The registered data sources, by kind of data, each with the data keys it takes."""
     for source in sorted(list_sources(), key=lambda s: s.kind):
         keys = [f.name for f in dataclasses.fields(source.config_class) if f.name not in ("name", "data_dir")]
-        print(f"{source.kind:<15} {source.name:<9} {source.summary}\n{'':<25} data keys: {', '.join(keys) or '-'}")
+        print(f"{source.kind:<15} {source.name:<16} {source.summary}\n{'':<32} data keys: {', '.join(keys) or '-'}")
     return 0
 
 

@@ -3,8 +3,9 @@
 * :mod:`.source`: the registry of data sources (``data.name``): :func:`register_source`,
   :func:`get_source`; each kind of data has a module with its keys and built-in sources
   (:mod:`.labelled_images`: digits, cifar10; :mod:`.labelled_texts`: mr;
-  :mod:`.sentence_pairs`: multi30k; :mod:`.reversal`), and each source of one's own data a
-  module of its own (:mod:`.image_folder`, :mod:`.text_files`, :mod:`.parallel_files`).
+  :mod:`.sentence_pairs`: multi30k; :mod:`.text_corpus`: tinyshakespeare; :mod:`.reversal`),
+  and each source of one's own data a module of its own (:mod:`.image_folder`,
+  :mod:`.text_files`, :mod:`.parallel_files`, :mod:`.text_documents`).
 * :mod:`.splits`: stratified and random hold-outs, per-class caps.
 * :mod:`.paths`: where data lives (``--data-dir``, ``$ATTNLAB_DATA_DIR``, ``~/.cache/attnlab``).
 * :mod:`.images`: digits, any ``root/<class>/<file>`` folder, CIFAR-10 (image folders
@@ -14,6 +15,9 @@
 * :mod:`.mr`, :mod:`.multi30k`: the MR sentence-polarity and Multi30k translation corpora.
 * :mod:`.tokenize`: :class:`TextTokenizer` (WordPiece or byte-level BPE, Hugging Face ``tokenizers``).
 * :mod:`.text`: strict reading of text files, :class:`SentimentDataset`.
+* :mod:`.lm_tokenize`: tokenizers for language models (:class:`CharTokenizer`,
+  :class:`ByteTokenizer`, :class:`BPETokenizer`, :func:`load_tokenizer`).
+* :mod:`.lm_dataset`: :class:`LMDataset`, documents packed into windows for a language model.
 """
 
 from .images import (
@@ -26,6 +30,8 @@ from .images import (
     load_cifar_batch,
     load_digits_dataset,
 )
+from .lm_dataset import LMDataset
+from .lm_tokenize import BPETokenizer, ByteTokenizer, CharTokenizer, LMTokenizer, load_tokenizer, train_tokenizer
 from .mix import Mixup, cutmix_box, one_hot
 from .mr import load_mr, mr_folds, mr_split
 from .multi30k import load_multi30k
@@ -33,7 +39,8 @@ from .paths import data_dir, require
 from .source import Source, SourceConfig, Splits, get_source, list_sources, register_source, source_of
 from .text import SentimentDataset, read_lines
 from .tokenize import SPECIAL_TOKENS, TextTokenizer, key_padding_mask
-from . import image_folder, labelled_images, labelled_texts, parallel_files, reversal, sentence_pairs, text_files  # noqa: E501,F401  # the built-in sources register
+from . import image_folder, labelled_images, labelled_texts, parallel_files, reversal, sentence_pairs, text_corpus, text_documents, text_files  # noqa: E501,F401  # the built-in sources register
+from .text_corpus import CorpusSource, CorpusSourceConfig, read_text
 from .transforms import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -95,4 +102,14 @@ __all__ = [
     "SPECIAL_TOKENS",
     "TextTokenizer",
     "key_padding_mask",
+    "CorpusSourceConfig",
+    "CorpusSource",
+    "read_text",
+    "LMTokenizer",
+    "CharTokenizer",
+    "ByteTokenizer",
+    "BPETokenizer",
+    "load_tokenizer",
+    "train_tokenizer",
+    "LMDataset",
 ]

@@ -165,6 +165,17 @@ DATASETS: dict[str, DatasetSpec] = {
         ),
         required=_MULTI30K_FILES,
     ),
+    "tinyshakespeare": DatasetSpec(
+        name="tinyshakespeare",
+        description="Tiny Shakespeare (Karpathy's char-rnn), 1,115,394 characters of plays -> tinyshakespeare/",
+        target="tinyshakespeare",
+        files=(
+            RemoteFile("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
+                       "tinyshakespeare/input.txt",
+                       "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed", 1_115_394),
+        ),
+        required=("input.txt",),
+    ),
 }
 
 

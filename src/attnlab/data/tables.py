@@ -35,7 +35,7 @@ from ..errors import InputError
 from ..suggest import did_you_mean
 from .parallel import MAX_LINE_CHARS, read_text_lines
 
-__all__ = ["EXTENSIONS", "FORMATS", "LabelledTexts", "label_names", "read_labelled_texts"]
+__all__ = ["EXTENSIONS", "FORMATS", "LabelledTexts", "label_names", "read_labelled_texts", "read_text_column"]
 
 FORMATS = ("csv", "tsv", "jsonl")
 # file extension (before an optional .gz) -> format
@@ -324,3 +324,49 @@ def read_labelled_texts(
         return _read_jsonl(lines, rows)
     with _csv_field_limit(max_line_chars):  # a quoted field may run over many lines: the limit holds for it too
         return _read_table(lines, fmt, rows, max_line_chars)
+
+
+def read_text_column(path: Path, fmt: str, column: str, max_line_chars: int = MAX_LINE_CHARS) -> list[str]:
+    """Every row's text in ``column``, blank ones included, from a JSONL, CSV or TSV file
+    (``fmt``) without labels: the documents of a language-modelling corpus."""
+    lines = read_text_lines(path, max_line_chars=max_line_chars)
+    texts: list[str] = []
+    if fmt == "jsonl":
+        objects = list(_objects(lines, path))
+        keys = set().union(*(obj.keys() for _, obj in objects))
+        if objects and column not in keys:
+            raise _missing_column(path, column, "text_column", sorted(keys), "every object")
+        for line, obj in objects:
+            text = obj.get(column)
+            if not isinstance(text, str):
+                got = "it is missing" if column not in obj else f"got a JSON {_json_type(text)}"
+                raise InputError(f"{path}: line {line}: the text ({column!r}) must be a string; {got}")
+            texts.append(text)
+        return texts
+    reader = csv.reader((line + "\n" for line in lines), delimiter="\t" if fmt == "tsv" else ",")
+    header: list[str] | None = None
+    index = start = 0
+    with _csv_field_limit(max_line_chars):  # a quoted field may run over many lines: the limit holds for it too
+        try:
+            while True:
+                start = reader.line_num + 1
+                row = next(reader, None)
+                if row is None:
+                    break
+                if not any(cell.strip() for cell in row):
+                    continue
+                if header is None:
+                    header = [name.strip() for name in row]
+                    if column not in header:
+                        raise _missing_column(path, column, "text_column", header, f"the header (line {start})")
+                    if header.count(column) > 1:
+                        raise InputError(f"{path}: the header names column {column!r} {header.count(column)} times")
+                    index = header.index(column)
+                elif len(row) != len(header):
+                    raise InputError(f"{path}: line {start} has {len(row)} fields but the header has {len(header)} "
+                                     f"(a text that holds the delimiter or a newline must be in double quotes)")
+                else:
+                    texts.append(row[index])
+        except csv.Error as exc:
+            raise _csv_error(path, fmt, start, reader.line_num, exc, max_line_chars) from None
+    return texts

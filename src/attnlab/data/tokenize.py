@@ -43,7 +43,8 @@ from torch import Tensor
 from ..errors import InputError
 from ..io import atomic_write_bytes
 
-__all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "TextTokenizer", "key_padding_mask", "printable", "shorten"]
+__all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "TextTokenizer", "key_padding_mask", "printable", "shorten", "check_texts",
+           "parse_tokenizer", "tokenizer_file"]
 
 _LONG_TEXT = 1 << 16  # characters: a longer text is encoded on its own (see TextTokenizer._encode_pieces)
 
@@ -67,7 +68,8 @@ def key_padding_mask(attention_mask: Tensor) -> Tensor:
     return attention_mask == 0
 
 
-def _check_texts(texts: str | Sequence[str]) -> list[str]:
+def check_texts(texts: str | Sequence[str]) -> list[str]:
+    """``texts`` as a list of strings (one string: a list of it), or an error naming the first that is not one."""
     if isinstance(texts, str):
         return [texts]
     texts = list(texts)
@@ -120,7 +122,7 @@ def _json_kind(value: object) -> str:
     return kinds.get(type(value), type(value).__name__)
 
 
-def _parse_tokenizer(data: bytes, file: Path) -> Tokenizer:
+def parse_tokenizer(data: bytes, file: Path) -> Tokenizer:
     """A ``tokenizers.Tokenizer`` from the bytes of ``file``, or a ``ValueError`` naming
     the file and what is wrong with it."""
     bad = f"could not read {file} as a Hugging Face tokenizer.json"
@@ -151,7 +153,8 @@ def _parse_tokenizer(data: bytes, file: Path) -> Tokenizer:
         raise InputError(f"{bad}: {exc}; {redo}") from None
 
 
-def _tokenizer_file(path: str | Path) -> Path:
+def tokenizer_file(path: str | Path) -> Path:
+    """``path`` itself when it names a ``.json`` file, else the ``tokenizer.json`` inside it."""
     path = Path(path).expanduser()
     return path if path.suffix == ".json" else path / TOKENIZER_FILE
 
@@ -201,7 +204,7 @@ class TextTokenizer:
         """
         if kind not in TOKENIZER_KINDS:
             raise InputError(f"kind must be one of {', '.join(map(repr, TOKENIZER_KINDS))}; got {kind!r}")
-        texts = _check_texts(texts)
+        texts = check_texts(texts)
         if not any(t.strip() for t in texts):
             raise InputError(
                 f"texts must hold at least one non-blank string to learn a vocabulary from; got {len(texts)} blank"
@@ -226,7 +229,7 @@ class TextTokenizer:
     def save(self, path: str | Path) -> Path:
         """Write ``tokenizer.json`` atomically: to ``path`` when it ends in ``.json``, else
         into the folder ``path`` (created). Returns the file written."""
-        file = _tokenizer_file(path)
+        file = tokenizer_file(path)
         atomic_write_bytes(file, self.tokenizer.to_str(pretty=True).encode("utf-8"))
         return file
 
@@ -234,7 +237,7 @@ class TextTokenizer:
     def load(cls, path: str | Path) -> TextTokenizer:
         """Read a ``tokenizer.json`` (a file, or a folder holding one): one saved here, or
         any Hugging Face tokenizer file whose vocabulary has a padding token."""
-        file = _tokenizer_file(path)
+        file = tokenizer_file(path)
         if file.is_dir():
             raise InputError(f"path must be a tokenizer.json file or a folder holding one; {file} is a folder")
         if not file.exists():
@@ -245,7 +248,7 @@ class TextTokenizer:
             data = file.read_bytes()
         except OSError as exc:
             raise InputError(f"could not read {file}: {exc.strerror or exc}") from None
-        return cls(_parse_tokenizer(data, file), source=str(file))
+        return cls(parse_tokenizer(data, file), source=str(file))
 
     # ------------------------------------------------------------------ encode
     @property
@@ -318,7 +321,7 @@ class TextTokenizer:
     ) -> tuple[list[list[int]], list[int]]:
         """:meth:`tokenize` without its warning: the ids, and the whole length (special
         tokens included) of each text that was truncated, for the caller's own warning."""
-        texts = _check_texts(texts)
+        texts = check_texts(texts)
         prefix, suffix = self._specials(add_cls, add_bos, add_eos)
         n_special = len(prefix) + len(suffix)
         if max_length is not None and (not isinstance(max_length, int) or max_length <= n_special):

@@ -15,7 +15,7 @@ in a recipe's ``task:``;
 ``attnlab train my.yaml --import my_module`` imports the module that registers it.
 """
 
-from . import image_classification, reverse, text_classification, translation  # noqa: F401  # registers the tasks
+from . import image_classification, language_modeling, reverse, text_classification, translation  # noqa: F401  # registers the tasks
 from .base import (DataConfig, ImageSpec, ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, get_task,
                    list_tasks, recipe_dict, recipe_from_dict, register_task)
 from .runs import (CHANGES, CONFIG, RESULTS, finish_run, load_run, open_run, read_config, read_recipe, read_results,

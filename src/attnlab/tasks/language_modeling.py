@@ -1,0 +1,254 @@
+"""Language modelling: a decoder-only model learns to predict the next token of a text
+corpus (``data.name``: the built-in ``tinyshakespeare``, one's own ``text``, or a source
+one registers; see :mod:`attnlab.data.text_corpus` and :mod:`attnlab.data.text_documents`).
+
+The tokenizer (``text.tokenizer``: characters, bytes or a byte-level BPE) is trained on the
+training part alone and kept as ``tokenizer.json`` beside the weights. The documents of
+each part are packed into windows of ``text.context`` tokens with a document mask (no token
+attends across a document boundary). The validation part picks ``checkpoints/best``; the
+test part is evaluated once, at the end:
+
+* ``test_loss``: cross-entropy in nats per token, ``test_perplexity`` its exponential;
+* ``test_bits_per_char``: the same information per character of the text, which compares
+  models with different tokenizers;
+* ``val_loss`` and ``val_bits_per_char`` with the tested weights.
+
+A run also writes a few samples (``samples.txt``) from the ``generate`` section's prompts.
+``attnlab predict RUN "prompt"`` continues prompts; ``run.predict([...], max_new_tokens=...,
+temperature=..., top_k=..., top_p=..., seed=...)`` in Python.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..attention.capture import capture_attention
+from ..data.lm_dataset import LMDataset
+from ..data.lm_tokenize import LMTokenizer, load_tokenizer, train_tokenizer
+from ..data.source import Splits, source_of
+from ..data.text_corpus import CorpusSourceConfig
+from ..data.tokenize import shorten
+from ..engine import distributed
+from ..engine.trainer import evaluate_model
+from ..errors import InputError
+from ..io import atomic_write_bytes
+from .base import ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_texts, register_task
+from .run_files import train_config
+from .views import SampleTable, TextAttention, TextPrediction
+
+__all__ = ["LMTextConfig", "SampleConfig", "LanguageModelingRecipe", "LanguageModeling", "lm_figures"]
+
+TOKENIZER = "tokenizer.json"
+SAMPLES = "samples.txt"
+
+
+@dataclass
+class LMTextConfig:
+    """Tokenization and context of a language model."""
+
+    tokenizer: Literal["char", "byte", "bpe"] = "char"
+    vocab_size: int = field(default=8192, metadata={"min": 260})  # bpe: the vocabulary to learn
+    min_frequency: int = field(default=2, metadata={"min": 1})  # bpe: of a merge
+    context: int = field(default=256, metadata={"min": 2})  # tokens a model reads at once
+    tokenizer_file: Optional[str] = None  # a tokenizer.json to use instead of training one
+
+
+@dataclass
+class SampleConfig:
+    """The samples a finished run writes (and the defaults of ``predict``)."""
+
+    prompts: list = field(default_factory=lambda: ["\n"])
+    max_new_tokens: int = field(default=200, metadata={"min": 0})
+    temperature: float = field(default=0.8, metadata={"min": 0.0})  # 0: greedy
+    top_k: Optional[int] = field(default=None, metadata={"min": 1})
+    top_p: Optional[float] = field(default=None, metadata={"gt": 0.0, "max": 1.0})
+    seed: int = field(default=0, metadata={"min": 0})
+
+    def __post_init__(self) -> None:
+        if not self.prompts or not all(isinstance(p, str) and p for p in self.prompts):
+            raise InputError(f"generate.prompts must be a list of non-empty texts; got {self.prompts!r}")
+
+
+@dataclass
+class LanguageModelingRecipe(Recipe):
+    task: str = "language_modeling"
+    data: CorpusSourceConfig = field(default_factory=CorpusSourceConfig)
+    model: ModelConfig = field(default_factory=lambda: ModelConfig("gpt_tiny"))
+    text: LMTextConfig = field(default_factory=LMTextConfig)
+    generate: SampleConfig = field(default_factory=SampleConfig)
+
+
+def lm_figures(loss: float, data: LMDataset, prefix: str) -> dict[str, float]:
+    """Loss in nats per token, perplexity and bits per character of ``data``."""
+    return {f"{prefix}_loss": loss, f"{prefix}_perplexity": math.exp(min(loss, 700.0)),
+            f"{prefix}_bits_per_char": data.bits_per_char(loss)}
+
+
+def _encode_prompt(tokenizer: LMTokenizer, prompt: str) -> list[int]:
+    try:
+        ids = tokenizer.encode(prompt)
+    except InputError as exc:
+        raise InputError(f"prompt {shorten(prompt)!r}: {exc}") from None
+    if not ids:
+        raise InputError(f"a prompt must give at least one token; {prompt!r} gives none")
+    return ids
+
+
+@register_task
+class LanguageModeling(Task):
+    name = "language_modeling"
+    recipe_class = LanguageModelingRecipe
+    summary = "predict the next token of a text: Tiny Shakespeare or text of one's own; loss, perplexity, bits/char"
+    inputs = "texts"
+    outputs = "text"
+    sample_unit = "windows"
+    fixed_on_resume = ("task", "model", "text", "train.optimizer")
+
+    def model_options(self, recipe: Recipe, info: LMTokenizer | None = None) -> dict[str, Any]:
+        """``vocab_size`` of the tokenizer (``None``, for checking a recipe: BPE's asked size, or
+        a byte's 257 and a placeholder for characters) and ``max_len``, the context."""
+        text = recipe.text
+        if info is not None:
+            vocab = info.vocab_size
+        else:
+            vocab = {"bpe": text.vocab_size, "byte": 257}.get(text.tokenizer, 256)
+        return {"vocab_size": vocab, "max_len": text.context}
+
+    def describe(self, recipe: Recipe) -> str:
+        return (f"{source_of(recipe.data).describe(recipe.data)}, {recipe.text.tokenizer} tokens, context "
+                f"{recipe.text.context}")
+
+    def metric_rows(self, metrics: dict[str, Any]) -> list[tuple[str, str]]:
+        rows = []
+        for split in ("val", "test"):
+            if f"{split}_loss" in metrics:
+                rows.append((f"{split} loss (nats/token)", f"{metrics[f'{split}_loss']:.4f}"))
+            if f"{split}_bits_per_char" in metrics:
+                rows.append((f"{split} bits/char", f"{metrics[f'{split}_bits_per_char']:.4f}"))
+        if "test_perplexity" in metrics:
+            rows.append(("test perplexity", f"{metrics['test_perplexity']:.2f}"))
+        return rows
+
+    # ------------------------------------------------------------------ training
+    def prepare(self, recipe: Recipe, run_dir: Path, data: Splits, log: Callable[[str], None]) -> Prepared:
+        path = run_dir / TOKENIZER
+        if path.is_file():  # a resumed run: its weights belong to this vocabulary
+            tokenizer = load_tokenizer(path)
+        else:
+            t = recipe.text
+            tokenizer = load_tokenizer(t.tokenizer_file) if t.tokenizer_file else train_tokenizer(
+                t.tokenizer, data.train, vocab_size=t.vocab_size, min_frequency=t.min_frequency)
+            if distributed.is_main():
+                tokenizer.save(path)
+        n = recipe.text.context
+        train, test = LMDataset(data.train, tokenizer, n), LMDataset(data.test, tokenizer, n)
+        val = None if data.val is None else LMDataset(data.val, tokenizer, n)  # data.val_size=0: none
+        log(f"data: {train.num_tokens:,} training, {val.num_tokens if val else 0:,} validation, {test.num_tokens:,} "
+            f"test tokens ({tokenizer.vocab_size} in the vocabulary), windows of {n}")
+        return Prepared(train, val, test, tokenizer, facts={
+            "vocab_size": tokenizer.vocab_size, "context": n, "train_tokens": train.num_tokens,
+            "val_tokens": val.num_tokens if val else 0, "test_tokens": test.num_tokens, "test_chars": test.num_chars,
+            "metric": "token accuracy (next token)"})
+
+    def score(self, recipe: Recipe, run_dir: Path, model: nn.Module, prepared: Prepared, data: Splits,
+              log: Callable[[str], None]) -> dict[str, Any]:
+        """Perplexity and bits per character of the test part, the validation figures of the
+        tested weights, and the samples of the ``generate`` section."""
+        cfg = recipe.train
+        precision = train_config(recipe, run_dir).precision  # as the run resolved it
+        device = next(model.parameters()).device
+        tested = evaluate_model(model, prepared.test, batch_size=cfg.batch_size, device=device, precision=precision)
+        figures = lm_figures(tested["loss"], prepared.test, "test")
+        if prepared.val is not None:
+            val = evaluate_model(model, prepared.val, batch_size=cfg.batch_size, device=device, precision=precision)
+            figures.update(lm_figures(val["loss"], prepared.val, "val"))
+        samples = self._samples(model, prepared.info, recipe.generate)
+        atomic_write_bytes(run_dir / SAMPLES, "\n\n".join(f"{p!r} ->\n{s}" for p, s in samples).encode())
+        log(f"test {figures['test_loss']:.4f} nats/token, perplexity {figures['test_perplexity']:.2f}, "
+            f"{figures['test_bits_per_char']:.4f} bits/char; samples in {run_dir / SAMPLES}")
+        return {**figures, "samples": [s for _, s in samples]}
+
+    @staticmethod
+    def _samples(model: nn.Module, tokenizer: LMTokenizer, sample: SampleConfig, prompts: Sequence[str] | None = None,
+                 **options: Any) -> list[tuple[str, str]]:
+        """``(prompt, continuation)`` for each prompt, one at a time (no padding)."""
+        settings = {"max_new_tokens": sample.max_new_tokens, "temperature": sample.temperature,
+                    "top_k": sample.top_k, "top_p": sample.top_p, "seed": sample.seed, **options}
+        device = next(model.parameters()).device
+        out = []
+        for prompt in prompts if prompts is not None else sample.prompts:
+            ids = _encode_prompt(tokenizer, prompt)
+            row = model.generate(torch.tensor([ids], device=device), eos_id=tokenizer.eos_id, **settings)[0]
+            new = row[len(ids):].tolist()
+            if tokenizer.eos_id is not None and tokenizer.eos_id in new:
+                new = new[: new.index(tokenizer.eos_id)]
+            out.append((prompt, tokenizer.decode(new)))
+        return out
+
+    # ------------------------------------------------------------------ a finished run
+    def preprocessing(self, run_dir: Path, recipe: Recipe) -> Preprocessing:
+        if not (run_dir / TOKENIZER).is_file():
+            raise InputError(f"run_dir must hold the run's {TOKENIZER}; {run_dir} has none")
+        tokenizer = load_tokenizer(run_dir / TOKENIZER)
+        return Preprocessing(tokenizer)
+
+    def _tokenizer(self, run: TrainedRun) -> LMTokenizer:
+        return load_tokenizer(run.run_dir / TOKENIZER)
+
+    def _test(self, run: TrainedRun, tokenizer: LMTokenizer, data: str | Path | None = None) -> LMDataset:
+        if data is not None:
+            raise InputError("--data is not taken by a language-modelling run yet; it evaluates its own test part")
+        documents = source_of(run.recipe.data).load(run.recipe.data).test
+        return LMDataset(documents, tokenizer, run.recipe.text.context)
+
+    def evaluate(self, run: TrainedRun, *, device: str = "auto", data: str | Path | None = None) -> dict[str, Any]:
+        tokenizer = self._tokenizer(run)
+        test = self._test(run, tokenizer, data)
+        res = evaluate_model(run.model, test, batch_size=run.recipe.train.batch_size, device=device,
+                             precision=run.precision)
+        return {**lm_figures(res["loss"], test, "test"), "test_accuracy": res["accuracy"],
+                "test_samples": res["samples"]}
+
+    def predict(self, run: TrainedRun, inputs: Sequence[str], *, max_new_tokens: int | None = None,
+                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                seed: int | None = None, **_: Any) -> list[TextPrediction]:
+        """The continuation of each prompt of ``inputs``, sampled as the recipe's ``generate``
+        section says unless given."""
+        prompts = check_texts(inputs, self.name)
+        given = {k: v for k, v in {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k,
+                                   "top_p": top_p, "seed": seed}.items() if v is not None}
+        pairs = self._samples(run.model, self._tokenizer(run), run.recipe.generate, prompts, **given)
+        return [TextPrediction(p, s) for p, s in pairs]
+
+    def report_items(self, runs: Sequence[TrainedRun], *, device: str = "auto") -> list[Any]:
+        [run] = runs
+        pairs = self._samples(run.model, self._tokenizer(run), run.recipe.generate)
+        rows = [(repr(p), s) for p, s in pairs]
+        return [SampleTable("Samples", "Continuations of the recipe's prompts (its generate section) by the tested "
+                            "weights.", ("prompt", "continuation"), rows)]
+
+    @torch.no_grad()
+    def attention_views(self, run: TrainedRun, inputs: Sequence[Any] | None, *, max_inputs: int = 2,
+                        queries: Sequence[tuple[int, int]] | None = None) -> list[Any]:
+        if queries is not None:
+            raise InputError(f"queries (--query) choose BoTNet query pixels; run {run.run_dir} is a {self.name} run")
+        tokenizer = self._tokenizer(run)
+        texts = check_texts(inputs, self.name) if inputs is not None else list(run.recipe.generate.prompts)[:max_inputs]
+        views = []
+        for text in texts:
+            ids = _encode_prompt(tokenizer, text)[: run.recipe.text.context]
+            with capture_attention(run.model, cpu=True) as maps:
+                run.model(torch.tensor([ids], device=run.device))
+            layers = [(name, calls[0][0]) for name, calls in maps.items() if calls]
+            if not layers:
+                raise InputError(f"run {run.run_dir} cannot be visualized: its attention "
+                                 f"({run.model.config.attention!r}) forms no weights")
+            views.append(TextAttention(f'"{shorten(text)}" (causal self-attention)',
+                                       [tokenizer.decode([i]) for i in ids], layers))
+        return views

@@ -1,0 +1,80 @@
+"""The language-modelling task: a decoder-only model trained on text (one's own here,
+Tiny Shakespeare in the recipe), its loss in nats per token, perplexity and bits per
+character, evaluation that reproduces them, generation and causal attention maps."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import attnlab
+from attnlab.cli import main
+from attnlab.errors import InputError
+from attnlab.recipes import load_recipe
+
+TINY = ["model.options.depth=1", "model.options.embed_dim=32", "model.options.num_heads=2",
+        "model.options.mlp_hidden_dim=64", "text.context=32", "train.steps=20", "train.batch_size=8",
+        "train.warmup_steps=2", "train.eval_every=10", "train.checkpoint_every=10", "train.log_every=0",
+        "train.progress=false", "train.tensorboard=false", "train.precision=fp32", "generate.max_new_tokens=20",
+        "text.tokenizer=char"]
+TEXT = "".join(f"the {w} sat on the mat and looked at the {v}.\n" for w in ("cat", "dog", "owl", "fox") * 40
+               for v in ("moon", "sun"))
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lm")
+    (tmp / "story.txt").write_text(TEXT, encoding="utf-8")
+    run_dir = tmp / "run"
+    assert main(["train", "lm-text", f"data.path={tmp / 'story.txt'}", *TINY, "--run-dir", str(run_dir)]) == 0
+    return run_dir
+
+
+def test_a_run_reports_loss_perplexity_and_bits_per_character(lm_run):
+    results = json.loads((lm_run / "results.json").read_text())
+    assert results["test_perplexity"] == pytest.approx(math.exp(results["test_loss"]))
+    chars, tokens = results["test_chars"], results["test_tokens"]
+    assert chars == tokens  # characters: one token each
+    # one label per token but the first: bits/char = loss * (tokens - 1) / chars / ln 2
+    assert results["test_bits_per_char"] == pytest.approx(results["test_loss"] * (tokens - 1) / chars / math.log(2))
+    assert {"val_loss", "val_bits_per_char", "samples"} <= set(results) and (lm_run / "samples.txt").is_file()
+    assert results["test_loss"] < math.log(results["vocab_size"])  # it learnt something in 20 steps
+
+
+def test_eval_reproduces_the_test_figures(lm_run):
+    results = json.loads((lm_run / "results.json").read_text())
+    again = attnlab.load_run(lm_run).evaluate()
+    assert again["test_loss"] == results["test_loss"] and again["test_bits_per_char"] == results["test_bits_per_char"]
+
+
+def test_predict_continues_prompts_reproducibly_and_greedily_at_temperature_0(lm_run):
+    run = attnlab.load_run(lm_run)
+    a = run.predict(["the cat "], max_new_tokens=15, temperature=1.0, top_k=5, seed=3)
+    assert a == run.predict(["the cat "], max_new_tokens=15, temperature=1.0, top_k=5, seed=3)
+    [greedy] = run.predict(["the cat "], max_new_tokens=15, temperature=0.0)
+    tokenizer = attnlab.data.load_tokenizer(lm_run / "tokenizer.json")
+    ids = torch.tensor([tokenizer.encode("the cat ")])
+    for _ in range(15):
+        ids = torch.cat([ids, run.model(ids)[:, -1].argmax(-1, keepdim=True)], 1)
+    assert greedy.output == tokenizer.decode(ids[0, 8:].tolist()).split("<eos>")[0]
+    with pytest.raises(InputError, match=r"prompt 'ÿ': text holds 1 character outside this char tokenizer"):
+        run.predict(["ÿ"])
+
+
+def test_the_attention_maps_are_causal(lm_run):
+    run = attnlab.load_run(lm_run)
+    [view] = run.task.attention_views(run, ["the dog sat"])
+    assert view.tokens == list("the dog sat")
+    name, weights = view.layers[0]
+    assert torch.all(torch.triu(weights.mean(0) if weights.dim() == 3 else weights, diagonal=1) == 0)
+
+
+def test_the_shakespeare_recipe_is_checked_before_anything_runs():
+    recipe = load_recipe("lm-shakespeare-char")
+    assert (recipe.task, recipe.data.name, recipe.text.tokenizer, recipe.model.name) == \
+        ("language_modeling", "tinyshakespeare", "char", "gpt_tiny")
+    with pytest.raises(InputError, match="data.path applies to data.name=text"):
+        load_recipe("lm-shakespeare-char", ["data.path=x.txt"])
+    with pytest.raises(InputError, match="generate.prompts must be a list of non-empty texts"):
+        load_recipe("lm-shakespeare-char", ["generate.prompts=[]"])
