@@ -78,3 +78,14 @@ def test_the_shakespeare_recipe_is_checked_before_anything_runs():
         load_recipe("lm-shakespeare-char", ["data.path=x.txt"])
     with pytest.raises(InputError, match="generate.prompts must be a list of non-empty texts"):
         load_recipe("lm-shakespeare-char", ["generate.prompts=[]"])
+
+
+def test_generate_streams_what_predict_gives(lm_run, capsys):
+    run = attnlab.load_run(lm_run)
+    [expected] = run.generate(["the owl "], max_new_tokens=25, temperature=0.9, top_k=10, seed=5)
+    assert "".join(run.task.stream(run, "the owl ", max_new_tokens=25, temperature=0.9, top_k=10, seed=5)) == expected
+    assert main(["generate", str(lm_run), "the owl ", "--max-new-tokens", "25", "--temperature", "0.9", "--top-k",
+                 "10", "--seed", "5"]) == 0
+    assert capsys.readouterr().out == "the owl " + expected + "\n"
+    assert main(["generate", str(lm_run), "the owl ", "--top-p", "1.5"]) == 2
+    assert "top_p must be in (0, 1]" in capsys.readouterr().err

@@ -18,7 +18,8 @@ from attnlab.tasks import read_recipe, recipe_dict
 def test_shipped_recipes_are_listed_and_valid():
     rows = list_recipes()
     assert ("vit-digits", "image_classification") in [(name, task) for name, task, _ in rows]
-    assert {task for _, task, _ in rows} == {"image_classification", "text_classification", "translation", "reverse"}
+    assert {task for _, task, _ in rows} == {"image_classification", "text_classification", "translation", "reverse",
+                                             "language_modeling"}
     for name, task, _ in rows:
         recipe = load_recipe(name)
         assert recipe.task == task and recipe.train.steps > 0

@@ -259,6 +259,21 @@ def cmd_predict(args: argparse.Namespace) -> int:
                                        f"as arguments or lines on standard input")
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    """The continuation of a prompt by a language-model run, printed as it is generated."""
+    run = load_run(args.run_dir, args.checkpoint, device=args.device)
+    if run.task.outputs != "text":
+        raise UsageError(f"{args.run_dir} is a run of the {run.task.name} task: its predictions are labels; "
+                         f"'attnlab predict {args.run_dir} ...' gives them")
+    options = {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")}
+    sys.stdout.write(args.prompt)
+    for piece in run.task.stream(run, args.prompt, **{k: v for k, v in options.items() if v is not None}):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     """Texts from the command line, else standard input line by line: each translated
     batch is printed as soon as it is done, so a long file streams through."""
@@ -578,6 +593,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-line-chars", type=_positive_int, default=MAX_LINE_CHARS, metavar="N",
                    help=f"a longer text is reported and skipped, unread (default {MAX_LINE_CHARS:,})")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("generate", parents=[plugins],
+                       help="continue a prompt with a language-model run, printing the text as it comes")
+    p.add_argument("run_dir", help="a run directory of the language_modeling task")
+    p.add_argument("prompt", help="the text to continue")
+    p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=None, help="tokens to add (default: the recipe's)")
+    p.add_argument("--temperature", type=float, default=None, help="0: greedy; default: the recipe's")
+    p.add_argument("--top-k", type=_positive_int, default=None, help="sample among the K most probable tokens")
+    p.add_argument("--top-p", type=float, default=None, help="sample within the smallest set of probability P")
+    p.add_argument("--seed", type=int, default=None, help="of the sampling (default: the recipe's)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
+    p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("export", parents=[plugins],
                        help="write a run's classifier as an ONNX (or TorchScript) file, with its preprocessing")

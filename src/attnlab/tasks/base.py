@@ -22,7 +22,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence, TypeVar, get_type_hints
+from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar, get_type_hints
 
 import torch
 from torch import nn
@@ -123,6 +123,14 @@ class TrainedRun:
             raise InputError(f"translate needs a run that generates text; {self.run_dir} is a {self.task.name} "
                              f"run: its predictions are labels: use predict")
         return [p.output for p in self.predict(texts, **options)]
+
+    def generate(self, prompts: Sequence[str], **options: Any) -> list[str]:
+        """The continuations of ``prompts`` by a run that generates text (a language model):
+        options ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed``."""
+        if self.task.outputs != "text":
+            raise InputError(f"generate needs a run that generates text; {self.run_dir} is a {self.task.name} run: "
+                             f"its predictions are labels: use predict")
+        return [p.output for p in self.predict(prompts, **options)]
 
     @property
     def device(self) -> torch.device:
@@ -358,6 +366,11 @@ class Task:
         ``num_beams``, ``max_length``, ``batch_size``, ``device``). An input that cannot be
         read raises :class:`~attnlab.errors.InputError` naming it."""
         raise InputError(f"a {self.name} run makes no predictions on new inputs")
+
+    def stream(self, run: TrainedRun, prompt: str, **options: Any) -> Iterator[str]:
+        """The text that follows ``prompt``, piece by piece as it is generated (``attnlab
+        generate``); options as :meth:`predict` takes them."""
+        raise InputError(f"a {self.name} run does not generate text token by token")
 
     def sub_runs(self, run_dir: Path) -> list[Path]:
         """The complete runs inside ``run_dir`` when it holds no weights of its own (the

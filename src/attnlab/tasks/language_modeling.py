@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional, Sequence
+from typing import Any, Callable, Iterator, Literal, Optional, Sequence
 
 import torch
 from torch import nn
@@ -225,6 +225,31 @@ class LanguageModeling(Task):
                                    "top_p": top_p, "seed": seed}.items() if v is not None}
         pairs = self._samples(run.model, self._tokenizer(run), run.recipe.generate, prompts, **given)
         return [TextPrediction(p, s) for p, s in pairs]
+
+    def stream(self, run: TrainedRun, prompt: str, *, max_new_tokens: int | None = None,
+               temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+               seed: int | None = None) -> Iterator[str]:
+        """The continuation of ``prompt``, as each token comes: the new text since the last
+        piece (a byte-level tokenizer may need several tokens for one character)."""
+        sample = run.recipe.generate
+        tokenizer = self._tokenizer(run)
+        ids = _encode_prompt(tokenizer, check_texts([prompt], self.name)[0])
+        settings = {"max_new_tokens": sample.max_new_tokens, "temperature": sample.temperature, "top_k": sample.top_k,
+                    "top_p": sample.top_p, "seed": sample.seed}
+        settings.update({k: v for k, v in {"max_new_tokens": max_new_tokens, "temperature": temperature,
+                                           "top_k": top_k, "top_p": top_p, "seed": seed}.items() if v is not None})
+        new: list[int] = []
+        shown = ""
+        for token in run.model.stream(torch.tensor([ids], device=run.device), eos_id=tokenizer.eos_id, **settings):
+            if tokenizer.eos_id is not None and int(token[0]) == tokenizer.eos_id:
+                return
+            new.append(int(token[0]))
+            text = tokenizer.decode(new)
+            if not text.endswith("\ufffd"):  # a character whose bytes are not all out yet waits for them
+                yield text[len(shown):]
+                shown = text
+        if len(shown) < len(tokenizer.decode(new)):
+            yield tokenizer.decode(new)[len(shown):]
 
     def report_items(self, runs: Sequence[TrainedRun], *, device: str = "auto") -> list[Any]:
         [run] = runs
