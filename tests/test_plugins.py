@@ -57,14 +57,18 @@ def test_a_data_source_of_ones_own_feeds_an_existing_task(tmp_path):
     results = json.loads((run / "results.json").read_text())
     assert results["classes"] == ["horizontal", "vertical"] and results["test_size"] == 100
     assert results["test_accuracy"] > 0.9
-    plugin = str(FIXTURES / "my_sources.py")
-    r = attnlab("eval", str(run), "--import", plugin, cwd=tmp_path)
-    assert r.returncode == 0 and f"| test accuracy | {100 * results['test_accuracy']:.2f}% |" in r.stdout, r.stderr
+    # In Python the same module registers through import_plugins (what --import calls), and the run
+    # evaluates and predicts as any other (each command above and below pays torch's import again).
+    from attnlab.plugins import import_plugins
+    from attnlab.tasks import load_run
+
+    import_plugins([str(FIXTURES / "my_sources.py")])
+    loaded = load_run(run)
+    assert loaded.evaluate()["test_accuracy"] == results["test_accuracy"]
     picture = np.zeros((8, 8), np.uint8)
     picture[:, ::2] = 220  # vertical stripes
     Image.fromarray(picture).save(tmp_path / "v.png")
-    r = attnlab("predict", str(run), str(tmp_path / "v.png"), "--import", plugin, cwd=tmp_path)
-    assert r.returncode == 0 and r.stdout.split("\t")[0] == "vertical", r.stdout + r.stderr
+    assert loaded.predict([str(tmp_path / "v.png")])[0].label == "vertical"
     # Without the module, the source is unknown and the error says how a source registers.
     r = attnlab("train", "vit-digits", "data.name=stripes", "--run-dir", str(tmp_path / "no"), cwd=tmp_path)
     assert r.returncode == 2 and "data.name must be one of 'digits', 'cifar10', 'folder'; got 'stripes'" in r.stderr
