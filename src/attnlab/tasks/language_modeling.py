@@ -196,10 +196,10 @@ class LanguageModeling(Task):
         if not (run_dir / TOKENIZER).is_file():
             raise InputError(f"run_dir must hold the run's {TOKENIZER}; {run_dir} has none")
         tokenizer = load_tokenizer(run_dir / TOKENIZER)
-        return Preprocessing(tokenizer)
+        return Preprocessing(tokenizer, tokenizer=tokenizer)  # type: ignore[arg-type]  # an LMTokenizer
 
     def _tokenizer(self, run: TrainedRun) -> LMTokenizer:
-        return load_tokenizer(run.run_dir / TOKENIZER)
+        return run.tokenizer  # type: ignore[return-value]  # read once, by load_run
 
     def _test(self, run: TrainedRun, tokenizer: LMTokenizer, data: str | Path | None = None) -> LMDataset:
         if data is not None:
