@@ -59,15 +59,13 @@ def test_measure_point_in_process(pass_):
         measure_point("local", 128, "both")
 
 
-def test_peak_memory_sees_the_weights_matrix():
-    # exact attention with weights at n=1024 holds 8 x 1024 x 1024 float32 = 32 MB twice
-    r = measure_point("exact_weights", 1024, "fwd", min_time=0.01, max_repeats=2)
-    assert r["peak_mb"] > 32
-
-
-def test_run_point_in_a_fresh_process_and_skips():
-    r = run_point("linear", 64, "fwd", min_time=0.01, max_repeats=2)
-    assert r["ms"] > 0 and r["n"] == 64 and r["variant"] == "linear"
+def test_run_point_in_a_fresh_process_sees_the_weights_matrix_and_skips():
+    # exact attention with its weights at n=1024 holds logits and weights, 8 x 1024 x 1024 float32 = 32 MB
+    # each. Measured in a fresh process, where no freed pages of earlier tests are reused (in a test worker
+    # the resident-size peak saw 31.8 MB of the 64), as the benchmark measures every point.
+    r = run_point("exact_weights", 1024, "fwd", min_time=0.01, max_repeats=2)
+    assert r["ms"] > 0 and r["n"] == 1024 and r["variant"] == "exact_weights"
+    assert r["peak_mb"] > 48
     s = run_point("exact_weights", 65536, "fwd_bwd", memory_limit=2**30)
     assert s["ms"] is None and "GiB" in s["skipped"]
     f = run_point("linformer", 64, "fwd", min_time=0.01, max_repeats=2, heads=3, head_dim=-1)  # bad kwargs fail

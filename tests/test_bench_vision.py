@@ -99,15 +99,20 @@ def test_cli_bench_vision_bad_input(tmp_path, capsys, argv, message):
     assert message in err and "\n" not in err and "Traceback" not in err
 
 
-def test_quick_study_trains_in_child_processes_and_resumes(tiny_cifar, tmp_path, capsys):
+def test_quick_study_trains_one_row_alone_then_the_rest_in_child_processes_and_resumes(tiny_cifar, tmp_path, capsys):
     out = tmp_path / "vision"
     argv = ["bench", "vision", "--quick", "--parts", "botnet", "--out", str(out), "--data-dir", str(tiny_cifar)]
-    assert main(argv) == 0
+    assert main([*argv, "--variant", "botnet/MHSA in the last block only"]) == 0  # one row alone
     records = json.loads((out / "results.json").read_text())["vision"]
-    assert [r["variant"] for r in records] == ["MHSA in the last stage (paper)", "MHSA in the last block only"]
+    assert [(r["part"], r["variant"]) for r in records] == [("botnet", "MHSA in the last block only")]
+    alone = records[0]
+    assert main(argv) == 0  # the part's other row only: the first is kept as it was
+    records = json.loads((out / "results.json").read_text())["vision"]
+    assert [r["variant"] for r in records] == ["MHSA in the last block only", "MHSA in the last stage (paper)"]
     for r in records:
         assert 0 <= r["test_accuracy"] <= 1 and r["peak_rss_mb"] > 100 and r["params"] > 0
         assert (Path(r["run_dir"]) / "results.json").is_file()
+    assert records[0] == alone
     for name in ("table.md", "accuracy.png", "time.png", "report.html"):
         assert (out / name).is_file()
     assert "A quick run" in (out / "table.md").read_text()
@@ -129,14 +134,6 @@ def test_the_same_configuration_in_two_parts_is_trained_once(tiny_cifar, tmp_pat
     assert records[2]["run_dir"] == records[0]["run_dir"]  # the study's base ViT, reused
     assert records[2]["test_accuracy"] == records[0]["test_accuracy"]
     assert len({r["run_dir"] for r in records}) == 3 and not (out / "runs" / "pooling" / "class-token-seed0").exists()
-
-
-def test_one_row_can_be_trained_alone(tiny_cifar, tmp_path):
-    out = tmp_path / "vision"
-    assert main(["bench", "vision", "--quick", "--parts", "botnet", "--variant", "botnet/MHSA in the last block only",
-                 "--out", str(out), "--data-dir", str(tiny_cifar)]) == 0
-    records = json.loads((out / "results.json").read_text())["vision"]
-    assert [(r["part"], r["variant"]) for r in records] == [("botnet", "MHSA in the last block only")]
 
 
 def test_a_training_the_user_can_fix_is_one_clear_error(tmp_path, capsys):
