@@ -3,10 +3,13 @@ the same weights (a Llama-style model: 4 layers of width 256, 8 query and 2 key/
 heads), greedy, the tokens checked identical; and attnlab with its cache against
 recomputing the whole sequence at each step.
 
-    .venv/bin/python benchmarks/lm_generate.py [--new 256] [--batches 1 8] [--repeats 3]
+    .venv/bin/python benchmarks/lm_generate.py [--new 256] [--batches 1 8] [--repeats 3] [--profile] [--no-compile]
 
 Prints a table (tokens per second: new tokens of all rows over wall time; best of the
-repeats). Needs ``transformers`` (the dev extra). Time it alone on the machine.
+repeats). ``--profile``: the operators of 64 decoding steps at batch 1 (torch.profiler),
+where a step's time goes. The compiled column is ``generate(compile=True)`` (its decoding
+step through ``torch.compile``), timed after a first call that compiles it; that call's
+time is printed below the table. Needs ``transformers`` (the dev extra). Time it alone.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=16, help="prompt tokens (default 16)")
+    parser.add_argument("--profile", action="store_true", help="print the operators of 64 decoding steps")
+    parser.add_argument("--no-compile", action="store_true", help="leave out generate(compile=True)")
     args = parser.parse_args()
 
     import transformers
@@ -52,8 +57,10 @@ def main() -> None:
           f"{torch.get_num_threads()} threads")
     print(f"Llama-style model, 4 layers of width 256, 8 query / 2 key-value heads; prompt {args.prompt}, "
           f"{args.new} new tokens, greedy, best of {args.repeats}\n")
-    print("| batch | transformers generate | attnlab generate | ratio | attnlab without cache | cache speed-up |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| batch | transformers generate | attnlab generate | ratio | attnlab, compiled step | ratio "
+          "| attnlab without cache | cache speed-up |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    compile_seconds = []
     for batch in args.batches:
         ids = torch.randint(0, 256, (batch, args.prompt), generator=torch.Generator().manual_seed(batch))
         with torch.no_grad():
@@ -68,11 +75,30 @@ def main() -> None:
                 return x
 
             t_plain, out_plain = _best(uncached, 1)
-        if not (torch.equal(out_hf, out_ours) and torch.equal(out_ours, out_plain)):
+            t_comp, out_comp = float("nan"), out_ours
+            if not args.no_compile:
+                start = time.perf_counter()
+                first = ours.generate(ids, args.new, compile=True)
+                compile_seconds.append(time.perf_counter() - start)
+                t_comp, out_comp = _best(lambda: ours.generate(ids, args.new, compile=True), args.repeats)
+                if not torch.equal(first, out_comp):
+                    raise SystemExit("the compiled step's first call generated other tokens: the comparison is void")
+        if not all(torch.equal(out_hf, o) for o in (out_ours, out_plain, out_comp)):
             raise SystemExit("the generated tokens differ: the comparison is void")
         rate = lambda t: batch * args.new / t  # noqa: E731
         print(f"| {batch} | {rate(t_hf):,.0f} tok/s | {rate(t_ours):,.0f} tok/s | {t_hf / t_ours:.2f}x | "
-              f"{rate(t_plain):,.0f} tok/s | {t_plain / t_ours:.2f}x |")
+              f"{rate(t_comp):,.0f} tok/s | {t_hf / t_comp:.2f}x | {rate(t_plain):,.0f} tok/s | {t_plain / t_ours:.2f}x |")
+    if compile_seconds:
+        print("\nfirst call of generate(compile=True) (compiles, or recompiles for a new shape): "
+              + ", ".join(f"{s:.0f} s" for s in compile_seconds))
+    if args.profile:
+        from torch.profiler import profile
+
+        ids = torch.randint(0, 256, (1, args.prompt))
+        with torch.no_grad(), profile() as prof:
+            ours.generate(ids, 64)
+        print("\nOne generation of 64 tokens at batch 1, by operator:\n")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
 if __name__ == "__main__":

@@ -87,6 +87,34 @@ def test_cached_greedy_generation_equals_recomputing_every_step(name, options):
     assert torch.equal(out, greedy_without_cache(model, ids, 8))
 
 
+@pytest.mark.parametrize("name, options", [
+    ("gpt_tiny", {}), ("gpt_tiny", {"pos_embed": "sinusoidal"}), ("gpt_tiny", {"mlp": "gelu_tanh", "bias": True}),
+    ("llama_tiny", {}), ("llama_tiny", {"window": 3}), ("llama_tiny", {"num_kv_heads": 1, "qk_norm": True}),
+    ("llama_tiny", {"num_kv_heads": 8}),
+])
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_decoding_step_gives_the_logits_of_the_forward_pass(name, options, padded):
+    # GPT._decode_step (what generate runs after the prompt) against forward with the same cache
+    torch.manual_seed(0)
+    model = create_model(name, **options).eval()
+    ids = torch.randint(0, 256, (2, 6))
+    pad = torch.tensor([[True, True] + [False] * 4, [False] * 6]) if padded else None
+    positions = None if pad is None else (~pad).long().cumsum(1).sub(1).clamp(min=0)
+    with torch.no_grad():
+        ours, theirs = model.new_cache(12), model.new_cache(12)
+        model(ids, padding_mask=pad, positions=positions, cache=ours)
+        model(ids, padding_mask=pad, positions=positions, cache=theirs)
+        weights = model._decode_weights()
+        for step in range(5):
+            nxt = torch.randint(0, 256, (2, 1))
+            if pad is not None:
+                pad = torch.cat([pad, torch.zeros(2, 1, dtype=torch.bool)], 1)
+                positions = positions[:, -1:] + 1
+            fast = model._decode_step(nxt, pad, positions, ours, weights)
+            slow = model(nxt, padding_mask=pad, positions=positions, cache=theirs)[:, -1]
+            assert torch.allclose(fast, slow, atol=1e-5), (step, (fast - slow).abs().max())
+
+
 def test_packed_documents_compute_what_each_would_alone():
     torch.manual_seed(0)
     model = create_model("llama_tiny", depth=2).eval()
@@ -151,3 +179,11 @@ def test_every_token_model_can_use_grouped_query_attention_with_rope():
     with torch.no_grad():
         logits = model(ids, torch.ones(2, 10, dtype=torch.long))
     assert logits.shape == (2, 2) and math.isfinite(float(logits.sum()))
+
+
+@pytest.mark.slow  # torch.compile spends about half a minute compiling the step: opt-in with -m slow
+def test_a_compiled_decoding_step_generates_the_same_tokens():
+    torch.manual_seed(0)
+    model = create_model("llama_tiny", depth=2).eval()
+    ids = torch.randint(0, 256, (2, 5))
+    assert torch.equal(model.generate(ids, 12, compile=True), model.generate(ids, 12))
