@@ -89,3 +89,44 @@ def test_generate_streams_what_predict_gives(lm_run, capsys):
     assert capsys.readouterr().out == "the owl " + expected + "\n"
     assert main(["generate", str(lm_run), "the owl ", "--top-p", "1.5"]) == 2
     assert "top_p must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_prompts_of_different_lengths_in_one_batch_continue_as_they_would_alone(lm_run):
+    run = attnlab.load_run(lm_run)
+    prompts = ["the cat ", "t", "the dog sat on the "]
+    together = run.predict(prompts, max_new_tokens=12, temperature=0.0)  # one left-padded batch
+    assert [p.input for p in together] == prompts
+    assert [p.output for p in together] == [run.predict([p], max_new_tokens=12, temperature=0.0)[0].output
+                                            for p in prompts]
+    assert [p.output for p in run.predict(prompts, max_new_tokens=12, temperature=0.0, batch_size=2)] == \
+        [p.output for p in together]
+    with pytest.raises(InputError, match="batch_size must be a positive integer; got 0"):
+        run.predict(prompts, batch_size=0)
+
+
+def test_a_stop_string_ends_the_continuation_and_is_left_out(lm_run, capsys):
+    run = attnlab.load_run(lm_run)
+    [free] = run.generate(["the cat "], max_new_tokens=20, temperature=0.0)
+    stop = free[3:5]  # two characters the greedy continuation reaches
+    cut = free[: free.find(stop)]
+    assert run.generate(["the cat "], max_new_tokens=20, temperature=0.0, stop=stop) == [cut]
+    assert run.generate(["the cat "], max_new_tokens=20, temperature=0.0, stop=["never there", stop]) == [cut]
+    # streamed, the text that could begin the stop string waits: no piece of it is ever shown
+    pieces = list(run.task.stream(run, "the cat ", max_new_tokens=20, temperature=0.0, stop=stop))
+    assert "".join(pieces) == cut
+    assert main(["generate", str(lm_run), "the cat ", "--max-new-tokens", "20", "--temperature", "0",
+                 "--stop", stop]) == 0
+    assert capsys.readouterr().out == "the cat " + cut + "\n"
+    with pytest.raises(InputError, match="stop must be a list of non-empty texts"):
+        run.generate(["the cat "], stop=[""])
+    with pytest.raises(InputError, match="generate.stop must be a list of non-empty texts"):
+        load_recipe("lm-text", ["data.path=x.txt", "generate.stop=[1]"])
+
+
+def test_held_back_text_is_the_longest_end_that_begins_a_stop_string():
+    from attnlab.tasks.language_modeling import cut_at_stop, held_back
+
+    assert held_back("and the en", ["the end"]) == 6 and held_back("and then", ["xyz"]) == 0
+    assert held_back("ab", ["abc", "b!"]) == 2 and held_back("", ["ab"]) == 0
+    assert cut_at_stop("one. two. three", [". t", "e"]) == ("on", True)
+    assert cut_at_stop("one", ["x"]) == ("one", False)

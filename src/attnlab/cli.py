@@ -265,7 +265,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if run.task.outputs != "text":
         raise UsageError(f"{args.run_dir} is a run of the {run.task.name} task: its predictions are labels; "
                          f"'attnlab predict {args.run_dir} ...' gives them")
-    options = {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")}
+    options = {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")}
     sys.stdout.write(args.prompt)
     for piece in run.task.stream(run, args.prompt, **{k: v for k, v in options.items() if v is not None}):
         sys.stdout.write(piece)
@@ -604,6 +604,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=_positive_int, default=None, help="sample among the K most probable tokens")
     p.add_argument("--top-p", type=float, default=None, help="sample within the smallest set of probability P")
     p.add_argument("--seed", type=int, default=None, help="of the sampling (default: the recipe's)")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="a text that ends the continuation, left out of it (repeatable; default: the recipe's)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     p.set_defaults(func=cmd_generate)
 

@@ -126,7 +126,9 @@ class TrainedRun:
 
     def generate(self, prompts: Sequence[str], **options: Any) -> list[str]:
         """The continuations of ``prompts`` by a run that generates text (a language model):
-        options ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed``."""
+        options ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``stop`` (a
+        text or texts that end a continuation, left out of it) and ``batch_size`` (prompts of
+        any lengths decoded together, left-padded)."""
         if self.task.outputs != "text":
             raise InputError(f"generate needs a run that generates text; {self.run_dir} is a {self.task.name} run: "
                              f"its predictions are labels: use predict")

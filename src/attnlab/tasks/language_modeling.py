@@ -69,10 +69,33 @@ class SampleConfig:
     top_k: Optional[int] = field(default=None, metadata={"min": 1})
     top_p: Optional[float] = field(default=None, metadata={"gt": 0.0, "max": 1.0})
     seed: int = field(default=0, metadata={"min": 0})
+    stop: list = field(default_factory=list)  # texts that end a continuation (left out of it)
 
     def __post_init__(self) -> None:
         if not self.prompts or not all(isinstance(p, str) and p for p in self.prompts):
             raise InputError(f"generate.prompts must be a list of non-empty texts; got {self.prompts!r}")
+        check_stops(self.stop, "generate.stop")
+
+
+def check_stops(stop: Any, name: str) -> list[str]:
+    """``stop`` as a list of non-empty texts (one text is a list of one)."""
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(t, str) and t for t in stops):
+        raise InputError(f"{name} must be a list of non-empty texts that end a continuation; got {stop!r}")
+    return list(stops)
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """``(text up to its first stop string, whether one was found)``."""
+    ends = [i for i in (text.find(t) for t in stops) if i >= 0]
+    return (text[: min(ends)], True) if ends else (text, False)
+
+
+def held_back(text: str, stops: Sequence[str]) -> int:
+    """How many characters at the end of ``text`` could begin a stop string (and so wait for
+    the next token before they are shown)."""
+    return max((k for t in stops for k in range(min(len(t) - 1, len(text)), 0, -1) if text.endswith(t[:k])),
+               default=0)
 
 
 @dataclass
@@ -176,19 +199,38 @@ class LanguageModeling(Task):
 
     @staticmethod
     def _samples(model: nn.Module, tokenizer: LMTokenizer, sample: SampleConfig, prompts: Sequence[str] | None = None,
-                 **options: Any) -> list[tuple[str, str]]:
-        """``(prompt, continuation)`` for each prompt, one at a time (no padding)."""
+                 *, batch_size: int = 16, **options: Any) -> list[tuple[str, str]]:
+        """``(prompt, continuation)`` for each prompt, ``batch_size`` prompts at a time
+        (left-padded to the longest of them), each ending at the end-of-text token or before
+        its first stop string."""
         settings = {"max_new_tokens": sample.max_new_tokens, "temperature": sample.temperature,
-                    "top_k": sample.top_k, "top_p": sample.top_p, "seed": sample.seed, **options}
+                    "top_k": sample.top_k, "top_p": sample.top_p, "seed": sample.seed, "stop": sample.stop, **options}
+        stops = check_stops(settings.pop("stop"), "stop")
         device = next(model.parameters()).device
+        prompts = list(prompts if prompts is not None else sample.prompts)
         out = []
-        for prompt in prompts if prompts is not None else sample.prompts:
-            ids = _encode_prompt(tokenizer, prompt)
-            row = model.generate(torch.tensor([ids], device=device), eos_id=tokenizer.eos_id, **settings)[0]
-            new = row[len(ids):].tolist()
-            if tokenizer.eos_id is not None and tokenizer.eos_id in new:
-                new = new[: new.index(tokenizer.eos_id)]
-            out.append((prompt, tokenizer.decode(new)))
+        for first in range(0, len(prompts), batch_size):
+            chunk = prompts[first : first + batch_size]
+            encoded = [_encode_prompt(tokenizer, p) for p in chunk]
+            width = max(len(ids) for ids in encoded)
+            ids = torch.tensor([[0] * (width - len(e)) + e for e in encoded], device=device)
+            pad = torch.tensor([[True] * (width - len(e)) + [False] * len(e) for e in encoded], device=device)
+            new: list[list[int]] = [[] for _ in chunk]
+            ended = [False] * len(chunk)
+            for token in model.stream(ids, eos_id=tokenizer.eos_id, padding_mask=pad if pad.any() else None,
+                                      **settings):
+                for row, t in enumerate(token.tolist()):
+                    if ended[row]:
+                        continue
+                    if t == tokenizer.eos_id:
+                        ended[row] = True
+                        continue
+                    new[row].append(t)
+                    if stops and cut_at_stop(tokenizer.decode(new[row]), stops)[1]:
+                        ended[row] = True
+                if all(ended):
+                    break  # every row is done: no more steps
+            out += [(p, cut_at_stop(tokenizer.decode(n), stops)[0]) for p, n in zip(chunk, new)]
         return out
 
     # ------------------------------------------------------------------ a finished run
@@ -217,23 +259,30 @@ class LanguageModeling(Task):
 
     def predict(self, run: TrainedRun, inputs: Sequence[str], *, max_new_tokens: int | None = None,
                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                seed: int | None = None, **_: Any) -> list[TextPrediction]:
+                seed: int | None = None, stop: str | Sequence[str] | None = None, batch_size: int = 16,
+                **_: Any) -> list[TextPrediction]:
         """The continuation of each prompt of ``inputs``, sampled as the recipe's ``generate``
-        section says unless given."""
+        section says unless given, ``batch_size`` prompts of any lengths at a time; ``stop``: a
+        text or texts that end a continuation (left out of it)."""
         prompts = check_texts(inputs, self.name)
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise InputError(f"batch_size must be a positive integer; got {batch_size!r}")
         given = {k: v for k, v in {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k,
-                                   "top_p": top_p, "seed": seed}.items() if v is not None}
-        pairs = self._samples(run.model, self._tokenizer(run), run.recipe.generate, prompts, **given)
+                                   "top_p": top_p, "seed": seed, "stop": stop}.items() if v is not None}
+        pairs = self._samples(run.model, self._tokenizer(run), run.recipe.generate, prompts, batch_size=batch_size,
+                              **given)
         return [TextPrediction(p, s) for p, s in pairs]
 
     def stream(self, run: TrainedRun, prompt: str, *, max_new_tokens: int | None = None,
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-               seed: int | None = None) -> Iterator[str]:
+               seed: int | None = None, stop: str | Sequence[str] | None = None) -> Iterator[str]:
         """The continuation of ``prompt``, as each token comes: the new text since the last
-        piece (a byte-level tokenizer may need several tokens for one character)."""
+        piece (a byte-level tokenizer may need several tokens for one character; text that
+        could begin a stop string waits until it is clear that it does not)."""
         sample = run.recipe.generate
         tokenizer = self._tokenizer(run)
         ids = _encode_prompt(tokenizer, check_texts([prompt], self.name)[0])
+        stops = check_stops(sample.stop if stop is None else stop, "stop")
         settings = {"max_new_tokens": sample.max_new_tokens, "temperature": sample.temperature, "top_k": sample.top_k,
                     "top_p": sample.top_p, "seed": sample.seed}
         settings.update({k: v for k, v in {"max_new_tokens": max_new_tokens, "temperature": temperature,
@@ -242,14 +291,20 @@ class LanguageModeling(Task):
         shown = ""
         for token in run.model.stream(torch.tensor([ids], device=run.device), eos_id=tokenizer.eos_id, **settings):
             if tokenizer.eos_id is not None and int(token[0]) == tokenizer.eos_id:
-                return
+                break
             new.append(int(token[0]))
-            text = tokenizer.decode(new)
-            if not text.endswith("\ufffd"):  # a character whose bytes are not all out yet waits for them
+            text, stopped = cut_at_stop(tokenizer.decode(new), stops)
+            if stopped:
                 yield text[len(shown):]
-                shown = text
-        if len(shown) < len(tokenizer.decode(new)):
-            yield tokenizer.decode(new)[len(shown):]
+                return
+            if not text.endswith("\ufffd"):  # a character whose bytes are not all out yet waits for them
+                ready = text[: len(text) - held_back(text, stops)]
+                if len(ready) > len(shown):
+                    yield ready[len(shown):]
+                    shown = ready
+        rest = cut_at_stop(tokenizer.decode(new), stops)[0]
+        if len(shown) < len(rest):
+            yield rest[len(shown):]
 
     def report_items(self, runs: Sequence[TrainedRun], *, device: str = "auto") -> list[Any]:
         [run] = runs
