@@ -58,9 +58,12 @@ def test_the_cache_stores_the_key_value_heads_alone_and_a_window_bounds_it():
     assert cache.nbytes() == 2 * 1 * 2 * 40 * 8 * 4  # k and v, batch 1, 2 heads, 40 slots, head size 8, float32
     windowed = build_attention("gqa", 64, 8, dropout=0.0, bias=False, num_kv_heads=2, window=5).eval()
     cache = DecodingCache(10_000, window=5)
+    windowed(torch.randn(1, 30, 64), is_causal=True, cache=cache)  # a prompt longer than the window
     for _ in range(200):
         windowed(torch.randn(1, 1, 64), is_causal=True, cache=cache)
-    assert (cache.seq_len, cache.stored) == (200, 4)
+    assert (cache.seq_len, cache.stored) == (230, 4)
+    # its own buffers (no view of a projection kept alive), of window - 1 + slide_room positions
+    assert cache.nbytes() == 2 * 1 * 2 * (4 + DecodingCache.slide_room) * 8 * 4
 
 
 def test_a_sliding_window_sees_the_last_window_tokens_only():

@@ -93,14 +93,18 @@ class DecodingCache:
     """One attention layer's keys and values while a decoder generates, ``(B, Hkv, L, D)``.
 
     Only the key/value heads are stored (grouped-query attention stores ``Hkv`` heads, not
-    ``H``). Without a ``window`` the buffers are allocated once, for ``capacity`` positions,
-    and each step writes its keys in place: no copy of the prefix per token. With a
-    ``window`` (sliding-window attention) only the last ``window - 1`` positions are kept,
-    so memory is bounded however long the generation runs.
+    ``H``), in buffers of the cache's own, written in place: no copy of the prefix per token.
+    Without a ``window`` the buffers are allocated once, for ``capacity`` positions. With a
+    ``window`` (sliding-window attention) a step needs only the last ``window - 1`` positions
+    besides its own, so the buffers hold those and room for ``slide_room`` more; when the room
+    is used up, the last ``window - 1`` move to the front of a new buffer (one copy every
+    ``slide_room`` steps), so memory is bounded however long the generation runs.
 
     :meth:`update` returns all the keys and values a step attends to and ``start``, the
     slot index of the first of them (slots count every position the cache has seen).
     """
+
+    slide_room = 64  # positions a windowed cache writes before it moves its window to the front
 
     def __init__(self, capacity: int, *, window: int | None = None) -> None:
         if capacity < 1:
@@ -110,6 +114,7 @@ class DecodingCache:
         self.capacity, self.window = capacity, window
         self._k: Tensor | None = None
         self._v: Tensor | None = None
+        self._end = 0  # positions written into the buffers
         self.seq_len = 0  # positions seen
         self.start = 0  # slot of the first stored position
 
@@ -118,32 +123,38 @@ class DecodingCache:
         """Positions held now."""
         return self.seq_len - self.start
 
+    def _buffers(self, k: Tensor, v: Tensor, size: int, keep: int) -> None:
+        """New buffers of ``size`` positions that begin with the last ``keep`` stored ones."""
+        b, h, _, d = k.shape
+        new_k, new_v = k.new_empty(b, h, size, d), v.new_empty(b, h, size, v.shape[3])
+        if keep:
+            new_k[:, :, :keep] = self._k[:, :, self._end - keep : self._end]  # type: ignore[index]
+            new_v[:, :, :keep] = self._v[:, :, self._end - keep : self._end]  # type: ignore[index]
+        self._k, self._v, self._end = new_k, new_v, keep
+
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, int]:
         """Add this step's ``k``, ``v`` ``(B, Hkv, L_new, D)``; returns ``(keys, values,
         start)`` of everything the step attends to."""
         n = k.shape[2]
-        if self.window is not None:
+        if self.window is None:
+            if self.seq_len + n > self.capacity:
+                raise InputError(f"the cache holds {self.capacity} positions; {self.seq_len} are used and the step "
+                                 f"adds {n}: make it larger (max_new_tokens plus the prompt)")
             if self._k is None:
-                k_all, v_all = k, v
-            else:
-                k_all, v_all = torch.cat([self._k, k], dim=2), torch.cat([self._v, v], dim=2)  # type: ignore[list-item]
-            start = self.start
-            keep = min(self.window - 1, k_all.shape[2])
-            self._k, self._v = k_all[:, :, k_all.shape[2] - keep :], v_all[:, :, v_all.shape[2] - keep :]
-            self.seq_len += n
-            self.start = self.seq_len - keep
-            return k_all, v_all, start
-        if self.seq_len + n > self.capacity:
-            raise InputError(f"the cache holds {self.capacity} positions; {self.seq_len} are used and the step "
-                             f"adds {n}: make it larger (max_new_tokens plus the prompt)")
-        if self._k is None:
-            b, h, _, d = k.shape
-            self._k = k.new_empty(b, h, self.capacity, d)
-            self._v = v.new_empty(b, h, self.capacity, v.shape[3])
-        self._k[:, :, self.seq_len : self.seq_len + n] = k
-        self._v[:, :, self.seq_len : self.seq_len + n] = v  # type: ignore[index]
+                self._buffers(k, v, self.capacity, 0)
+        else:
+            keep = min(self.window - 1, self.stored)  # what this step sees besides itself
+            if self._k is None or self._end + n > self._k.shape[2]:
+                self._buffers(k, v, self.window - 1 + max(n, self.slide_room), keep)
+        first = self._end - self.stored if self.window is None else self._end - min(self.window - 1, self.stored)
+        start = self.seq_len - (self._end - first)
+        self._k[:, :, self._end : self._end + n] = k  # type: ignore[index]
+        self._v[:, :, self._end : self._end + n] = v  # type: ignore[index]
+        self._end += n
         self.seq_len += n
-        return self._k[:, :, : self.seq_len], self._v[:, :, : self.seq_len], 0  # type: ignore[index]
+        if self.window is not None:
+            self.start = self.seq_len - min(self.window - 1, self.seq_len)
+        return self._k[:, :, first : self._end], self._v[:, :, first : self._end], start  # type: ignore[index]
 
     def nbytes(self) -> int:
         """Bytes of the buffers held now."""
