@@ -204,16 +204,19 @@ def test_fuzzed_masks_match_reference_on_both_paths(b, h, lq, lk, mask_kind, use
             torch.testing.assert_close(w.double(), ref_w, atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("lk", [16, 200])
-def test_bf16_on_cpu_short_rows_take_the_explicit_path_and_agree(lk):
-    # Short rows in bfloat16 on the CPU go through the explicit path (torch's flash kernel is
-    # slow there); long rows through the kernel. Both must agree with a float32 reference.
+def test_bf16_on_cpu_short_rows_take_the_explicit_path_and_agree(lk, native, monkeypatch):
+    # Short rows in bfloat16 on a CPU with native bfloat16 go through the explicit path (torch's
+    # flash kernel is slow there); long rows, and every row on a CPU without it (where the
+    # explicit path is the slow one), through the kernel. Both must agree with a float32 reference.
+    monkeypatch.setattr(functional, "native_bf16_cpu", lambda: native)
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, n, 16) for n in (10, lk, lk))
     pad = torch.zeros(2, lk, dtype=torch.bool)
     pad[1, lk // 2:] = True
     ref, _ = sdpa(q, k, v, key_padding_mask=pad)
-    assert functional._short_half_on_cpu(q.bfloat16(), lk) == (lk < functional.SHORT_HALF_KEYS_CPU)
+    assert functional._short_half_on_cpu(q.bfloat16(), lk) == (native and lk < functional.SHORT_HALF_KEYS_CPU)
     assert not functional._short_half_on_cpu(q, lk)  # float32 keeps the kernel
     qb, kb, vb = (t.bfloat16().requires_grad_() for t in (q, k, v))
     out, _ = sdpa(qb, kb, vb, key_padding_mask=pad)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..dropout import dropout
+from ..cpu import native_bf16_cpu
 from ..errors import InputError, shape_str
 
 __all__ = ["check_heads", "scaled_dot_product_attention", "merge_masks", "causal_mask"]
@@ -135,16 +136,19 @@ def _validate(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, key_pad
             )
 
 
-# torch's CPU flash kernel is slow in bfloat16/float16 for short rows: forward + backward of
-# (B, 4, L, 32) with B*L = 16,384, 2 cores of an AMD EPYC with avx512_bf16, torch 2.13:
-# L=64 flash 83 ms vs explicit 29 ms; L=128 91 vs 102; L=256 83 vs 223 (head size 64: L=64
-# 96 vs 47, L=128 125 vs 92, L=256 122 vs 226), the explicit path with a float32 softmax.
-# Below this many keys half-precision CPU inputs take the explicit path (see its softmax).
+# On a CPU with native bfloat16, torch's flash kernel is slow in bfloat16/float16 for short
+# rows: forward + backward of (B, 4, L, 32) with B*L = 16,384, 2 cores of an AMD EPYC with
+# avx512_bf16, torch 2.13: L=64 flash 83 ms vs explicit 29 ms; L=128 91 vs 102; L=256 83 vs
+# 223 (head size 64: L=64 96 vs 47, L=128 125 vs 92, L=256 122 vs 226), the explicit path
+# with a float32 softmax. Without native bfloat16 it is the other way round (AVX2-only EPYC:
+# L=64 flash 163 ms vs explicit 649; L=128 280 vs 1,117): the rule holds only where the CPU
+# has avx512_bf16 or amx_bf16. Below this many keys such CPUs take the explicit path.
 SHORT_HALF_KEYS_CPU = 128
 
 
 def _short_half_on_cpu(q: Tensor, lk: int) -> bool:
-    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and lk < SHORT_HALF_KEYS_CPU
+    return (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and lk < SHORT_HALF_KEYS_CPU
+            and native_bf16_cpu())
 
 
 def scaled_dot_product_attention(

@@ -11,6 +11,7 @@ from typing import ContextManager
 import numpy as np
 import torch
 
+from ..cpu import cpu_bf16_flags
 from ..errors import InputError
 
 __all__ = ["select_device", "autocast", "make_grad_scaler", "seed_everything", "PRECISIONS", "resolve_precision",
@@ -18,19 +19,6 @@ __all__ = ["select_device", "autocast", "make_grad_scaler", "seed_everything", "
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 _CHOSEN: dict[str, tuple[str, str]] = {}  # device -> (precision, why): measured once per process
-
-
-def cpu_bf16_flags() -> list[str]:
-    """The CPU's bfloat16 instruction flags (``avx512_bf16``, ``amx_bf16``), from
-    ``/proc/cpuinfo`` (Linux; elsewhere an empty list)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return sorted({flag for flag in line.split(":", 1)[1].split() if flag in ("avx512_bf16", "amx_bf16")})
-    except OSError:
-        pass
-    return []
 
 
 def _matmul_speedup(device: torch.device, n: int = 512, repeats: int = 6) -> float:
