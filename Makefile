@@ -12,7 +12,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 PEERS_VENV  := .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.attnlab-peers-installed
 PEERS       := local-attention==1.11.2 performer-pytorch==1.1.4 linear-attention-transformer==0.19.1 \
-               nystrom-attention==0.0.14 x-transformers==2.31.10
+               nystrom-attention==0.0.14 x-transformers==2.31.10 requests  # requests: nanoGPT's prepare.py imports it
 
 .PHONY: run test docs bench bench-peers clean
 
