@@ -87,7 +87,8 @@ def main() -> None:
             raise SystemExit("the generated tokens differ: the comparison is void")
         rate = lambda t: batch * args.new / t  # noqa: E731
         print(f"| {batch} | {rate(t_hf):,.0f} tok/s | {rate(t_ours):,.0f} tok/s | {t_hf / t_ours:.2f}x | "
-              f"{rate(t_comp):,.0f} tok/s | {t_hf / t_comp:.2f}x | {rate(t_plain):,.0f} tok/s | {t_plain / t_ours:.2f}x |")
+              + (f"{rate(t_comp):,.0f} tok/s | {t_hf / t_comp:.2f}x | " if not args.no_compile else "- | - | ")
+              + f"{rate(t_plain):,.0f} tok/s | {t_plain / t_ours:.2f}x |")
     if compile_seconds:
         print("\nfirst call of generate(compile=True) (compiles, or recompiles for a new shape): "
               + ", ".join(f"{s:.0f} s" for s in compile_seconds))

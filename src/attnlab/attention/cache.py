@@ -136,18 +136,16 @@ class DecodingCache:
         """Add this step's ``k``, ``v`` ``(B, Hkv, L_new, D)``; returns ``(keys, values,
         start)`` of everything the step attends to."""
         n = k.shape[2]
+        keep = self.stored if self.window is None else min(self.window - 1, self.stored)  # seen besides this step
         if self.window is None:
             if self.seq_len + n > self.capacity:
                 raise InputError(f"the cache holds {self.capacity} positions; {self.seq_len} are used and the step "
                                  f"adds {n}: make it larger (max_new_tokens plus the prompt)")
             if self._k is None:
                 self._buffers(k, v, self.capacity, 0)
-        else:
-            keep = min(self.window - 1, self.stored)  # what this step sees besides itself
-            if self._k is None or self._end + n > self._k.shape[2]:
-                self._buffers(k, v, self.window - 1 + max(n, self.slide_room), keep)
-        first = self._end - self.stored if self.window is None else self._end - min(self.window - 1, self.stored)
-        start = self.seq_len - (self._end - first)
+        elif self._k is None or self._end + n > self._k.shape[2]:
+            self._buffers(k, v, self.window - 1 + max(n, self.slide_room), keep)
+        first, start = self._end - keep, self.seq_len - keep
         self._k[:, :, self._end : self._end + n] = k  # type: ignore[index]
         self._v[:, :, self._end : self._end + n] = v  # type: ignore[index]
         self._end += n

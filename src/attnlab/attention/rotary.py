@@ -73,6 +73,13 @@ class RotaryEmbedding(nn.Module):
         pos = positions if positions.dim() == 2 else positions[None]
         return cos[pos][:, None].to(dtype), sin[pos][:, None].to(dtype)
 
+    def cos_sin_from(self, start: int, length: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+        """``cos``/``sin`` ``(1, length, D)`` of the consecutive positions ``start ..
+        start + length - 1``: slices of the table, without indexing by a tensor (a decoding
+        step's one new position)."""
+        cos, sin = self._table(start + length, device)
+        return cos[start : start + length][None].to(dtype), sin[start : start + length][None].to(dtype)
+
     def forward(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         cos, sin = self.cos_sin(positions, q.dtype)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

@@ -261,12 +261,12 @@ class GPT(nn.Module):
             x = x + (self.pos_embed(pos) if self.pos_embed is not None else self.sinusoid[pos].to(x.dtype))
         rope = None
         rotary = self.blocks[0].attn.rotary
-        if rotary is not None:  # the angles of this position, once for every layer
-            cos, sin = rotary._table(past + 1 if positions is None else int(positions.max()) + 1, x.device)
-            if positions is None:  # (1 or B, 1, D): broadcast over the heads
-                rope = cos[past : past + 1][None].to(x.dtype), sin[past : past + 1][None].to(x.dtype)
+        if rotary is not None:  # the angles of this position, (1 or B, 1, D), once for every layer
+            if positions is None:
+                rope = rotary.cos_sin_from(past, 1, x.dtype, x.device)
             else:
-                rope = cos[positions].to(x.dtype), sin[positions].to(x.dtype)
+                cos, sin = rotary.cos_sin(positions, x.dtype)  # (B, 1, 1, D)
+                rope = cos[:, 0], sin[:, 0]
         for block, layer_cache, (attn_w, mlp_w) in zip(self.blocks, cache, weights):
             x = x + block.attn.decode_step(block.norm1(x), layer_cache, attn_w, rope, padding_mask)
             x = x + block.mlp.decode(block.norm2(x), mlp_w)
