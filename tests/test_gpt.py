@@ -177,7 +177,7 @@ def test_model_options_that_cannot_work_are_one_clear_error():
 
 def test_every_token_model_can_use_grouped_query_attention_with_rope():
     model = create_model("sentiment_transformer_tiny", vocab_size=100, num_classes=2, attention="gqa",
-                         attention_options={"num_kv_heads": 1, "rope": True}).eval()
+                         pos_embed="rope", attention_options={"num_kv_heads": 1}).eval()
     ids = torch.randint(0, 100, (2, 10))
     with torch.no_grad():
         logits = model(ids, torch.ones(2, 10, dtype=torch.long))

@@ -1,4 +1,4 @@
-"""T5 relative position bias: bucketing, the bias tensor, and the sentiment classifier with pos_encoding="relative"."""
+"""T5 relative position bias: bucketing, the bias tensor, and the sentiment classifier with pos_embed="relative"."""
 
 import pytest
 import torch
@@ -11,7 +11,7 @@ VOCAB = 50
 
 
 def tiny(**overrides):
-    kw = dict(vocab_size=VOCAB, drop_rate=0.0, attn_drop_rate=0.0, pos_drop_rate=0.0, pos_encoding="relative")
+    kw = dict(vocab_size=VOCAB, drop_rate=0.0, attn_drop_rate=0.0, pos_drop_rate=0.0, pos_embed="relative")
     return create_model("sentiment_transformer_tiny", **{**kw, **overrides})
 
 
@@ -77,7 +77,7 @@ def test_gradients_reach_the_table():
 
 # --------------------------------------------------------------------------- the classifier
 def test_relative_needs_exact_attention():
-    with pytest.raises(ValueError, match=r"pos_encoding='relative' needs attention='exact'.*attention='linear'"):
+    with pytest.raises(ValueError, match=r"pos_embed='relative' needs attention='exact'.*attention='linear'"):
         tiny(attention="linear")
 
 
@@ -147,7 +147,7 @@ def test_relative_positions_encode_word_order():
     torch.manual_seed(0)
     ids = torch.randint(1, VOCAB, (1, 8))
     perm = ids[:, torch.randperm(8)]
-    orderless = tiny(pos_encoding="none", pooling="mean").eval()
+    orderless = tiny(pos_embed="none", pooling="mean").eval()
     relative = tiny(pooling="mean").eval()
     with torch.no_grad():
         torch.testing.assert_close(orderless(perm), orderless(ids), atol=1e-5, rtol=0)

@@ -64,7 +64,7 @@ def test_shapes_registry_and_parameter_counts():
 @pytest.mark.parametrize("norm_first", [True, False])
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_padding_does_not_change_the_logits(pooling, norm_first):
-    model = tiny(pooling=pooling, norm_first=norm_first, depth=2, pos_encoding="learned").eval()
+    model = tiny(pooling=pooling, norm_first=norm_first, depth=2, pos_embed="learned").eval()
     ids, mask = sentences([4, 11, 7, 2])
     with torch.no_grad():
         ref = model(ids, mask)
@@ -164,7 +164,7 @@ def test_equals_torch_encoder_with_copied_weights(norm_first, activation, poolin
     (dict(embed_dim=66), "embed_dim must be divisible by num_heads; got embed_dim=66, num_heads=4"),
     (dict(attention="relpos2d"), "attention must be a 'tokens' kind; 'relpos2d' is a grid kind"),
     (dict(attention="exactt"), "unknown attention 'exactt'"),
-    (dict(pos_encoding="rotary"), "pos_encoding must be one of"),
+    (dict(pos_embed="rotary"), "pos_embed must be one of"),
     (dict(padding_idx=VOCAB), "padding_idx must be None or in"),
     (dict(drop_rate=1.0), r"SentimentConfig.drop_rate must be >= 0.0 and < 1.0; got 1.0"),
     (dict(dropout=0.1), "SentimentConfig field 'dropout' is now called 'drop_rate'"),

@@ -1,7 +1,10 @@
 """ALiBi (Press et al., 2022, "Train Short, Test Long"): no position embedding at all;
-each head adds ``-slope_h · (i - j)`` to the logit of query ``i`` for key ``j``, a linear
+each head adds ``-slope_h · |i - j|`` to the logit of query ``i`` for key ``j``, a linear
 penalty on distance with a slope per head (a geometric sequence), which lets a model
-read longer sequences than it trained on."""
+read longer sequences than it trained on. In a causal model the keys ahead are blocked,
+so the penalty is the paper's ``-slope_h · (i - j)``; an encoder, which sees both sides,
+gets the same penalty for a key as far ahead as behind (the symmetric form of encoders
+such as MosaicBERT's)."""
 
 from __future__ import annotations
 
@@ -28,10 +31,9 @@ def alibi_slopes(num_heads: int) -> Tensor:
 
 
 def alibi_bias(slopes: Tensor, q_positions: Tensor, k_positions: Tensor) -> Tensor:
-    """The additive bias ``(1 or B, H, Lq, Lk)``: ``-slope · (q_pos - k_pos)`` (float32), for
-    positions ``(Lq,)``/``(Lk,)`` or ``(B, Lq)``/``(B, Lk)``. Future keys get a positive
-    bias here; a causal mask blocks them."""
+    """The additive bias ``(1 or B, H, Lq, Lk)``: ``-slope · |q_pos - k_pos|`` (float32), for
+    positions ``(Lq,)``/``(Lk,)`` or ``(B, Lq)``/``(B, Lk)``."""
     qp = q_positions if q_positions.dim() == 2 else q_positions[None]
     kp = k_positions if k_positions.dim() == 2 else k_positions[None]
-    distance = (qp[:, :, None] - kp[:, None, :]).to(torch.float32)  # (B, Lq, Lk)
+    distance = (qp[:, :, None] - kp[:, None, :]).abs().to(torch.float32)  # (B, Lq, Lk)
     return -slopes.to(distance.device)[None, :, None, None] * distance[:, None]

@@ -31,7 +31,7 @@ from ..dropout import dropout
 from ..cpu import native_bf16_cpu
 from ..errors import InputError, shape_str
 
-__all__ = ["check_heads", "scaled_dot_product_attention", "merge_masks", "causal_mask"]
+__all__ = ["check_heads", "scaled_dot_product_attention", "merge_masks", "combine_masks", "causal_mask"]
 
 
 def check_heads(embed_dim: int, num_heads: int, dropout: float = 0.0) -> None:
@@ -51,6 +51,18 @@ def check_heads(embed_dim: int, num_heads: int, dropout: float = 0.0) -> None:
 def causal_mask(lq: int, lk: int, device: torch.device | str | None = None) -> Tensor:
     """Boolean ``(Lq, Lk)`` mask, ``True`` above the bottom-right-aligned diagonal."""
     return torch.ones(lq, lk, dtype=torch.bool, device=device).triu(lk - lq + 1)
+
+
+def combine_masks(mask: Tensor | None, extra: Tensor | None) -> Tensor | None:
+    """Two attention masks as one, broadcast together: boolean when both are (``True`` =
+    blocked, either blocks), else a float mask (a blocked position gets ``-inf``, biases add)."""
+    if mask is None or extra is None:
+        return extra if mask is None else mask
+    if mask.dtype == torch.bool and extra.dtype == torch.bool:
+        return mask | extra
+    if mask.dtype == torch.bool:
+        mask, extra = extra, mask
+    return mask.masked_fill(extra, -math.inf) if extra.dtype == torch.bool else mask + extra
 
 
 def _check_mask_dtype(name: str, mask: Tensor) -> None:

@@ -17,11 +17,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError, shape_str
-from .alibi import alibi_bias, alibi_slopes
+from .alibi import alibi_bias
 from .cache import DecodingCache
-from .functional import check_heads, scaled_dot_product_attention
+from .functional import check_heads, combine_masks, scaled_dot_product_attention
+from .positions import init_inner_positions, inner_positions_repr
 from .registry import register_attention
-from .rotary import RotaryEmbedding, apply_rotary
+from .rotary import apply_rotary
 
 __all__ = ["GroupedQueryAttention", "RMSNorm", "band_mask", "fused_linear", "joined_weight", "product"]
 
@@ -101,17 +102,6 @@ def fused_linear(owner: nn.Module, name: str, layers: tuple[nn.Linear, ...], x: 
     return tuple(out.split([layer.out_features for layer in layers], dim=-1))
 
 
-def _combine(mask: Tensor | None, extra: Tensor | None) -> Tensor | None:
-    """Two masks as one: bool (``True`` = blocked) or float (added to the logits)."""
-    if mask is None or extra is None:
-        return extra if mask is None else mask
-    if mask.dtype == torch.bool and extra.dtype == torch.bool:
-        return mask | extra
-    if mask.dtype == torch.bool:
-        mask, extra = extra, mask
-    return mask.masked_fill(extra, float("-inf")) if extra.dtype == torch.bool else mask + extra
-
-
 @register_attention("gqa", forms_weights=True)
 class GroupedQueryAttention(nn.Module):
     r"""Self-attention with grouped key/value heads, batch-first.
@@ -152,8 +142,6 @@ class GroupedQueryAttention(nn.Module):
         kv = num_heads if num_kv_heads is None else num_kv_heads
         if not isinstance(kv, int) or kv < 1 or num_heads % kv:
             raise InputError(f"num_kv_heads must be a positive divisor of num_heads={num_heads}; got {num_kv_heads!r}")
-        if rope and alibi:
-            raise InputError("rope and alibi are two ways to give positions; choose one")
         if window is not None and (not isinstance(window, int) or window < 1):
             raise InputError(f"window must be a positive number of positions; got {window!r}")
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, kv
@@ -163,11 +151,7 @@ class GroupedQueryAttention(nn.Module):
         self.k_proj = nn.Linear(embed_dim, kv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(embed_dim, kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias if out_bias is None else out_bias)
-        self.rotary = RotaryEmbedding(self.head_dim, rope_theta) if rope else None
-        if alibi:
-            self.register_buffer("alibi_slopes", alibi_slopes(num_heads), persistent=False)
-        else:
-            self.alibi_slopes = None
+        init_inner_positions(self, self.head_dim, num_heads, rope=rope, rope_theta=rope_theta, alibi=alibi)
         self.q_norm = RMSNorm(self.head_dim) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim) if qk_norm else None
 
@@ -199,9 +183,9 @@ class GroupedQueryAttention(nn.Module):
         k_slots = torch.arange(start, start + lk, device=x.device)
         mask = attn_mask
         if self.alibi_slopes is not None:
-            mask = _combine(mask, alibi_bias(self.alibi_slopes, q_slots, k_slots).to(q.dtype))
+            mask = combine_masks(mask, alibi_bias(self.alibi_slopes, q_slots, k_slots).to(q.dtype))
         if self.window is not None:
-            mask = _combine(mask, band_mask(q_slots, k_slots, causal=is_causal, window=self.window))
+            mask = combine_masks(mask, band_mask(q_slots, k_slots, causal=is_causal, window=self.window))
             is_causal = False  # the band holds the causal part too
         if key_padding_mask is not None and key_padding_mask.shape[-1] != lk:
             if cache is not None and self.window is not None and key_padding_mask.shape[-1] > lk:
@@ -270,10 +254,7 @@ class GroupedQueryAttention(nn.Module):
 
     def extra_repr(self) -> str:
         parts = [f"embed_dim={self.embed_dim}", f"num_heads={self.num_heads}", f"num_kv_heads={self.num_kv_heads}"]
-        if self.rotary is not None:
-            parts.append(f"rope_theta={self.rotary.theta:g}")
-        if self.alibi_slopes is not None:
-            parts.append("alibi")
+        parts += inner_positions_repr(self)
         if self.window is not None:
             parts.append(f"window={self.window}")
         return ", ".join(parts)

@@ -9,8 +9,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError, shape_str
+from .alibi import alibi_bias
 from .cache import KVCache
-from .functional import check_heads, scaled_dot_product_attention
+from .functional import check_heads, combine_masks, scaled_dot_product_attention
+from .positions import init_inner_positions, inner_positions_repr
 from .registry import register_attention
 
 __all__ = ["MultiHeadAttention", "SelfAttention", "CrossAttention"]
@@ -28,6 +30,15 @@ class MultiHeadAttention(nn.Module):
         bias: add biases to the four projections.
         kdim: feature size of the key input (default ``embed_dim``).
         vdim: feature size of the value input (default ``embed_dim``).
+        rope: rotate queries and keys by their positions (rotary embeddings,
+            :class:`~attnlab.attention.rotary.RotaryEmbedding`); self-attention only.
+        rope_theta: the base of their wavelengths.
+        alibi: add ALiBi's per-head penalty ``-slope · |i - j|`` to the logits; self-attention
+            only.
+
+    With ``rope`` or ``alibi`` the queries are at positions ``past .. past + Lq - 1`` and the
+    keys at ``0 .. Lk_total - 1``, ``past`` being the positions a :class:`KVCache` already
+    holds, so decoding step by step gives what one call on the whole sequence gives.
 
     Shapes (``need_weights`` and the masks follow :mod:`attnlab.attention.functional`):
 
@@ -67,6 +78,9 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         kdim: int | None = None,
         vdim: int | None = None,
+        rope: bool = False,
+        rope_theta: float = 10000.0,
+        alibi: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -87,6 +101,7 @@ class MultiHeadAttention(nn.Module):
             self.k_proj = nn.Linear(self.kdim, embed_dim, **kw)
             self.v_proj = nn.Linear(self.vdim, embed_dim, **kw)
         self.out_proj = nn.Linear(embed_dim, embed_dim, **kw)
+        init_inner_positions(self, self.head_dim, num_heads, rope=rope, rope_theta=rope_theta, alibi=alibi)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -186,14 +201,25 @@ class MultiHeadAttention(nn.Module):
         q = self._split_heads(q)
         if k is not None:
             k, v = self._split_heads(k), self._split_heads(v)  # type: ignore[arg-type]
+        past = 0 if cache is None else cache.seq_len
+        positioned = self.rotary is not None or self.alibi_slopes is not None
+        if positioned and (key is not query or (cache is not None and cache.static)):
+            raise InputError("rope and alibi give the positions of one sequence's queries and keys: they apply to "
+                             "self-attention, not to attention over another sequence (cross-attention)")
+        if self.rotary is not None:
+            q, k = self.rotary(q, k, torch.arange(past, past + lq, device=q.device))
         if cache is not None:
             k, v = cache.update(k, v)
+        mask = self._heads_mask(attn_mask, batch)
+        if self.alibi_slopes is not None:
+            slots = torch.arange(k.shape[2], device=q.device)  # type: ignore[union-attr]
+            mask = combine_masks(mask, alibi_bias(self.alibi_slopes, slots[past:past + lq], slots).to(q.dtype))
         capture = self._attn_capture  # set only inside capture_attention
         out, weights = scaled_dot_product_attention(
             q,
             k,  # type: ignore[arg-type]
             v,  # type: ignore[arg-type]
-            attn_mask=self._heads_mask(attn_mask, batch),
+            attn_mask=mask,
             key_padding_mask=key_padding_mask,
             is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
@@ -251,7 +277,7 @@ class MultiHeadAttention(nn.Module):
         s = f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}"
         if not self.packed:
             s += f", kdim={self.kdim}, vdim={self.vdim}"
-        return s
+        return ", ".join([s, *inner_positions_repr(self)])
 
 
 @register_attention("exact", forms_weights=True)

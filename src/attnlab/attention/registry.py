@@ -33,7 +33,7 @@ from ..errors import InputError
 from ..suggest import did_you_mean
 
 __all__ = ["register_attention", "build_attention", "list_attention", "attention_family", "attention_forms_weights",
-           "attend_grid"]
+           "attention_takes", "kinds_taking", "attend_grid"]
 
 
 @dataclass(frozen=True)
@@ -79,16 +79,34 @@ def attention_family(name: str) -> str:
     return _entry(name).family
 
 
+def _options(name: str) -> list[str] | None:
+    """The options kind ``name`` takes: the keyword parameters after the first two, which take
+    the width and the heads (passed by position: a kind registered by a plugin may still call
+    them dim, heads); ``None`` when it takes any (``**options``)."""
+    params = inspect.signature(_entry(name).cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return [n for n, p in list(params.items())[2:]
+            if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+
+
+def attention_takes(name: str, option: str) -> bool:
+    """Whether kind ``name`` takes the build option ``option`` (``"rope"``, ``"alibi"``, ...)."""
+    known = _options(name)
+    return known is None or option in known
+
+
+def kinds_taking(option: str, family: str = "tokens") -> list[str]:
+    """The kinds of ``family`` that take ``option``, sorted (for error messages)."""
+    return [n for n in list_attention(family) if option in (_options(n) or ())]
+
+
 def build_attention(name: str, embed_dim: int, num_heads: int, **options: Any) -> nn.Module:
     """Build attention kind ``name`` for width ``embed_dim`` and ``num_heads`` heads; an
     option the kind does not take is an error naming it (with the close matches)."""
     cls = _entry(name).cls
-    params = inspect.signature(cls).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        # The options are the keyword parameters after the first two, which take the width and
-        # the heads (passed by position: a kind registered by a plugin may still call them dim, heads).
-        known = [n for n, p in list(params.items())[2:]
-                 if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    known = _options(name)
+    if known is not None:
         for key in options:
             if key not in known:
                 raise InputError(f"unknown option {key!r} of attention {name!r}" + did_you_mean(key, known, "options"))

@@ -3,8 +3,8 @@ gradient checkpointing.
 
 * ``heads``: the MR recipe at width 256 with 1, 2, 4, 8 and 16 heads (head size 256 to
   16): training time per step and test accuracy.
-* ``pos_encoding``: the MR recipe with no positions, sinusoidal, learned and relative
-  (T5 bias) positions.
+* ``pos_encoding``: the MR recipe with no positions, sinusoidal, learned, relative (T5
+  bias), rotary and ALiBi positions (``model.options.pos_embed``).
 * ``attn_dropout``: the MR recipe with dropout 0, 0.1 and 0.3 on the attention weights.
 * ``checkpointing``: one training step (forward, backward) of ``vit_base_patch16_224`` on a
   batch of 32 images of 224 x 224, with and without gradient checkpointing, each in a
@@ -36,7 +36,8 @@ __all__ = ["run_studies", "STUDIES", "checkpointing_point", "run_checkpointing_p
 # study -> (values, recipe overrides for a value)
 STUDIES: dict[str, tuple[tuple[Any, ...], Callable[[Any], list[str]]]] = {
     "heads": ((1, 2, 4, 8, 16), lambda h: ["model.options.embed_dim=256", f"model.options.num_heads={h}"]),
-    "pos_encoding": (("none", "sinusoidal", "learned", "relative"), lambda p: [f"model.options.pos_encoding={p}"]),
+    "pos_encoding": (("none", "sinusoidal", "learned", "relative", "rope", "alibi"),
+                     lambda p: [f"model.options.pos_embed={p}"]),
     "attn_dropout": ((0.0, 0.1, 0.3), lambda p: [f"model.options.attn_drop_rate={p}"]),
 }
 RECIPE_DEFAULTS = {"pos_encoding": "sinusoidal", "attn_dropout": 0.1}  # sentiment-mr as shipped

@@ -1,4 +1,7 @@
-"""Absolute position encodings for token sequences ``(B, L, E)``."""
+"""Position encodings for token sequences ``(B, L, E)``: absolute ones added to the input
+(``sinusoidal``, ``learned``), and the choice of positions given inside the attention
+instead (``rope``, ``alibi``: :func:`inner_position_options`). One vocabulary,
+``pos_embed``, names them in every token model."""
 
 from __future__ import annotations
 
@@ -7,9 +10,14 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..attention.registry import attention_takes, kinds_taking
 from ..errors import InputError
 
-__all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEncoding", "build_pos_encoding"]
+__all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEncoding", "build_pos_encoding", "inner_position_options",
+           "ADDED", "INNER"]
+
+ADDED = ("learned", "none", "sinusoidal")  # added to the token embeddings (none: nothing)
+INNER = ("rope", "alibi")  # given inside every self-attention layer
 
 
 def sinusoid_table(length: int, dim: int) -> Tensor:
@@ -67,14 +75,29 @@ class LearnedPositionalEncoding(_PositionalEncoding):
 
 
 def build_pos_encoding(name: str, dim: int, max_len: int) -> nn.Module:
-    """``"sinusoidal"``, ``"learned"`` or ``"none"`` (identity)."""
+    """What is added to the embeddings ``(B, L, dim)`` for ``pos_embed=name``: ``"sinusoidal"``,
+    ``"learned"``, or nothing (the identity) for ``"none"`` and the positions given inside
+    the attention (``"rope"``, ``"alibi"``)."""
     if name == "sinusoidal":
         return SinusoidalPositionalEncoding(dim, max_len)
     if name == "learned":
         return LearnedPositionalEncoding(dim, max_len)
-    if name == "none":
+    if name == "none" or name in INNER:
         return _NoPositions()
-    raise InputError(f"pos_encoding must be one of ['learned', 'none', 'sinusoidal']; got {name!r}")
+    raise InputError(f"pos_embed must be one of {sorted(ADDED + INNER)}; got {name!r}")
+
+
+def inner_position_options(pos_embed: str, rope_theta: float, attention: str) -> dict:
+    """The options that give self-attention kind ``attention`` the positions ``pos_embed``
+    names: ``{"rope": True, "rope_theta": ...}``, ``{"alibi": True}``, or none for the
+    positions added to the input. A kind that cannot take them is an error naming those
+    that can."""
+    if pos_embed not in INNER:
+        return {}
+    if not attention_takes(attention, pos_embed):
+        raise InputError(f"pos_embed={pos_embed!r} is given inside the attention, and attention={attention!r} does "
+                         f"not take it; kinds that do: {', '.join(kinds_taking(pos_embed))}")
+    return {"rope": True, "rope_theta": rope_theta} if pos_embed == "rope" else {"alibi": True}
 
 
 class _NoPositions(nn.Module):

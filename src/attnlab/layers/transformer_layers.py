@@ -158,6 +158,8 @@ class TransformerDecoderLayer(nn.Module):
     """Causal self-attention, cross-attention to the encoder memory, feed-forward;
     post-norm or pre-norm, with the arguments of :class:`TransformerEncoderLayer` (its
     attention is always exact: the key/value cache and the cross-attention need it).
+    ``position_options`` (``{"rope": True, "rope_theta": ...}`` or ``{"alibi": True}``) give
+    the self-attention its positions; the cross-attention has none.
 
     Shapes: ``x`` ``(B, Lt, E)``, ``memory`` ``(B, Ls, E)`` -> ``(B, Lt, E)``.
     """
@@ -165,12 +167,13 @@ class TransformerDecoderLayer(nn.Module):
     def __init__(
         self, embed_dim: int, num_heads: int, *, mlp_ratio: float = 4.0, drop_rate: float = 0.1,
         attn_drop_rate: float | None = None, activation: str = "relu", norm_first: bool = False,
-        norm: str = "layernorm", norm_eps: float = 1e-5, bias: bool = True,
+        norm: str = "layernorm", norm_eps: float = 1e-5, bias: bool = True, position_options: dict | None = None,
     ) -> None:
         super().__init__()
         attn_drop = drop_rate if attn_drop_rate is None else attn_drop_rate
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(embed_dim, num_heads, dropout=attn_drop, bias=bias)
+        self.self_attn = MultiHeadAttention(embed_dim, num_heads, dropout=attn_drop, bias=bias,
+                                            **(position_options or {}))
         self.cross_attn = MultiHeadAttention(embed_dim, num_heads, dropout=attn_drop, bias=bias)
         self.ff = Mlp(embed_dim, round(embed_dim * mlp_ratio), activation=activation, dropout=drop_rate, bias=bias)
         self.norm1 = build_norm(norm, embed_dim, norm_eps)

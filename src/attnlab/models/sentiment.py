@@ -25,16 +25,19 @@ Token embeddings are scaled by ``sqrt(embed_dim)`` after an ``N(0, 1/embed_dim)`
 initialisation (as in :class:`~attnlab.models.transformer.Seq2SeqTransformer`), so that
 they start at unit variance, the scale of the sinusoidal positions they are added to.
 
-Positions (``pos_encoding``): ``"sinusoidal"`` or ``"learned"`` absolute positions are
+Positions (``pos_embed``): ``"sinusoidal"`` or ``"learned"`` absolute positions are
 added to the embeddings; ``"none"`` gives none (with mean pooling the model is then blind
 to word order); ``"relative"`` adds nothing to the embeddings but a T5 relative position
 bias (:class:`~attnlab.layers.relative_bias.RelativePositionBias`, one table shared by all
 layers) to every layer's attention logits, as a float ``attn_mask`` ``(1, H, L, L)``. It
-needs ``attention="exact"``, the kind that takes an ``attn_mask``.
+needs ``attention="exact"``, the kind that takes an ``attn_mask``. ``"rope"`` (rotary
+embeddings, base ``rope_theta``) and ``"alibi"`` (a distance penalty per head, the same
+ahead as behind) are given inside every layer's self-attention; they need a kind that
+takes them (``exact``, ``gqa``).
 
 Sequences are right-padded: positions count from the first token, and ``"cls"`` pooling
 reads position 0, where the tokenizer puts ``[CLS]``. Relative biases depend only on
-distances between real tokens, so padding invariance holds for every ``pos_encoding``.
+distances between real tokens, so padding invariance holds for every ``pos_embed``.
 
 Shapes::
 
@@ -64,7 +67,7 @@ from ..attention.registry import attention_family
 from ..dropout import Dropout
 from ..errors import InputError
 from ..layers.norms import build_norm
-from ..layers.pos_encoding import build_pos_encoding
+from ..layers.pos_encoding import ADDED, INNER, build_pos_encoding, inner_position_options
 from ..layers.relative_bias import RelativePositionBias
 from ..layers.transformer_layers import TransformerEncoder, TransformerEncoderLayer
 from .registry import build_config, check_attention_options, register_model
@@ -72,7 +75,7 @@ from .registry import build_config, check_attention_options, register_model
 __all__ = ["SentimentConfig", "AttentionSentimentClassifier"]
 
 POOLINGS = ("cls", "mean")
-POS_ENCODINGS = ("learned", "none", "relative", "sinusoidal")
+POS_EMBEDS = tuple(sorted((*ADDED, *INNER, "relative")))
 
 
 @dataclass
@@ -90,7 +93,8 @@ class SentimentConfig:
     attn_drop_rate: float = 0.1  # on the attention weights
     pos_drop_rate: float = 0.1  # on embeddings + positions
     max_len: int = 256
-    pos_encoding: str = "sinusoidal"  # "sinusoidal", "learned", "none" or "relative" (T5 bias, exact attention)
+    pos_embed: str = "sinusoidal"  # sinusoidal, learned, none, relative (T5 bias, exact attention), rope, alibi
+    rope_theta: float = 10000.0  # pos_embed="rope": the base of the rotary wavelengths
     pooling: str = "mean"  # "cls" (token 0) or "mean" (masked mean of real tokens)
     norm_first: bool = True  # pre-norm, with a final norm
     norm: str = "layernorm"  # or "batchnorm" (token BatchNorm, padding left out)
@@ -101,7 +105,7 @@ class SentimentConfig:
 
     # Names before attnlab took timm's: read in older runs, pointed to in errors.
     renamed: ClassVar[dict[str, str]] = {"dropout": "drop_rate", "attn_dropout": "attn_drop_rate",
-                                         "embed_dropout": "pos_drop_rate"}
+                                         "embed_dropout": "pos_drop_rate", "pos_encoding": "pos_embed"}
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_classes", "embed_dim", "num_heads", "max_len"):
@@ -121,18 +125,20 @@ class SentimentConfig:
                 raise InputError(f"{name} must be in [0, 1); got {getattr(self, name)!r}")
         if self.pooling not in POOLINGS:
             raise InputError(f"pooling must be one of {list(POOLINGS)}; got {self.pooling!r}")
-        if self.pos_encoding not in POS_ENCODINGS:
-            raise InputError(f"pos_encoding must be one of {list(POS_ENCODINGS)}; got {self.pos_encoding!r}")
+        if self.pos_embed not in POS_EMBEDS:
+            raise InputError(f"pos_embed must be one of {list(POS_EMBEDS)}; got {self.pos_embed!r}")
         if self.padding_idx is not None and not 0 <= self.padding_idx < self.vocab_size:
             raise InputError(
                 f"padding_idx must be None or in [0, vocab_size={self.vocab_size}); got {self.padding_idx}"
             )
         if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
-        check_attention_options(self.attention_options, {"dropout": "attn_drop_rate"})
-        if self.pos_encoding == "relative" and self.attention != "exact":  # the other kinds take no attn_mask
+        check_attention_options(self.attention_options, {"dropout": "attn_drop_rate", "rope": "pos_embed",
+                                                         "alibi": "pos_embed", "rope_theta": "rope_theta"})
+        inner_position_options(self.pos_embed, self.rope_theta, self.attention)  # a kind that cannot take them
+        if self.pos_embed == "relative" and self.attention != "exact":  # the other kinds take no attn_mask
             raise InputError(
-                f"pos_encoding='relative' needs attention='exact' (the bias is an attn_mask); "
+                f"pos_embed='relative' needs attention='exact' (the bias is an attn_mask); "
                 f"got attention={self.attention!r}"
             )
 
@@ -154,8 +160,8 @@ class AttentionSentimentClassifier(nn.Module):
         self.embed_scale = math.sqrt(e)
         # "relative": no absolute positions; one bias table shared by all layers, as in T5
         # (none without layers, so that no parameter goes unused).
-        relative = cfg.pos_encoding == "relative"
-        self.pos = build_pos_encoding("none" if relative else cfg.pos_encoding, e, cfg.max_len)
+        relative = cfg.pos_embed == "relative"
+        self.pos = build_pos_encoding("none" if relative else cfg.pos_embed, e, cfg.max_len)
         self.rel_bias = RelativePositionBias(cfg.num_heads) if relative and cfg.depth > 0 else None
         self.embed_drop = Dropout(cfg.pos_drop_rate)
         layers = []
@@ -163,7 +169,9 @@ class AttentionSentimentClassifier(nn.Module):
             layers.append(TransformerEncoderLayer(
                 e, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, drop_rate=cfg.drop_rate, attn_drop_rate=cfg.attn_drop_rate,
                 activation=cfg.activation, norm_first=cfg.norm_first, norm=cfg.norm, norm_eps=cfg.norm_eps,
-                attention=cfg.attention, attention_options=cfg.attention_options,
+                attention=cfg.attention,
+                attention_options={**cfg.attention_options,
+                                   **inner_position_options(cfg.pos_embed, cfg.rope_theta, cfg.attention)},
             ))
         self.encoder = TransformerEncoder(layers, build_norm(cfg.norm, e, cfg.norm_eps) if cfg.norm_first else None)
         self.head_drop = Dropout(cfg.drop_rate)

@@ -13,7 +13,7 @@ from ..attention.registry import attention_family
 from ..dropout import Dropout
 from ..errors import InputError
 from ..layers.norms import build_norm
-from ..layers.pos_encoding import build_pos_encoding
+from ..layers.pos_encoding import ADDED, INNER, build_pos_encoding, inner_position_options
 from ..layers.transformer_layers import (
     DecoderCache,
     TransformerDecoder,
@@ -32,7 +32,9 @@ class Transformer(nn.Module):
     batch-first and with the decoder causal by default.
 
     ``final_norm`` adds a norm after each stack; default: only for pre-norm, where it is
-    needed. ``torch.nn.Transformer`` always has one; :meth:`from_torch` keeps that.
+    needed. ``position_options`` (``{"rope": True, "rope_theta": ...}`` or ``{"alibi": True}``,
+    see :func:`~attnlab.layers.pos_encoding.inner_position_options`) give every
+    self-attention, the encoder's and the decoder's, positions of its own. ``torch.nn.Transformer`` always has one; :meth:`from_torch` keeps that.
     The arguments are those of :class:`TransformerConfig` (the feed-forward width is
     ``round(embed_dim * mlp_ratio)``), with a ``bias`` on every projection.
 
@@ -46,7 +48,7 @@ class Transformer(nn.Module):
         mlp_ratio: float = 4.0, drop_rate: float = 0.1, attn_drop_rate: float | None = None,
         activation: str = "relu", norm_first: bool = False, norm: str = "layernorm", norm_eps: float = 1e-5,
         final_norm: bool | None = None, bias: bool = True, attention: str = "exact",
-        attention_options: dict | None = None,
+        attention_options: dict | None = None, position_options: dict | None = None,
     ) -> None:
         super().__init__()
         kw = dict(
@@ -58,12 +60,14 @@ class Transformer(nn.Module):
         # The encoder's self-attention is any "tokens" kind; the decoder keeps exact attention
         # (its key/value cache and its cross-attention need the weights over every key).
         self.encoder = TransformerEncoder(
-            [TransformerEncoderLayer(embed_dim, num_heads, attention=attention, attention_options=attention_options,
+            [TransformerEncoderLayer(embed_dim, num_heads, attention=attention,
+                                     attention_options={**(attention_options or {}), **(position_options or {})},
                                      **kw) for _ in range(encoder_depth)],
             build_norm(norm, embed_dim, norm_eps) if final else None,
         )
         self.decoder = TransformerDecoder(
-            [TransformerDecoderLayer(embed_dim, num_heads, **kw) for _ in range(decoder_depth)],
+            [TransformerDecoderLayer(embed_dim, num_heads, position_options=position_options, **kw)
+             for _ in range(decoder_depth)],
             build_norm(norm, embed_dim, norm_eps) if final else None,
         )
         self._reset_parameters()
@@ -147,7 +151,8 @@ class TransformerConfig:
     norm: str = "layernorm"
     norm_eps: float = 1e-5
     final_norm: bool | None = None  # None: only with pre-norm
-    pos_encoding: str = "sinusoidal"
+    pos_embed: str = "sinusoidal"  # added: sinusoidal, learned, none; inside every self-attention: rope, alibi
+    rope_theta: float = 10000.0  # pos_embed="rope": the base of the rotary wavelengths
     max_len: int = 1024
     share_embeddings: bool = True  # one table for source and target (needs one vocabulary)
     tie_output: bool = True  # output projection = target embedding (transposed)
@@ -163,7 +168,7 @@ class TransformerConfig:
     renamed: ClassVar[dict[str, str]] = {"d_model": "embed_dim", "nhead": "num_heads",
                                          "num_encoder_layers": "encoder_depth", "num_decoder_layers": "decoder_depth",
                                          "dim_feedforward": "mlp_ratio", "dropout": "drop_rate",
-                                         "attention_dropout": "attn_drop_rate"}
+                                         "attention_dropout": "attn_drop_rate", "pos_encoding": "pos_embed"}
 
     @staticmethod
     def upgrade(options: dict) -> dict:
@@ -209,7 +214,11 @@ class TransformerConfig:
                 raise InputError(f"{name} must index both vocabularies; got {idx}")
         if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
-        check_attention_options(self.attention_options, {"dropout": "attn_drop_rate"})
+        check_attention_options(self.attention_options, {"dropout": "attn_drop_rate", "rope": "pos_embed",
+                                                         "alibi": "pos_embed", "rope_theta": "rope_theta"})
+        if self.pos_embed not in ADDED + INNER:
+            raise InputError(f"pos_embed must be one of {sorted(ADDED + INNER)}; got {self.pos_embed!r}")
+        inner_position_options(self.pos_embed, self.rope_theta, self.attention)  # a kind that cannot take them
         if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
             raise InputError(f"pad_id, bos_id and eos_id must differ; got {self.pad_id}, {self.bos_id}, {self.eos_id}")
 
@@ -235,11 +244,12 @@ class Seq2SeqTransformer(nn.Module):
             attn_drop_rate=cfg.attn_drop_rate, activation=cfg.activation, norm_first=cfg.norm_first,
             norm=cfg.norm, norm_eps=cfg.norm_eps, final_norm=cfg.final_norm, attention=cfg.attention,
             attention_options=cfg.attention_options,
+            position_options=inner_position_options(cfg.pos_embed, cfg.rope_theta, cfg.attention),
         )
         self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=cfg.pad_id)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=cfg.pad_id)
-        self.src_pos = build_pos_encoding(cfg.pos_encoding, d, cfg.max_len)
-        self.tgt_pos = build_pos_encoding(cfg.pos_encoding, d, cfg.max_len)
+        self.src_pos = build_pos_encoding(cfg.pos_embed, d, cfg.max_len)
+        self.tgt_pos = build_pos_encoding(cfg.pos_embed, d, cfg.max_len)
         self.embed_drop = Dropout(cfg.drop_rate)
         self.embed_scale = math.sqrt(d)
         self.generator = nn.Linear(d, cfg.tgt_vocab_size, bias=not cfg.tie_output)
