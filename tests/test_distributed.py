@@ -157,5 +157,30 @@ def test_cli_under_torchrun(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing else written, e.g. no runs/
 
 
+def test_a_language_model_trains_under_torchrun_as_one_process_with_twice_the_batch(tmp_path):
+    from safetensors.torch import load_file
+
+    from attnlab.tasks import train
+
+    text = "".join(f"the {w} sat on the mat and looked at the {v}.\n" for w in ("cat", "dog", "owl") * 30
+                   for v in ("moon", "sun"))
+    (tmp_path / "story.txt").write_text(text, encoding="utf-8")
+    common = [f"data.path={tmp_path / 'story.txt'}", "model.options.depth=1", "model.options.embed_dim=32",
+              "model.options.num_heads=2", "model.options.mlp_hidden_dim=64", "text.context=32", "train.steps=4",
+              "train.warmup_steps=1", "train.eval_every=0", "train.checkpoint_every=4", "train.log_every=1",
+              "train.progress=false", "train.tensorboard=false", "train.precision=fp32", "train.device=cpu",
+              "generate.max_new_tokens=5", "model.options.drop_rate=0", "text.tokenizer=char"]
+    out = torchrun("-m", "attnlab", "train", "lm-text", *common, "train.batch_size=4", "--run-dir",
+                   str(tmp_path / "ddp"), cwd=tmp_path).stdout
+    assert out.count("| test loss (nats/token) |") == 1, out  # rank 0 alone reports
+    train(load_recipe("lm-text", [*common, "train.batch_size=8"]), tmp_path / "one", log=lambda _: None)
+    weights = [load_file(tmp_path / run / "checkpoints" / "step_000000004" / "model.safetensors")
+               for run in ("ddp", "one")]
+    assert max_diff(*weights) <= 1e-5
+    results = [json.loads((tmp_path / run / "results.json").read_text()) for run in ("ddp", "one")]
+    assert results[0]["test_loss"] == pytest.approx(results[1]["test_loss"], abs=1e-5)
+    assert (tmp_path / "ddp" / "tokenizer.json").read_bytes() == (tmp_path / "one" / "tokenizer.json").read_bytes()
+
+
 if __name__ == "__main__":
     worker(Path(sys.argv[1]))

@@ -48,6 +48,31 @@ def test_eval_reproduces_the_test_figures(lm_run):
     assert again["test_loss"] == results["test_loss"] and again["test_bits_per_char"] == results["test_bits_per_char"]
 
 
+def test_eval_on_text_of_ones_own(lm_run, tmp_path, capsys):
+    run = attnlab.load_run(lm_run)
+    results = json.loads((lm_run / "results.json").read_text())
+    test_part = TEXT[len(TEXT) - round(0.05 * len(TEXT)):]  # lm-text's test part: the last 5% of one document
+    (tmp_path / "test.txt").write_text(test_part, encoding="utf-8")
+    assert run.evaluate(data=tmp_path / "test.txt")["test_loss"] == results["test_loss"]
+    docs = ["the cat sat on the mat.\n", "the owl looked at the sun.\n"]
+    (tmp_path / "folder").mkdir()
+    for i, doc in enumerate(docs):
+        (tmp_path / "folder" / f"{i}.txt").write_text(doc, encoding="utf-8")
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    from_folder = run.evaluate(data=tmp_path / "folder")
+    assert from_folder == run.evaluate(data=tmp_path / "docs.jsonl")
+    assert from_folder["test_samples"] > 0 and from_folder != run.evaluate()
+    assert main(["eval", str(lm_run), "--data", str(tmp_path / "docs.jsonl")]) == 0
+    assert f"data: {tmp_path / 'docs.jsonl'}" in capsys.readouterr().out
+    (tmp_path / "latin1.txt").write_bytes("the caf\xe9".encode("latin-1"))
+    (tmp_path / "unknown.txt").write_text("the cat sat in Zürich", encoding="utf-8")
+    for bad, message in (("latin1.txt", "is not valid utf-8: byte 0xe9"), ("unknown.txt", "outside this char tokenizer"),
+                         ("missing.txt", "does not exist")):
+        assert main(["eval", str(lm_run), "--data", str(tmp_path / bad)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_predict_continues_prompts_reproducibly_and_greedily_at_temperature_0(lm_run):
     run = attnlab.load_run(lm_run)
     a = run.predict(["the cat "], max_new_tokens=15, temperature=1.0, top_k=5, seed=3)

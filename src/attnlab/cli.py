@@ -21,6 +21,7 @@ from . import __version__
 from .bench.attention import DEFAULT_LENGTHS, PARTS, run_bench
 from .bench.report import is_bench_dir, markdown, write_bench_report
 from .bench.vision import PARTS as VISION_PARTS, is_vision_dir, run_vision, vision_markdown, write_vision_report
+from .bench.lm import PARTS as LM_PARTS, lm_markdown, run_lm
 from .bench.scaling import VARIANTS
 from .data.download import download, list_datasets
 from .data.paths import data_dir
@@ -493,6 +494,15 @@ def cmd_bench_vision(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_lm(args: argparse.Namespace) -> int:
+    parts = _choices("--parts", args.parts, LM_PARTS) if args.parts else list(LM_PARTS)
+    data = run_lm(args.out, parts=parts, quick=args.quick, fresh=args.fresh, data_dir=args.data_dir,
+                  log=lambda s: print(s, flush=True))
+    print(lm_markdown(data))
+    print(f"wrote {args.out}/results.json and table.md")
+    return 0
+
+
 def _seeds(text: str) -> dict[str, int]:
     """``norm=3,positions=2`` -> seeds per part."""
     seeds = {}
@@ -575,8 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default auto)")
     p.add_argument("--data", default=None, metavar="PATH",
-                   help="evaluate on a labelled folder (PATH/<class>/<image>) or file of one's own instead of the "
-                        "run's test set")
+                   help="evaluate on data of one's own instead of the run's test set: a labelled folder "
+                        "(PATH/<class>/<image>) or file for a classifier, sentence pairs for a translator, text (a "
+                        ".txt file, a folder of them, a JSONL/CSV/TSV text column) for a language model")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("predict", parents=[plugins],
@@ -668,7 +679,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_data_download)
 
     p = sub.add_parser("bench", help="measure: 'attnlab bench attention' compares the attention kinds, "
-                                     "'attnlab bench vision' the vision claims")
+                                     "'attnlab bench vision' the vision claims, 'attnlab bench lm' language models")
     bench_sub = p.add_subparsers(dest="bench_command", metavar="WHAT", required=True)
     q = bench_sub.add_parser("attention", help="time, memory, quality of each attention kind, and the studies "
                                               "(resumable; about 1.5 hours on 2 CPU cores)")
@@ -695,6 +706,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "test set: checks that everything runs (about 25 minutes on 2 CPU cores)")
     q.add_argument("--fresh", action="store_true", help="start over instead of keeping the finished runs in --out")
     q.set_defaults(func=cmd_bench_vision)
+    q = bench_sub.add_parser("lm", help="language models: generation with and without the cache, cache memory of "
+                                       "grouped-query and sliding-window attention, length extrapolation of the "
+                                       "position kinds (resumable; about 25 minutes on 2 CPU cores)")
+    q.add_argument("--out", default="runs/bench-lm", help="output folder (default runs/bench-lm)")
+    q.add_argument("--parts", default=None, help=f"comma-separated: {', '.join(LM_PARTS)} (default: all)")
+    q.add_argument("--data-dir", default=None, help="default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab")
+    q.add_argument("--quick", action="store_true", help="tiny sizes and budgets: checks that it runs, nothing more")
+    q.add_argument("--fresh", action="store_true", help="start over instead of keeping the finished items in --out")
+    q.set_defaults(func=cmd_bench_lm)
     return parser
 
 

@@ -30,7 +30,6 @@ a whole count; a fraction rounds to at least one; ``val_size=0``: no validation 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -39,14 +38,9 @@ import torch
 
 from ..errors import InputError
 from .source import Splits, register_source
-from .tables import EXTENSIONS, read_text_column
-from .text import MAX_LINE_CHARS
-from .text_corpus import CorpusSource, CorpusSourceConfig, Documents, read_text
+from .text_corpus import DOCUMENT_FORMATS, CorpusSource, CorpusSourceConfig, Documents, read_documents
 
 __all__ = ["DOCUMENT_FORMATS", "TextDocumentsConfig", "TextDocuments", "read_documents", "held_out_count"]
-
-DOCUMENT_FORMATS = ("txt", "jsonl", "csv", "tsv")
-
 
 @dataclass
 class TextDocumentsConfig(CorpusSourceConfig):
@@ -75,81 +69,6 @@ def held_out_count(size: float, n: int) -> int:
     if size == 0:
         return 0
     return int(size) if size >= 1 else max(1, round(size * n))
-
-
-def _format_of(path: Path, format: str) -> str:
-    if path.is_dir():
-        if format not in ("auto", "txt"):
-            raise InputError(f"format={format!r} (data.format) takes a file; {path} is a folder (a folder is read as "
-                             f"one document per .txt file: leave format at 'auto')")
-        return "folder"
-    if format != "auto":
-        return format
-    name = path.name.lower()
-    if name.endswith(".txt"):
-        return "txt"
-    for extension, fmt in EXTENSIONS.items():
-        if name.removesuffix(".gz").endswith(extension):
-            return fmt
-    raise InputError(f"cannot tell the format of {path} from its name; accepted are a folder of .txt files, .txt, "
-                     f"{', '.join(EXTENSIONS)} (these optionally followed by .gz); rename the file or set format "
-                     f"(data.format) to one of {', '.join(map(repr, DOCUMENT_FORMATS))}")
-
-
-def _blank(text: str) -> bool:
-    return not text.strip()
-
-
-def _folder_files(root: Path) -> list[Path]:
-    found = []
-    for folder, subfolders, files in os.walk(root):  # followlinks=False: no cycles through linked folders
-        subfolders[:] = [s for s in subfolders if not s.startswith(".")]
-        found += [Path(folder) / f for f in files if f.lower().endswith(".txt") and not f.startswith(".")]
-    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
-
-
-def read_documents(path: str | Path, text_column: str = "text", *, format: str = "auto",
-                   max_line_chars: int = MAX_LINE_CHARS) -> tuple[Documents, int]:
-    """``(documents, skipped)``: the documents at ``path`` as the module docstring says, and
-    how many blank ones (files of a folder, rows of a table) were left out.
-
-    Raises ``FileNotFoundError`` when ``path`` does not exist, and
-    :class:`~attnlab.errors.InputError` naming the file (and line) for an unknown
-    extension, bytes that are not UTF-8, a line over ``max_line_chars``, a missing column,
-    a row of invalid JSON or CSV, a text that is not a string, and no text at all (an
-    empty file, a folder without ``.txt`` files or with blank ones only, a table of blank rows).
-    """
-    path = Path(path).expanduser()
-    if format != "auto" and format not in DOCUMENT_FORMATS:
-        raise InputError(f"format must be 'auto' or one of {', '.join(map(repr, DOCUMENT_FORMATS))}; got {format!r}")
-    if not isinstance(text_column, str) or not text_column.strip():
-        raise InputError(f"text_column must be a column name; got {text_column!r}")
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist; a text file, a folder of .txt files or a JSONL, CSV or TSV "
-                                f"file was expected")
-    fmt = _format_of(path, format)
-    if fmt == "txt":
-        text = read_text(path, max_line_chars=max_line_chars)
-        if _blank(text):
-            raise InputError(f"{path} holds no text ({'it is empty' if not text else 'only white space'})")
-        return [text], 0
-    if fmt == "folder":
-        files = _folder_files(path)
-        if not files:
-            raise InputError(f"{path} holds no .txt files (sub-folders included); a folder is read as one document "
-                             f"per .txt file")
-        texts = [read_text(f, max_line_chars=max_line_chars) for f in files]
-        what = f"its {len(files)} .txt files"
-    else:
-        texts = read_text_column(path, fmt, text_column, max_line_chars)
-        if not texts:
-            raise InputError(f"{path} has no rows; expected {'a header line and ' if fmt != 'jsonl' else ''}"
-                             f"at least one row with a text in column {text_column!r}")
-        what = f"its {len(texts)} rows"
-    documents = [t for t in texts if not _blank(t)]
-    if not documents:
-        raise InputError(f"{path} holds no text: {what} are all empty or white space")
-    return documents, len(texts) - len(documents)
 
 
 def _split_characters(text: str, config: TextDocumentsConfig, where: str) -> tuple[str, str | None, str]:

@@ -188,6 +188,7 @@ class GPT(nn.Module):
             self.pos_embed = None
         if cfg.pos_embed == "sinusoidal":
             self.register_buffer("sinusoid", sinusoid_table(cfg.max_len, cfg.embed_dim), persistent=False)
+            self.sinusoid_scale = nn.Parameter(torch.tensor(cfg.embed_dim ** -0.5))
         self.drop = Dropout(cfg.drop_rate)
         self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.depth))
         self.norm = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps)
@@ -228,7 +229,7 @@ class GPT(nn.Module):
         if self.pos_embed is not None:
             x = x + self.pos_embed(positions)
         elif cfg.pos_embed == "sinusoidal":
-            x = x + self.sinusoid[positions].to(x.dtype)
+            x = x + (self.sinusoid_scale * self.sinusoid[positions]).to(x.dtype)
         x = self.drop(x)
         attn_mask = None
         if doc_ids is not None:  # packing: a token sees its own document only
@@ -258,7 +259,8 @@ class GPT(nn.Module):
         x = self.tok_embed(ids[:, 0])
         if cfg.pos_embed in ("learned", "sinusoidal"):
             pos = positions[:, 0] if positions is not None else torch.full_like(ids[:, 0], past)
-            x = x + (self.pos_embed(pos) if self.pos_embed is not None else self.sinusoid[pos].to(x.dtype))
+            x = x + (self.pos_embed(pos) if self.pos_embed is not None else
+                     (self.sinusoid_scale * self.sinusoid[pos]).to(x.dtype))
         rope = None
         rotary = self.blocks[0].attn.rotary
         if rotary is not None:  # the angles of this position, (1 or B, 1, D), once for every layer

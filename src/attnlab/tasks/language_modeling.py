@@ -244,12 +244,15 @@ class LanguageModeling(Task):
         return run.tokenizer  # type: ignore[return-value]  # read once, by load_run
 
     def _test(self, run: TrainedRun, tokenizer: LMTokenizer, data: str | Path | None = None) -> LMDataset:
-        if data is not None:
-            raise InputError("--data is not taken by a language-modelling run yet; it evaluates its own test part")
-        documents = source_of(run.recipe.data).load(run.recipe.data).test
+        source = source_of(run.recipe.data)
+        documents = source.load(run.recipe.data).test if data is None else \
+            source.read_documents(run.recipe.data, data)
         return LMDataset(documents, tokenizer, run.recipe.text.context)
 
     def evaluate(self, run: TrainedRun, *, device: str = "auto", data: str | Path | None = None) -> dict[str, Any]:
+        """The test part's loss (nats per token), perplexity and bits per character, or
+        (``data``) those of text of one's own: a ``.txt`` file, a folder of them, or a JSONL,
+        CSV or TSV text column, in windows of the run's context, tokenized by its tokenizer."""
         tokenizer = self._tokenizer(run)
         test = self._test(run, tokenizer, data)
         res = evaluate_model(run.model, test, batch_size=run.recipe.train.batch_size, device=device,

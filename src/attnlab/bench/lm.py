@@ -1,0 +1,257 @@
+"""``attnlab bench lm``: decoder-only language models, measured on this machine.
+
+Parts (``parts=``), each resumable (a finished item in ``OUT/results.json`` is kept, not
+measured again):
+
+* ``generation``: tokens per second of greedy generation by a Llama-style model (4 layers
+  of width 256, 8 query and 2 key/value heads, SwiGLU, RMSNorm, rotary positions, random
+  weights) at batch 1 and 8, with its key/value cache and without one (the whole sequence
+  again at every step), the tokens checked equal. Against ``transformers``' ``generate``
+  with the same weights: ``benchmarks/lm_generate.py`` (a peer is never a dependency of
+  attnlab itself).
+* ``cache``: the key/value cache's bytes and the decoding speed of that model with
+  multi-head (8 key/value heads), grouped-query (2), multi-query (1) and sliding-window
+  attention as a generation grows to 1k, 4k and 16k tokens; the bytes checked against
+  ``2 x layers x kv heads x head size x positions x 4``.
+* ``extrapolation``: ``lm-shakespeare-char`` trained with a context of 256 for each kind
+  of position (learned, sinusoidal, rotary, ALiBi), its validation part scored in windows
+  of 256, 512 and 1,024 characters (the ALiBi paper's claim).
+
+Every figure is one process's, on the CPU, float32; time it alone on the machine.
+``quick``: tiny sizes and budgets, to see that everything runs; its figures mean nothing.
+Outputs in ``OUT``: ``results.json`` (rewritten atomically after each item) and ``table.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..errors import InputError
+from ..io import atomic_write_bytes
+from .machine import machine_info, machine_label
+
+__all__ = ["PARTS", "LLAMA_STYLE", "CACHE_VARIANTS", "POSITION_KINDS", "generation_point", "cache_point",
+           "extrapolation_point", "run_lm", "lm_markdown"]
+
+PARTS = ("generation", "cache", "extrapolation")
+# The model of the generation and cache parts (Llama's block at a size a CPU decodes quickly).
+LLAMA_STYLE = dict(vocab_size=256, embed_dim=256, depth=4, num_heads=8, mlp="swiglu", mlp_hidden_dim=688,
+                   norm="rmsnorm", norm_eps=1e-6, pos_embed="rope", bias=False, tie_embeddings=False)
+# name -> (key/value heads, windowed)
+CACHE_VARIANTS = {"multi-head": (8, False), "grouped-query": (2, False), "multi-query": (1, False),
+                  "sliding window": (8, True), "sliding window, 2 kv heads": (2, True)}
+POSITION_KINDS = ("learned", "sinusoidal", "rope", "alibi")
+
+FULL = dict(new=256, batches=(1, 8), prompt=16, lengths=(1024, 4096, 16384), window=256, steps=300, batch_size=16,
+            context=256, windows=(256, 512, 1024), model=())
+QUICK = dict(new=8, batches=(1, 2), prompt=4, lengths=(48, 96), window=16, steps=2, batch_size=4, context=32,
+             windows=(32, 64), model=("model.options.depth=1", "model.options.embed_dim=16",
+                                       "model.options.num_heads=2", "model.options.mlp_hidden_dim=32"))
+
+
+def _model(max_len: int, **options: Any) -> torch.nn.Module:
+    from ..models.gpt import GPT
+
+    torch.manual_seed(0)
+    return GPT(**{**LLAMA_STYLE, **options}, max_len=max_len).eval()
+
+
+def _uncached(model: torch.nn.Module, ids: torch.Tensor, new: int) -> torch.Tensor:
+    """Greedy tokens by recomputing the whole sequence at every step (no cache)."""
+    for _ in range(new):
+        ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids
+
+
+@torch.no_grad()
+def generation_point(batch: int, *, new: int, prompt: int, repeats: int = 3) -> dict[str, Any]:
+    """Tokens per second (new tokens of every row over the wall time, best of ``repeats``) of
+    cached greedy generation and of the same without the cache, at ``batch``."""
+    model = _model(prompt + new)
+    ids = torch.randint(0, LLAMA_STYLE["vocab_size"], (batch, prompt), generator=torch.Generator().manual_seed(batch))
+    model.generate(ids, 2)  # warm-up: the joined weights, the rotary table
+
+    def best(fn: Callable[[], torch.Tensor], times: int) -> tuple[float, torch.Tensor]:
+        seconds, out = float("inf"), None
+        for _ in range(times):
+            start = time.perf_counter()
+            out = fn()
+            seconds = min(seconds, time.perf_counter() - start)
+        return seconds, out  # type: ignore[return-value]
+
+    cached_s, cached = best(lambda: model.generate(ids, new), repeats)
+    plain_s, plain = best(lambda: _uncached(model, ids, new), 1)
+    if not torch.equal(cached, plain):
+        raise RuntimeError("cached and uncached generation chose different tokens: the figures would be void")
+    return {"batch": batch, "new_tokens": new, "cached_tokens_per_s": batch * new / cached_s,
+            "uncached_tokens_per_s": batch * new / plain_s, "cache_speedup": plain_s / cached_s}
+
+
+@torch.no_grad()
+def cache_point(variant: str, *, lengths: Sequence[int], window: int, prompt: int, batch: int = 1) -> dict[str, Any]:
+    """The cache bytes, decoding tokens per second and step times of ``variant`` (a key of
+    :data:`CACHE_VARIANTS`) after each of ``lengths`` new tokens, one greedy run each: a
+    prefill through ``forward``, then the decoding steps ``GPT.stream`` takes, written out
+    here so that the cache can be read at the end (first checked to give ``generate``'s
+    tokens)."""
+    from ..attention.cache import DecodingCache
+
+    kv_heads, windowed = CACHE_VARIANTS[variant]
+    model = _model(prompt + max(lengths), num_kv_heads=kv_heads, window=window if windowed else None)
+    ids = torch.randint(0, LLAMA_STYLE["vocab_size"], (batch, prompt), generator=torch.Generator().manual_seed(1))
+
+    def decode(n: int) -> tuple[torch.Tensor, list[DecodingCache], list[float]]:
+        cache = model.new_cache(prompt + n)
+        weights = model._decode_weights()
+        tokens = [model(ids, cache=cache)[:, -1].argmax(-1)]
+        steps = []
+        for _ in range(n - 1):
+            start = time.perf_counter()
+            tokens.append(model._decode_step(tokens[-1][:, None], None, None, cache, weights).argmax(-1))
+            steps.append(time.perf_counter() - start)
+        return torch.stack(tokens, dim=1), cache, steps
+
+    check = min(max(lengths), window + 16 if windowed else 64)  # a window must slide within the check
+    if not torch.equal(decode(check)[0], model.generate(ids, check)[:, prompt:]):
+        raise RuntimeError(f"{variant}: the timed loop chose other tokens than generate: the figures would be void")
+    head_dim = LLAMA_STYLE["embed_dim"] // LLAMA_STYLE["num_heads"]
+    per_position = 2 * LLAMA_STYLE["depth"] * kv_heads * head_dim * 4 * batch
+    points = []
+    for n in lengths:
+        _, cache, steps = decode(n)
+        positions = window - 1 + DecodingCache.slide_room if windowed else prompt + n
+        tenth = max(1, len(steps) // 10)
+        points.append({"new_tokens": n, "cache_bytes": sum(c.nbytes() for c in cache),
+                       "expected_bytes": per_position * positions, "tokens_per_s": batch * len(steps) / sum(steps),
+                       "ms_first_tenth": 1000 * sum(steps[:tenth]) / tenth,
+                       "ms_last_tenth": 1000 * sum(steps[-tenth:]) / tenth})
+    return {"variant": variant, "kv_heads": kv_heads, "window": window if windowed else None, "points": points}
+
+
+def extrapolation_point(kind: str, run_dir: str | Path, *, steps: int, batch_size: int, context: int,
+                        windows: Sequence[int], data_dir: str | None = None,
+                        model: Sequence[str] = ()) -> dict[str, Any]:
+    """``lm-shakespeare-char`` with ``pos_embed=kind`` trained at ``context`` (kept in
+    ``run_dir``: a finished run is scored again without training), and its validation loss
+    in windows of each of ``windows`` tokens (every token but a window's first predicted once).
+    ``model``: more overrides of the recipe's model (``model.options.depth=1``, ...)."""
+    from ..data.lm_dataset import LMDataset
+    from ..data.source import source_of
+    from ..engine.trainer import evaluate_model
+    from ..recipes import load_recipe
+    from ..tasks import load_run, train
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "results.json").is_file():
+        recipe = load_recipe("lm-shakespeare-char", [
+            f"model.options.pos_embed={kind}", f"model.options.max_len={max(windows)}", f"text.context={context}",
+            f"train.steps={steps}", f"train.batch_size={batch_size}", f"train.eval_every={steps}",
+            f"train.checkpoint_every={steps}", f"train.warmup_steps={min(100, steps // 10)}", "train.progress=false",
+            "train.tensorboard=false", "train.precision=fp32", "generate.max_new_tokens=1",
+            *model, *([f"data.data_dir={data_dir}"] if data_dir else [])])
+        train(recipe, run_dir, log=lambda line: None)
+    run = load_run(run_dir)
+    val = source_of(run.recipe.data).load(run.recipe.data).val
+    losses = [evaluate_model(run.model, LMDataset(val, run.tokenizer, n), batch_size=max(1, 4096 // n), device="cpu",
+                             precision="fp32")["loss"] for n in windows]
+    return {"kind": kind, "context": context, "steps": steps, "windows": list(windows), "val_loss": losses}
+
+
+def run_lm(out: str | Path, *, parts: Sequence[str] = PARTS, quick: bool = False, fresh: bool = False,
+           data_dir: str | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the chosen ``parts`` into ``out``; returns ``results.json``'s content."""
+    for p in parts:
+        if p not in PARTS:
+            raise InputError(f"parts must be among {list(PARTS)}; got {p!r}")
+    s = QUICK if quick else FULL
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    if fresh and (out / "extrapolation").is_dir():
+        shutil.rmtree(out / "extrapolation")  # its trained runs, which a later call would score again
+    data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() and not fresh else {}
+    if data.get("quick", quick) != quick:
+        raise InputError(f"{out} holds {'quick' if data['quick'] else 'full'} results; use another --out or --fresh")
+    data.update(machine=machine_info("cpu"), quick=quick, threads=torch.get_num_threads())
+
+    def done(part: str, key: str, record: Callable[[], dict[str, Any]]) -> None:
+        section = data.setdefault(part, {})
+        if key not in section:
+            start = time.perf_counter()
+            section[key] = record()
+            atomic_write_bytes(path, json.dumps(data, indent=1).encode())
+            log(f"{part} {key}: {time.perf_counter() - start:.0f} s")
+
+    if "generation" in parts:
+        for batch in s["batches"]:
+            done("generation", f"batch {batch}", lambda: generation_point(batch, new=s["new"], prompt=s["prompt"]))
+    if "cache" in parts:
+        for variant in CACHE_VARIANTS:
+            done("cache", variant, lambda: cache_point(variant, lengths=s["lengths"], window=s["window"],
+                                                       prompt=s["prompt"]))
+    if "extrapolation" in parts:
+        for kind in POSITION_KINDS:
+            done("extrapolation", kind, lambda: extrapolation_point(
+                kind, out / "extrapolation" / kind, steps=s["steps"], batch_size=s["batch_size"],
+                context=s["context"], windows=s["windows"], data_dir=data_dir, model=s["model"]))
+    atomic_write_bytes(path, json.dumps(data, indent=1).encode())
+    atomic_write_bytes(out / "table.md", lm_markdown(data).encode())
+    return data
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if nbytes < 1024:
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.2f} GiB"
+
+
+def _length(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def lm_markdown(data: dict[str, Any]) -> str:
+    """The Markdown tables of ``results.json``'s content."""
+    lines = [f"machine: {machine_label(data['machine'])}, {data['threads']} threads"
+             + (" (quick: the figures mean nothing)" if data.get("quick") else ""), ""]
+    if data.get("generation"):
+        lines += ["Greedy generation, Llama-style model (4 layers of width 256, 8 query / 2 key-value heads):", "",
+                  "| batch | new tokens | with the cache | without | cache speed-up |", "| ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {r['batch']} | {r['new_tokens']} | {r['cached_tokens_per_s']:,.0f} tokens/s | "
+                  f"{r['uncached_tokens_per_s']:,.0f} tokens/s | {r['cache_speedup']:.1f}x |"
+                  for r in data["generation"].values()]
+        lines.append("")
+    if data.get("cache"):
+        rows = list(data["cache"].values())
+        lengths = [p["new_tokens"] for p in rows[0]["points"]]
+        labels = [_length(n) for n in lengths]
+        lines += ["Key/value cache and decoding speed as a generation grows (batch 1):", "",
+                  "| attention | " + " | ".join(f"cache at {x}" for x in labels) + " | "
+                  + " | ".join(f"tokens/s at {x}" for x in labels) + f" | ms/token, last 10% of {labels[-1]} "
+                  "| bytes as the formula |", "| --- |" + " ---: |" * (2 * len(labels) + 1) + " --- |"]
+        for r in rows:
+            name = r["variant"] + (f" {r['window']}" if r["window"] and r["variant"] == "sliding window" else "")
+            pts = r["points"]
+            equal = all(p["cache_bytes"] == p["expected_bytes"] for p in pts)
+            lines.append(f"| {name} | " + " | ".join(_size(p["cache_bytes"]) for p in pts) + " | "
+                         + " | ".join(f"{p['tokens_per_s']:,.0f}" for p in pts)
+                         + f" | {pts[-1]['ms_last_tenth']:.1f} | {'yes' if equal else 'NO'} |")
+        lines.append("")
+    if data.get("extrapolation"):
+        rows = list(data["extrapolation"].values())
+        first = rows[0]
+        lines += [f"Length extrapolation: lm-shakespeare-char trained at context {first['context']} for "
+                  f"{first['steps']} steps, validation loss (nats/char) in windows of:", "",
+                  "| positions | " + " | ".join(f"{n:,}" + (" (trained)" if n == first["context"] else "")
+                                                for n in first["windows"]) + " |",
+                  "| --- |" + " ---: |" * len(first["windows"])]
+        lines += [f"| {r['kind']} | " + " | ".join(f"{v:.3f}" for v in r["val_loss"]) + " |" for r in rows]
+        lines.append("")
+    return "\n".join(lines)

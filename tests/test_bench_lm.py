@@ -1,0 +1,52 @@
+"""``attnlab bench lm``: generation with and without the cache, cache memory by attention
+kind, and length extrapolation, at quick sizes (the figures of a quick run mean nothing;
+what is tested is that each part measures what it says and resumes)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from attnlab.bench.lm import CACHE_VARIANTS, QUICK, extrapolation_point
+from attnlab.cli import main
+
+
+def test_cli_bench_lm_generation_and_cache_quick_and_resumed(tmp_path, capsys):
+    out = tmp_path / "lm"
+    assert main(["bench", "lm", "--quick", "--parts", "generation,cache", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads((out / "results.json").read_text())
+    assert [r["batch"] for r in data["generation"].values()] == list(QUICK["batches"])
+    assert all(r["cache_speedup"] > 0 and math.isfinite(r["cached_tokens_per_s"]) for r in data["generation"].values())
+    assert list(data["cache"]) == list(CACHE_VARIANTS)
+    for record in data["cache"].values():  # the bytes are the formula's, and a window's stay flat
+        assert all(p["cache_bytes"] == p["expected_bytes"] for p in record["points"])
+        sizes = {p["cache_bytes"] for p in record["points"]}
+        assert len(sizes) == (1 if record["window"] else len(QUICK["lengths"]))
+    mha, gqa = data["cache"]["multi-head"]["points"][-1], data["cache"]["grouped-query"]["points"][-1]
+    assert mha["cache_bytes"] == 4 * gqa["cache_bytes"]  # 8 key/value heads against 2
+    assert "| multi-query |" in printed and (out / "table.md").read_text() in printed
+    mtime = os.path.getmtime(out / "results.json")
+    assert main(["bench", "lm", "--quick", "--parts", "cache", "--out", str(out)]) == 0  # kept, not measured again
+    assert json.loads((out / "results.json").read_text())["cache"] == data["cache"] and \
+        os.path.getmtime(out / "results.json") >= mtime
+    assert main(["bench", "lm", "--parts", "cache", "--out", str(out)]) == 2  # quick results are not full ones
+    assert "holds quick results" in capsys.readouterr().err
+    assert main(["bench", "lm", "--parts", "speed", "--out", str(out)]) == 2
+    assert "--parts takes a comma-separated list of generation, cache, extrapolation" in capsys.readouterr().err
+
+
+def test_extrapolation_point_trains_once_and_scores_every_window(tmp_path):
+    if not (os.environ.get("ATTNLAB_DATA_DIR") and
+            os.path.isfile(os.path.join(os.environ["ATTNLAB_DATA_DIR"], "tinyshakespeare", "input.txt"))):
+        pytest.skip("Tiny Shakespeare absent: set ATTNLAB_DATA_DIR to a folder holding tinyshakespeare/ (make test does)")
+    settings = dict(steps=QUICK["steps"], batch_size=QUICK["batch_size"], context=QUICK["context"],
+                    windows=(32, 64, 128), model=QUICK["model"])
+    first = extrapolation_point("alibi", tmp_path / "alibi", **settings)
+    assert first["windows"] == [32, 64, 128] and all(math.isfinite(v) for v in first["val_loss"])
+    mtime = os.path.getmtime(tmp_path / "alibi" / "results.json")
+    assert extrapolation_point("alibi", tmp_path / "alibi", **settings) == first  # scored again, not retrained
+    assert os.path.getmtime(tmp_path / "alibi" / "results.json") == mtime
