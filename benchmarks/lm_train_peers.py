@@ -21,7 +21,10 @@ validation estimate; then ``attnlab train lm-shakespeare-char`` with as many ste
 the same wall-clock (measured from a calibration of 20 steps). Both models are then scored
 on the same text, the last 10% of Tiny Shakespeare (nanoGPT's validation part; attnlab's
 validation and test parts together), each at its own context, every token but the first of
-each window predicted once.
+each window predicted once. The loss against minutes of both goes to ``OUT/loss_vs_minutes.png``
+(``--plot`` copies it elsewhere too): nanoGPT's own validation estimates (20 batches) at the
+wall-clock its log lines came out, and attnlab's checkpoints, saved 8 times during its run,
+scored on the last 10% at the training time their step was reached.
 """
 
 from __future__ import annotations
@@ -193,15 +196,20 @@ def cmd_quality(args: argparse.Namespace) -> None:
                "--eval_iters=20", "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4",
                "--n_head=4", "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
         start = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+        lines = []  # each stdout line with the seconds since the start at which it came out
+        with subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                lines.append(f"{time.perf_counter() - start:.3f}\t{line.rstrip()}")
+            errors = proc.stderr.read()  # type: ignore[union-attr]
         seconds = time.perf_counter() - start
         if proc.returncode:
-            raise SystemExit(f"nanoGPT's train.py failed:\n{proc.stderr[-3000:]}")
-        (work / "train.log").write_text(proc.stdout)
+            raise SystemExit(f"nanoGPT's train.py failed:\n{errors[-3000:]}")
+        (work / "train.log").write_text("\n".join(lines) + "\n")
         (work / "seconds.json").write_text(json.dumps({"seconds": seconds}))
     seconds = json.loads((work / "seconds.json").read_text())["seconds"]
-    evals = re.findall(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)", (work / "train.log").read_text())
-    step, _, their_val = evals[-1]
+    evals = re.findall(r"([\d.]+)\tstep (\d+): train loss ([\d.]+), val loss ([\d.]+)",
+                       (work / "train.log").read_text())
+    _, step, _, their_val = evals[-1]
     their_loss, their_n = _score_nanogpt(source, work, tail)
 
     # attnlab's recipe for the same wall-clock: steps from a calibration of 20 steps
@@ -217,8 +225,10 @@ def cmd_quality(args: argparse.Namespace) -> None:
         logged = [r for r in logged if r.get("kind") == "train" and "elapsed_s" in r]
         per_step = (logged[-1]["elapsed_s"] - logged[0]["elapsed_s"]) / (logged[-1]["step"] - logged[0]["step"])
         steps = max(50, int(seconds / per_step))
+        every = max(1, steps // 8)  # checkpoints for the curve, scored afterwards (not in the timed run)
         recipe = load_recipe("lm-shakespeare-char", [*quiet, f"train.steps={steps}", f"train.eval_every={steps}",
-                                                     f"train.checkpoint_every={steps}",
+                                                     f"train.checkpoint_every={every}", f"train.log_every={every}",
+                                                     "train.keep_checkpoints=10",
                                                      f"train.warmup_steps={min(100, steps // 10)}"])
         start = time.perf_counter()
         train(recipe, run_dir, log=print)
@@ -239,6 +249,62 @@ def cmd_quality(args: argparse.Namespace) -> None:
     print(f"\nattnlab's own split: validation {ours['val_loss']:.4f}, test {ours['test_loss']:.4f} "
           f"({math.log2(math.e) * ours['test_loss']:.3f} bits per character on the test part)")
 
+    theirs_curve = [(float(t), int(n), float(v)) for t, n, _, v in evals]
+    ours_curve = _attnlab_curve(run_dir, tail)
+    print("\nLoss against minutes (nanoGPT: its own 20-batch validation estimate; attnlab: its checkpoints on the "
+          "last 10%):\n")
+    print("| | " + " | ".join(f"{t / 60:.1f} min" for t, _, _ in theirs_curve) + " |")
+    print("| --- |" + " ---: |" * len(theirs_curve))
+    print("| nanoGPT | " + " | ".join(f"{v:.3f}" for _, _, v in theirs_curve) + " |")
+    print("\n| | " + " | ".join(f"{t / 60:.1f} min" for t, _, _ in ours_curve) + " |")
+    print("| --- |" + " ---: |" * len(ours_curve))
+    print("| attnlab | " + " | ".join(f"{v:.3f}" for _, _, v in ours_curve) + " |")
+    picture = _plot(theirs_curve, ours_curve, their_loss, seconds, out / "loss_vs_minutes.png")
+    if args.plot:
+        shutil.copy(picture, args.plot)
+    print(f"\nwrote {picture}" + (f" and {args.plot}" if args.plot else ""))
+
+
+def _attnlab_curve(run_dir: Path, text: str) -> list[tuple[float, int, float]]:
+    """``(training seconds, step, loss on text)`` of every checkpoint of ``run_dir``."""
+    from attnlab import load_run
+    from attnlab.data.lm_dataset import LMDataset
+    from attnlab.engine.trainer import evaluate_model
+
+    logged = {r["step"]: r["elapsed_s"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+              if r.get("kind") == "train"}
+    curve = []
+    for folder in sorted((run_dir / "checkpoints").glob("step_*")):
+        step = int(folder.name.removeprefix("step_"))
+        run = load_run(run_dir, checkpoint=str(folder))
+        data = LMDataset([text], run.tokenizer, run.recipe.text.context)
+        loss = evaluate_model(run.model, data, batch_size=64, device="cpu", precision="fp32")["loss"]
+        curve.append((logged[step], step, loss))
+    return curve
+
+
+def _plot(theirs: list[tuple[float, int, float]], ours: list[tuple[float, int, float]], their_final: float,
+          their_seconds: float, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    ax.plot([t / 60 for t, _, _ in theirs], [v for _, _, v in theirs], "o-", label="nanoGPT, its CPU configuration "
+            "(its 20-batch validation estimate)")
+    ax.plot([their_seconds / 60], [their_final], "s", color="C0", label="nanoGPT's final checkpoint, last 10%")
+    ax.plot([t / 60 for t, _, _ in ours], [v for _, _, v in ours], "o-", label="attnlab lm-shakespeare-char, last 10%")
+    ax.set_xlabel("minutes of training (wall-clock)")
+    ax.set_ylabel("validation loss (nats per character)")
+    ax.set_ylim(top=min(3.0, ax.get_ylim()[1]))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -258,6 +324,7 @@ def main() -> None:
     p = sub.add_parser("quality", help="nanoGPT's CPU run against lm-shakespeare-char at the same wall-clock")
     p.add_argument("--nanogpt", required=True, help="a checkout of nanoGPT (its train.py is run)")
     p.add_argument("--out", required=True, help="a folder for both runs (kept: a second call reuses them)")
+    p.add_argument("--plot", default=None, help="also copy the loss-against-minutes picture here")
     p.set_defaults(func=cmd_quality)
     args = parser.parse_args()
     args.func(args)

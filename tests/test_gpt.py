@@ -88,6 +88,8 @@ def test_cached_greedy_generation_equals_recomputing_every_step(name, options):
     out = model.generate(ids, 8)
     assert out.shape == (2, 13) and torch.equal(out[:, :5], ids)
     assert torch.equal(out, greedy_without_cache(model, ids, 8))
+    model.new_cache = None  # use_cache=False builds no cache (a call of this would fail)
+    assert torch.equal(out, model.generate(ids, 8, use_cache=False))
 
 
 @pytest.mark.parametrize("name, options", [

@@ -81,6 +81,7 @@ def test_separate_untied_embeddings():
 
 @pytest.mark.parametrize("overrides", [
     {}, {"pos_embed": "learned"}, {"norm": "batchnorm", "norm_first": False}, {"norm_first": False},
+    {"pos_embed": "rope"}, {"pos_embed": "alibi"},  # positions inside the self-attention, offset by the cache
 ])
 def test_decoder_cache_equals_full_decoding(overrides):
     m = create_model("transformer_tiny", **overrides).eval()

@@ -77,6 +77,18 @@ def test_token_heatmaps_draw_every_head_and_the_mean(tmp_path):
         token_heatmaps(softmax_maps(4, 8, 8), labels[:3], labels, tmp_path / "bad.png")
 
 
+def test_token_labels_with_newlines_are_drawn_escaped_with_no_missing_glyph(tmp_path):
+    import warnings
+
+    from attnlab.viz.attention import visible
+
+    assert [visible(t) for t in ("\n", "a\tb", "é中", "\x07")] == ["\\n", "a\\tb", "é中", "\\x07"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        token_heatmaps(torch.rand(2, 3, 3).softmax(-1), ["R", "\n", "O"], ["R", "\n", "O"], tmp_path / "nl.png")
+    assert not [w for w in caught if "Glyph" in str(w.message)]
+
+
 def test_image_overlays_and_pixel_queries(tmp_path):
     image = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8)
     maps = torch.rand(4, 4, 4)

@@ -171,7 +171,9 @@ class Prepared:
     trainer reads them (``val`` ``None``: no validation), ``info`` for the model's options
     (:meth:`Task.model_options`), a classifier's ``classes`` (they decide whether a source
     run's head fits, and go to ``results.json``), and ``facts`` for ``results.json``
-    (sizes, vocabularies)."""
+    (sizes, vocabularies). The skeleton fills in ``tested``, the engine's test figures
+    (``test_loss``, ``test_accuracy``, ...) of the tested weights, before :meth:`Task.score`,
+    which can build on them instead of evaluating the test set again."""
 
     train: Any
     val: Any
@@ -179,6 +181,7 @@ class Prepared:
     info: Any = None
     classes: list[str] | None = None
     facts: dict[str, Any] = field(default_factory=dict)
+    tested: dict[str, Any] | None = None
 
 
 @dataclass

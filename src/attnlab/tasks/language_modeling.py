@@ -171,7 +171,7 @@ class LanguageModeling(Task):
                 tokenizer.save(path)
         n = recipe.text.context
         train, test = LMDataset(data.train, tokenizer, n), LMDataset(data.test, tokenizer, n)
-        val = None if data.val is None else LMDataset(data.val, tokenizer, n)  # data.val_size=0: none
+        val = None if data.val is None else LMDataset(data.val, tokenizer, n)  # a source may give none (text: data.val_size=0)
         log(f"data: {train.num_tokens:,} training, {val.num_tokens if val else 0:,} validation, {test.num_tokens:,} "
             f"test tokens ({tokenizer.vocab_size} in the vocabulary), windows of {n}")
         return Prepared(train, val, test, tokenizer, facts={
@@ -186,8 +186,12 @@ class LanguageModeling(Task):
         cfg = recipe.train
         precision = train_config(recipe, run_dir).precision  # as the run resolved it
         device = next(model.parameters()).device
-        tested = evaluate_model(model, prepared.test, batch_size=cfg.batch_size, device=device, precision=precision)
-        figures = lm_figures(tested["loss"], prepared.test, "test")
+        if prepared.tested is not None:  # the skeleton's test figures: the same evaluation, done once
+            test_loss = prepared.tested["test_loss"]
+        else:
+            test_loss = evaluate_model(model, prepared.test, batch_size=cfg.batch_size, device=device,
+                                       precision=precision)["loss"]
+        figures = lm_figures(test_loss, prepared.test, "test")
         if prepared.val is not None:
             val = evaluate_model(model, prepared.val, batch_size=cfg.batch_size, device=device, precision=precision)
             figures.update(lm_figures(val["loss"], prepared.val, "val"))

@@ -266,6 +266,7 @@ def _train_one(task: Task, recipe: Recipe, run_dir: Path, data: Any, resume_from
     fitted = fit_run(recipe, run_dir, build, prepared.train, prepared.val, resume_from=resume_from, log=log,
                      classes=prepared.classes)
     tested, model = test_run(recipe, run_dir, build, prepared.test, task.test_weights(recipe, run_dir, log))
+    prepared.tested = tested
     results = {**tested, **fitted, **({"classes": prepared.classes} if prepared.classes is not None else {}),
                **prepared.facts}
     if distributed.is_main():

@@ -14,6 +14,7 @@ attention values, so heads with flat and with peaked attention are both readable
 from __future__ import annotations
 
 import math
+import unicodedata
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -118,12 +119,19 @@ def attention_rollout(maps: Sequence[Tensor]) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- tokens
+def visible(label: str) -> str:
+    """``label`` with its control characters written as escapes (a newline as ``\\n``), which
+    a font has no glyph for: a character model's tokens are often ``"\\n"`` or ``"\\t"``."""
+    return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) == "Cc" else c
+                   for c in str(label))
+
+
 def _heatmap(fig: Any, ax: Any, w: np.ndarray, xlabels: Sequence[str], ylabels: Sequence[str], fonts: tuple[float, float],
              title: str, *, xlabel: str = "key", ylabel: str = "query") -> None:
     im = ax.imshow(w, cmap=HEAT_CMAP, vmin=0.0, vmax=max(float(w.max()), 1e-12), interpolation="nearest",
                    aspect="auto")
-    ax.set_xticks(range(len(xlabels)), labels=list(xlabels), rotation=90, fontsize=fonts[0])
-    ax.set_yticks(range(len(ylabels)), labels=list(ylabels), fontsize=fonts[1])
+    ax.set_xticks(range(len(xlabels)), labels=[visible(s) for s in xlabels], rotation=90, fontsize=fonts[0])
+    ax.set_yticks(range(len(ylabels)), labels=[visible(s) for s in ylabels], fontsize=fonts[1])
     ax.set_xlabel(xlabel, fontsize=8)
     ax.set_ylabel(ylabel, fontsize=8)
     ax.set_title(title, fontsize=9)
@@ -137,7 +145,7 @@ def _text_inches(labels: Sequence[str], size: float) -> float:
     from matplotlib.font_manager import FontProperties
 
     renderer, prop = RendererAgg(10, 10, DPI), FontProperties(size=size)
-    widths = [renderer.get_text_width_height_descent(str(s), prop, ismath=False)[0] for s in labels]
+    widths = [renderer.get_text_width_height_descent(visible(s), prop, ismath=False)[0] for s in labels]
     return max(widths, default=0.0) / DPI
 
 
