@@ -29,12 +29,16 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: $(STAMP)
+	$(BIN)/python -m compileall -q src
 	$(BIN)/attnlab train vit-digits
 
 # One test file per worker (pytest-xdist), as many workers as cores, one torch thread each: on 2 cores
 # the suite ran in 15.4 min serially and in 8.7 min so (AVX2-only EPYC); more threads per worker than
 # cores per worker slow every test (two 2-thread torch processes on 2 cores: 5-30x).
+# attnlab's own modules are byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (it is here), every
+# process would compile them again from source, 0.7 s of each of the suite's many `attnlab` processes.
 test: $(STAMP)
+	$(BIN)/python -m compileall -q src
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15
 
 # The documentation site, into site/ (open site/index.html from the disk; search works offline).
