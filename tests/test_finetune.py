@@ -53,6 +53,13 @@ def test_freezing_keeps_the_backbone_and_needs_a_head():
                                           "model.freeze_backbone=true"])
     assert fine_tuning(model, recipe.model) == {"": 1.0, "fc": 1.0}
     assert [n for n, p in model.named_parameters() if p.requires_grad] == ["fc.weight", "fc.bias"]
+    model.train()  # what the trainer calls: the frozen BatchNorm layers stay in eval mode, the rest trains
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms and not any(m.training for m in norms) and model.training
+    stats = [m.running_mean.clone() for m in norms]
+    model(torch.randn(4, 3, 32, 32) * 5 + 3)  # data far from the statistics
+    assert all(torch.equal(m.running_mean, s) for m, s in zip(norms, stats))
+    assert list(model.state_dict()) == list(create_model("resnet18_cifar", num_classes=3).state_dict())
 
 
 def test_recipe_errors_come_before_a_run_directory(tmp_path, capsys):
@@ -81,6 +88,6 @@ def test_fine_tuning_from_a_run_of_other_classes_through_the_command(tmp_path, c
     for name, value in after.items():
         if name.startswith("head."):
             assert value.shape[0] == 3
-        elif "running" not in name and "num_batches" not in name:  # BatchNorm statistics still follow the data
+        else:  # the backbone's weights and its BatchNorm statistics, as the source left them
             assert torch.equal(value, before[name]), name
     assert load_run(target).classes == ["blue", "green", "red"]

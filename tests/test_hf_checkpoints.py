@@ -73,8 +73,9 @@ def test_the_grouped_query_cache_holds_the_key_value_heads_only(folders):
 def test_a_folder_that_cannot_be_read_says_why(tmp_path, folders):
     with pytest.raises(InputError, match="config.json"):
         from_hf(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(InputError, match="model_type 'bert' is not supported; from_hf reads gpt2, llama, mistral"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    with pytest.raises(InputError, match="model_type 't5' is not supported; from_hf reads gpt2, llama, mistral, bert, "
+                                         "roberta, distilbert"):
         from_hf(tmp_path)
     (tmp_path / "config.json").write_text((folders["llama"][1] / "config.json").read_text())
     with pytest.raises(InputError, match="must hold model.safetensors"):

@@ -6,6 +6,7 @@ that blocks can call any of them the same way.
 
 from __future__ import annotations
 
+import types
 from typing import Callable
 
 from torch import Tensor, nn
@@ -13,7 +14,7 @@ from torch import Tensor, nn
 from ..attention.grouped import RMSNorm
 from ..errors import InputError, shape_str
 
-__all__ = ["LayerNorm", "TokenBatchNorm", "build_norm", "NORMS"]
+__all__ = ["LayerNorm", "TokenBatchNorm", "build_norm", "freeze_batch_norm", "NORMS"]
 
 
 class LayerNorm(nn.LayerNorm):
@@ -66,3 +67,24 @@ def build_norm(name: str, dim: int, eps: float = 1e-5) -> nn.Module:
     if key not in NORMS:
         raise InputError(f"norm must be one of {sorted(NORMS)}; got {name!r}")
     return NORMS[key](dim, eps=eps)
+
+
+def _stay_in_eval(self: nn.Module, mode: bool = True) -> nn.Module:
+    return nn.Module.train(self, False)
+
+
+def freeze_batch_norm(module: nn.Module) -> list[str]:
+    """Keep every BatchNorm layer of ``module`` (``nn.BatchNorm1d/2d/3d``, :class:`TokenBatchNorm`)
+    in eval mode, whatever ``train()`` later asks: it normalizes with its running statistics,
+    and they no longer follow the data. For a frozen backbone, whose weights do not learn
+    either: in training mode its statistics would drift to the new data while its weights
+    stay fitted to the old, and a batch's statistics would stand in for them. The layers,
+    their ``state_dict`` keys and their checkpoints are unchanged (unlike a swap for a frozen
+    class). Returns the names of the layers frozen so."""
+    frozen = []
+    for name, layer in module.named_modules():
+        if isinstance(layer, nn.modules.batchnorm._BatchNorm):
+            layer.train = types.MethodType(_stay_in_eval, layer)  # type: ignore[method-assign]
+            layer.eval()
+            frozen.append(name)
+    return frozen

@@ -1,10 +1,17 @@
 """Hugging Face checkpoint folders as attnlab models: ``from_hf(folder)``.
 
 A folder in the Hugging Face layout (``config.json`` and ``model.safetensors``, from a
-local disk: nothing is downloaded) of the GPT-2, Llama or Mistral family becomes a
-:class:`~attnlab.models.gpt.GPT` in eval mode. Each family is one configuration map and
-one readable list of key renames (GPT-2 stores its projections as ``Conv1D``, the
-transpose of a linear layer, and packs query, key and value in ``c_attn``).
+local disk: nothing is downloaded) becomes an attnlab model in eval mode:
+
+* decoders of the GPT-2, Llama and Mistral families: a :class:`~attnlab.models.gpt.GPT`;
+* encoders of the BERT, RoBERTa and DistilBERT families: a
+  :class:`~attnlab.models.encoder.TextEncoder`, with the classification head of a
+  ``*ForSequenceClassification`` folder (its class count read off the head's weights), or
+  without one (``num_classes=0``: the pooled features) for a bare ``BertModel`` and the like.
+
+Each family is one configuration map and one readable list of key renames (GPT-2 stores
+its projections as ``Conv1D``, the transpose of a linear layer, and packs query, key and
+value in ``c_attn``; BERT keeps them apart where attnlab packs them in ``in_proj``).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..io import read_json_mapping
+from .encoder import TextEncoder, TextEncoderConfig
 from .gpt import GPT, GPTConfig
 
 __all__ = ["from_hf", "HF_FAMILIES"]
@@ -97,10 +105,112 @@ def _llama_weights(sd: dict[str, Tensor], cfg: GPTConfig) -> tuple[dict[str, Ten
     return out, sd
 
 
-HF_FAMILIES: dict[str, tuple[Callable[[dict[str, Any]], GPTConfig], Callable[..., Any]]] = {
-    "gpt2": (_gpt2_config, _gpt2_weights),
-    "llama": (_llama_config, _llama_weights),
-    "mistral": (_llama_config, _llama_weights),
+# --------------------------------------------------------------------------- encoders
+ENCODER_ARCHITECTURES = {"bert": ("BertModel", "BertForSequenceClassification"),
+                         "roberta": ("RobertaModel", "RobertaForSequenceClassification"),
+                         "distilbert": ("DistilBertModel", "DistilBertForSequenceClassification")}
+
+
+def _architecture(c: dict[str, Any], family: str) -> str:
+    """The one architecture of ``config.json`` that from_hf reads for ``family``."""
+    known = ENCODER_ARCHITECTURES[family]
+    named = c.get("architectures") or [known[0]]
+    unread = [a for a in named if a not in known]
+    if unread:
+        raise InputError(f"config.json: architecture {unread[0]!r} is not supported; from_hf reads "
+                         f"{' and '.join(known)} of the {family} family (the encoder, and it with a sequence "
+                         f"classification head)")
+    return named[0]
+
+
+def _take(sd: dict[str, Tensor], out: dict[str, Tensor], renames: dict[str, str]) -> None:
+    """Move ``theirs.weight`` / ``theirs.bias`` of ``sd`` to ``ours.weight`` / ``ours.bias`` of ``out``."""
+    for theirs, ours in renames.items():
+        for suffix in (".weight", ".bias"):
+            if theirs + suffix in sd:
+                out[ours + suffix] = sd.pop(theirs + suffix)
+
+
+def _packed_attention(sd: dict[str, Tensor], out: dict[str, Tensor], prefix: str, names: tuple[str, str, str],
+                      ours: str) -> None:
+    """Query, key and value projections stored apart (``prefix + names``) as attnlab's packed ``in_proj``."""
+    for suffix in (".weight", ".bias"):
+        out[ours + "in_proj" + suffix] = torch.cat([sd.pop(prefix + n + suffix) for n in names])
+
+
+def _bert_like_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> TextEncoderConfig:
+    arch = _architecture(c, family)
+    classify = arch.endswith("ForSequenceClassification")
+    act = c.get("hidden_act", c.get("activation", "gelu"))
+    if act != "gelu":
+        raise InputError(f"config.json: activation {act!r} is not supported (attnlab's encoder layers take gelu)")
+    if c.get("position_embedding_type", "absolute") != "absolute":
+        raise InputError(f"config.json: position_embedding_type {c['position_embedding_type']!r} is not supported "
+                         f"(absolute positions only)")
+    head = {"bert": "classifier.weight", "roberta": "classifier.out_proj.weight", "distilbert": "classifier.weight"}
+    num_classes = int(sd[head[family]].shape[0]) if classify and head[family] in sd else 0
+    if family == "distilbert":
+        return TextEncoderConfig(vocab_size=c["vocab_size"], num_classes=num_classes, embed_dim=c["dim"],
+                                 depth=c["n_layers"], num_heads=c["n_heads"], mlp_ratio=c["hidden_dim"] / c["dim"],
+                                 max_len=c.get("max_position_embeddings", 512), type_vocab_size=0,
+                                 pad_token_id=c.get("pad_token_id", 0), norm_eps=1e-12,  # DistilBERT's, fixed
+                                 drop_rate=c.get("dropout", 0.1), attn_drop_rate=c.get("attention_dropout", 0.1),
+                                 pooler="relu" if classify else "none")
+    pooled = classify or any(k.endswith("pooler.dense.weight") for k in sd)
+    return TextEncoderConfig(vocab_size=c["vocab_size"], num_classes=num_classes, embed_dim=c["hidden_size"],
+                             depth=c["num_hidden_layers"], num_heads=c["num_attention_heads"],
+                             mlp_ratio=c["intermediate_size"] / c["hidden_size"],
+                             max_len=c.get("max_position_embeddings", 512), type_vocab_size=c.get("type_vocab_size", 2),
+                             pad_token_id=c.get("pad_token_id", 0) if c.get("pad_token_id") is not None else 0,
+                             positions_from_ids=family == "roberta", norm_eps=c.get("layer_norm_eps", 1e-12),
+                             drop_rate=c.get("hidden_dropout_prob", 0.1),
+                             attn_drop_rate=c.get("attention_probs_dropout_prob", 0.1),
+                             pooler="tanh" if pooled else "none")
+
+
+def _bert_like_weights(sd: dict[str, Tensor], cfg: TextEncoderConfig,
+                       family: str) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    base = {"bert": "bert.", "roberta": "roberta.", "distilbert": "distilbert."}[family]
+    sd = {k.removeprefix(base): v for k, v in sd.items()}
+    out: dict[str, Tensor] = {}
+    _take(sd, out, {"embeddings.word_embeddings": "embed", "embeddings.position_embeddings": "pos_embed",
+                    "embeddings.token_type_embeddings": "type_embed", "embeddings.LayerNorm": "embed_norm"})
+    sd.pop("embeddings.position_ids", None), sd.pop("embeddings.token_type_ids", None)  # buffers of index ranges
+    for i in range(cfg.depth):
+        q = f"encoder.layers.{i}."
+        if family == "distilbert":
+            p = f"transformer.layer.{i}."
+            _packed_attention(sd, out, p + "attention.", ("q_lin", "k_lin", "v_lin"), q + "self_attn.")
+            _take(sd, out, {p + "attention.out_lin": q + "self_attn.out_proj", p + "sa_layer_norm": q + "norm1",
+                            p + "ffn.lin1": q + "ff.fc1", p + "ffn.lin2": q + "ff.fc2",
+                            p + "output_layer_norm": q + "norm2"})
+        else:
+            p = f"encoder.layer.{i}."
+            _packed_attention(sd, out, p + "attention.self.", ("query", "key", "value"), q + "self_attn.")
+            _take(sd, out, {p + "attention.output.dense": q + "self_attn.out_proj",
+                            p + "attention.output.LayerNorm": q + "norm1", p + "intermediate.dense": q + "ff.fc1",
+                            p + "output.dense": q + "ff.fc2", p + "output.LayerNorm": q + "norm2"})
+    if family == "roberta" and cfg.num_classes:
+        _take(sd, out, {"classifier.dense": "pooler", "classifier.out_proj": "head"})
+        sd = {k: v for k, v in sd.items() if not k.startswith("pooler.")}  # RobertaModel's pooler, unused then
+    else:
+        _take(sd, out, {"pooler.dense": "pooler", "pre_classifier": "pooler", "classifier": "head"})
+    return out, sd
+
+
+def _family(name: str) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    return (lambda c, sd: _bert_like_config(c, sd, name), TextEncoder,
+            lambda sd, cfg: _bert_like_weights(sd, cfg, name))
+
+
+# model_type -> (config from config.json and the weights, the model class, the weights in attnlab's names)
+HF_FAMILIES: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]] = {
+    "gpt2": (lambda c, sd: _gpt2_config(c), GPT, _gpt2_weights),
+    "llama": (lambda c, sd: _llama_config(c), GPT, _llama_weights),
+    "mistral": (lambda c, sd: _llama_config(c), GPT, _llama_weights),
+    "bert": _family("bert"),
+    "roberta": _family("roberta"),
+    "distilbert": _family("distilbert"),
 }
 
 
@@ -121,10 +231,15 @@ def _read_weights(folder: Path) -> dict[str, Tensor]:
     return weights
 
 
-def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT:
-    """The model of a Hugging Face checkpoint folder (GPT-2, Llama or Mistral), in eval mode,
-    with its weights in ``dtype``: ``model(ids)`` gives ``(B, L, vocab)`` logits and
-    ``model.generate(ids, max_new_tokens=...)`` ``(B, L + new)`` ids."""
+def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | TextEncoder:
+    """The model of a Hugging Face checkpoint folder, in eval mode, with its weights in ``dtype``.
+
+    * GPT-2, Llama, Mistral: a :class:`~attnlab.models.gpt.GPT`; ``model(ids)`` gives
+      ``(B, L, vocab)`` logits and ``model.generate(ids, max_new_tokens=...)`` ``(B, L + new)`` ids.
+    * BERT, RoBERTa, DistilBERT: a :class:`~attnlab.models.encoder.TextEncoder`;
+      ``model(ids, attention_mask)`` gives ``(B, num_labels)`` logits for a
+      ``*ForSequenceClassification`` folder, the pooled features ``(B, hidden)`` for the
+      encoder alone; ``model.forward_features(ids, attention_mask)`` the last hidden states."""
     folder = Path(folder).expanduser()
     if not (folder / "config.json").is_file():
         raise InputError(f"folder must be a Hugging Face checkpoint folder with config.json; {folder} has none")
@@ -133,19 +248,25 @@ def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT:
     if family not in HF_FAMILIES:
         raise InputError(f"{folder / 'config.json'}: model_type {family!r} is not supported; from_hf reads "
                          f"{', '.join(HF_FAMILIES)}")
-    make_config, convert = HF_FAMILIES[family]
+    make_config, model_class, convert = HF_FAMILIES[family]
+    state = _read_weights(folder)
     try:
-        cfg = make_config(config)
+        cfg = make_config(config, state)
     except KeyError as exc:
         raise InputError(f"{folder / 'config.json'} lacks the key {exc.args[0]!r} of a {family} config") from None
-    model = GPT(cfg)
-    weights, left = convert(_read_weights(folder), cfg)
+    model = model_class(cfg)
+    try:
+        weights, left = convert(state, cfg)
+    except KeyError as exc:
+        raise InputError(f"{folder}: the checkpoint lacks {exc.args[0]}, which a {family} model of this config "
+                         f"has") from None
     if left:
         raise InputError(f"{folder}: weights that a {family} model of this config does not have: "
                          f"{', '.join(sorted(left)[:5])}{' ...' if len(left) > 5 else ''}")
-    if cfg.tie_embeddings:
+    tied = bool(getattr(cfg, "tie_embeddings", False))
+    if tied:
         weights.pop("head.weight", None)
-    expected = {k for k in model.state_dict() if not (cfg.tie_embeddings and k == "head.weight")}
+    expected = {k for k in model.state_dict() if not (tied and k == "head.weight")}
     missing = sorted(expected - set(weights))
     if missing:
         raise InputError(f"{folder}: the checkpoint lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
@@ -154,5 +275,5 @@ def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT:
         k = shapes[0]
         raise InputError(f"{folder}: {k} has shape {tuple(weights[k].shape)} in the checkpoint but "
                          f"{tuple(model.state_dict()[k].shape)} in its config")
-    model.load_state_dict(weights, strict=not cfg.tie_embeddings)
+    model.load_state_dict(weights, strict=not tied)
     return model.to(dtype).eval()

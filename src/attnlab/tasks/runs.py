@@ -29,6 +29,7 @@ from ..engine.trainer import Trainer, evaluate_model
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping, read_state_dict
 from ..models import count_parameters
+from ..layers.norms import freeze_batch_norm
 from ..models.checkpoint import classifier_name, load_pretrained
 from .base import ModelConfig, Recipe, Task, TrainedRun, get_task, recipe_dict, recipe_from_dict
 from .claim import open_run
@@ -102,7 +103,8 @@ def init_weights(model: nn.Module, source: str | Path, classes: Sequence[str] | 
 
 
 def fine_tuning(model: nn.Module, config: ModelConfig) -> dict[str, float] | None:
-    """Apply ``model.freeze_backbone`` (everything but the classifier stops learning) and
+    """Apply ``model.freeze_backbone`` (everything but the classifier stops learning, BatchNorm
+    statistics included: :func:`~attnlab.layers.norms.freeze_batch_norm`) and
     return the ``lr_scales`` of ``model.backbone_lr_scale`` for the trainer."""
     if not config.freeze_backbone and config.backbone_lr_scale == 1.0:
         return None
@@ -114,6 +116,9 @@ def fine_tuning(model: nn.Module, config: ModelConfig) -> dict[str, float] | Non
         for name, p in model.named_parameters():
             if not name.startswith(head + "."):
                 p.requires_grad_(False)
+        for name, child in model.named_children():  # and its BatchNorm statistics stay those of the checkpoint
+            if name != head:
+                freeze_batch_norm(child)
     return {"": config.backbone_lr_scale, head: 1.0}
 
 
