@@ -134,3 +134,24 @@ def test_weights_that_do_not_fit_name_the_file_and_the_keys(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(InputError, match=r"activation 'relu' is not supported"):
         from_hf(tmp_path)
+
+
+@pytest.mark.parametrize("architecture", ["ViTModel", "ViTForImageClassification"])
+def test_a_hugging_face_vit_equals_transformers(tmp_path, architecture):
+    cfg = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                                 num_attention_heads=2, intermediate_size=72, num_labels=4)
+    torch.manual_seed(0)
+    theirs = getattr(transformers, architecture)(cfg).eval()
+    theirs.save_pretrained(tmp_path)
+    ours = from_hf(tmp_path)
+    images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = theirs(pixel_values=images)
+        got = ours(images)
+        features = ours.forward_features(images)
+    if architecture == "ViTModel":  # its pooler: tanh(dense(cls)), attnlab's pre_logits
+        torch.testing.assert_close(features, expected.last_hidden_state, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got, expected.pooler_output, atol=1e-5, rtol=0)
+    else:
+        assert got.shape == (2, 4)
+        torch.testing.assert_close(got, expected.logits, atol=1e-5, rtol=0)

@@ -7,7 +7,10 @@ local disk: nothing is downloaded) becomes an attnlab model in eval mode:
 * encoders of the BERT, RoBERTa and DistilBERT families: a
   :class:`~attnlab.models.encoder.TextEncoder`, with the classification head of a
   ``*ForSequenceClassification`` folder (its class count read off the head's weights), or
-  without one (``num_classes=0``: the pooled features) for a bare ``BertModel`` and the like.
+  without one (``num_classes=0``: the pooled features) for a bare ``BertModel`` and the like;
+* Hugging Face's ViT (``ViTModel``, ``ViTForImageClassification``): a
+  :class:`~attnlab.models.vit.VisionTransformer` (timm's layout loads through
+  ``model.checkpoint`` as before).
 
 Each family is one configuration map and one readable list of key renames (GPT-2 stores
 its projections as ``Conv1D``, the transpose of a linear layer, and packs query, key and
@@ -26,6 +29,7 @@ from ..errors import InputError
 from ..io import read_json_mapping
 from .encoder import TextEncoder, TextEncoderConfig
 from .gpt import GPT, GPTConfig
+from .vit import VisionTransformer, ViTConfig
 
 __all__ = ["from_hf", "HF_FAMILIES"]
 
@@ -198,6 +202,38 @@ def _bert_like_weights(sd: dict[str, Tensor], cfg: TextEncoderConfig,
     return out, sd
 
 
+def _vit_config(c: dict[str, Any], sd: dict[str, Tensor]) -> ViTConfig:
+    arch = (c.get("architectures") or ["ViTModel"])[0]
+    if arch not in ("ViTModel", "ViTForImageClassification"):
+        raise InputError(f"config.json: architecture {arch!r} is not supported; from_hf reads ViTModel and "
+                         f"ViTForImageClassification of the vit family")
+    if c.get("hidden_act", "gelu") != "gelu":
+        raise InputError(f"config.json: hidden_act {c['hidden_act']!r} is not supported (attnlab's ViT takes gelu)")
+    size = c.get("image_size", 224)
+    return ViTConfig(img_size=tuple(size) if isinstance(size, (list, tuple)) else (size, size),
+                     patch_size=c.get("patch_size", 16), in_chans=c.get("num_channels", 3),
+                     num_classes=int(sd["classifier.weight"].shape[0]) if "classifier.weight" in sd else 0,
+                     embed_dim=c["hidden_size"], depth=c["num_hidden_layers"], num_heads=c["num_attention_heads"],
+                     mlp_ratio=c["intermediate_size"] / c["hidden_size"], qkv_bias=c.get("qkv_bias", True),
+                     pre_logits="pooler.dense.weight" in sd or "vit.pooler.dense.weight" in sd,
+                     norm_eps=c.get("layer_norm_eps", 1e-12), drop_rate=c.get("hidden_dropout_prob", 0.0),
+                     attn_drop_rate=c.get("attention_probs_dropout_prob", 0.0))
+
+
+def _vit_weights(sd: dict[str, Tensor], cfg: ViTConfig) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    sd = {k.removeprefix("vit."): v for k, v in sd.items()}
+    out = {"cls_token": sd.pop("embeddings.cls_token"), "pos_embed": sd.pop("embeddings.position_embeddings")}
+    _take(sd, out, {"embeddings.patch_embeddings.projection": "patch_embed.proj", "layernorm": "norm",
+                    "pooler.dense": "pre_logits.fc", "classifier": "head"})
+    for i in range(cfg.depth):
+        p, q = f"encoder.layer.{i}.", f"blocks.{i}."
+        _packed_attention(sd, out, p + "attention.attention.", ("query", "key", "value"), q + "attn.")
+        _take(sd, out, {p + "attention.output.dense": q + "attn.out_proj", p + "layernorm_before": q + "norm1",
+                        p + "layernorm_after": q + "norm2", p + "intermediate.dense": q + "mlp.fc1",
+                        p + "output.dense": q + "mlp.fc2"})
+    return out, sd
+
+
 def _family(name: str) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
     return (lambda c, sd: _bert_like_config(c, sd, name), TextEncoder,
             lambda sd, cfg: _bert_like_weights(sd, cfg, name))
@@ -211,6 +247,7 @@ HF_FAMILIES: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..
     "bert": _family("bert"),
     "roberta": _family("roberta"),
     "distilbert": _family("distilbert"),
+    "vit": (_vit_config, VisionTransformer, _vit_weights),
 }
 
 
@@ -231,7 +268,7 @@ def _read_weights(folder: Path) -> dict[str, Tensor]:
     return weights
 
 
-def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | TextEncoder:
+def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | TextEncoder | VisionTransformer:
     """The model of a Hugging Face checkpoint folder, in eval mode, with its weights in ``dtype``.
 
     * GPT-2, Llama, Mistral: a :class:`~attnlab.models.gpt.GPT`; ``model(ids)`` gives
@@ -239,7 +276,11 @@ def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | 
     * BERT, RoBERTa, DistilBERT: a :class:`~attnlab.models.encoder.TextEncoder`;
       ``model(ids, attention_mask)`` gives ``(B, num_labels)`` logits for a
       ``*ForSequenceClassification`` folder, the pooled features ``(B, hidden)`` for the
-      encoder alone; ``model.forward_features(ids, attention_mask)`` the last hidden states."""
+      encoder alone; ``model.forward_features(ids, attention_mask)`` the last hidden states.
+    * ViT: a :class:`~attnlab.models.vit.VisionTransformer`; ``model(images)`` gives
+      ``(B, num_labels)`` logits (``ViTForImageClassification``) or the pooled features
+      (``ViTModel``: its pooler's ``tanh(dense(cls))``); ``model.forward_features(images)``
+      the last hidden states, after the final norm."""
     folder = Path(folder).expanduser()
     if not (folder / "config.json").is_file():
         raise InputError(f"folder must be a Hugging Face checkpoint folder with config.json; {folder} has none")
