@@ -153,6 +153,19 @@ def parse_tokenizer(data: bytes, file: Path) -> Tokenizer:
         raise InputError(f"{bad}: {exc}; {redo}") from None
 
 
+def _model_max_length(folder: Path) -> int | None:
+    """``model_max_length`` of ``folder/tokenizer_config.json`` (Hugging Face's), when the file
+    has a real one (not its "unlimited" placeholder of about 1e30)."""
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("model_max_length")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        raise InputError(f"{path} is not a readable JSON object (Hugging Face's tokenizer_config.json)") from None
+    return int(value) if isinstance(value, (int, float)) and 1 < value < 1e9 else None
+
+
 def tokenizer_file(path: str | Path) -> Path:
     """``path`` itself when it names a ``.json`` file, else the ``tokenizer.json`` inside it."""
     path = Path(path).expanduser()
@@ -171,10 +184,11 @@ class TextTokenizer:
     that token; only ``[PAD]`` is required).
     """
 
-    def __init__(self, tokenizer: Tokenizer, source: str = "tokenizer") -> None:
+    def __init__(self, tokenizer: Tokenizer, source: str = "tokenizer", *, max_length: int | None = None) -> None:
         tokenizer.no_truncation()
         tokenizer.no_padding()
         self.tokenizer = tokenizer
+        self.max_length = max_length  # the longest input its model reads (a checkpoint's model_max_length), if known
         self.kind = type(tokenizer.model).__name__.lower()
         ids = {role: _first_id(tokenizer, names) for role, names in _ROLES.items()}
         if ids["pad"] is None:
@@ -236,7 +250,14 @@ class TextTokenizer:
     @classmethod
     def load(cls, path: str | Path) -> TextTokenizer:
         """Read a ``tokenizer.json`` (a file, or a folder holding one): one saved here, or
-        any Hugging Face tokenizer file whose vocabulary has a padding token."""
+        any Hugging Face tokenizer file whose vocabulary has a padding token.
+
+        A pretrained checkpoint's tokenizer (BERT's WordPiece, RoBERTa's byte-level BPE) is
+        used as it is: its normalizer (lower-casing, accents), pre-tokenizer and vocabulary;
+        :meth:`encode` with ``add_cls=True`` puts its ``[CLS]``/``<s>`` and ``[SEP]``/``</s>``
+        around a text as the file's post-processor does for one sentence, so the ids equal
+        ``transformers``' tokenizer's. ``model_max_length`` of a ``tokenizer_config.json``
+        beside the file becomes :attr:`max_length`."""
         file = tokenizer_file(path)
         if file.is_dir():
             raise InputError(f"path must be a tokenizer.json file or a folder holding one; {file} is a folder")
@@ -248,7 +269,7 @@ class TextTokenizer:
             data = file.read_bytes()
         except OSError as exc:
             raise InputError(f"could not read {file}: {exc.strerror or exc}") from None
-        return cls(parse_tokenizer(data, file), source=str(file))
+        return cls(parse_tokenizer(data, file), source=str(file), max_length=_model_max_length(file.parent))
 
     # ------------------------------------------------------------------ encode
     @property
