@@ -155,3 +155,23 @@ def test_a_hugging_face_vit_equals_transformers(tmp_path, architecture):
     else:
         assert got.shape == (2, 4)
         torch.testing.assert_close(got, expected.logits, atol=1e-5, rtol=0)
+
+
+def test_an_older_folder_with_pytorch_model_bin_loads_safely(tmp_path):
+    theirs = saved(tmp_path, "distilbert", "classifier")
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(theirs.state_dict(), tmp_path / "pytorch_model.bin")
+    ours = from_hf(tmp_path)
+    ids, mask = batch(0)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, mask), theirs(input_ids=ids, attention_mask=mask).logits, atol=1e-5,
+                                   rtol=0)
+
+    class Payload:  # what a hostile pickle could hold: unpickling it would run code
+        def __reduce__(self):
+            return (print, ("code ran",))
+
+    torch.save({"weight": Payload()}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(InputError, match=r"pytorch_model.bin was refused: it holds an object of .*unpickling it could "
+                                         r"run code"):
+        from_hf(tmp_path)

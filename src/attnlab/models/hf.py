@@ -1,7 +1,8 @@
 """Hugging Face checkpoint folders as attnlab models: ``from_hf(folder)``.
 
-A folder in the Hugging Face layout (``config.json`` and ``model.safetensors``, from a
-local disk: nothing is downloaded) becomes an attnlab model in eval mode:
+A folder in the Hugging Face layout (``config.json`` and ``model.safetensors``, or an older
+``pytorch_model.bin`` read with ``weights_only=True``; from a local disk: nothing is
+downloaded) becomes an attnlab model in eval mode:
 
 * decoders of the GPT-2, Llama and Mistral families: a :class:`~attnlab.models.gpt.GPT`;
 * encoders of the BERT, RoBERTa and DistilBERT families: a
@@ -26,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..io import read_json_mapping
+from ..io import read_json_mapping, read_state_dict
 from .encoder import TextEncoder, TextEncoderConfig
 from .gpt import GPT, GPTConfig
 from .vit import VisionTransformer, ViTConfig
@@ -252,19 +253,16 @@ HF_FAMILIES: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..
 
 
 def _read_weights(folder: Path) -> dict[str, Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(folder.glob("model*.safetensors"))
+    """The tensors of ``model*.safetensors``, else of ``pytorch_model*.bin`` (older folders),
+    read with ``weights_only=True``: a pickle that names anything but tensors and plain
+    values is refused, since unpickling it could run code."""
+    files = sorted(folder.glob("model*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
     if not files:
-        raise InputError(f"{folder} must hold model.safetensors (the weights in Hugging Face's layout); found none"
-                         + (" (pytorch_model.bin is not read: save the model with safe_serialization)"
-                            if (folder / "pytorch_model.bin").is_file() else ""))
+        raise InputError(f"{folder} must hold model.safetensors or pytorch_model.bin (the weights in Hugging Face's "
+                         f"layout); found neither")
     weights: dict[str, Tensor] = {}
     for path in files:
-        try:
-            weights.update(load_file(str(path)))
-        except Exception as exc:  # noqa: BLE001  # safetensors raises its own error types
-            raise InputError(f"{path} is not a readable safetensors file: {exc}") from None
+        weights.update(read_state_dict(path))
     return weights
 
 
