@@ -20,6 +20,7 @@ value in ``c_attn``; BERT keeps them apart where attnlab packs them in ``in_proj
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,7 +33,7 @@ from .encoder import TextEncoder, TextEncoderConfig
 from .gpt import GPT, GPTConfig
 from .vit import VisionTransformer, ViTConfig
 
-__all__ = ["from_hf", "HF_FAMILIES"]
+__all__ = ["from_hf", "read_hf", "hf_model_spec", "is_hf_folder", "HF_FAMILIES"]
 
 
 def _gpt2_config(c: dict[str, Any]) -> GPTConfig:
@@ -266,6 +267,63 @@ def _read_weights(folder: Path) -> dict[str, Tensor]:
     return weights
 
 
+# the registered model each family's folders build on (fine-tuning records it in config.yaml)
+REGISTERED = {"bert": "bert_base", "roberta": "roberta_base", "distilbert": "distilbert_base",
+              "vit": "vit_base_patch16_224", "gpt2": "gpt_small", "llama": "llama_tiny", "mistral": "llama_tiny"}
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a folder in Hugging Face's layout (it holds ``config.json``)."""
+    path = Path(path).expanduser()
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def read_hf(folder: str | Path) -> tuple[str, Any, dict[str, Tensor]]:
+    """``(model_type, attnlab config, weights in attnlab's names)`` of a Hugging Face folder,
+    checked as :func:`from_hf` checks it, without building the model."""
+    folder = Path(folder).expanduser()
+    if not (folder / "config.json").is_file():
+        raise InputError(f"folder must be a Hugging Face checkpoint folder with config.json; {folder} has none")
+    config = read_json_mapping(folder / "config.json")
+    family = config.get("model_type")
+    if family not in HF_FAMILIES:
+        raise InputError(f"{folder / 'config.json'}: model_type {family!r} is not supported; from_hf reads "
+                         f"{', '.join(HF_FAMILIES)}")
+    make_config, _, convert = HF_FAMILIES[family]
+    state = _read_weights(folder)
+    try:
+        cfg = make_config(config, state)
+    except KeyError as exc:
+        raise InputError(f"{folder / 'config.json'} lacks the key {exc.args[0]!r} of a {family} config") from None
+    try:
+        weights, left = convert(state, cfg)
+    except KeyError as exc:
+        raise InputError(f"{folder}: the checkpoint lacks {exc.args[0]}, which a {family} model of this config "
+                         f"has") from None
+    if left:
+        raise InputError(f"{folder}: weights that a {family} model of this config does not have: "
+                         f"{', '.join(sorted(left)[:5])}{' ...' if len(left) > 5 else ''}")
+    return family, cfg, weights
+
+
+def hf_model_spec(folder: str | Path) -> tuple[str, dict[str, Any]]:
+    """``(model.name, model.options)`` that build the model of a Hugging Face folder through
+    :func:`~attnlab.models.create_model`, without its classifier's size (``num_classes``,
+    the task's): what a fine-tuning recipe records, so that its run rebuilds the model
+    without the folder."""
+    folder = Path(folder).expanduser()
+    config = read_json_mapping(folder / "config.json") if (folder / "config.json").is_file() else {}
+    family = config.get("model_type")
+    if family not in HF_FAMILIES:
+        raise InputError(f"{folder / 'config.json'}: model_type {family!r} is not supported; from_hf reads "
+                         f"{', '.join(HF_FAMILIES)}")
+    _, cfg, _ = read_hf(folder)
+    options = {k: v for k, v in asdict(cfg).items() if k not in ("num_classes", "attention", "attention_options")}
+    if "img_size" in options:
+        options["img_size"] = list(options["img_size"])  # YAML-ready
+    return REGISTERED[family], options
+
+
 def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | TextEncoder | VisionTransformer:
     """The model of a Hugging Face checkpoint folder, in eval mode, with its weights in ``dtype``.
 
@@ -280,28 +338,8 @@ def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | 
       (``ViTModel``: its pooler's ``tanh(dense(cls))``); ``model.forward_features(images)``
       the last hidden states, after the final norm."""
     folder = Path(folder).expanduser()
-    if not (folder / "config.json").is_file():
-        raise InputError(f"folder must be a Hugging Face checkpoint folder with config.json; {folder} has none")
-    config = read_json_mapping(folder / "config.json")
-    family = config.get("model_type")
-    if family not in HF_FAMILIES:
-        raise InputError(f"{folder / 'config.json'}: model_type {family!r} is not supported; from_hf reads "
-                         f"{', '.join(HF_FAMILIES)}")
-    make_config, model_class, convert = HF_FAMILIES[family]
-    state = _read_weights(folder)
-    try:
-        cfg = make_config(config, state)
-    except KeyError as exc:
-        raise InputError(f"{folder / 'config.json'} lacks the key {exc.args[0]!r} of a {family} config") from None
-    model = model_class(cfg)
-    try:
-        weights, left = convert(state, cfg)
-    except KeyError as exc:
-        raise InputError(f"{folder}: the checkpoint lacks {exc.args[0]}, which a {family} model of this config "
-                         f"has") from None
-    if left:
-        raise InputError(f"{folder}: weights that a {family} model of this config does not have: "
-                         f"{', '.join(sorted(left)[:5])}{' ...' if len(left) > 5 else ''}")
+    family, cfg, weights = read_hf(folder)
+    model = HF_FAMILIES[family][1](cfg)
     tied = bool(getattr(cfg, "tie_embeddings", False))
     if tied:
         weights.pop("head.weight", None)

@@ -36,11 +36,12 @@ from ..engine.trainer import TrainConfig
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
 from ..models import create_model
+from ..models.hf import hf_model_spec, is_hf_folder
 from ..models.registry import OptionError, upgrade_options
 from ..suggest import did_you_mean
 
 __all__ = ["DataConfig", "ModelConfig", "Recipe", "Task", "TrainedRun", "Prepared", "Preprocessing", "ImageSpec", "register_task", "get_task",
-           "list_tasks", "recipe_from_dict", "recipe_dict", "check_texts"]
+           "list_tasks", "recipe_from_dict", "recipe_dict", "check_texts", "require_model"]
 
 
 # ----------------------------------------------------------------------------- recipes
@@ -55,8 +56,9 @@ or the plain section of a task of one's own that reads its own data."""
 class ModelConfig:
     name: str = ""  # a registered model (attnlab models)
     options: dict = field(default_factory=dict)  # overrides of its configuration, checked against it
-    # Weights to start from (fine-tuning): a timm-layout .safetensors/.pth state dict, or an attnlab run
-    # directory. A classifier head for another number of classes is replaced; every other key must fit.
+    # Weights to start from (fine-tuning): a timm-layout .safetensors/.pth state dict, an attnlab run directory,
+    # or a Hugging Face folder (BERT, RoBERTa, DistilBERT, ViT: its model becomes the run's, see pretrained_model).
+    # A classifier head for another number of classes is replaced; every other key must fit.
     checkpoint: str | None = None
     freeze_backbone: bool = False  # with checkpoint: train the classifier head alone
     backbone_lr_scale: float = field(default=1.0, metadata={"gt": 0.0, "max": 1.0})  # the rest learns at train.lr x this
@@ -264,14 +266,19 @@ class Task:
         source = recipe.model.checkpoint
         if source is not None:
             path = Path(source).expanduser()
-            if not (path.is_file() or (path / "checkpoints").is_dir()):
-                raise ConfigError(f"model.checkpoint must be a .safetensors/.pth file or an attnlab run directory; "
-                                  f"{path} is {'a folder without checkpoints/' if path.is_dir() else 'missing'}")
+            if not (path.is_file() or (path / "checkpoints").is_dir() or is_hf_folder(path)):
+                raise ConfigError(f"model.checkpoint must be a .safetensors/.pth file, an attnlab run directory or a "
+                                  f"Hugging Face checkpoint folder (config.json and its weights); {path} is "
+                                  f"{'a folder without checkpoints/ or config.json' if path.is_dir() else 'missing'}")
         elif recipe.model.freeze_backbone:
             raise ConfigError("model.freeze_backbone needs model.checkpoint (the weights to keep); got none")
 
     def check_model(self, recipe: Recipe) -> None:
-        """``model.options`` against the model's configuration, named by their recipe keys."""
+        """``model.options`` against the model's configuration, named by their recipe keys
+        (none yet for a recipe whose model is to come from ``model.checkpoint``: training
+        refuses it until one is given, :func:`require_model`)."""
+        if not recipe.model.name:
+            return
         try:
             with torch.device("meta"):
                 self.build_model(recipe)
@@ -443,6 +450,31 @@ def list_tasks() -> list[Task]:
     return [_TASKS[n] for n in sorted(_TASKS)]
 
 
+def pretrained_model(recipe: Recipe) -> None:
+    """When ``model.checkpoint`` is a Hugging Face folder, its model becomes the recipe's:
+    ``model.name`` the registered model of its family (``bert_base``, ``roberta_base``,
+    ``distilbert_base``, ``vit_base_patch16_224``) and ``model.options`` its configuration,
+    under the recipe's own options, so that the run's ``config.yaml`` rebuilds it without the
+    folder. ``model.name`` must then be empty or that family's model."""
+    source = recipe.model.checkpoint
+    if source is None or not is_hf_folder(source):
+        return
+    name, options = hf_model_spec(source)
+    if recipe.model.name not in ("", name):
+        raise ConfigError(f"model.name must be empty or {name!r} with model.checkpoint={source} (a Hugging Face "
+                          f"folder of that family); got {recipe.model.name!r}")
+    recipe.model.name = name
+    recipe.model.options = {**options, **recipe.model.options}
+
+
+def require_model(recipe: Recipe) -> None:
+    """A recipe that names no model (``text-classification-pretrained`` takes the model of
+    ``model.checkpoint``) cannot train until it has one."""
+    if not recipe.model.name:
+        raise ConfigError("model.name is empty: give model.checkpoint=FOLDER, a Hugging Face checkpoint folder whose "
+                          "model and tokenizer the run starts from, or name a registered model (attnlab models)")
+
+
 def recipe_from_dict(data: dict[str, Any], source: str = "", *, legacy: bool = False) -> Recipe:
     """A recipe of its task's recipe class, checked (keys, types, ranges, model options).
     ``source`` (a file name) prefixes the errors. ``legacy``: the config of a run (perhaps
@@ -458,6 +490,7 @@ def recipe_from_dict(data: dict[str, Any], source: str = "", *, legacy: bool = F
     try:
         recipe = from_dict(task.recipe_class, data)
         if not legacy:  # a run's own recipe was checked when it trained; loading it builds its model once
+            pretrained_model(recipe)
             task.check(recipe)
     except InputError as exc:
         raise ConfigError(f"{source}: {exc}" if source else str(exc)) from None

@@ -31,7 +31,8 @@ from ..io import atomic_write_bytes, read_json_mapping, read_state_dict
 from ..models import count_parameters
 from ..layers.norms import freeze_batch_norm
 from ..models.checkpoint import classifier_name, load_pretrained
-from .base import ModelConfig, Recipe, Task, TrainedRun, get_task, recipe_dict, recipe_from_dict
+from ..models.hf import is_hf_folder, read_hf
+from .base import ModelConfig, Recipe, Task, TrainedRun, get_task, recipe_dict, recipe_from_dict, require_model
 from .claim import open_run
 from .run_files import (CHANGES, CONFIG, RESULTS, load_weights, read_config, read_recipe, read_results,
                         recipe_changes, resolve_weights, train_config, write_results)
@@ -88,11 +89,14 @@ class UnfinishedRunWarning(UserWarning):
 
 
 def init_weights(model: nn.Module, source: str | Path, classes: Sequence[str] | None = None) -> list[str]:
-    """Load the weights of ``source`` (a state-dict file, timm's layout or attnlab's, or a
-    run directory: the weights its test figures came from) into ``model`` for fine-tuning;
+    """Load the weights of ``source`` (a state-dict file, timm's layout or attnlab's, a run
+    directory: the weights its test figures came from, or a Hugging Face folder) into
+    ``model`` for fine-tuning;
     returns the classifier keys left fresh: the number of classes differs, or (a run
     directory with ``classes.json``) their names do, given ``classes``."""
     path = Path(source).expanduser()
+    if is_hf_folder(path):  # a Hugging Face folder: its weights in attnlab's names
+        return load_pretrained(model, read_hf(path)[2], path)
     if path.is_dir():
         folder = resolve_checkpoint(path / "checkpoints", resolve_weights(path))
         weights, state = load_checkpoint(folder)
@@ -238,6 +242,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_ch
     :meth:`Task.combine` of their results at the top."""
     task = get_task(recipe.task)
     run_dir = Path(run_dir)
+    require_model(recipe)
     data = task.read_data(recipe, log)
     folds = task.folds(recipe, data)
     if folds is None:

@@ -4,9 +4,12 @@ the tokenizer it gives."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Sequence
 
 from ..data.tokenize import TextTokenizer
+from ..errors import InputError
+from ..models.hf import is_hf_folder
 
 __all__ = ["TextConfig", "build_tokenizer"]
 
@@ -23,9 +26,18 @@ class TextConfig:
     tokenizer_file: str | None = None  # a tokenizer.json to use instead of training one
 
 
-def build_tokenizer(text: TextConfig, texts: Sequence[str]) -> TextTokenizer:
-    """``text.tokenizer_file``, or a tokenizer of ``text``'s kind trained on ``texts``."""
+def build_tokenizer(text: TextConfig, texts: Sequence[str], checkpoint: str | None = None) -> TextTokenizer:
+    """``text.tokenizer_file``; else the ``tokenizer.json`` of ``checkpoint`` when it is a
+    pretrained model's folder (its words are the ones the model knows); else a tokenizer of
+    ``text``'s kind trained on ``texts``."""
     if text.tokenizer_file:
         return TextTokenizer.load(text.tokenizer_file)
+    if checkpoint is not None and is_hf_folder(checkpoint):
+        folder = Path(checkpoint).expanduser()
+        if not (folder / "tokenizer.json").is_file():
+            raise InputError(f"model.checkpoint={folder} holds no tokenizer.json: a pretrained model reads the words "
+                             f"of its own tokenizer; save the folder with its tokenizer (tokenizer.save_pretrained), "
+                             f"or name one in text.tokenizer_file")
+        return TextTokenizer.load(folder)
     return TextTokenizer.train(texts, text.tokenizer, text.vocab_size, lowercase=text.lowercase,
                                min_frequency=text.min_frequency)

@@ -29,6 +29,7 @@ from ..data.text import SentimentDataset
 from ..data.tokenize import TextTokenizer, shorten
 from ..engine import distributed
 from ..engine.checkpoint import checkpoint_label
+from ..engine.config import ConfigError
 from ..engine.device import autocast, select_device
 from ..engine.trainer import evaluate_model
 from ..errors import InputError
@@ -97,6 +98,18 @@ class TextClassification(Task):
             vocab, classes = info.tokenizer.vocab_size, len(info.classes)
         return {"vocab_size": vocab, "num_classes": classes, "max_len": recipe.text.max_length}
 
+    def check(self, recipe: Recipe) -> None:
+        """The base checks, and ``text.max_length`` within the positions of a model that has a
+        fixed number of them (a pretrained encoder's)."""
+        super().check(recipe)
+        if not recipe.model.name:
+            return
+        with torch.device("meta"):
+            longest = getattr(getattr(self.build_model(recipe), "config", None), "longest", None)
+        if longest is not None and recipe.text.max_length > longest:
+            raise ConfigError(f"text.max_length must be at most {longest}, the positions of model "
+                              f"{recipe.model.name!r}; got {recipe.text.max_length}")
+
     def describe(self, recipe: Recipe) -> str:
         return (f"{_source(recipe).describe(recipe.data)}, "
                 + ("10-fold cross-validation" if recipe.data.protocol == "cv10" else "fixed split"))
@@ -123,7 +136,7 @@ class TextClassification(Task):
         if tokenizer_path.is_file():  # a resumed run: its weights belong to this vocabulary
             tokenizer = TextTokenizer.load(tokenizer_path)
         else:
-            tokenizer = build_tokenizer(recipe.text, data.train.texts)
+            tokenizer = build_tokenizer(recipe.text, data.train.texts, recipe.model.checkpoint)
             if distributed.is_main():
                 tokenizer.save(tokenizer_path)
         length = recipe.text.max_length

@@ -1,0 +1,102 @@
+"""Fine-tuning a text classifier from a Hugging Face folder through the recipes: the
+folder's model and tokenizer become the run's (config.yaml rebuilds the model without the
+folder), its weights are the starting point, and the run predicts, evaluates, draws its
+attention and exports like any other."""
+
+import json
+import shutil
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from tokenizers.implementations import BertWordPieceTokenizer
+
+import attnlab
+from attnlab.cli import main
+from attnlab.engine.config import ConfigError
+from attnlab.models.hf import read_hf
+from attnlab.recipes import load_recipe
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (the dev extra)")
+
+POSITIVE = ["a warm and witty film", "the cast is superb", "a delight from start to end", "moving and funny"]
+NEGATIVE = ["a dull and tired mess", "the plot is a bore", "flat jokes and no heart", "tedious from start to end"]
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory):
+    """A small random BERT with a sequence-classification head and a WordPiece tokenizer of
+    these texts, saved as Hugging Face saves a checkpoint."""
+    folder = tmp_path_factory.mktemp("bert")
+    tok = BertWordPieceTokenizer(lowercase=True)
+    tok.train_from_iterator(POSITIVE + NEGATIVE, vocab_size=120, show_progress=False,
+                            special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    hf_tokenizer = transformers.BertTokenizerFast(tokenizer_object=tok._tokenizer, model_max_length=64)
+    config = transformers.BertConfig(vocab_size=hf_tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.BertForSequenceClassification(config).save_pretrained(folder)
+    hf_tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reviews(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "reviews.csv"
+    rows = [(t, "positive") for t in POSITIVE] + [(t, "negative") for t in NEGATIVE]
+    path.write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows * 4), encoding="utf-8")
+    return path
+
+
+def overrides(reviews, folder, *extra):
+    return [f"data.train={reviews}", f"model.checkpoint={folder}", "text.max_length=32", "train.steps=6",
+            "train.batch_size=8", "train.warmup_steps=1", "train.eval_every=3", "train.checkpoint_every=3",
+            "train.log_every=0", "train.progress=false", "train.tensorboard=false", "train.precision=fp32", *extra]
+
+
+def test_the_recipe_takes_the_folders_model_and_says_what_is_wrong(bert_folder, reviews, tmp_path, capsys):
+    recipe = load_recipe("text-classification-pretrained", overrides(reviews, bert_folder))
+    assert recipe.model.name == "bert_base"
+    assert recipe.model.options["embed_dim"] == 32 and recipe.model.options["depth"] == 2
+    assert main(["train", "text-classification-pretrained", f"data.train={reviews}", "--run-dir",
+                 str(tmp_path / "none")]) == 2
+    assert "model.name is empty: give model.checkpoint=FOLDER" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
+    with pytest.raises(ConfigError, match="model.name must be empty or 'bert_base' with model.checkpoint="):
+        load_recipe("text-classification-pretrained", overrides(reviews, bert_folder, "model.name=roberta_base"))
+    with pytest.raises(ConfigError, match="text.max_length must be at most 64, the positions of model 'bert_base'"):
+        load_recipe("text-classification-pretrained", overrides(reviews, bert_folder, "text.max_length=100"))
+    without = tmp_path / "no_tokenizer"
+    shutil.copytree(bert_folder, without)
+    (without / "tokenizer.json").unlink()
+    assert main(["train", "text-classification-pretrained", *overrides(reviews, without), "--run-dir",
+                 str(tmp_path / "run")]) == 2
+
+
+def test_fine_tuning_from_the_folder_trains_predicts_and_loads_without_it(bert_folder, reviews, tmp_path, capsys):
+    folder = tmp_path / "bert"
+    shutil.copytree(bert_folder, folder)
+    run_dir = tmp_path / "run"
+    assert main(["train", "text-classification-pretrained", *overrides(reviews, folder, "model.freeze_backbone=true"),
+                 "--run-dir", str(run_dir)]) == 0
+    assert f"initial weights: {folder}" in capsys.readouterr().out
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["model"]["name"] == "bert_base" and config["model"]["options"]["num_heads"] == 2
+    assert (run_dir / "tokenizer.json").read_text() == (folder / "tokenizer.json").read_text()
+    # the frozen backbone is the folder's, weight for weight; the head trained
+    pretrained = read_hf(folder)[2]
+    trained = load_file(next((run_dir / "checkpoints").glob("step_*")) / "model.safetensors")
+    for name, value in trained.items():
+        if not name.startswith("head."):
+            assert torch.equal(value, pretrained[name]), name
+    shutil.rmtree(folder)  # the run no longer needs the folder
+    run = attnlab.load_run(run_dir)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert run.evaluate()["test_accuracy"] == results["test_accuracy"]
+    [pred] = run.predict(["a witty and moving film"])
+    assert pred.label in ("negative", "positive")
+    [view] = run.task.attention_views(run, ["a dull film"])
+    assert view.tokens[0] == "[CLS]" and len(view.layers) == 2
+    pytest.importorskip("onnxruntime", reason="the export extra")
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "onnx")]) == 0
