@@ -107,11 +107,12 @@ def _drop_foreign_head(state: dict[str, Tensor], own: dict[str, Tensor], head: s
                        always: bool = False) -> list[str]:
     """Remove a head made for another number of classes (same input width; with
     ``always``, for the same number) from ``state``, or any head when the model has
-    none; return the model keys left unset."""
+    none; return the model keys left unset: those, or the model's head when the
+    checkpoint has none (a backbone saved without a classifier, such as ``ViTModel``)."""
     keys = (f"{head}.weight", f"{head}.bias")
     weight = state.get(keys[0])
     if weight is None:
-        return []
+        return [k for k in keys if k in own and k not in state]
     if keys[0] not in own:  # num_classes=0: the model has no head to fill
         for k in keys:
             state.pop(k, None)

@@ -308,9 +308,9 @@ def read_hf(folder: str | Path) -> tuple[str, Any, dict[str, Tensor]]:
 
 def hf_model_spec(folder: str | Path) -> tuple[str, dict[str, Any]]:
     """``(model.name, model.options)`` that build the model of a Hugging Face folder through
-    :func:`~attnlab.models.create_model`, without its classifier's size (``num_classes``,
-    the task's): what a fine-tuning recipe records, so that its run rebuilds the model
-    without the folder."""
+    :func:`~attnlab.models.create_model`, without what the task decides (its classifier's
+    size; an image model's input size and channels, the data's): what a fine-tuning recipe
+    records, so that its run rebuilds the model without the folder."""
     folder = Path(folder).expanduser()
     config = read_json_mapping(folder / "config.json") if (folder / "config.json").is_file() else {}
     family = config.get("model_type")
@@ -318,10 +318,10 @@ def hf_model_spec(folder: str | Path) -> tuple[str, dict[str, Any]]:
         raise InputError(f"{folder / 'config.json'}: model_type {family!r} is not supported; from_hf reads "
                          f"{', '.join(HF_FAMILIES)}")
     _, cfg, _ = read_hf(folder)
-    options = {k: v for k, v in asdict(cfg).items() if k not in ("num_classes", "attention", "attention_options")}
-    if "img_size" in options:
-        options["img_size"] = list(options["img_size"])  # YAML-ready
-    return REGISTERED[family], options
+    # The task's: the classes, and an image model's input (the data's size and channels; a learned position
+    # grid of another size is resampled when the weights load).
+    task_owned = ("num_classes", "attention", "attention_options", "img_size", "in_chans")
+    return REGISTERED[family], {k: v for k, v in asdict(cfg).items() if k not in task_owned}
 
 
 def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | TextEncoder | VisionTransformer:
