@@ -1,15 +1,28 @@
-"""Initialisations of attention weights."""
+"""Initialisations of attention weights, and GPT-2's and BERT's of whole models."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..errors import InputError
 
-__all__ = ["mimetic_init_"]
+__all__ = ["mimetic_init_", "normal_init_"]
+
+
+@torch.no_grad()
+def normal_init_(module: nn.Module, std: float = 0.02) -> None:
+    """GPT-2's and BERT's initialisation of one module, for ``model.apply``: the weights of
+    linear and embedding layers normal with ``std``, their biases zero, an embedding's
+    padding row zero."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            module.weight[module.padding_idx].zero_()
 
 
 @torch.no_grad()

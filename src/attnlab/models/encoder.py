@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from ..attention.registry import attention_family
 from ..dropout import Dropout
 from ..errors import InputError, shape_str
+from ..layers.init import normal_init_
 from ..layers.norms import LayerNorm
 from ..layers.transformer_layers import TransformerEncoder, TransformerEncoderLayer
 from .registry import build_config, check_attention_options, register_model
@@ -109,18 +110,7 @@ class TextEncoder(nn.Module):
         self.pooler = nn.Linear(e, e) if cfg.pooler != "none" else None
         self.head_drop = Dropout(cfg.drop_rate)
         self.head = nn.Linear(e, cfg.num_classes) if cfg.num_classes else nn.Identity()
-        self.apply(self._init)
-
-    @staticmethod
-    def _init(module: nn.Module) -> None:
-        # BERT's initialisation: normal(0, 0.02) weights, zero biases, the padding row zero.
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
-                with torch.no_grad():
-                    module.weight[module.padding_idx].zero_()
+        self.apply(normal_init_)  # BERT's initialisation
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.encoder.set_grad_checkpointing(enable)

@@ -34,6 +34,7 @@ from ..attention.grouped import fused_linear, joined_weight, product
 from ..attention.registry import attention_family, build_attention
 from ..dropout import Dropout
 from ..errors import InputError, shape_str
+from ..layers.init import normal_init_
 from ..layers.norms import build_norm
 from ..layers.pos_encoding import sinusoid_table
 from .registry import build_config, check_attention_options, register_model
@@ -198,17 +199,9 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.depth))
         self.norm = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps)
         self.head = nn.Linear(cfg.embed_dim, cfg.vocab_size, bias=False)
-        self.apply(self._init)
+        self.apply(normal_init_)  # GPT-2's initialisation
         if cfg.tie_embeddings:
             self.head.weight = self.tok_embed.weight
-
-    @staticmethod
-    def _init(module: nn.Module) -> None:
-        # GPT-2's initialisation: normal(0, 0.02) weights, zero biases.
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
 
     def new_cache(self, capacity: int) -> list[DecodingCache]:
         """One preallocated :class:`DecodingCache` per block, for ``capacity`` positions."""
