@@ -4,7 +4,7 @@ from .channel_attention import CBAM, SqueezeExcite, build_channel_attention
 from .drop_path import DropPath
 from .init import mimetic_init_
 from .mlp import Mlp
-from .norms import LayerNorm, TokenBatchNorm, build_norm
+from .norms import LayerNorm, TokenBatchNorm, build_norm, freeze_batch_norm
 from .pos_encoding import LearnedPositionalEncoding, SinusoidalPositionalEncoding, build_pos_encoding
 from .transformer_layers import (
     DecoderCache,
@@ -25,6 +25,7 @@ __all__ = [
     "LayerNorm",
     "TokenBatchNorm",
     "build_norm",
+    "freeze_batch_norm",
     "SinusoidalPositionalEncoding",
     "LearnedPositionalEncoding",
     "build_pos_encoding",
