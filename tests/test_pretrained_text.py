@@ -100,3 +100,56 @@ def test_fine_tuning_from_the_folder_trains_predicts_and_loads_without_it(bert_f
     assert view.tokens[0] == "[CLS]" and len(view.layers) == 2
     pytest.importorskip("onnxruntime", reason="the export extra")
     assert main(["export", str(run_dir), "--out", str(tmp_path / "onnx")]) == 0
+
+
+def test_lora_run_keeps_adapters_alone_resumes_exactly_and_exports_merged(bert_folder, reviews, tmp_path, capsys):
+    """model.lora: the adapters and the head train; checkpoints hold them with the sha256 of
+    the folder's weights; a resume is exact; export merges; a changed base is refused."""
+    from safetensors.torch import save_file
+
+    from attnlab.engine.checkpoint import checkpoint_base
+
+    folder = tmp_path / "bert"
+    shutil.copytree(bert_folder, folder)
+    run_dir = tmp_path / "run"
+    args = overrides(reviews, folder, "model.lora.rank=4", "model.lora.targets=[attention, mlp]")
+    assert main(["train", "text-classification-pretrained", *args, "--run-dir", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "LoRA: " in out and "parameters train" in out
+    step = run_dir / "checkpoints" / "step_000000006"
+    saved = load_file(step / "model.safetensors")
+    assert saved and all(k.endswith(("lora_A", "lora_B")) or k.startswith("head.") for k in saved)
+    assert any(k.endswith("in_proj.lora_A") for k in saved) and any(k.endswith("ff.fc1.lora_B") for k in saved)
+    base = checkpoint_base(step)
+    [(file, digest)] = base["files"].items()
+    assert base["source"] == str(folder.resolve()) and file.endswith("model.safetensors") and len(digest) == 64
+    # the frozen weights are the folder's; the update is on: the adapters' B left zero
+    run = attnlab.load_run(run_dir)
+    pretrained = read_hf(folder)[2]
+    state = run.model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in pretrained.items() if not k.startswith("head."))
+    assert any(float(v.abs().max()) > 0 for k, v in saved.items() if k.endswith("lora_B"))
+    results = json.loads((run_dir / "results.json").read_text())
+    assert run.evaluate()["test_accuracy"] == results["test_accuracy"]
+
+    # exact resume: the run cut after its step-3 checkpoint and resumed ends with the same weights
+    cut = tmp_path / "cut"
+    shutil.copytree(run_dir, cut)
+    shutil.rmtree(cut / "checkpoints" / "step_000000006")
+    (cut / "results.json").unlink()
+    assert main(["train", "text-classification-pretrained", *args, "--run-dir", str(cut), "--resume"]) == 0
+    again = load_file(cut / "checkpoints" / "step_000000006" / "model.safetensors")
+    assert again.keys() == saved.keys() and all(torch.equal(again[k], saved[k]) for k in saved)
+
+    pytest.importorskip("onnxruntime", reason="the export extra")
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "onnx")]) == 0
+    capsys.readouterr()
+
+    # the base changed since the run trained: refused, naming the file
+    weights = load_file(folder / "model.safetensors")
+    save_file({k: v + 1 if k.endswith("query.weight") else v for k, v in weights.items()}, folder / "model.safetensors")
+    assert main(["eval", str(run_dir)]) == 2
+    assert "has changed (its sha256 differs)" in capsys.readouterr().err
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(attnlab.errors.InputError, match="model.safetensors is missing since the run trained"):
+        attnlab.load_run(run_dir)

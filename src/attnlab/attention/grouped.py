@@ -65,16 +65,22 @@ def band_mask(q_slots: Tensor, k_slots: Tensor, *, causal: bool, window: int | N
     return blocked
 
 
+def _weight_of(layer: nn.Linear) -> Tensor:
+    merged = getattr(layer, "merged_weight", None)
+    return layer.weight if merged is None else merged()
+
+
 def joined_weight(owner: nn.Module, name: str, layers: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor | None]:
     """The layers' weights joined and transposed, ``(in, sum of out)``, and their joined bias
     (or None): kept on ``owner`` under ``name`` and joined again when a weight changes (its
-    version counter moves on an optimizer step or a load)."""
-    key = tuple((layer.weight.data_ptr(), layer.weight._version, None if layer.bias is None else
-                 (layer.bias.data_ptr(), layer.bias._version)) for layer in layers)
+    version counter moves on an optimizer step or a load). A layer with a low-rank update
+    (LoRA's :class:`~attnlab.layers.lora.LoRALinear`) gives its ``merged_weight``: what it
+    computes in eval mode, the only mode these joined weights serve."""
+    key = tuple((p.data_ptr(), p._version) for layer in layers for p in layer.parameters(recurse=False))
     cached = owner.__dict__.get(f"_fused_{name}")
     if cached is None or cached[0] != key:
         with torch.no_grad():
-            weight = torch.cat([layer.weight for layer in layers]).t().contiguous()
+            weight = torch.cat([_weight_of(layer) for layer in layers]).t().contiguous()
             bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])  # type: ignore[misc]
         cached = (key, weight, bias)
         owner.__dict__[f"_fused_{name}"] = cached
@@ -130,6 +136,8 @@ class GroupedQueryAttention(nn.Module):
 
     The projections are ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj``, as in Llama.
     """
+
+    lora_role = "attention"  # LoRA (attnlab.layers.lora): its linear layers are attention projections
 
     _attn_capture: Callable[[Tensor], None] | None = None
 

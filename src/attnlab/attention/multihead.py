@@ -18,6 +18,16 @@ from .registry import register_attention
 __all__ = ["MultiHeadAttention", "SelfAttention", "CrossAttention"]
 
 
+def linear_rows(layer: nn.Linear, x: Tensor, lo: int, hi: int) -> Tensor:
+    """``layer(x)[..., lo:hi]`` without computing the other output rows (the query alone of a
+    packed projection). A layer that adds to its product (LoRA's
+    :class:`~attnlab.layers.lora.LoRALinear`) computes it with its ``forward_rows``."""
+    rows = getattr(layer, "forward_rows", None)
+    if rows is not None:
+        return rows(x, lo, hi)
+    return F.linear(x, layer.weight[lo:hi], None if layer.bias is None else layer.bias[lo:hi])
+
+
 class MultiHeadAttention(nn.Module):
     r"""Multi-head attention (Vaswani et al., 2017), batch-first.
 
@@ -64,6 +74,11 @@ class MultiHeadAttention(nn.Module):
     ``in_proj`` (one matrix multiply for self-attention, as torch does); otherwise as
     ``q_proj``, ``k_proj`` and ``v_proj``.
     """
+
+    # LoRA (attnlab.layers.lora): this module's linear layers are attention projections; the
+    # packed in_proj holds three (query, key, value), each adapted on its own.
+    lora_role = "attention"
+    lora_parts = {"in_proj": 3}
 
     # A recorder of the weights, set on an instance by capture_attention only.
     _attn_capture: Callable[[Tensor], None] | None = None
@@ -125,18 +140,16 @@ class MultiHeadAttention(nn.Module):
             if skip_kv:
                 return q, None, None
             return q, self.k_proj(key), self.v_proj(value)
-        w, b = self.in_proj.weight, self.in_proj.bias
-        e = self.embed_dim
+        e, proj = self.embed_dim, self.in_proj
         if key is query and value is query and not skip_kv:  # self-attention: one matmul
-            return F.linear(query, w, b).chunk(3, dim=-1)  # type: ignore[return-value]
-        bq, bk, bv = (None, None, None) if b is None else b.split(e)
-        q = F.linear(query, w[:e], bq)
+            return proj(query).chunk(3, dim=-1)  # type: ignore[return-value]
+        q = linear_rows(proj, query, 0, e)
         if skip_kv:
             return q, None, None
         if key is value:
-            k, v = F.linear(key, w[e:], None if b is None else b[e:]).chunk(2, dim=-1)
+            k, v = linear_rows(proj, key, e, 3 * e).chunk(2, dim=-1)
             return q, k, v
-        return q, F.linear(key, w[e : 2 * e], bk), F.linear(value, w[2 * e :], bv)
+        return q, linear_rows(proj, key, e, 2 * e), linear_rows(proj, value, 2 * e, 3 * e)
 
     def _split_heads(self, x: Tensor) -> Tensor:
         b, n, _ = x.shape

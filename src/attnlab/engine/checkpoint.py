@@ -5,7 +5,9 @@ Layout of one checkpoint, a folder ``<root>/step_<N>/``::
     model.safetensors   the weights (tied weights stored once, re-tied on load)
     state.pt            optimizer, scheduler, RNG and data-position state; plain
                         tensors and containers only, read with weights_only=True
-    manifest.json       step and sha256 of both files; written last
+    manifest.json       step and sha256 of both files; written last; for weights that
+                        leave out frozen ones held elsewhere (LoRA adapters over a
+                        pretrained model), ``base``: where those are and their sha256
 
 Besides the numbered ``step_<N>`` folders a run keeps ``best/`` (the weights with the
 best evaluation so far), replaced as a whole by :func:`save_named_checkpoint`;
@@ -26,7 +28,7 @@ import random
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import numpy as np
 import torch
@@ -49,6 +51,7 @@ __all__ = [
     "nonfinite_summary",
     "check_finite",
     "checkpoint_label",
+    "checkpoint_base",
     "capture_rng_state",
     "restore_rng_state",
 ]
@@ -76,12 +79,14 @@ def _untie(weights: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str
 
 
 def save_checkpoint(root: str | Path, step: int, weights: dict[str, Tensor], state: dict[str, Any],
-                    *, keep: int = 2) -> Path:
+                    *, keep: int = 2, base: dict[str, Any] | None = None) -> Path:
     """Write checkpoint ``step`` under ``root`` and keep the newest ``keep`` valid ones.
 
     ``weights``: a model's ``state_dict()``. ``state``: anything ``torch.load`` reads
     back with ``weights_only=True`` (tensors, numbers, strings, lists, dicts), e.g.
     ``{"optimizer": opt.state_dict(), "rng": capture_rng_state(), "epoch": 3}``.
+    ``base``: JSON-ready data recorded in the manifest (:func:`checkpoint_base`) when
+    ``weights`` leave out frozen weights kept elsewhere: what they are and their checksums.
 
     Pruning removes only checkpoints older than ``step`` that verify, beyond the
     ``keep - 1`` newest of them: the one just written is never removed, and neither is a
@@ -91,7 +96,7 @@ def save_checkpoint(root: str | Path, step: int, weights: dict[str, Tensor], sta
     if keep < 1:
         raise InputError(f"keep must be >= 1; got {keep}")
     folder = Path(root) / f"step_{step:09d}"
-    _replace(folder, step, weights, state)
+    _replace(folder, step, weights, state, base)
     kept = 1
     for old in reversed([p for p in list_checkpoints(root) if checkpoint_step(p) < step]):
         if not _is_valid(old):
@@ -133,7 +138,8 @@ def _is_valid(folder: Path) -> bool:
     return True
 
 
-def _write(folder: Path, step: int, weights: dict[str, Tensor], state: dict[str, Any]) -> None:
+def _write(folder: Path, step: int, weights: dict[str, Tensor], state: dict[str, Any],
+           base: dict[str, Any] | None) -> None:
     from safetensors.torch import save
 
     unique, aliases = _untie(weights)
@@ -143,11 +149,14 @@ def _write(folder: Path, step: int, weights: dict[str, Tensor], state: dict[str,
     buffer = io.BytesIO()
     torch.save(state, buffer)
     atomic_write_bytes(folder / STATE, buffer.getvalue())
-    manifest = {"step": step, "files": {n: sha256_file(folder / n) for n in (WEIGHTS, STATE)}}
+    manifest: dict[str, Any] = {"step": step, "files": {n: sha256_file(folder / n) for n in (WEIGHTS, STATE)}}
+    if base is not None:
+        manifest["base"] = base
     atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
 
 
-def _replace(folder: Path, step: int, weights: dict[str, Tensor], state: dict[str, Any]) -> None:
+def _replace(folder: Path, step: int, weights: dict[str, Tensor], state: dict[str, Any],
+             base: dict[str, Any] | None = None) -> None:
     """Write ``folder`` whole, replacing any folder of that name only once the new one is
     complete: it is written in ``.<name>.new`` first, the old one moved to ``.<name>.old``,
     the new one renamed into place, and the old one removed last. A crash between the two
@@ -157,7 +166,7 @@ def _replace(folder: Path, step: int, weights: dict[str, Tensor], state: dict[st
     if new.exists():  # left by an interrupted save
         shutil.rmtree(new)
     try:
-        _write(new, step, weights, state)
+        _write(new, step, weights, state, base)
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)  # a full disk: give back what the failed save took
         raise
@@ -173,11 +182,11 @@ def _replace(folder: Path, step: int, weights: dict[str, Tensor], state: dict[st
 
 
 def save_named_checkpoint(root: str | Path, name: str, step: int, weights: dict[str, Tensor],
-                          state: dict[str, Any]) -> Path:
+                          state: dict[str, Any], *, base: dict[str, Any] | None = None) -> Path:
     """Write ``root/<name>/`` (e.g. ``best``), replacing the previous one as a whole
     (see :func:`_replace`: a crash at any moment leaves the old one or the new one)."""
     folder = Path(root) / name
-    _replace(folder, step, weights, state)
+    _replace(folder, step, weights, state, base)
     return folder
 
 
@@ -285,13 +294,15 @@ def check_finite(weights: dict[str, Tensor], source: str | Path) -> None:
                               f"checkpoint")
 
 
-def load_weights_into(model: torch.nn.Module, weights: dict[str, Tensor], source: str | Path) -> None:
+def load_weights_into(model: torch.nn.Module, weights: dict[str, Tensor], source: str | Path, *,
+                      base_keys: Collection[str] = ()) -> None:
     """``model.load_state_dict(weights)``, refused with a :class:`CheckpointError` that
     names ``source`` and the mismatched keys when the weights belong to another model
     (torch's own error is a wall of text that reads like a crash), or when they are not
-    finite (:func:`check_finite`)."""
+    finite (:func:`check_finite`). ``base_keys``: keys ``weights`` may leave out, whose
+    values the model holds already (the frozen weights under LoRA adapters)."""
     own = model.state_dict()
-    missing = [k for k in own if k not in weights]
+    missing = [k for k in own if k not in weights and k not in base_keys]
     unexpected = [k for k in weights if k not in own]
     shapes = [f"{k} {tuple(weights[k].shape)} (model {tuple(own[k].shape)})"
               for k in own if k in weights and weights[k].shape != own[k].shape]
@@ -304,7 +315,7 @@ def load_weights_into(model: torch.nn.Module, weights: dict[str, Tensor], source
         raise CheckpointError(f"the weights in {source} do not fit this model ({type(model).__name__}): "
                               f"{'; '.join(parts)}; they were written for another model or configuration")
     check_finite(weights, source)
-    model.load_state_dict(weights)
+    model.load_state_dict(weights, strict=not base_keys)
 
 
 def list_checkpoints(root: str | Path, *, valid_only: bool = True) -> list[Path]:
@@ -383,6 +394,13 @@ def average_checkpoints(folders: list[str | Path]) -> dict[str, Tensor]:
             else:
                 total[name] = w
     return {n: (t / len(folders)).to(dtypes[n]) if t.is_floating_point() else t for n, t in total.items()}
+
+
+def checkpoint_base(folder: str | Path) -> dict[str, Any] | None:
+    """The ``base`` a checkpoint's manifest records (:func:`save_checkpoint`): ``None`` for
+    a checkpoint that holds every weight."""
+    base = _read_manifest(Path(folder)).get("base")
+    return base if isinstance(base, dict) else None
 
 
 def checkpoint_label(folder: Path) -> str:

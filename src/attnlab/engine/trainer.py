@@ -275,6 +275,13 @@ class Trainer:
     parameters with ``requires_grad=False`` are not trained. Checkpoints go to
     ``run_dir/checkpoints`` and metrics to ``run_dir/metrics.jsonl`` when ``run_dir`` is given.
 
+    ``base``: the model's frozen parameters (``requires_grad=False``) come from weights
+    kept elsewhere, which ``base`` describes (JSON-ready: a file and its sha256): checkpoints
+    then hold the trainable parameters and the buffers alone, with ``base`` in their
+    manifest (:func:`~attnlab.engine.checkpoint.checkpoint_base`), and :meth:`resume`
+    expects the model to hold those frozen weights already. LoRA runs use it: a
+    checkpoint of adapters over a 110 M-parameter model takes megabytes.
+
     Data-parallel under torchrun (after :func:`~attnlab.engine.distributed.init_distributed`):
     ``batch_size`` is per process, each rank trains on its share of every global batch of
     ``batch_size x world`` through DistributedDataParallel, and rank 0 alone logs and writes.
@@ -283,8 +290,9 @@ class Trainer:
     def __init__(self, model: nn.Module, train_data: Any, config: TrainConfig, *, eval_data: Any = None,
                  run_dir: str | Path | None = None, loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
                  collate: Callable[[Sequence[Any]], tuple[Tensor, Tensor]] = _collate, log: Callable[[str], None] = print,
-                 lr_scales: dict[str, float] | None = None) -> None:
+                 lr_scales: dict[str, float] | None = None, base: dict[str, Any] | None = None) -> None:
         self.cfg = config
+        self.base = base
         seed_everything(config.seed, config.deterministic)
         self.device = distributed.local_device(config.device)  # select_device, or this rank's device under torchrun
         self.model = model.to(self.device)
@@ -344,8 +352,19 @@ class Trainer:
                  "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "scaler": self.scaler.state_dict(), "rng": capture_rng_state(), "config": asdict(self.cfg)}
         if self.ema is not None:
-            state["ema"] = self.ema.state_dict()
+            state["ema"] = self._saved(self.ema.state_dict())
         return state
+
+    def _frozen(self) -> set[str]:
+        """The state-dict keys that checkpoints leave out: the frozen parameters, with ``base``."""
+        if self.base is None:
+            return set()
+        return {n for n, p in self.model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+    def _saved(self, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+        """What a checkpoint keeps of a state dict (of the model or its EMA: the same keys)."""
+        frozen = self._frozen()
+        return {k: v for k, v in weights.items() if k not in frozen} if frozen else weights
 
     def save(self) -> Path:
         """Checkpoint the current step. Under torchrun every rank calls it, rank 0 alone writes."""
@@ -356,8 +375,8 @@ class Trainer:
             return folder                  # open a window in which a kill loses it
         self._check_weights("checkpoint")
         if distributed.is_main():
-            folder = save_checkpoint(self.run_dir / "checkpoints", self.step, self.model.state_dict(), self.state(),
-                                     keep=self.cfg.keep_checkpoints)
+            folder = save_checkpoint(self.run_dir / "checkpoints", self.step, self._saved(self.model.state_dict()),
+                                     self.state(), keep=self.cfg.keep_checkpoints, base=self.base)
         distributed.barrier()  # no rank runs ahead of a checkpoint being written
         self._saved_step = self.step
         return folder
@@ -370,12 +389,12 @@ class Trainer:
             if self.run_dir is None or (folder := distributed.broadcast_object(found)) is None:
                 raise InputError(f"no checkpoint to resume from in {self.run_dir}")
         weights, state = load_checkpoint(folder, map_location=self.device)
-        load_weights_into(self.model, weights, folder)
+        load_weights_into(self.model, weights, folder, base_keys=self._frozen())
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         if self.ema is not None and "ema" in state:
-            self.ema.load_state_dict(state["ema"])
+            load_weights_into(self.ema, state["ema"], folder, base_keys=self._frozen())
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         self.best = state.get("best")
         self.train_seconds = state.get("train_seconds", 0.0)
@@ -520,7 +539,8 @@ class Trainer:
             self.best = score
             if self.run_dir is not None and distributed.is_main():
                 save_named_checkpoint(self.run_dir / "checkpoints", "best", self.step,
-                                      (self.ema or self.model).state_dict(), {"step": self.step, "eval": result})
+                                      self._saved((self.ema or self.model).state_dict()),
+                                      {"step": self.step, "eval": result}, base=self.base)
         return improved
 
     def _session_seconds(self) -> float:

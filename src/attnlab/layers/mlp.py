@@ -28,6 +28,8 @@ def get_activation(name: str) -> Callable[[Tensor], Tensor]:
 class Mlp(nn.Module):
     """``fc2(dropout(act(fc1(x))))``: ``(..., dim) -> (..., out_dim or dim)``."""
 
+    lora_role = "mlp"  # LoRA (attnlab.layers.lora): fc1 and fc2 are feed-forward layers
+
     def __init__(
         self, dim: int, hidden_dim: int, *, out_dim: int | None = None, activation: str = "relu",
         dropout: float = 0.0, bias: bool = True,

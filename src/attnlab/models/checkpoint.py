@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..io import read_state_dict
+from ..layers.lora import is_adapter_key
 from ..layers.pos_embed_2d import resample_pos_embed
 
 __all__ = ["read_state_dict", "timm_vit_to_attnlab", "attnlab_vit_to_timm", "load_checkpoint", "load_pretrained",
@@ -72,7 +73,7 @@ def load_pretrained(model: nn.Module, state: dict[str, Tensor], source: str | Pa
       the checkpoint's own (timm) names.
     """
     state = timm_vit_to_attnlab(dict(state))
-    own = model.state_dict()
+    own = {k: v for k, v in model.state_dict().items() if not is_adapter_key(k)}  # LoRA's adapters keep theirs
     dropped_head = _drop_foreign_head(state, own, classifier_name(model) or "head", always=new_head)
     pos = state.get("pos_embed")
     ckpt_prefix = int("cls_token" in state)
@@ -99,7 +100,7 @@ def load_pretrained(model: nn.Module, state: dict[str, Tensor], source: str | Pa
             parts.append("shape mismatches: " + few([timm_name(b.split(':')[0]) + ':' + b.split(':', 1)[1]
                                                      for b in bad_shapes]))
         raise InputError(f"checkpoint {source} does not fit {type(model).__name__}: " + " | ".join(parts))
-    model.load_state_dict(state, strict=not dropped_head)
+    model.load_state_dict(state, strict=not dropped_head and len(own) == len(model.state_dict()))
     return dropped_head
 
 

@@ -99,6 +99,8 @@ class GPTConfig:
 class GeluMlp(nn.Module):
     """``c_proj(gelu(c_fc(x)))``, GPT-2's MLP (``gelu_tanh``: its tanh approximation)."""
 
+    lora_role = "mlp"  # LoRA (attnlab.layers.lora): c_fc and c_proj are feed-forward layers
+
     def __init__(self, dim: int, hidden: int, *, tanh: bool, bias: bool, drop_rate: float) -> None:
         super().__init__()
         self.c_fc = nn.Linear(dim, hidden, bias=bias)
@@ -120,6 +122,8 @@ class GeluMlp(nn.Module):
 
 class SwiGLU(nn.Module):
     """``down_proj(silu(gate_proj(x)) * up_proj(x))`` (Shazeer, 2020), Llama's MLP."""
+
+    lora_role = "mlp"  # LoRA (attnlab.layers.lora): gate_proj, up_proj and down_proj
 
     def __init__(self, dim: int, hidden: int, *, bias: bool, drop_rate: float) -> None:
         super().__init__()

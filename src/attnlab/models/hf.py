@@ -33,7 +33,7 @@ from .encoder import TextEncoder, TextEncoderConfig
 from .gpt import GPT, GPTConfig
 from .vit import VisionTransformer, ViTConfig
 
-__all__ = ["from_hf", "read_hf", "hf_model_spec", "is_hf_folder", "HF_FAMILIES"]
+__all__ = ["from_hf", "read_hf", "hf_model_spec", "is_hf_folder", "weight_files", "HF_FAMILIES"]
 
 
 def _gpt2_config(c: dict[str, Any]) -> GPTConfig:
@@ -253,16 +253,23 @@ HF_FAMILIES: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..
 }
 
 
-def _read_weights(folder: Path) -> dict[str, Tensor]:
-    """The tensors of ``model*.safetensors``, else of ``pytorch_model*.bin`` (older folders),
-    read with ``weights_only=True``: a pickle that names anything but tensors and plain
-    values is refused, since unpickling it could run code."""
+def weight_files(folder: str | Path) -> list[Path]:
+    """The weight files of a Hugging Face folder: ``model*.safetensors``, else
+    ``pytorch_model*.bin`` (older folders)."""
+    folder = Path(folder).expanduser()
     files = sorted(folder.glob("model*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
     if not files:
         raise InputError(f"{folder} must hold model.safetensors or pytorch_model.bin (the weights in Hugging Face's "
                          f"layout); found neither")
+    return files
+
+
+def _read_weights(folder: Path) -> dict[str, Tensor]:
+    """The tensors of :func:`weight_files`, read with ``weights_only=True``: a pickle that
+    names anything but tensors and plain values is refused, since unpickling it could run
+    code."""
     weights: dict[str, Tensor] = {}
-    for path in files:
+    for path in weight_files(folder):
         weights.update(read_state_dict(path))
     return weights
 

@@ -36,11 +36,12 @@ from ..engine.trainer import TrainConfig
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
 from ..models import create_model
+from ..layers.lora import apply_lora
 from ..models.hf import hf_model_spec, is_hf_folder
 from ..models.registry import OptionError, upgrade_options
 from ..suggest import did_you_mean
 
-__all__ = ["DataConfig", "ModelConfig", "Recipe", "Task", "TrainedRun", "Prepared", "Preprocessing", "ImageSpec", "register_task", "get_task",
+__all__ = ["DataConfig", "ModelConfig", "LoRAConfig", "Recipe", "Task", "TrainedRun", "Prepared", "Preprocessing", "ImageSpec", "register_task", "get_task",
            "list_tasks", "recipe_from_dict", "recipe_dict", "check_texts", "require_model"]
 
 
@@ -53,6 +54,21 @@ or the plain section of a task of one's own that reads its own data."""
 
 
 @dataclass
+class LoRAConfig:
+    """``model.lora``: LoRA adapters (:mod:`attnlab.layers.lora`) of rank ``rank``, scaled by
+    ``alpha / rank``, on the linear layers of ``targets``: roles (``attention``: the query,
+    key, value and output projections; ``mlp``: the feed-forward layers), layer names
+    (``q_proj``) or patterns over qualified names (``blocks.*.attn.out_proj``); ``dropout``
+    on the adapters' input. Only the adapters and the classifier head train; checkpoints
+    hold them alone, with the sha256 of the frozen weights they adapt."""
+
+    rank: int = field(default=8, metadata={"min": 1})  # the adapters' rank r
+    alpha: float = field(default=16.0, metadata={"gt": 0.0})  # the update is scaled by alpha / rank
+    dropout: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0})  # on the adapters' input
+    targets: list = field(default_factory=lambda: ["attention"])  # roles (attention, mlp), layer names or patterns
+
+
+@dataclass
 class ModelConfig:
     name: str = ""  # a registered model (attnlab models)
     options: dict = field(default_factory=dict)  # overrides of its configuration, checked against it
@@ -62,6 +78,7 @@ class ModelConfig:
     checkpoint: str | None = None
     freeze_backbone: bool = False  # with checkpoint: train the classifier head alone
     backbone_lr_scale: float = field(default=1.0, metadata={"gt": 0.0, "max": 1.0})  # the rest learns at train.lr x this
+    lora: LoRAConfig | None = None  # with checkpoint: low-rank adapters and the head train, the rest stays frozen
 
 
 @dataclass
@@ -256,8 +273,15 @@ class Task:
         return data
 
     def build_model(self, recipe: Recipe, info: Any = None) -> nn.Module:
-        """The recipe's model: ``model.name`` with the task's options and ``model.options``."""
-        return create_model(recipe.model.name, **{**self.model_options(recipe, info), **recipe.model.options})
+        """The recipe's model: ``model.name`` with the task's options and ``model.options``,
+        with the adapters of ``model.lora`` (:func:`~attnlab.layers.lora.apply_lora`)."""
+        model = create_model(recipe.model.name, **{**self.model_options(recipe, info), **recipe.model.options})
+        if recipe.model.lora is not None:
+            try:
+                apply_lora(model, **dataclasses.asdict(recipe.model.lora))
+            except InputError as exc:
+                raise InputError(f"model.lora: {exc}") from None
+        return model
 
     def check(self, recipe: Recipe) -> None:
         """Checks that the dataclasses cannot make: ``model.options`` against the model's
@@ -270,8 +294,14 @@ class Task:
                 raise ConfigError(f"model.checkpoint must be a .safetensors/.pth file, an attnlab run directory or a "
                                   f"Hugging Face checkpoint folder (config.json and its weights); {path} is "
                                   f"{'a folder without checkpoints/ or config.json' if path.is_dir() else 'missing'}")
-        elif recipe.model.freeze_backbone:
-            raise ConfigError("model.freeze_backbone needs model.checkpoint (the weights to keep); got none")
+        elif recipe.model.freeze_backbone or recipe.model.lora is not None:
+            key = "model.freeze_backbone" if recipe.model.freeze_backbone else "model.lora"
+            raise ConfigError(f"{key} needs model.checkpoint (the weights to keep); got none")
+        if recipe.model.lora is not None and (recipe.model.freeze_backbone or recipe.model.backbone_lr_scale != 1.0):
+            raise ConfigError("model.lora trains the adapters and the head, the rest stays frozen: leave "
+                              "model.freeze_backbone (false) and model.backbone_lr_scale (1.0) out; got "
+                              f"freeze_backbone={recipe.model.freeze_backbone}, "
+                              f"backbone_lr_scale={recipe.model.backbone_lr_scale}")
 
     def check_model(self, recipe: Recipe) -> None:
         """``model.options`` against the model's configuration, named by their recipe keys

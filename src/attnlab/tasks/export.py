@@ -18,6 +18,9 @@ run's ``text.max_length``)::
                        attention_mask  int64   (B, L)         right-padded; 1 = token, 0 = padding
     both               logits          float32 (B, num_classes)
 
+A run with LoRA adapters is exported with them merged into the weights (plain linear
+layers; the outputs equal the adapted model's to float32 rounding).
+
 A text classifier's tokenizer is saved beside the model as ``<stem>.tokenizer.json`` (the
 ``tokenizers`` library reads it). Runs that generate text (translation, the reversal
 demo) are not exported: their decoding loop (beam search) is Python, not one graph.
@@ -34,6 +37,7 @@ per model here). It needs ``onnxscript``: ``pip install 'attnlab[export]'``.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import warnings
@@ -49,6 +53,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, shape_str
 from ..io import atomic_write, atomic_write_bytes
+from ..layers.lora import lora_layers, merge_lora
 from .base import TrainedRun
 
 __all__ = ["FORMATS", "ExportResult", "ImageClassifierGraph", "TextClassifierGraph", "export_run", "verify_export"]
@@ -125,6 +130,9 @@ def _plan(run: TrainedRun) -> _Plan:
         raise InputError(f"export covers classifiers (image and text); run {run.run_dir} is a {task} run, whose "
                          f"model generates text with a decoding loop that is not one graph")
     device = _device(run.model)
+    # LoRA adapters merged into the weights (a copy: the run's model keeps them): the graph holds
+    # plain linear layers, and verify_export compares it with the adapted model
+    model = merge_lora(copy.deepcopy(run.model)) if lora_layers(run.model) else run.model
     if run.image is not None:
         mode, (h, w) = run.image.mode, tuple(run.image.size)
         channels = {"L": 1, "RGB": 3}.get(mode)
@@ -133,7 +141,7 @@ def _plan(run: TrainedRun) -> _Plan:
         image = torch.randint(0, 256, (_EXAMPLE_BATCH, channels, h, w), dtype=torch.uint8, device=device)
         info = {"image": {"mode": mode, "size": [h, w], "channels": channels,
                           "normalization": "inside the graph", "transform": repr(run.image.transform)}}
-        return _Plan(ImageClassifierGraph(run.model, run.image.transform), {"image": image}, {"image": {0: "batch"}},
+        return _Plan(ImageClassifierGraph(model, run.image.transform), {"image": image}, {"image": {0: "batch"}},
                      {}, info)
     if run.tokenizer is not None:
         # The longest text: the tokenizer truncates to text.max_length, the model's positions stop at max_len.
@@ -147,7 +155,7 @@ def _plan(run: TrainedRun) -> _Plan:
         axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
         info = {"text": {"max_length": max_length, "padding": "right", "pad_id": run.tokenizer.pad_id,
                          "cls_id": run.tokenizer.cls_id, "sep_id": run.tokenizer.sep_id}}
-        return _Plan(TextClassifierGraph(run.model), examples, axes, {} if longest is None else {"sequence": longest},
+        return _Plan(TextClassifierGraph(model), examples, axes, {} if longest is None else {"sequence": longest},
                      info)
     raise InputError(f"export covers classifiers (image and text); run {run.run_dir} ({task}) has neither an image "
                      f"preprocessing (run.image) nor a tokenizer (run.tokenizer)")

@@ -10,10 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from torch import nn
 
 from ..engine import distributed
-from ..engine.checkpoint import load_checkpoint, load_weights_into, resolve_checkpoint
 from ..engine.resolved import run_precision
 from ..engine.trainer import TrainConfig
 from ..errors import InputError
@@ -21,7 +19,7 @@ from ..io import atomic_write_bytes, read_json_mapping, read_yaml_mapping
 from .base import Recipe, recipe_dict, recipe_from_dict
 
 __all__ = ["CONFIG", "CHANGES", "RESULTS", "read_config", "read_changes", "read_recipe", "read_results",
-           "recipe_changes", "resolve_weights", "load_weights", "train_config", "write_results"]
+           "recipe_changes", "resolve_weights", "train_config", "write_results"]
 
 CONFIG = "config.yaml"
 """A run's resolved recipe, every default filled in; written once, never rewritten."""
@@ -121,16 +119,6 @@ def resolve_weights(run_dir: Path, checkpoint: str = "auto") -> str:
         if isinstance(named, str) and ((run_dir / "checkpoints" / named).is_dir() or named == "last"):
             return named
     return next((n for n in ("averaged", "best") if (run_dir / "checkpoints" / n).is_dir()), "last")
-
-
-def load_weights(run_dir: str | Path, model: nn.Module, checkpoint: str = "auto") -> Path:
-    """Load a run's checkpoint into ``model`` (EMA weights when the run kept them) and
-    return its folder; see :func:`resolve_weights` for ``checkpoint``."""
-    run_dir = Path(run_dir)
-    folder = resolve_checkpoint(run_dir / "checkpoints", resolve_weights(run_dir, checkpoint))
-    weights, state = load_checkpoint(folder)
-    load_weights_into(model, state.get("ema") or weights, folder)
-    return folder
 
 
 def train_config(recipe: Recipe, run_dir: Path) -> TrainConfig:

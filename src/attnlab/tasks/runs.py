@@ -22,20 +22,18 @@ from torch import nn
 
 from ..data.tokenize import TextTokenizer
 from ..engine import distributed
-from ..engine.checkpoint import checkpoint_label, load_checkpoint, resolve_checkpoint
+from ..engine.checkpoint import checkpoint_base, checkpoint_label
 from ..engine.device import select_device
 from ..engine.rundir import RunLock
 from ..engine.trainer import Trainer, evaluate_model
 from ..errors import InputError
-from ..io import atomic_write_bytes, read_json_mapping, read_state_dict
+from ..io import atomic_write_bytes, read_json_mapping
 from ..models import count_parameters
-from ..layers.norms import freeze_batch_norm
-from ..models.checkpoint import classifier_name, load_pretrained
-from ..models.hf import is_hf_folder, read_hf
-from .base import ModelConfig, Recipe, Task, TrainedRun, get_task, recipe_dict, recipe_from_dict, require_model
+from .base import Recipe, Task, TrainedRun, get_task, recipe_dict, recipe_from_dict, require_model
 from .claim import open_run
-from .run_files import (CHANGES, CONFIG, RESULTS, load_weights, read_config, read_recipe, read_results,
-                        recipe_changes, resolve_weights, train_config, write_results)
+from .run_files import (CHANGES, CONFIG, RESULTS, read_config, read_recipe, read_results, recipe_changes,
+                        resolve_weights, train_config, write_results)
+from .weights import base_reference, fine_tuning, init_weights, load_base, load_weights
 
 __all__ = ["CONFIG", "CHANGES", "RESULTS", "train", "open_run", "fit_run", "test_run", "finish_run", "write_results",
            "read_config", "read_recipe", "read_results", "recipe_changes", "load_run", "report_items", "load_weights",
@@ -88,44 +86,6 @@ class UnfinishedRunWarning(UserWarning):
 # ----------------------------------------------------------------------------- training and testing
 
 
-def init_weights(model: nn.Module, source: str | Path, classes: Sequence[str] | None = None) -> list[str]:
-    """Load the weights of ``source`` (a state-dict file, timm's layout or attnlab's, a run
-    directory: the weights its test figures came from, or a Hugging Face folder) into
-    ``model`` for fine-tuning;
-    returns the classifier keys left fresh: the number of classes differs, or (a run
-    directory with ``classes.json``) their names do, given ``classes``."""
-    path = Path(source).expanduser()
-    if is_hf_folder(path):  # a Hugging Face folder: its weights in attnlab's names
-        return load_pretrained(model, read_hf(path)[2], path)
-    if path.is_dir():
-        folder = resolve_checkpoint(path / "checkpoints", resolve_weights(path))
-        weights, state = load_checkpoint(folder)
-        theirs = read_json_mapping(path / "classes.json").get("classes") if (path / "classes.json").is_file() else None
-        other = classes is not None and theirs is not None and list(theirs) != list(classes)
-        return load_pretrained(model, state.get("ema") or weights, folder, new_head=other)
-    return load_pretrained(model, read_state_dict(path), path)
-
-
-def fine_tuning(model: nn.Module, config: ModelConfig) -> dict[str, float] | None:
-    """Apply ``model.freeze_backbone`` (everything but the classifier stops learning, BatchNorm
-    statistics included: :func:`~attnlab.layers.norms.freeze_batch_norm`) and
-    return the ``lr_scales`` of ``model.backbone_lr_scale`` for the trainer."""
-    if not config.freeze_backbone and config.backbone_lr_scale == 1.0:
-        return None
-    head = classifier_name(model)
-    if head is None:
-        raise InputError(f"model.freeze_backbone and model.backbone_lr_scale need a model with a classifier head "
-                         f"('head' or 'fc'); {type(model).__name__} has none")
-    if config.freeze_backbone:
-        for name, p in model.named_parameters():
-            if not name.startswith(head + "."):
-                p.requires_grad_(False)
-        for name, child in model.named_children():  # and its BatchNorm statistics stay those of the checkpoint
-            if name != head:
-                freeze_batch_norm(child)
-    return {"": config.backbone_lr_scale, head: 1.0}
-
-
 def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module], train_set: Any, val_set: Any, *,
         resume_from: Path | None, log: Callable[[str], None], classes: Sequence[str] | None = None) -> dict[str, Any]:
     """Train on ``train_set``, evaluating on the validation set ``val_set`` (``None``:
@@ -136,14 +96,21 @@ def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module],
     ``results.json``."""
     torch.manual_seed(recipe.train.seed)
     model = build_model()
+    base = None
+    if recipe.model.lora is not None:  # checkpoints keep the adapters and the head; the rest is model.checkpoint's
+        assert recipe.model.checkpoint is not None  # Task.check
+        base = base_reference(recipe.model.checkpoint)
+        if resume_from is not None:  # the adapters go back on the weights they were trained on, checked
+            recorded = checkpoint_base(resume_from)
+            load_base(model, recorded if recorded is not None else base, resume_from)
     if resume_from is None and recipe.model.checkpoint:
         fresh = init_weights(model, recipe.model.checkpoint, classes)
         log(f"initial weights: {recipe.model.checkpoint}"
             + (f"; its classifier head does not fit this task's classes and is replaced ({', '.join(fresh)} start "
                f"fresh)" if fresh else ""))
-    lr_scales = fine_tuning(model, recipe.model)
+    lr_scales = fine_tuning(model, recipe.model, log)
     trainer = Trainer(model, train_set, train_config(recipe, run_dir), eval_data=val_set, run_dir=run_dir, log=log,
-                      lr_scales=lr_scales)
+                      lr_scales=lr_scales, base=base)
     if resume_from is not None:
         trainer.resume(resume_from)
     start = time.perf_counter()

@@ -36,6 +36,8 @@ class TokenAttention(nn.Module):
     """
 
     kind = "tokens"
+    lora_role = "attention"  # LoRA (attnlab.layers.lora): the projections; in_proj packs query, key and value
+    lora_parts = {"in_proj": 3}
     supports_causal = True
     supports_padding = True
 
