@@ -3,6 +3,7 @@
 from .channel_attention import CBAM, SqueezeExcite, build_channel_attention
 from .drop_path import DropPath
 from .init import mimetic_init_
+from .lora import LoRALinear, apply_lora, mark_only_lora_trainable, merge_lora
 from .mlp import Mlp
 from .norms import LayerNorm, TokenBatchNorm, build_norm, freeze_batch_norm
 from .pos_encoding import LearnedPositionalEncoding, SinusoidalPositionalEncoding, build_pos_encoding
@@ -21,6 +22,10 @@ __all__ = [
     "build_channel_attention",
     "DropPath",
     "mimetic_init_",
+    "LoRALinear",
+    "apply_lora",
+    "merge_lora",
+    "mark_only_lora_trainable",
     "Mlp",
     "LayerNorm",
     "TokenBatchNorm",

@@ -108,7 +108,7 @@ def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module],
         log(f"initial weights: {recipe.model.checkpoint}"
             + (f"; its classifier head does not fit this task's classes and is replaced ({', '.join(fresh)} start "
                f"fresh)" if fresh else ""))
-    lr_scales = fine_tuning(model, recipe.model, log)
+    lr_scales = fine_tuning(model, recipe.model, log, classifier=get_task(recipe.task).outputs == "labels")
     trainer = Trainer(model, train_set, train_config(recipe, run_dir), eval_data=val_set, run_dir=run_dir, log=log,
                       lr_scales=lr_scales, base=base)
     if resume_from is not None:
@@ -125,6 +125,7 @@ def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module],
         trainer.close()
     distributed.barrier()  # checkpoints/best is complete before any rank reads it
     return {"best_val_accuracy": trainer.best, "params": count_parameters(model),
+            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "train_seconds": out["train_seconds"], "samples_per_s": out["samples_per_s"], "steps": out["steps"],
             "fit_wall_seconds": time.perf_counter() - start, "model": recipe.model.name,
             "precision": out["precision"]}

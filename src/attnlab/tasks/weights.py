@@ -53,14 +53,17 @@ def init_weights(model: nn.Module, source: str | Path, classes: Sequence[str] | 
     return load_pretrained(model, read_state_dict(path), path)
 
 
-def fine_tuning(model: nn.Module, config: ModelConfig, log: Any = None) -> dict[str, float] | None:
+def fine_tuning(model: nn.Module, config: ModelConfig, log: Any = None, *, classifier: bool = True
+                ) -> dict[str, float] | None:
     """Apply ``model.freeze_backbone`` (everything but the classifier stops learning, BatchNorm
     statistics included: :func:`~attnlab.layers.norms.freeze_batch_norm`) or ``model.lora``
-    (the adapters and the classifier learn, nothing else) and return the ``lr_scales`` of
-    ``model.backbone_lr_scale`` for the trainer. ``log`` hears how many parameters train."""
+    (the adapters and, for a ``classifier``, its head learn, nothing else: a language
+    model's output layer, often the embedding's own weights, stays frozen) and return the
+    ``lr_scales`` of ``model.backbone_lr_scale`` for the trainer. ``log`` hears how many
+    parameters train."""
     if not config.freeze_backbone and config.backbone_lr_scale == 1.0 and config.lora is None:
         return None
-    head = classifier_name(model)
+    head = classifier_name(model) if classifier or config.lora is None else None
     if head is None and config.lora is None:
         raise InputError(f"model.freeze_backbone and model.backbone_lr_scale need a model with a classifier head "
                          f"('head' or 'fc'); {type(model).__name__} has none")
