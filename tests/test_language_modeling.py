@@ -155,3 +155,27 @@ def test_held_back_text_is_the_longest_end_that_begins_a_stop_string():
     assert held_back("ab", ["abc", "b!"]) == 2 and held_back("", ["ab"]) == 0
     assert cut_at_stop("one. two. three", [". t", "e"]) == ("on", True)
     assert cut_at_stop("one", ["x"]) == ("one", False)
+
+
+def test_lora_on_a_language_model_trains_the_adapters_alone_and_generates(lm_run, tmp_path, capsys):
+    """model.lora on a language model: its output layer (the embedding's own weights) stays
+    frozen; the checkpoint holds the adapters alone, and generation (cached decoding, which
+    joins the projections' weights) uses them."""
+    from safetensors.torch import load_file
+
+    (tmp_path / "story.txt").write_text(TEXT, encoding="utf-8")
+    run_dir = tmp_path / "lora"
+    assert main(["train", "lm-text", f"data.path={tmp_path / 'story.txt'}", *TINY, f"model.checkpoint={lm_run}",
+                 "model.lora.rank=2", "model.lora.targets=[attention, mlp]", "--run-dir", str(run_dir)]) == 0
+    assert "parameters train" in capsys.readouterr().out
+    saved = load_file(run_dir / "checkpoints" / "step_000000020" / "model.safetensors")
+    assert saved and all(k.endswith(("lora_A", "lora_B")) for k in saved)
+    run = attnlab.load_run(run_dir)
+    source = attnlab.load_run(lm_run).model.state_dict()
+    assert all(torch.equal(v, source[k]) for k, v in run.model.state_dict().items() if k in source)
+    assert any(float(v.abs().max()) > 0 for k, v in saved.items() if k.endswith("lora_B"))  # the update is on
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        assert torch.equal(run.model.generate(ids, 12), run.model.generate(ids, 12, use_cache=False))
+    [text] = run.generate(["the cat"], max_new_tokens=8)
+    assert isinstance(text, str)

@@ -107,3 +107,24 @@ def test_language_model_decoding_uses_the_adapters():
     uncached = model.generate(prompt, max_new_tokens=6, temperature=0.0, use_cache=False)
     plain = merge_lora(copy.deepcopy(model)).generate(prompt, max_new_tokens=6, temperature=0.0)
     assert torch.equal(cached, uncached) and torch.equal(cached, plain)
+
+
+def test_the_recipe_checks_model_lora(tmp_path):
+    from attnlab.engine.config import ConfigError
+    from attnlab.recipes import load_recipe
+
+    (tmp_path / "r.csv").write_text("text,label\na,b\n", encoding="utf-8")
+    data = f"data.train={tmp_path / 'r.csv'}"
+    (tmp_path / "w.safetensors").write_bytes(b"")  # checked to exist; not read while a recipe loads
+    start = f"model.checkpoint={tmp_path / 'w.safetensors'}"
+    recipe = load_recipe("text-classification", [data, start, "model.lora.rank=4"])
+    assert recipe.model.lora.rank == 4 and recipe.model.lora.alpha == 16 and recipe.model.lora.targets == ["attention"]
+    with pytest.raises(ConfigError, match="model.lora needs model.checkpoint"):
+        load_recipe("text-classification", [data, "model.lora.rank=4"])
+    with pytest.raises(ConfigError, match="model.lora.rank must be"):
+        load_recipe("text-classification", [data, start, "model.lora.rank=0"])
+    with pytest.raises(ConfigError, match="leave model.freeze_backbone"):
+        load_recipe("text-classification", [data, start, "model.lora.rank=4",
+                                            "model.freeze_backbone=true"])
+    with pytest.raises(ConfigError, match="model.lora: targets \\['atention'\\] select no linear layer.*did you mean attention"):
+        load_recipe("text-classification", [data, start, "model.lora.targets=[atention]"])

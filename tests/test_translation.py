@@ -206,6 +206,23 @@ def test_eval_reproduces_results_json_exactly(tiny_run, capsys):
     assert f"| test BLEU (sacreBLEU, cased) | {results['bleu']:.2f} |" in capsys.readouterr().out
 
 
+def test_lora_from_a_run_averages_its_adapters_over_the_same_base(tiny_run, mini_data, tmp_path):
+    """LoRA on the Transformer: the averaged checkpoint holds averaged adapters and names the
+    same base weights as the step checkpoints it averages; evaluation reproduces the run's."""
+    from attnlab.engine.checkpoint import checkpoint_base
+
+    run_dir = tmp_path / "lora"
+    assert main(["train", "translate-multi30k", "--run-dir", str(run_dir), *TINY, f"data.data_dir={mini_data}",
+                 f"model.checkpoint={tiny_run}", "model.lora.rank=2", "train.steps=12"]) == 0
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["test_checkpoint"] == "averaged" and results["trainable_params"] < results["params"] // 10
+    averaged = run_dir / "checkpoints" / "averaged"
+    assert checkpoint_base(averaged) == checkpoint_base(run_dir / "checkpoints" / "step_000000012")
+    assert checkpoint_base(averaged)["source"] == str(tiny_run.resolve())
+    res = load_run(run_dir).evaluate()
+    assert (res["bleu"], res["test_accuracy"]) == (results["bleu"], results["test_accuracy"])
+
+
 def test_translate_command(tiny_run, capsys, monkeypatch):
     assert main(["translate", str(tiny_run), "Ein Mann fährt Fahrrad.", "", "   ", "Zwei ☃ Hunde ♞."]) == 0
     lines = capsys.readouterr().out.split("\n")

@@ -41,7 +41,8 @@ from ..data.source import Splits, source_of
 from ..data.tokenize import TextTokenizer, shorten
 from ..data.translation import TranslationDataset
 from ..engine import distributed
-from ..engine.checkpoint import average_checkpoints, checkpoint_step, list_checkpoints, save_named_checkpoint
+from ..engine.checkpoint import (average_checkpoints, checkpoint_base, checkpoint_step, list_checkpoints,
+                                 save_named_checkpoint)
 from ..engine.device import select_device
 from ..engine.trainer import evaluate_model
 from ..errors import InputError
@@ -199,7 +200,8 @@ def average_last_checkpoints(run_dir: Path, count: int) -> Path | None:
     weights = average_checkpoints(folders)
     step = checkpoint_step(folders[-1])
     return save_named_checkpoint(run_dir / "checkpoints", "averaged", step, weights,
-                                 {"step": step, "averaged": [f.name for f in folders]})
+                                 {"step": step, "averaged": [f.name for f in folders]},
+                                 base=checkpoint_base(folders[-1]))  # LoRA: averaged adapters, the same base
 
 
 def _source(recipe: Recipe) -> PairSource:
