@@ -7,7 +7,7 @@ from .functional import causal_mask, merge_masks, scaled_dot_product_attention
 from .grouped import GroupedQueryAttention, RMSNorm
 from .multihead import CrossAttention, MultiHeadAttention, SelfAttention
 from .rotary import RotaryEmbedding, apply_rotary, rotate_half
-from .variants import axial, linear, linformer, local, lsa, nystrom, performer, relpos2d, sparse, standalone2d  # noqa: F401  (register)
+from .variants import axial, linear, linformer, local, lsa, nystrom, performer, relpos2d, sparse, standalone2d, topk, lsh  # noqa: F401  (register)
 from .variants.axial import AxialAttention2d, AxialWeights
 from .variants.base import TokenAttention
 from .variants.linear import LinearAttention
@@ -19,6 +19,8 @@ from .variants.performer import PerformerAttention
 from .variants.relpos2d import RelPosSelfAttention2d
 from .variants.sparse import SparseAttention
 from .variants.standalone2d import StandAloneSelfAttention2d
+from .variants.topk import TopKAttention
+from .variants.lsh import LSHAttention
 from .registry import (attend_grid, attention_family, attention_forms_weights, build_attention, list_attention,
                        register_attention)
 from .capture import capture_attention
@@ -57,4 +59,6 @@ __all__ = [
     "AxialAttention2d",
     "AxialWeights",
     "StandAloneSelfAttention2d",
+    "TopKAttention",
+    "LSHAttention",
 ]
