@@ -223,6 +223,20 @@ def test_lora_from_a_run_averages_its_adapters_over_the_same_base(tiny_run, mini
     assert (res["bleu"], res["test_accuracy"]) == (results["bleu"], results["test_accuracy"])
 
 
+def test_the_recurrent_baseline_trains_translates_and_draws_its_alignments(mini_data, tmp_path):
+    """model.name=gru_attention_tiny: the same task, data, beam search, BLEU and pictures."""
+    run_dir = tmp_path / "gru"
+    assert main(["train", "translate-multi30k", "--run-dir", str(run_dir), *TINY, f"data.data_dir={mini_data}",
+                 "model.name=gru_attention_tiny", "train.steps=12"]) == 0
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["model"] == "gru_attention_tiny" and 0 <= results["bleu"] <= 100
+    run = load_run(run_dir)
+    assert run.evaluate()["bleu"] == results["bleu"]
+    [view] = run.task.attention_views(run, ["ein hund rennt ."])
+    [layer] = view.layers  # the decoder's one attention: one row per target token
+    assert layer.shape[-2:] == (len(view.target_tokens), len(view.source_tokens))
+
+
 def test_translate_command(tiny_run, capsys, monkeypatch):
     assert main(["translate", str(tiny_run), "Ein Mann fährt Fahrrad.", "", "   ", "Zwei ☃ Hunde ♞."]) == 0
     lines = capsys.readouterr().out.split("\n")

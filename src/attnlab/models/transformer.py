@@ -234,6 +234,8 @@ class Seq2SeqTransformer(nn.Module):
     ``(B, Lt, tgt_vocab_size)``. ``tgt`` is the decoder input (BOS + target[:-1]).
     """
 
+    alignment_modules: ClassVar[str] = "transformer.decoder.layers.*.cross_attn"  # drawn as a translation's alignments
+
     def __init__(self, config: TransformerConfig | None = None, **overrides) -> None:
         super().__init__()
         cfg = build_config(TransformerConfig, asdict(config or TransformerConfig()), overrides)

@@ -29,7 +29,9 @@ def seq2seq_alignment(model: nn.Module, src_ids: list[int], src_tokens: list[str
     cfg, device = model.config, next(model.parameters()).device
     src = torch.tensor([src_ids], device=device)
     tgt_in = torch.tensor([[cfg.bos_id] + hyp[:-1]], device=device)
-    with capture_attention(model, include="transformer.decoder.layers.*.cross_attn", cpu=True) as maps:
+    # the modules the model family names; a recurrent decoder's attention records one call per step
+    with capture_attention(model, include=type(model).alignment_modules, cpu=True) as maps:
         memory, memory_pad = model.encode(src)
         model.decode(tgt_in, memory, memory_pad)
-    return AlignmentAttention(title, src_tokens, tgt_tokens, [calls[0][0] for calls in maps.values() if calls])
+    return AlignmentAttention(title, src_tokens, tgt_tokens,
+                              [torch.cat(calls, dim=2)[0] for calls in maps.values() if calls])
