@@ -39,6 +39,10 @@ THEORY: dict[str, tuple[str, str, str, str]] = {
                   "unbiased random-feature estimate of softmax; noisy for large logits"),
     "linformer": ("Linformer (k projections)", "O(nkd)", "O(nk)", "rank ≤ k; fixed maximum length; not causal"),
     "nystrom": ("Nyström (m landmarks)", "O(nmd + m³)", "O(nm)", "rank-m approximation of softmax; not causal"),
+    "topk": ("Top-k (k best keys per query; k = 1: hard)", "O(n²d)", "O(n²)",
+             "softmax over each query's k best scores: sparse by content; no saving"),
+    "lsh": ("LSH (Reformer: hashed buckets, chunks c)", "O(ncd + n log n)", "O(nc)",
+            "keys chosen by content (shared with queries); misses what hashes elsewhere"),
 }
 PASS_NAMES = {"fwd": "forward", "fwd_bwd": "forward + backward"}
 

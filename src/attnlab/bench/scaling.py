@@ -72,16 +72,22 @@ VARIANTS: dict[str, Variant] = {
     "performer": Variant("performer", lambda n: dict(num_features=256), note="FAVOR+, 256 orthogonal features"),
     "linformer": Variant("linformer", lambda n: dict(seq_len=n, k=256), note="k = 256 projections, seq_len = n"),
     "nystrom": Variant("nystrom", lambda n: dict(num_landmarks=64, pinv_iters=6), note="64 landmarks, 6 pinv iterations"),
+    "topk": Variant("topk", lambda n: dict(top_k=32), note="the 32 best keys of each query; n x n scores formed"),
+    # the Reformer's setting: chunks of 64 and about n / 64 buckets
+    "lsh": Variant("lsh", lambda n: dict(bucket_size=64, n_buckets=max(2, n // 128 * 2)),
+                   note="chunks of 64, n / 64 buckets, one hashing round"),
 }
 
 
 def predicted_bytes(variant: str, n: int, pass_: str, batch: int, heads: int) -> int:
     """A generous estimate of what a point needs, for the kinds that form ``n x n``
     matrices (the others need far less than any machine has)."""
-    if variant != "exact_weights":
-        return 0
     square = batch * heads * n * n * 4
-    return (2 if pass_ == "fwd" else 4) * square  # logits + weights; and their gradients
+    if variant == "exact_weights":
+        return (2 if pass_ == "fwd" else 4) * square  # logits + weights; and their gradients
+    if variant == "topk":  # scores, the kept mask, the masked scores, the weights; and the gradients
+        return (4 if pass_ == "fwd" else 7) * square
+    return 0
 
 
 def _rss_kb(field_name: str) -> int:
