@@ -31,7 +31,8 @@ from ..dropout import dropout
 from ..cpu import native_bf16_cpu
 from ..errors import InputError, shape_str
 
-__all__ = ["check_heads", "scaled_dot_product_attention", "merge_masks", "combine_masks", "causal_mask"]
+__all__ = ["check_heads", "scaled_dot_product_attention", "merge_masks", "combine_masks", "causal_mask",
+           "masked_softmax"]
 
 
 def check_heads(embed_dim: int, num_heads: int, dropout: float = 0.0) -> None:
@@ -46,6 +47,14 @@ def check_heads(embed_dim: int, num_heads: int, dropout: float = 0.0) -> None:
         raise InputError(f"embed_dim must be divisible by num_heads; got embed_dim={embed_dim}, num_heads={num_heads}")
     if not 0.0 <= dropout < 1.0:
         raise InputError(f"dropout must be in [0, 1); got {dropout}")
+
+
+def masked_softmax(scores: Tensor) -> Tensor:
+    """Softmax over the last axis of ``scores`` whose masked entries are ``-inf``; a row
+    with no finite score (a query that sees no key) gives zeros, and no NaN reaches the
+    backward pass. For the kinds that mask their own score blocks (top-k, LSH)."""
+    dead = torch.isinf(scores).all(dim=-1, keepdim=True)
+    return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
 
 
 def causal_mask(lq: int, lk: int, device: torch.device | str | None = None) -> Tensor:

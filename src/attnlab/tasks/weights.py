@@ -43,10 +43,10 @@ def init_weights(model: nn.Module, source: str | Path, classes: Sequence[str] | 
     if path.is_dir():
         folder = resolve_checkpoint(path / "checkpoints", resolve_weights(path))
         weights, state = load_checkpoint(folder)
-        if checkpoint_base(folder) is not None:
+        base = checkpoint_base(folder)
+        if base is not None:
             raise InputError(f"model.checkpoint: {path} is a LoRA run, whose checkpoints hold its adapters alone; "
-                             f"export it (attnlab export merges them) or start from its base, "
-                             f"{checkpoint_base(folder).get('source')}")
+                             f"export it (attnlab export merges them) or start from its base, {base.get('source')}")
         theirs = read_json_mapping(path / "classes.json").get("classes") if (path / "classes.json").is_file() else None
         other = classes is not None and theirs is not None and list(theirs) != list(classes)
         return load_pretrained(model, state.get("ema") or weights, folder, new_head=other)

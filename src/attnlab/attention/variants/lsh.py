@@ -37,6 +37,7 @@ from torch import Tensor
 
 from ...dropout import dropout
 from ...errors import InputError
+from ..functional import masked_softmax
 from ..registry import register_attention
 from .base import TokenAttention
 
@@ -100,9 +101,7 @@ def lsh_attention(qk: Tensor, v: Tensor, rotations: Tensor, bucket_size: int, *,
     if is_causal:
         blocked = blocked | (p_c.unsqueeze(-2) > q_pos)
     scores = scores.masked_fill(p_c.unsqueeze(-2) == q_pos, _SELF).masked_fill(blocked, -math.inf)
-    # rows without a visible key (padding, the filler past L) give zeros, and no NaN to the backward
-    dead = torch.isinf(scores).all(dim=-1, keepdim=True)
-    weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+    weights = masked_softmax(scores)  # rows without a visible key (padding, the filler past L): zeros
     if dropout_p > 0:
         weights = dropout(weights, p=dropout_p)
     out_s = torch.matmul(weights.to(v.dtype), v_c).view(b, h, length, -1)

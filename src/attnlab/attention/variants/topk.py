@@ -36,6 +36,7 @@ from torch import Tensor
 
 from ...dropout import dropout
 from ...errors import InputError
+from ..functional import masked_softmax
 from ..registry import register_attention
 from .base import TokenAttention
 
@@ -62,12 +63,7 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, top_k: int, *, key_padding_m
     if top_k < n_k:
         kept = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, scores.topk(top_k, dim=-1).indices, True)
         scores = scores.masked_fill(~kept, -math.inf)  # a masked key among the top k stays -inf
-    dead = torch.isinf(scores).all(dim=-1, keepdim=True) if blocked is not None else None
-    if dead is not None:
-        scores = scores.masked_fill(dead, 0.0)
-    weights = torch.softmax(scores, dim=-1)
-    if dead is not None:
-        weights = weights.masked_fill(dead, 0.0)
+    weights = masked_softmax(scores)
     if dropout_p > 0:
         weights = dropout(weights, p=dropout_p)
     return torch.matmul(weights.to(v.dtype), v)
