@@ -224,13 +224,14 @@ def test_lora_from_a_run_averages_its_adapters_over_the_same_base(tiny_run, mini
 
 
 def test_the_recurrent_baseline_trains_translates_and_draws_its_alignments(mini_data, tmp_path):
-    """model.name=gru_attention_tiny: the same task, data, beam search, BLEU and pictures."""
+    """The GRU recipe, at gru_attention_tiny: the same task, data, beam search, BLEU and pictures."""
     run_dir = tmp_path / "gru"
-    assert main(["train", "translate-multi30k", "--run-dir", str(run_dir), *TINY, f"data.data_dir={mini_data}",
-                 "model.name=gru_attention_tiny", "train.steps=12"]) == 0
+    assert main(["train", "translate-multi30k-gru", "--run-dir", str(run_dir), *TINY, f"data.data_dir={mini_data}",
+                 "model.name=gru_attention_tiny", "model.options={score: multiplicative}", "train.steps=12"]) == 0
     results = json.loads((run_dir / "results.json").read_text())
     assert results["model"] == "gru_attention_tiny" and 0 <= results["bleu"] <= 100
     run = load_run(run_dir)
+    assert run.model.config.score == "multiplicative"
     assert run.evaluate()["bleu"] == results["bleu"]
     [view] = run.task.attention_views(run, ["ein hund rennt ."])
     [layer] = view.layers  # the decoder's one attention: one row per target token

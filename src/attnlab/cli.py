@@ -685,7 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
                                               "(resumable; about 1.5 hours on 2 CPU cores)")
     q.add_argument("--out", default="runs/bench-attention", help="output folder (default runs/bench-attention)")
     q.add_argument("--json", default=None, metavar="FILE", help="also write the scaling records, as a list, here")
-    q.add_argument("--parts", default=None, help="comma-separated: scaling, quality, studies (default: all)")
+    q.add_argument("--parts", default=None, help="comma-separated: scaling, quality, fidelity, studies (default: all)")
     q.add_argument("--variants", default=None, help="comma-separated variants (default: all)")
     q.add_argument("--lengths", default=None, help="comma-separated lengths (default 256,...,16384)")
     q.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")

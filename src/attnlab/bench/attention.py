@@ -7,6 +7,8 @@ not measured again, so an interrupted run goes on where it stopped):
   (:mod:`attnlab.bench.scaling`);
 * ``quality``: accuracy after a fixed budget on the needle task and on MR
   (:mod:`attnlab.bench.quality`);
+* ``fidelity``: each kind's error against exact attention on the queries, keys and
+  values of the MR model trained with exact attention (:mod:`attnlab.bench.fidelity`);
 * ``studies``: heads, position encodings, attention dropout and gradient
   checkpointing (:mod:`attnlab.bench.studies`).
 
@@ -25,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import InputError
 from ..io import atomic_write_bytes
+from .fidelity import run_fidelity
 from .quality import QUALITY_KINDS, run_quality
 from .machine import machine_info
 from .report import write_bench_report, write_report
@@ -33,7 +36,7 @@ from .studies import run_studies
 
 __all__ = ["run_bench", "PARTS", "DEFAULT_LENGTHS", "QUICK_LENGTHS", "machine_info", "ResultStore"]
 
-PARTS = ("scaling", "quality", "studies")
+PARTS = ("scaling", "quality", "fidelity", "studies")
 DEFAULT_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 QUICK_LENGTHS = (256, 512)
 
@@ -116,6 +119,8 @@ def run_bench(out: str | Path, *, parts: Sequence[str] = PARTS, variants: Sequen
     if "quality" in parts:
         run_quality(store, [v for v in variants if v in QUALITY_KINDS], out, quick=quick, device=device,
                     data_dir=data_dir, log=log)
+    if "fidelity" in parts:
+        run_fidelity(store, out, quick=quick, device=device, data_dir=data_dir, log=log)
     if "studies" in parts:
         run_studies(store, out, quick=quick, device=device, data_dir=data_dir, log=log)
     write_report(store.data, out)

@@ -205,12 +205,31 @@ def _quality_table(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _fidelity_table(data: dict[str, Any]) -> list[str]:
+    recs = data.get("fidelity", [])
+    if not recs:
+        return []
+    r0 = recs[0]
+    lines = [f"### Error against exact attention on a trained model's queries, keys and values (MR classifier, "
+             f"{r0['layers']} layers, {r0['sentences']:,} test sentences)", "",
+             "| kind | settings | relative error of the output (mean over layers) | per layer | reference "
+             "| share of the exact weight kept |",
+             "| --- | --- | ---: | --- | --- | ---: |"]
+    for r in recs:
+        opts = ", ".join(f"{k}={v}" for k, v in r["options"].items())
+        layers = " / ".join(f"{e:.3f}" for e in r["error_per_layer"])
+        kept = f"{100 * r['kept_mass']:.1f}%" if "kept_mass" in r else ""
+        lines.append(f"| {r['label']} | {opts} | {r['error']:.3f} | {layers} | {r['reference']} | {kept} |")
+    return lines + [""]
+
+
 def markdown(data: dict[str, Any]) -> str:
     m = data.get("machine", {})
     head = [f"Machine: {machine_label(m)}, {m.get('cores', '?')} cores, device {m.get('device', '?')}; "
             "float32, batch 1, 8 heads of 64."
             + (" QUICK RUN: the figures mean nothing." if data.get("quick") else ""), ""]
-    return "\n".join(head + _scaling_tables(data) + _quality_table(data) + _studies_tables(data))
+    return "\n".join(head + _scaling_tables(data) + _quality_table(data) + _fidelity_table(data)
+                     + _studies_tables(data))
 
 
 def _plots(data: dict[str, Any], out: Path) -> list[Path]:
@@ -267,7 +286,7 @@ def is_bench_dir(folder: str | Path) -> bool:
         data = json.loads((folder / "results.json").read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(data, dict) and any(k in data for k in ("scaling", "quality", "studies"))
+    return isinstance(data, dict) and any(k in data for k in ("scaling", "quality", "fidelity", "studies"))
 
 
 def write_bench_report(out_dir: str | Path, out: str | Path | None = None) -> Path:

@@ -1,0 +1,163 @@
+"""How closely each efficient kind reproduces exact attention on a trained model's own
+queries, keys and values (not random tensors).
+
+The model is the MR classifier that the quality part trains with exact attention (the
+shipped ``sentiment-mr`` recipe; trained here when that part has not run). It reads the
+test sentences; at each of its attention layers the layer's input and padding mask are
+recorded, and its own projection gives the per-head queries, keys and values. Each kind's
+:meth:`~attnlab.attention.variants.base.TokenAttention.attend` then runs on exactly those
+tensors, at the quality part's MR settings (sentences of at most 96 tokens, so a window of
+8, blocks of 8, 16 landmarks, ...), and is compared with a reference under the same mask:
+
+* exact softmax attention, for every kind but ``lsh``;
+* for ``lsh``, which shares queries and keys (the Reformer's constraint: a model is
+  trained so), its own result with one chunk covering the sentence, which is exact
+  attention over the shared keys: the figure is then the error of the hashing and
+  chunking alone.
+
+Error: ``‖o - o_ref‖ / ‖o_ref‖`` (Frobenius norms) over the real, not padding, query
+positions of all sentences and heads of a layer; the record keeps each layer's and the
+mean over layers. For ``topk`` the record also keeps the share of each query's exact
+softmax weight that falls on the ``k`` keys it keeps (its mean over queries).
+
+``linformer`` is left out: its length projections are weights learned with the model,
+and a model trained with exact attention has none (random ones would measure nothing).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..attention import build_attention
+from ..attention.multihead import SelfAttention
+from ..data.source import source_of
+from ..data.text import SentimentDataset
+from ..errors import InputError
+from ..tasks import load_run
+from .quality import MR_OPTIONS, ensure_mr_run
+
+__all__ = ["FIDELITY_SETTINGS", "attention_inputs", "relative_errors", "run_fidelity"]
+
+# (label, kind, options): the quality part's MR settings, and top-k at three k.
+FIDELITY_SETTINGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("local", "local", MR_OPTIONS["local"]),
+    ("sparse", "sparse", MR_OPTIONS["sparse"]),
+    ("linear", "linear", {}),
+    ("performer", "performer", MR_OPTIONS["performer"]),
+    ("nystrom", "nystrom", MR_OPTIONS["nystrom"]),
+    ("topk k=1 (hard)", "topk", {"top_k": 1}),
+    ("topk k=4", "topk", {"top_k": 4}),
+    ("topk k=16", "topk", {"top_k": 16}),
+    ("lsh", "lsh", MR_OPTIONS["lsh"]),
+)
+
+
+@torch.no_grad()
+def attention_inputs(model: torch.nn.Module, batches: list[dict[str, Tensor]]) -> list[list[tuple[Tensor, ...]]]:
+    """Run ``model(**batch)`` for each batch; for each of its exact self-attention layers,
+    in order, the list over batches of ``(q, k, v, key_padding_mask)`` with ``q, k, v``
+    ``(B, H, L, D)`` from the layer's own projection and the mask ``(B, L)`` bool
+    (``True`` = padding)."""
+    layers = [m for m in model.modules() if isinstance(m, SelfAttention)]
+    if not layers:
+        raise InputError("model has no exact self-attention layer ('exact' kind) to take queries and keys from")
+    for m in layers:
+        if not m.packed or m.rotary is not None or m.alibi_slopes is not None:
+            raise InputError("the model's attention must be plain packed self-attention (no rope, no alibi): "
+                             "its projection alone gives the queries and keys")
+    seen: list[list[tuple[Tensor, ...]]] = [[] for _ in layers]
+
+    def hook(i: int) -> Callable[..., None]:
+        def record(module: SelfAttention, args: tuple, kwargs: dict[str, Any]) -> None:
+            if kwargs.get("attn_mask") is not None:
+                raise InputError("the model adds an attention bias (attn_mask), which the other kinds cannot take")
+            x, pad = args[0], kwargs.get("key_padding_mask")
+            b, n, _ = x.shape
+            if pad is None:
+                pad = torch.zeros(b, n, dtype=torch.bool, device=x.device)
+            q, k, v = module.in_proj(x).view(b, n, 3, module.num_heads, module.head_dim).permute(2, 0, 3, 1, 4)
+            seen[i].append((q, k, v, pad))
+        return record
+
+    handles = [m.register_forward_pre_hook(hook(i), with_kwargs=True) for i, m in enumerate(layers)]
+    try:
+        for batch in batches:
+            model(**batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def _exact(q: Tensor, k: Tensor, v: Tensor, pad: Tensor) -> Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=~pad[:, None, None, :])
+
+
+@torch.no_grad()
+def relative_errors(kind: str, options: dict[str, Any], inputs: list[list[tuple[Tensor, ...]]],
+                    seed: int = 0) -> dict[str, Any]:
+    """Each layer's relative error of ``kind`` (built with ``options``) against its
+    reference on ``inputs`` (from :func:`attention_inputs`); see the module docstring."""
+    per_layer, kept = [], []
+    for layer in inputs:
+        q0 = layer[0][0]
+        heads, head_dim = q0.shape[1], q0.shape[3]
+        torch.manual_seed(seed)  # the random features and rotations of the kinds that draw them
+        module = build_attention(kind, heads * head_dim, heads, **options).eval()
+        err = ref_norm = 0.0
+        for q, k, v, pad in layer:
+            if kind == "lsh":
+                reference = build_attention("lsh", heads * head_dim, heads,
+                                            **{**options, "bucket_size": q.shape[2]}).eval()
+                ref = reference.attend(q, k, v, key_padding_mask=pad, is_causal=False)
+            else:
+                ref = _exact(q, k, v, pad)
+            out = module.attend(q, k, v, key_padding_mask=pad, is_causal=False)
+            real = (~pad)[:, None, :, None]  # the real query positions
+            err += float(((out - ref) * real).pow(2).sum())
+            ref_norm += float((ref * real).pow(2).sum())
+            if kind == "topk":
+                weights = _exact_weights(q, k, pad)
+                mass = weights.topk(min(options["top_k"], weights.shape[-1]), dim=-1).values.sum(-1)  # (B, H, L)
+                kept.append(mass.transpose(1, 2)[~pad])  # (real positions, H)
+        per_layer.append(math.sqrt(err / max(ref_norm, 1e-30)))
+    rec: dict[str, Any] = {"kind": kind, "options": dict(options), "error": sum(per_layer) / len(per_layer),
+                           "error_per_layer": per_layer,
+                           "reference": "one-chunk lsh (exact, shared keys)" if kind == "lsh" else "exact"}
+    if kept:
+        rec["kept_mass"] = float(torch.cat(kept).mean())
+    return rec
+
+
+def _exact_weights(q: Tensor, k: Tensor, pad: Tensor) -> Tensor:
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    return scores.masked_fill(pad[:, None, None, :], -math.inf).softmax(-1)
+
+
+def run_fidelity(store: Any, out: Path, *, quick: bool = False, device: str = "cpu", data_dir: str | None = None,
+                 log: Callable[[str], None] = print) -> None:
+    """The error of each of :data:`FIDELITY_SETTINGS` not yet in ``store`` (section
+    ``fidelity``), on the quality part's exact MR model (trained first if missing)."""
+    todo = [s for s in FIDELITY_SETTINGS if not store.find("fidelity", label=s[0])]
+    if not todo:
+        return
+    run_dir = ensure_mr_run(store, "exact", out, quick=quick, device=device, data_dir=data_dir, log=log)
+    run = load_run(run_dir)
+    test = source_of(run.recipe.data).load(run.recipe.data).test
+    texts, labels = (test.texts[:64], test.labels[:64]) if quick else (test.texts, test.labels)
+    data = SentimentDataset(texts, labels, run.tokenizer, run.recipe.text.max_length)
+    order = sorted(range(len(data.texts)), key=lambda i: int(data.lengths[i]))  # little padding per batch
+    batches = [data.get_batch(order[i:i + 64])[0] for i in range(0, len(order), 64)]
+    inputs = attention_inputs(run.model, batches)
+    for label, kind, options in todo:
+        rec = {"label": label, **relative_errors(kind, options, inputs), "sentences": len(texts),
+               "layers": len(inputs), "model_run": str(run_dir)}
+        store.add("fidelity", rec)
+        extra = f", keeps {100 * rec['kept_mass']:.1f}% of the exact weight" if "kept_mass" in rec else ""
+        log(f"fidelity {label:>16}: relative error {rec['error']:.4f} vs {rec['reference']}{extra}")
