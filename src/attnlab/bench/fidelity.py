@@ -109,12 +109,12 @@ def relative_errors(kind: str, options: dict[str, Any], inputs: list[list[tuple[
         q0 = layer[0][0]
         heads, head_dim = q0.shape[1], q0.shape[3]
         torch.manual_seed(seed)  # the random features and rotations of the kinds that draw them
-        module = build_attention(kind, heads * head_dim, heads, **options).eval()
+        module = build_attention(kind, heads * head_dim, heads, **options).to(q0.device).eval()
         err = ref_norm = 0.0
         for q, k, v, pad in layer:
             if kind == "lsh":
                 reference = build_attention("lsh", heads * head_dim, heads,
-                                            **{**options, "bucket_size": q.shape[2]}).eval()
+                                            **{**options, "bucket_size": q.shape[2]}).to(q.device).eval()
                 ref = reference.attend(q, k, v, key_padding_mask=pad, is_causal=False)
             else:
                 ref = _exact(q, k, v, pad)
@@ -148,12 +148,13 @@ def run_fidelity(store: Any, out: Path, *, quick: bool = False, device: str = "c
     if not todo:
         return
     run_dir = ensure_mr_run(store, "exact", out, quick=quick, device=device, data_dir=data_dir, log=log)
-    run = load_run(run_dir)
+    run = load_run(run_dir, device=device)
     test = source_of(run.recipe.data).load(run.recipe.data).test
     texts, labels = (test.texts[:64], test.labels[:64]) if quick else (test.texts, test.labels)
     data = SentimentDataset(texts, labels, run.tokenizer, run.recipe.text.max_length)
     order = sorted(range(len(data.texts)), key=lambda i: int(data.lengths[i]))  # little padding per batch
-    batches = [data.get_batch(order[i:i + 64])[0] for i in range(0, len(order), 64)]
+    batches = [{k: t.to(device) for k, t in data.get_batch(order[i:i + 64])[0].items()}
+               for i in range(0, len(order), 64)]
     inputs = attention_inputs(run.model, batches)
     for label, kind, options in todo:
         rec = {"label": label, **relative_errors(kind, options, inputs), "sentences": len(texts),
