@@ -12,6 +12,7 @@ import attnlab
 from attnlab.cli import main
 from attnlab.errors import InputError
 from attnlab.recipes import load_recipe
+from attnlab.tasks import get_task
 
 TINY = ["model.options.depth=1", "model.options.embed_dim=32", "model.options.num_heads=2",
         "model.options.mlp_hidden_dim=64", "text.context=32", "train.steps=20", "train.batch_size=8",
@@ -179,3 +180,16 @@ def test_lora_on_a_language_model_trains_the_adapters_alone_and_generates(lm_run
         assert torch.equal(run.model.generate(ids, 12), run.model.generate(ids, 12, use_cache=False))
     [text] = run.generate(["the cat"], max_new_tokens=8)
     assert isinstance(text, str)
+
+
+def test_samples_that_cannot_fit_a_model_with_absolute_positions_are_refused_before_training(tmp_path, capsys):
+    """Learned positions hold text.context positions: 300 new characters after "ROMEO:" cannot
+    fit in 128, which was found only after training (the run ended without results.json)."""
+    run = tmp_path / "lm"
+    assert main(["train", "lm-shakespeare-char", "model.options.pos_embed=learned", "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "generate.max_new_tokens" in err and "text.context=128" in err and "takes 6" in err and "at most 122" in err
+    assert "\n" not in err and not run.exists()
+    recipe = load_recipe("lm-shakespeare-char", ["model.options.pos_embed=learned", "generate.max_new_tokens=122"])
+    get_task("language_modeling").check(recipe)  # fits exactly
+    get_task("language_modeling").check(load_recipe("lm-shakespeare-char"))  # rotary positions: no such limit

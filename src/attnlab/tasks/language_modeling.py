@@ -35,6 +35,7 @@ from ..data.source import Splits, source_of
 from ..data.text_corpus import CorpusSourceConfig
 from ..data.tokenize import shorten
 from ..engine import distributed
+from ..engine.config import ConfigError
 from ..engine.trainer import evaluate_model
 from ..errors import InputError
 from ..io import atomic_write_bytes
@@ -146,6 +147,28 @@ class LanguageModeling(Task):
     def describe(self, recipe: Recipe) -> str:
         return (f"{source_of(recipe.data).describe(recipe.data)}, {recipe.text.tokenizer} tokens, context "
                 f"{recipe.text.context}")
+
+    def check(self, recipe: Recipe) -> None:
+        """Also: a model with absolute positions (learned or sinusoidal) cannot continue a
+        prompt past its context, so the samples a finished run writes must fit in it; said
+        before training, not after it."""
+        super().check(recipe)
+        if not recipe.model.name or recipe.model.checkpoint is not None:
+            return
+        with torch.device("meta"):
+            cfg = getattr(self.build_model(recipe), "config", None)
+        pos, max_len = getattr(cfg, "pos_embed", None), getattr(cfg, "max_len", None)
+        if pos not in ("learned", "sinusoidal") or not isinstance(max_len, int):
+            return
+        sample = recipe.generate
+        prompt = max(len(p.encode()) if recipe.text.tokenizer == "byte" else len(p) if recipe.text.tokenizer == "char"
+                     else 1 for p in sample.prompts)  # its tokens (BPE: at least one)
+        if prompt + sample.max_new_tokens > max_len:
+            raise ConfigError(f"generate.max_new_tokens must leave the prompts room in the context: a model with "
+                              f"pos_embed={pos!r} holds text.context={max_len} positions, and the longest of "
+                              f"generate.prompts takes {prompt}; got generate.max_new_tokens={sample.max_new_tokens} "
+                              f"(at most {max(max_len - prompt, 0)}, or use pos_embed rope or alibi, which have no "
+                              f"such limit)")
 
     def metric_rows(self, metrics: dict[str, Any]) -> list[tuple[str, str]]:
         rows = []
