@@ -177,6 +177,26 @@ def test_model_options_that_cannot_work_are_one_clear_error():
         create_model("gpt_tiny").generate(torch.zeros(1, 250, dtype=torch.long), 10)
 
 
+def test_the_sliding_window_has_one_name_for_the_gqa_and_the_local_kinds():
+    """GPT's window reaches the local kind (whose window means the same: a query sees itself
+    and the window - 1 keys before it), as attention_options could not set it."""
+    torch.manual_seed(0)
+    for kind in ("gqa", "local"):
+        model = create_model("gpt_tiny", vocab_size=50, depth=2, attention=kind, window=3).eval()
+        assert model.blocks[0].attn.window == 3
+        ids = torch.randint(0, 50, (1, 12))
+        changed = ids.clone()
+        changed[0, 0] = (ids[0, 0] + 1) % 50
+        with torch.no_grad():
+            a, b = model(ids), model(changed)
+        # two layers of windows of 3 reach 4 positions back: positions 5.. never see position 0
+        assert torch.equal(a[0, 5:], b[0, 5:]) and not torch.allclose(a[0, :5], b[0, :5])
+    with pytest.raises(InputError, match="the model sets it from window"):
+        create_model("gpt_tiny", attention="local", attention_options={"window": 3})
+    with pytest.raises(InputError, match="options of the 'gqa' attention"):
+        create_model("gpt_tiny", attention="linear", window=3)
+
+
 def test_every_token_model_can_use_grouped_query_attention_with_rope():
     model = create_model("sentiment_transformer_tiny", vocab_size=100, num_classes=2, attention="gqa",
                          pos_embed="rope", attention_options={"num_kv_heads": 1}).eval()

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from ..attention.cache import DecodingCache
 from ..attention.grouped import fused_linear, joined_weight, product
-from ..attention.registry import attention_family, build_attention
+from ..attention.registry import attention_family, attention_takes, build_attention
 from ..dropout import Dropout
 from ..errors import InputError, shape_str
 from ..layers.init import normal_init_
@@ -80,10 +80,11 @@ class GPTConfig:
             raise InputError(f"mlp must be one of {', '.join(MLPS)}; got {self.mlp!r}")
         if attention_family(self.attention) != "tokens":
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
-        if self.attention != "gqa" and (self.num_kv_heads is not None or self.window is not None or self.qk_norm
+        window = self.window is not None and not attention_takes(self.attention, "window")
+        if self.attention != "gqa" and (self.num_kv_heads is not None or window or self.qk_norm
                                         or self.pos_embed in ("rope", "alibi")):
             raise InputError(f"num_kv_heads, window, qk_norm and pos_embed rope/alibi are options of the 'gqa' "
-                             f"attention; attention={self.attention!r} has none of them")
+                             f"attention (window also of 'local'); attention={self.attention!r} has none of them")
         check_attention_options(self.attention_options, {"dropout": "attn_drop_rate", "bias": "bias",
                                                          "num_kv_heads": "num_kv_heads", "window": "window"})
 
@@ -155,6 +156,8 @@ class DecoderBlock(nn.Module):
         if cfg.attention == "gqa":
             options.update(num_kv_heads=cfg.num_kv_heads, rope=cfg.pos_embed == "rope", rope_theta=cfg.rope_theta,
                            alibi=cfg.pos_embed == "alibi", window=cfg.window, qk_norm=cfg.qk_norm)
+        elif cfg.window is not None:  # one name for the sliding window: the local kind's means the same
+            options["window"] = cfg.window
         self.norm1 = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps)
         self.attn = build_attention(cfg.attention, cfg.embed_dim, cfg.num_heads, dropout=cfg.attn_drop_rate,
                                     bias=cfg.bias, **options)
