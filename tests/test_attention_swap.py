@@ -112,7 +112,8 @@ def test_build_attention_options_are_the_keywords_after_width_and_heads(monkeypa
     from attnlab.attention.multihead import SelfAttention
 
     # The width and the heads are no options, whatever a kind calls them.
-    with pytest.raises(ValueError, match="unknown option 'dim' of attention 'local'; options: bias, dropout, window$"):
+    with pytest.raises(ValueError,
+                       match="unknown option 'dim' of attention 'local'; options: bias, dropout, rope, rope_theta, window$"):
         registry.build_attention("local", 32, 4, dim=32)
 
     class Plugin(SelfAttention):  # a kind registered by a plugin, with its own names for the first two

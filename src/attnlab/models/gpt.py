@@ -10,8 +10,9 @@ embeddings initialised with a norm of 0.23, and a character model of Tiny Shakes
 reached a validation loss of 3.32 nats after 300 steps, against 2.44 with the scale and 2.40
 with learned positions (``attnlab bench lm --parts extrapolation``, AVX2 EPYC). The attention is the
 ``"gqa"`` kind (grouped-query heads, sliding window, QK-norm, a preallocated cache) or any
-tokens kind that can be causal (``local``, ``linear``, ``performer``), which decodes
-without a cache.
+tokens kind that can be causal (``local``, ``sparse``, ``topk``, ``lsh``, ``linear``,
+``performer``), which decodes without a cache; rotary positions reach those that take them
+(all but the kernel kinds, ``linear`` and ``performer``), and ``window`` reaches ``local``.
 
 ``forward(input_ids (B, L), *, padding_mask, doc_ids, positions, cache)`` gives logits
 ``(B, L, vocab_size)``. ``doc_ids`` ``(B, L)`` packs several documents in a row: no token
@@ -36,7 +37,7 @@ from ..dropout import Dropout
 from ..errors import InputError, shape_str
 from ..layers.init import normal_init_
 from ..layers.norms import build_norm
-from ..layers.pos_encoding import sinusoid_table
+from ..layers.pos_encoding import inner_position_options, sinusoid_table
 from .registry import build_config, check_attention_options, register_model
 
 __all__ = ["GPTConfig", "GPT", "SwiGLU", "GeluMlp", "document_positions"]
@@ -81,12 +82,18 @@ class GPTConfig:
         if attention_family(self.attention) != "tokens":
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         window = self.window is not None and not attention_takes(self.attention, "window")
-        if self.attention != "gqa" and (self.num_kv_heads is not None or window or self.qk_norm
-                                        or self.pos_embed in ("rope", "alibi")):
-            raise InputError(f"num_kv_heads, window, qk_norm and pos_embed rope/alibi are options of the 'gqa' "
-                             f"attention (window also of 'local'); attention={self.attention!r} has none of them")
+        if self.attention != "gqa":
+            if self.num_kv_heads is not None or window or self.qk_norm:
+                raise InputError(f"num_kv_heads, window and qk_norm are options of the 'gqa' attention (window also "
+                                 f"of 'local'); attention={self.attention!r} has none of them")
+            if self.attention == "exact" and self.pos_embed in ("rope", "alibi"):
+                raise InputError(f"exact attention with pos_embed={self.pos_embed!r} is the 'gqa' kind here (it keeps "
+                                 f"a cache and takes each row's positions): use attention='gqa'")
+            inner_position_options(self.pos_embed, self.rope_theta, self.attention)  # a kind that cannot take them
         check_attention_options(self.attention_options, {"dropout": "attn_drop_rate", "bias": "bias",
-                                                         "num_kv_heads": "num_kv_heads", "window": "window"})
+                                                         "num_kv_heads": "num_kv_heads", "window": "window",
+                                                         "rope": "pos_embed", "alibi": "pos_embed",
+                                                         "rope_theta": "rope_theta"})
 
     @property
     def head_dim(self) -> int:
@@ -156,8 +163,10 @@ class DecoderBlock(nn.Module):
         if cfg.attention == "gqa":
             options.update(num_kv_heads=cfg.num_kv_heads, rope=cfg.pos_embed == "rope", rope_theta=cfg.rope_theta,
                            alibi=cfg.pos_embed == "alibi", window=cfg.window, qk_norm=cfg.qk_norm)
-        elif cfg.window is not None:  # one name for the sliding window: the local kind's means the same
-            options["window"] = cfg.window
+        else:
+            options.update(inner_position_options(cfg.pos_embed, cfg.rope_theta, cfg.attention))
+            if cfg.window is not None:  # one name for the sliding window: the local kind's means the same
+                options["window"] = cfg.window
         self.norm1 = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps)
         self.attn = build_attention(cfg.attention, cfg.embed_dim, cfg.num_heads, dropout=cfg.attn_drop_rate,
                                     bias=cfg.bias, **options)

@@ -11,6 +11,13 @@ Parameter names (``in_proj``, ``out_proj``) and initialisation are those of
 checkpoint keys do not change when its attention kind does (a kind may add its own
 parameters, such as Linformer's projections).
 
+Rotary positions (``rope=True``, base ``rope_theta``): the kinds that score queries against
+keys with a softmax (local, sparse, top-k, LSH, Nyström, Linformer) take them; queries
+and keys are rotated by their positions after the projection and before :meth:`attend`,
+as in exact attention. The kernel kinds (linear, Performer) do not: their feature maps
+would be applied to rotated vectors, and the score would no longer depend on the relative
+position alone.
+
 Masks: ``key_padding_mask`` is ``(B, L)`` bool, ``True`` = padding (the convention of
 :mod:`attnlab.attention.functional`); float padding masks and general ``attn_mask``
 are for exact attention, and a kind that cannot honour a mask says so with a
@@ -24,6 +31,7 @@ from torch import Tensor, nn
 
 from ...errors import InputError, shape_str
 from ..functional import check_heads
+from ..rotary import RotaryEmbedding, apply_rotary
 
 __all__ = ["TokenAttention"]
 
@@ -41,7 +49,8 @@ class TokenAttention(nn.Module):
     supports_causal = True
     supports_padding = True
 
-    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True) -> None:
+    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
+                 rope: bool = False, rope_theta: float = 10000.0) -> None:
         super().__init__()
         try:
             check_heads(embed_dim, num_heads, dropout)
@@ -49,6 +58,10 @@ class TokenAttention(nn.Module):
             raise InputError(f"{self.kind}: {exc}") from None
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.dropout = dropout
+        try:
+            self.rotary = RotaryEmbedding(self.head_dim, rope_theta) if rope else None
+        except InputError as exc:
+            raise InputError(f"{self.kind}: {exc}") from None
         self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         nn.init.xavier_uniform_(self.in_proj.weight)  # as SelfAttention (torch's initialisation)
@@ -64,9 +77,12 @@ class TokenAttention(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: Tensor, *, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
-                is_causal: bool = False, need_weights: bool = False,
-                average_attn_weights: bool = True) -> tuple[Tensor, None]:
-        """``x`` ``(B, L, E)`` -> ``((B, L, E), None)``, the call of exact self-attention."""
+                is_causal: bool = False, need_weights: bool = False, average_attn_weights: bool = True,
+                positions: Tensor | None = None, cache: None = None) -> tuple[Tensor, None]:
+        """``x`` ``(B, L, E)`` -> ``((B, L, E), None)``, the call of exact self-attention.
+        ``positions``: ``(L,)`` or ``(B, L)`` (default ``0 .. L-1``), the rotary positions
+        (left-padded prompts give each row its own). No key/value cache: ``cache`` must be
+        ``None`` (a model decodes such kinds by running the whole prefix)."""
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise InputError(f"{self.kind}: x must have shape (B, L, {self.embed_dim}); got {shape_str(x)}")
         if attn_mask is not None:
@@ -86,9 +102,19 @@ class TokenAttention(nn.Module):
                 key_padding_mask = None  # nothing to mask: the fast path (and fine for any kind)
             elif not self.supports_padding:
                 raise InputError(f"{self.kind} attention cannot mask padding; pass key_padding_mask=None")
+        if cache is not None:
+            raise InputError(f"{self.kind} attention keeps no key/value cache; pass cache=None")
         q, k, v = self.in_proj(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.rotary is not None:
+            if positions is None:
+                cos, sin = self.rotary.cos_sin_from(0, n, q.dtype, q.device)
+                cos, sin = cos[:, None], sin[:, None]  # (1, 1, L, D)
+            else:
+                cos, sin = self.rotary.cos_sin(positions, q.dtype)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = self.attend(q, k, v, key_padding_mask=key_padding_mask, is_causal=is_causal)
         return self.out_proj(out.transpose(1, 2).reshape(b, n, self.embed_dim)), None
 
     def extra_repr(self) -> str:
-        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}"
+        rope = "" if self.rotary is None else f", rope_theta={self.rotary.theta:g}"
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}{rope}"

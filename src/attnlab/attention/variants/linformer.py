@@ -47,6 +47,7 @@ class LinformerAttention(TokenAttention):
         num_heads: as for exact self-attention.
         dropout: as for exact self-attention.
         bias: as for exact self-attention.
+        rope, rope_theta: rotary positions on queries and keys, as :class:`~.base.TokenAttention`.
         seq_len: the longest input length (columns of ``E`` and ``F``).
         k: the number of projected key/value slots.
         share_kv: use one projection for keys and values (``F = E``).
@@ -57,8 +58,9 @@ class LinformerAttention(TokenAttention):
     supports_padding = True
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
+                 rope: bool = False, rope_theta: float = 10000.0,
                  seq_len: int = 512, k: int = 64, share_kv: bool = False) -> None:
-        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias)
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, rope=rope, rope_theta=rope_theta)
         if seq_len <= 0 or k <= 0:
             raise InputError(f"{self.kind}: seq_len and k must be positive; got seq_len={seq_len}, k={k}")
         self.seq_len, self.k, self.share_kv = seq_len, k, share_kv

@@ -115,6 +115,7 @@ class LocalAttention(TokenAttention):
         num_heads: as :class:`~.base.TokenAttention`.
         dropout: as :class:`~.base.TokenAttention`.
         bias: as :class:`~.base.TokenAttention`.
+        rope, rope_theta: as :class:`~.base.TokenAttention`.
         window: positive int ``w``; bidirectional queries see ``|i - j| < w``, causal
             ones ``0 <= i - j < w``.
     """
@@ -122,10 +123,10 @@ class LocalAttention(TokenAttention):
     kind = "local"
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
-                 window: int = 128) -> None:
+                 rope: bool = False, rope_theta: float = 10000.0, window: int = 128) -> None:
         if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window <= 0:
             raise InputError(f"{self.kind}: window must be a positive int; got window={window!r}")
-        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias)
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, rope=rope, rope_theta=rope_theta)
         self.window = int(window)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: Tensor | None,

@@ -23,7 +23,9 @@ Masks: ``key_padding_mask`` ``(B, L)`` bool (``True`` = padding) and ``is_causal
 original positions) are honoured; a query with no visible key outputs zeros. When one
 chunk covers the sequence (``bucket_size >= L``) every query sees every key: exact
 attention with shared keys and no self-attention. What it cannot do: attend with keys of
-their own projection (shared query-key only), give the weights (never formed).
+their own projection (shared query-key only), give the weights (never formed). With rotary
+positions (``rope=True``) its scores depend on relative positions, but its buckets hash the
+rotated vectors, so which keys a query sees moves with the absolute position.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ class LSHAttention(TokenAttention):
         num_heads: as :class:`~.base.TokenAttention`.
         dropout: as :class:`~.base.TokenAttention`.
         bias: as :class:`~.base.TokenAttention`.
+        rope, rope_theta: as :class:`~.base.TokenAttention`.
         bucket_size: positive int: the chunk length, and so each query's ``2 x bucket_size`` keys.
         n_buckets: even int >= 2: the hash buckets (the Reformer takes about ``L / bucket_size``).
         seed: the random rotations' seed (a buffer: saved and loaded with the model).
@@ -126,13 +129,14 @@ class LSHAttention(TokenAttention):
     kind = "lsh"
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
+                 rope: bool = False, rope_theta: float = 10000.0,
                  bucket_size: int = 64, n_buckets: int = 16, seed: int = 0) -> None:
         for name, value, ok in (("bucket_size", bucket_size, lambda x: x > 0),
                                 ("n_buckets", n_buckets, lambda x: x >= 2 and x % 2 == 0)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not ok(value):
                 rule = "a positive int" if name == "bucket_size" else "an even int >= 2"
                 raise InputError(f"{self.kind}: {name} must be {rule}; got {name}={value!r}")
-        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias)
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, rope=rope, rope_theta=rope_theta)
         self.bucket_size, self.n_buckets = int(bucket_size), int(n_buckets)
         gen = torch.Generator().manual_seed(seed)
         self.register_buffer("rotations", torch.randn(self.head_dim, self.n_buckets // 2, generator=gen))

@@ -86,6 +86,7 @@ class NystromAttention(TokenAttention):
         num_heads: as for exact self-attention.
         dropout: as for exact self-attention.
         bias: as for exact self-attention.
+        rope, rope_theta: rotary positions on queries and keys, as :class:`~.base.TokenAttention`.
         num_landmarks: ``m``, the number of landmarks (segments).
         pinv_iters: iterations of :func:`iterative_pinv`.
         conv_kernel: odd kernel size of the depthwise conv residual on the values, or
@@ -97,8 +98,9 @@ class NystromAttention(TokenAttention):
     supports_padding = True
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
+                 rope: bool = False, rope_theta: float = 10000.0,
                  num_landmarks: int = 64, pinv_iters: int = 6, conv_kernel: int | None = None) -> None:
-        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias)
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, rope=rope, rope_theta=rope_theta)
         if num_landmarks <= 0:
             raise InputError(f"{self.kind}: num_landmarks must be positive; got {num_landmarks}")
         if pinv_iters <= 0:

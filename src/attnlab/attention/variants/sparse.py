@@ -67,6 +67,7 @@ class SparseAttention(TokenAttention):
     kind = "sparse"
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
+                 rope: bool = False, rope_theta: float = 10000.0,
                  pattern: str = "bigbird", block: int = 32, window_blocks: int = 3, global_blocks: int = 1,
                  random_blocks: int = 2, stride_blocks: int = 4, seed: int = 0) -> None:
         if pattern not in _PATTERNS:
@@ -77,7 +78,7 @@ class SparseAttention(TokenAttention):
         self.random_blocks = _check_int("random_blocks", random_blocks, 0)
         self.stride_blocks = _check_int("stride_blocks", stride_blocks, 1)
         self.seed = _check_int("seed", seed, 0)
-        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias)
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, rope=rope, rope_theta=rope_theta)
         self.pattern = pattern
         rows = _CHUNK if pattern == "bigbird" else 0
         self.register_buffer("random_u", self._random_rows(0, rows), persistent=False)

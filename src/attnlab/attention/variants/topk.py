@@ -78,16 +78,17 @@ class TopKAttention(TokenAttention):
         num_heads: as :class:`~.base.TokenAttention`.
         dropout: as :class:`~.base.TokenAttention`.
         bias: as :class:`~.base.TokenAttention`.
+        rope, rope_theta: as :class:`~.base.TokenAttention`.
         top_k: positive int ``k``: the keys each query keeps.
     """
 
     kind = "topk"
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
-                 top_k: int = 8) -> None:
+                 rope: bool = False, rope_theta: float = 10000.0, top_k: int = 8) -> None:
         if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k <= 0:
             raise InputError(f"{self.kind}: top_k must be a positive int; got top_k={top_k!r}")
-        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias)
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, rope=rope, rope_theta=rope_theta)
         self.top_k = int(top_k)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: Tensor | None,
