@@ -47,7 +47,8 @@ class LinformerAttention(TokenAttention):
         num_heads: as for exact self-attention.
         dropout: as for exact self-attention.
         bias: as for exact self-attention.
-        rope, rope_theta: rotary positions on queries and keys, as :class:`~.base.TokenAttention`.
+        rope: rotary positions on queries and keys, as :class:`~.base.TokenAttention`.
+        rope_theta: the base of the rotary wavelengths.
         seq_len: the longest input length (columns of ``E`` and ``F``).
         k: the number of projected key/value slots.
         share_kv: use one projection for keys and values (``F = E``).

@@ -115,7 +115,8 @@ class LocalAttention(TokenAttention):
         num_heads: as :class:`~.base.TokenAttention`.
         dropout: as :class:`~.base.TokenAttention`.
         bias: as :class:`~.base.TokenAttention`.
-        rope, rope_theta: as :class:`~.base.TokenAttention`.
+        rope: rotary positions on queries and keys, as :class:`~.base.TokenAttention`.
+        rope_theta: the base of the rotary wavelengths.
         window: positive int ``w``; bidirectional queries see ``|i - j| < w``, causal
             ones ``0 <= i - j < w``.
     """

@@ -120,7 +120,8 @@ class LSHAttention(TokenAttention):
         num_heads: as :class:`~.base.TokenAttention`.
         dropout: as :class:`~.base.TokenAttention`.
         bias: as :class:`~.base.TokenAttention`.
-        rope, rope_theta: as :class:`~.base.TokenAttention`.
+        rope: rotary positions on queries and keys, as :class:`~.base.TokenAttention`.
+        rope_theta: the base of the rotary wavelengths.
         bucket_size: positive int: the chunk length, and so each query's ``2 x bucket_size`` keys.
         n_buckets: even int >= 2: the hash buckets (the Reformer takes about ``L / bucket_size``).
         seed: the random rotations' seed (a buffer: saved and loaded with the model).

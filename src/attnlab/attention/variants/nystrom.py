@@ -86,7 +86,8 @@ class NystromAttention(TokenAttention):
         num_heads: as for exact self-attention.
         dropout: as for exact self-attention.
         bias: as for exact self-attention.
-        rope, rope_theta: rotary positions on queries and keys, as :class:`~.base.TokenAttention`.
+        rope: rotary positions on queries and keys, as :class:`~.base.TokenAttention`.
+        rope_theta: the base of the rotary wavelengths.
         num_landmarks: ``m``, the number of landmarks (segments).
         pinv_iters: iterations of :func:`iterative_pinv`.
         conv_kernel: odd kernel size of the depthwise conv residual on the values, or

@@ -78,7 +78,8 @@ class TopKAttention(TokenAttention):
         num_heads: as :class:`~.base.TokenAttention`.
         dropout: as :class:`~.base.TokenAttention`.
         bias: as :class:`~.base.TokenAttention`.
-        rope, rope_theta: as :class:`~.base.TokenAttention`.
+        rope: rotary positions on queries and keys, as :class:`~.base.TokenAttention`.
+        rope_theta: the base of the rotary wavelengths.
         top_k: positive int ``k``: the keys each query keeps.
     """
 
