@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..attention import build_attention
+from ..attention.functional import scaled_dot_product_attention
 from ..attention.multihead import SelfAttention
 from ..data.source import source_of
 from ..data.text import SentimentDataset
@@ -95,10 +95,6 @@ def attention_inputs(model: torch.nn.Module, batches: list[dict[str, Tensor]]) -
     return seen
 
 
-def _exact(q: Tensor, k: Tensor, v: Tensor, pad: Tensor) -> Tensor:
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=~pad[:, None, None, :])
-
-
 @torch.no_grad()
 def relative_errors(kind: str, options: dict[str, Any], inputs: list[list[tuple[Tensor, ...]]],
                     seed: int = 0) -> dict[str, Any]:
@@ -110,20 +106,22 @@ def relative_errors(kind: str, options: dict[str, Any], inputs: list[list[tuple[
         heads, head_dim = q0.shape[1], q0.shape[3]
         torch.manual_seed(seed)  # the random features and rotations of the kinds that draw them
         module = build_attention(kind, heads * head_dim, heads, **options).to(q0.device).eval()
+        reference = None
+        if kind == "lsh":  # one chunk over the longest sentence: exact attention over the shared keys
+            longest = max(q.shape[2] for q, *_ in layer)
+            reference = build_attention("lsh", heads * head_dim, heads,
+                                        **{**options, "bucket_size": longest}).to(q0.device).eval()
         err = ref_norm = 0.0
         for q, k, v, pad in layer:
-            if kind == "lsh":
-                reference = build_attention("lsh", heads * head_dim, heads,
-                                            **{**options, "bucket_size": q.shape[2]}).to(q.device).eval()
-                ref = reference.attend(q, k, v, key_padding_mask=pad, is_causal=False)
+            if reference is not None:
+                ref, weights = reference.attend(q, k, v, key_padding_mask=pad, is_causal=False), None
             else:
-                ref = _exact(q, k, v, pad)
+                ref, weights = scaled_dot_product_attention(q, k, v, key_padding_mask=pad, need_weights=kind == "topk")
             out = module.attend(q, k, v, key_padding_mask=pad, is_causal=False)
             real = (~pad)[:, None, :, None]  # the real query positions
             err += float(((out - ref) * real).pow(2).sum())
             ref_norm += float((ref * real).pow(2).sum())
-            if kind == "topk":
-                weights = _exact_weights(q, k, pad)
+            if weights is not None:  # top-k: the exact weight on the keys it keeps
                 mass = weights.topk(min(options["top_k"], weights.shape[-1]), dim=-1).values.sum(-1)  # (B, H, L)
                 kept.append(mass.transpose(1, 2)[~pad])  # (real positions, H)
         per_layer.append(math.sqrt(err / max(ref_norm, 1e-30)))
@@ -133,11 +131,6 @@ def relative_errors(kind: str, options: dict[str, Any], inputs: list[list[tuple[
     if kept:
         rec["kept_mass"] = float(torch.cat(kept).mean())
     return rec
-
-
-def _exact_weights(q: Tensor, k: Tensor, pad: Tensor) -> Tensor:
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    return scores.masked_fill(pad[:, None, None, :], -math.inf).softmax(-1)
 
 
 def run_fidelity(store: Any, out: Path, *, quick: bool = False, device: str = "cpu", data_dir: str | None = None,
