@@ -151,10 +151,11 @@ def test_sampling_is_reproducible_with_a_seed_and_top_k_1_is_greedy():
 
 
 def test_top_p_keeps_the_smallest_set_that_reaches_p():
-    from attnlab.models.gpt import GPT
+    from attnlab.models.sampling import choose_next
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    picks = {int(GPT._choose(logits, 1.0, None, 0.7, torch.Generator().manual_seed(s))) for s in range(200)}
+    picks = {int(choose_next(logits, temperature=1.0, top_p=0.7, generator=torch.Generator().manual_seed(s)))
+             for s in range(200)}
     assert picks == {0, 1}  # 0.5 + 0.3 reaches 0.7; 0.15 and 0.05 are never drawn
 
 

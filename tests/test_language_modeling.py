@@ -114,7 +114,7 @@ def test_generate_streams_what_predict_gives(lm_run, capsys):
                  "10", "--seed", "5"]) == 0
     assert capsys.readouterr().out == "the owl " + expected + "\n"
     assert main(["generate", str(lm_run), "the owl ", "--top-p", "1.5"]) == 2
-    assert "top_p must be in (0, 1]" in capsys.readouterr().err
+    assert "--top-p must be a number in (0, 1]; got 1.5" in capsys.readouterr().err
 
 
 def test_prompts_of_different_lengths_in_one_batch_continue_as_they_would_alone(lm_run):
@@ -143,9 +143,9 @@ def test_a_stop_string_ends_the_continuation_and_is_left_out(lm_run, capsys):
     assert main(["generate", str(lm_run), "the cat ", "--max-new-tokens", "20", "--temperature", "0",
                  "--stop", stop]) == 0
     assert capsys.readouterr().out == "the cat " + cut + "\n"
-    with pytest.raises(InputError, match="stop must be a list of non-empty texts"):
+    with pytest.raises(InputError, match="^stop must be a non-empty text or a list of non-empty texts"):
         run.generate(["the cat "], stop=[""])
-    with pytest.raises(InputError, match="generate.stop must be a list of non-empty texts"):
+    with pytest.raises(InputError, match="generate.stop must be a non-empty text or a list of non-empty texts"):
         load_recipe("lm-text", ["data.path=x.txt", "generate.stop=[1]"])
 
 

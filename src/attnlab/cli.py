@@ -23,7 +23,7 @@ from .bench.report import is_bench_dir, markdown, write_bench_report
 from .bench.vision import PARTS as VISION_PARTS, is_vision_dir, run_vision, vision_markdown, write_vision_report
 from .bench.lm import PARTS as LM_PARTS, lm_markdown, run_lm
 from .bench.scaling import VARIANTS
-from .data.download import download, list_datasets
+from .data.download import check_base_url, download, list_datasets
 from .data.paths import data_dir
 from .data.source import list_sources
 from .data.text import MAX_LINE_CHARS
@@ -34,11 +34,12 @@ from .engine.trainer import NonFiniteLossError
 from .errors import InputError
 from .io import WriteError
 from .models import count_parameters, create_model, list_models, model_entry
+from .models.sampling import GENERATION_OPTIONS, check_generation
 from .plugins import import_plugins
 from .recipes import list_recipes, load_recipe, recipe_keys
 from .report import write_run_report, write_run_report_safely
 from .tasks import get_task, load_run, read_recipe, recipe_dict, recipe_from_dict, train
-from .tasks.export import FORMATS, export_run, verify_export
+from .tasks.export import FORMATS, export_run, model_file, verify_export
 from .viz.run import visualize_run
 
 
@@ -124,6 +125,7 @@ def cmd_data_list(args: argparse.Namespace) -> int:
 
 
 def cmd_data_download(args: argparse.Namespace) -> int:
+    check_base_url(args.base_url, "--base-url")
     download(args.name, args.data_dir, base_url=args.base_url)
     return 0
 
@@ -262,13 +264,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """The continuation of a prompt by a language-model run, printed as it is generated."""
+    given = {k: getattr(args, k) for k in GENERATION_OPTIONS if getattr(args, k) is not None}
+    options = check_generation(names=lambda key: "--" + key.replace("_", "-"), **given)  # before the run loads
     run = load_run(args.run_dir, args.checkpoint, device=args.device)
     if run.task.outputs != "text":
         raise UsageError(f"{args.run_dir} is a run of the {run.task.name} task: its predictions are labels; "
                          f"'attnlab predict {args.run_dir} ...' gives them")
-    options = {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")}
-    sys.stdout.write(args.prompt)
-    for piece in run.task.stream(run, args.prompt, **{k: v for k, v in options.items() if v is not None}):
+    pieces = run.task.stream(run, args.prompt, **options)
+    first = next(pieces, "")  # the generation's own checks (its cache's memory) come before anything is printed
+    sys.stdout.write(args.prompt + first)
+    for piece in pieces:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -409,8 +414,9 @@ def _stdin_lines(limit: int):
 def cmd_export(args: argparse.Namespace) -> int:
     """A run's classifier as one ONNX (or TorchScript) file with its preprocessing beside
     it, checked against PyTorch on inputs of other shapes than it was captured with."""
-    run = load_run(args.run_dir, args.checkpoint)
     out = Path(args.out) if args.out else Path(args.run_dir) / "export"
+    model_file(out, args.format, name="--out")  # before any work: a path that cannot be written is refused now
+    run = load_run(args.run_dir, args.checkpoint)
     result = export_run(run, out, args.format, opset=args.opset, overwrite=args.force)
     difference = verify_export(result, run)
     print(f"model: {result.path}")
@@ -610,10 +616,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="a run directory of the language_modeling task")
     p.add_argument("prompt", help="the text to continue")
     p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
-    p.add_argument("--max-new-tokens", type=_positive_int, default=None, help="tokens to add (default: the recipe's)")
+    # The ranges are check_generation's (one place for the command line, recipes and Python), said by flag.
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens to add (default: the recipe's)")
     p.add_argument("--temperature", type=float, default=None, help="0: greedy; default: the recipe's")
-    p.add_argument("--top-k", type=_positive_int, default=None, help="sample among the K most probable tokens")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the K most probable tokens (0: all)")
     p.add_argument("--top-p", type=float, default=None, help="sample within the smallest set of probability P")
+    p.add_argument("--repetition-penalty", type=float, default=None,
+                   help="above 1: tokens the text already holds are less likely (default: the recipe's, 1: none)")
     p.add_argument("--seed", type=int, default=None, help="of the sampling (default: the recipe's)")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="a text that ends the continuation, left out of it (repeatable; default: the recipe's)")

@@ -94,7 +94,10 @@ class DecodingCache:
 
     Only the key/value heads are stored (grouped-query attention stores ``Hkv`` heads, not
     ``H``), in buffers of the cache's own, written in place: no copy of the prefix per token.
-    Without a ``window`` the buffers are allocated once, for ``capacity`` positions. With a
+    Without a ``window`` the buffers hold the first step and ``grow_room`` positions more,
+    and double when full, up to ``capacity`` positions (the most the generation may take):
+    a copy of the prefix now and then, and a long ``max_new_tokens`` that ends early costs
+    only what it used. With a
     ``window`` (sliding-window attention) a step needs only the last ``window - 1`` positions
     besides its own, so the buffers hold those and room for ``slide_room`` more; when the room
     is used up, the last ``window - 1`` move to the front of a new buffer (one copy every
@@ -105,6 +108,7 @@ class DecodingCache:
     """
 
     slide_room = 64  # positions a windowed cache writes before it moves its window to the front
+    grow_room = 256  # positions past the first step that a cache without a window holds before it grows
 
     def __init__(self, capacity: int, *, window: int | None = None) -> None:
         if capacity < 1:
@@ -141,8 +145,9 @@ class DecodingCache:
             if self.seq_len + n > self.capacity:
                 raise InputError(f"the cache holds {self.capacity} positions; {self.seq_len} are used and the step "
                                  f"adds {n}: make it larger (max_new_tokens plus the prompt)")
-            if self._k is None:
-                self._buffers(k, v, self.capacity, 0)
+            if self._k is None or self._end + n > self._k.shape[2]:
+                held = 0 if self._k is None else self._k.shape[2]
+                self._buffers(k, v, min(self.capacity, max(self._end + n + self.grow_room, 2 * held)), keep)
         elif self._k is None or self._end + n > self._k.shape[2]:
             self._buffers(k, v, self.window - 1 + max(n, self.slide_room), keep)
         first, start = self._end - keep, self.seq_len - keep

@@ -1,7 +1,7 @@
 """Grouped-query self-attention, the attention of today's decoder-only language models:
 ``num_kv_heads`` key/value heads shared by groups of query heads (1: multi-query; equal
 to ``num_heads``: ordinary multi-head), rotary positions or ALiBi, a sliding window,
-QK-norm, and a preallocated key/value cache (:class:`~attnlab.attention.cache.DecodingCache`)
+QK-norm, and a key/value cache (:class:`~attnlab.attention.cache.DecodingCache`)
 that stores only the key/value heads.
 
 Registered as the ``"gqa"`` tokens kind, so every token model can use it; with none of

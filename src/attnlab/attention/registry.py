@@ -33,7 +33,7 @@ from ..errors import InputError
 from ..suggest import did_you_mean
 
 __all__ = ["register_attention", "build_attention", "list_attention", "attention_family", "attention_forms_weights",
-           "attention_takes", "kinds_taking", "attend_grid"]
+           "attention_takes", "kinds_taking", "attention_position_options", "attend_grid"]
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,12 @@ def build_attention(name: str, embed_dim: int, num_heads: int, **options: Any) -
             if key not in known:
                 raise InputError(f"unknown option {key!r} of attention {name!r}" + did_you_mean(key, known, "options"))
     return cls(embed_dim, num_heads, **options)
+
+
+def attention_position_options(name: str) -> tuple[str, ...]:
+    """The options of kind ``name`` that count positions (a window, buckets, landmarks): a
+    model refuses them above the positions it holds (its ``max_len``), where they mean nothing."""
+    return tuple(getattr(_entry(name).cls, "position_options", ()))
 
 
 def attention_forms_weights(name: str) -> bool:

@@ -38,7 +38,7 @@ from ..errors import InputError
 from ..io import sha256_file
 from .paths import data_dir as _resolve_data_dir
 
-__all__ = ["RemoteFile", "DatasetSpec", "DATASETS", "DownloadError", "download", "list_datasets"]
+__all__ = ["RemoteFile", "DatasetSpec", "DATASETS", "DownloadError", "download", "list_datasets", "check_base_url"]
 
 _CHUNK = 1 << 20
 _TIMEOUT_S = 60
@@ -199,6 +199,7 @@ def download(
     """
     if name not in DATASETS:
         raise InputError(f"unknown data set {name!r}; choose from: {', '.join(DATASETS)}")
+    check_base_url(base_url)  # before the data directory is made
     spec = DATASETS[name]
     say = progress if progress is not None else (lambda _msg: None)
     root = _resolve_data_dir(data_dir)
@@ -250,6 +251,27 @@ def _verify_existing(dest: Path, remote: RemoteFile, say: Callable[[str], object
     say(f"{dest}: sha256 mismatch in the file already there: expected {sha256}, got {actual}; "
         f"deleting it and downloading it again")
     return False
+
+
+def check_base_url(base_url: str | None, name: str = "base_url") -> None:
+    """Refuse a ``base_url`` that is not an ``http://``, ``https://`` or ``file://`` URL, in
+    one line naming it as ``name`` (``--base-url`` on the command line)."""
+    if base_url is None:
+        return
+    if not isinstance(base_url, str):
+        raise InputError(f"{name} must be an http(s) or file URL (a str); got {type(base_url).__name__}")
+    parts = urllib.parse.urlsplit(base_url.strip()) if base_url.strip() == base_url else None
+    scheme = parts.scheme.lower() if parts else ""
+    if scheme in ("http", "https") and parts.hostname and not any(c.isspace() for c in base_url):
+        try:
+            parts.port  # noqa: B018  # a port that is not a number raises here, not in urlopen
+            return
+        except ValueError:
+            pass
+    if scheme == "file" and parts.path and not parts.query and not parts.fragment:
+        return
+    raise InputError(f"{name} must be an http://, https:// or file:// URL of a mirror (such as http://127.0.0.1:8000"
+                     f" or file:///srv/mirror); got {base_url!r}")
 
 
 def _rebase(url: str, base_url: str | None) -> str:

@@ -18,11 +18,13 @@ from typing import Any, ClassVar, Literal, Sequence
 
 from ..errors import InputError
 from .mr import load_mr, mr_folds, mr_split
+from .paths import folder_contents
 from .source import Source, SourceConfig, Splits, register_source
 from .tables import LabelledTexts, read_labelled_texts
 from .text import MAX_LINE_CHARS
 
-__all__ = ["TextSourceConfig", "Labelled", "TextSplits", "TextSource", "MR", "MR_CLASSES", "class_indices"]
+__all__ = ["TextSourceConfig", "Labelled", "TextSplits", "TextSource", "MR", "MR_CLASSES", "class_indices",
+           "check_labelled_file"]
 
 MR_CLASSES = ("negative", "positive")  # MR: label 0, label 1
 
@@ -81,6 +83,16 @@ def class_indices(part: LabelledTexts, classes: Sequence[str]) -> list[int]:
     return [index[label] for label in part.labels]
 
 
+def check_labelled_file(path: str | Path) -> None:
+    """Refuse a folder given as ``attnlab eval --data`` to a text classifier, saying what it
+    holds (an image folder, most likely): the run reads one file of labelled texts."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise InputError(f"--data (data= in Python) must be a CSV, TSV or JSON Lines file of labelled texts (.csv, "
+                         f".tsv, .jsonl, optionally .gz) for a text classification run; {path} is "
+                         f"{folder_contents(path)}")
+
+
 class TextSource(Source):
     """A source of labelled texts: :meth:`load` gives :class:`TextSplits`."""
 
@@ -93,6 +105,7 @@ class TextSource(Source):
     def read_labelled(self, config: Any, path: str | Path, classes: Sequence[str]) -> Labelled:
         """A labelled file of one's own (CSV, TSV, JSON Lines with ``text`` and ``label``
         columns) as a run with ``classes`` reads it (``attnlab eval --data``)."""
+        check_labelled_file(path)
         part = read_labelled_texts(path, max_line_chars=config.max_line_chars)
         return Labelled(part.texts, class_indices(part, classes))
 

@@ -50,6 +50,11 @@ class LMDataset:
         documents: the split's texts (empty ones add nothing).
         tokenizer: an :class:`~attnlab.data.lm_tokenize.LMTokenizer`.
         context: ``L``, the tokens a model reads at once.
+        name: how an error names these documents, as a run says it: the split and where it
+            came from (``"the test part of data.path=story.txt"``, ``"--data notes.txt"``); its
+            messages then name the context by its recipe key, ``text.context``. Default: the
+            ``name`` of :class:`~attnlab.data.text_corpus.NamedDocuments`, which the corpus
+            sources give.
 
     :meth:`get_batch` gives ``({"input_ids": (B, L), "doc_ids": (B, L)}, labels (B, L))``,
     all ``int64``; a model is called as ``model(input_ids=..., doc_ids=...)``.
@@ -59,9 +64,11 @@ class LMDataset:
     ``num_documents`` (the non-empty ones), ``num_targets`` (labels that are not -100).
     """
 
-    def __init__(self, documents: Sequence[str], tokenizer: LMTokenizer, context: int) -> None:
+    def __init__(self, documents: Sequence[str], tokenizer: LMTokenizer, context: int, *,
+                 name: str | None = None) -> None:
         if isinstance(context, bool) or not isinstance(context, int) or context < 1:
             raise InputError(f"context must be a positive integer (tokens per window); got {context!r}")
+        name = name if name is not None else getattr(documents, "name", None)
         documents = list(documents)
         bad = next((i for i, d in enumerate(documents) if not isinstance(d, str)), None)
         if bad is not None:
@@ -77,8 +84,14 @@ class LMDataset:
         self.tokens = torch.from_numpy(np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64))
         self.doc_of = torch.from_numpy(np.concatenate(owners) if owners else np.zeros(0, dtype=np.int64))
         if len(self.tokens) < 2:
-            raise InputError(f"documents must give at least 2 tokens (one input and its label); they give "
-                             f"{len(self.tokens)} ({sum(map(len, documents))} characters)")
+            chars = sum(map(len, documents))
+            found = f"{len(self.tokens)} token{'s' * (len(self.tokens) != 1)} ({chars} character{'s' * (chars != 1)})"
+            if name is None:
+                raise InputError(f"documents must give at least 2 tokens (one input and its label; windows of "
+                                 f"context={context} tokens, a short last one padded); they give {found}")
+            raise InputError(f"{name} gives {found}; a language model needs at least 2 tokens (one input and its "
+                             f"label; it reads windows of text.context={context} tokens, a short last one padded): "
+                             f"give it more text")
         self.tokenizer, self.context = tokenizer, context
         self.num_tokens = len(self.tokens)
         self.num_chars = sum(len(documents[i]) for i in kept)

@@ -55,10 +55,10 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..io import atomic_write_bytes
-from .tokenize import check_texts, parse_tokenizer, tokenizer_file
+from .tokenize import check_texts, check_vocab_size, parse_tokenizer, tokenizer_file
 
 __all__ = ["LM_TOKENIZER_KINDS", "LMTokenizer", "CharTokenizer", "ByteTokenizer", "BPETokenizer", "load_tokenizer",
-           "train_tokenizer"]
+           "train_tokenizer", "RUN_ADVICE"]
 
 LM_TOKENIZER_KINDS = ("char", "byte", "bpe")
 _MARK = "attnlab_tokenizer"  # the key that tells a char or byte tokenizer's file from a Hugging Face tokenizer.json
@@ -83,10 +83,12 @@ class LMTokenizer:
     """What every language-model tokenizer has (see the module docstring).
 
     Attributes: ``kind`` (``"char"``, ``"byte"``, ``"bpe"``), ``eos_id`` (the
-    end-of-document token, or ``None``)."""
+    end-of-document token, or ``None``), ``unk_id`` (the token of what the vocabulary
+    lacks, or ``None`` when it lacks nothing or refuses it)."""
 
     kind: ClassVar[str] = ""
     eos_id: int | None = None
+    unk_id: int | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -129,13 +131,23 @@ class LMTokenizer:
         return self.vocab_size
 
 
+RUN_ADVICE = ("the run's character vocabulary was learned from its training text: use text that holds only those "
+              "characters, or train with text.tokenizer=byte or text.tokenizer=bpe, which read any text")
+"""What :meth:`CharTokenizer.encode` advises about a character outside the vocabulary of a
+run's tokenizer (one that :func:`train_tokenizer` learned or :func:`load_tokenizer` read),
+whose ``unk`` no caller can change."""
+
+
 class CharTokenizer(LMTokenizer):
     """One id per character: ``chars`` (distinct single characters, kept sorted) are ids
-    ``0..n-1``, then ``<eos>`` when ``eos``, then ``<unk>`` when ``unk``."""
+    ``0..n-1``, then ``<eos>`` when ``eos``, then ``<unk>`` when ``unk``. ``advice``: what the
+    error for a character outside the vocabulary tells the user to do (``None``: train on
+    text that holds it, or pass ``unk=True``; a run's tokenizer has :data:`RUN_ADVICE`)."""
 
     kind = "char"
 
-    def __init__(self, chars: Sequence[str] | str, *, eos: bool = True, unk: bool = False) -> None:
+    def __init__(self, chars: Sequence[str] | str, *, eos: bool = True, unk: bool = False,
+                 advice: str | None = None) -> None:
         chars = list(chars)
         bad = [c for c in chars if not (isinstance(c, str) and len(c) == 1)]
         if bad or not chars:
@@ -148,14 +160,16 @@ class CharTokenizer(LMTokenizer):
         self.unk_id = len(self.chars) + int(eos) if unk else None
         self._codes = np.array([ord(c) for c in self.chars], dtype=np.int64)
         self._table = self.chars + [""] * int(eos) + ["\ufffd"] * int(unk)
+        self.advice = advice
 
     @classmethod
-    def train(cls, texts: str | Sequence[str], *, eos: bool = True, unk: bool = False) -> "CharTokenizer":
+    def train(cls, texts: str | Sequence[str], *, eos: bool = True, unk: bool = False,
+              advice: str | None = None) -> "CharTokenizer":
         """The tokenizer of the distinct characters of ``texts`` (a training split only)."""
         chars = set().union(*map(set, check_texts(texts)))
         if not chars:
             raise InputError("texts must hold at least one character to learn a vocabulary from; got none")
-        return cls(sorted(chars), eos=eos, unk=unk)
+        return cls(sorted(chars), eos=eos, unk=unk, advice=advice)
 
     @property
     def vocab_size(self) -> int:
@@ -174,9 +188,10 @@ class CharTokenizer(LMTokenizer):
                 first = int(np.argmax(unknown))
                 count = int(unknown.sum())
                 many = count > 1
+                advice = self.advice or (f"train it on text that holds {'them' if many else 'it'}, or with unk=True "
+                                         f"to read such characters as <unk>")
                 raise InputError(f"text holds {count:,} character{'s' * many} outside this char tokenizer's "
-                                 f"{len(self.chars)} (the first at index {first:,}): {shown}; train it on text that "
-                                 f"holds {'them' if many else 'it'}, or with unk=True to read such characters as <unk>")
+                                 f"{len(self.chars)} (the first at index {first:,}): {shown}; {advice}")
             ids[unknown] = self.unk_id
         return ids.tolist()
 
@@ -265,6 +280,7 @@ class BPETokenizer(LMTokenizer):
         tokenizer.encode_special_tokens = True  # "<|endoftext|>" in a text is that text, not the token
         self.tokenizer = tokenizer
         self.eos_id = next((i for name in _EOS_NAMES if (i := tokenizer.token_to_id(name)) is not None), None)
+        self.unk_id = _unk_id(tokenizer)
         self._cuttable = _gpt2_split(tokenizer)
 
     @classmethod
@@ -279,6 +295,7 @@ class BPETokenizer(LMTokenizer):
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 257:
             raise InputError(f"vocab_size must be an integer >= 257 for byte-level BPE (256 bytes and "
                              f"<|endoftext|>); got {vocab_size!r}")
+        check_vocab_size(vocab_size, "vocab_size")
         if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 0:
             raise InputError(f"min_frequency must be a non-negative integer; got {min_frequency!r}")
         tok = Tokenizer(models.BPE())
@@ -332,6 +349,18 @@ class BPETokenizer(LMTokenizer):
         return f"BPETokenizer(model={model}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
 
 
+def _unk_id(tokenizer: Tokenizer) -> int | None:
+    """The id of the token a Hugging Face tokenizer's model gives what its vocabulary lacks
+    (BPE, WordPiece and WordLevel name it; Unigram numbers it), or ``None``."""
+    name = getattr(tokenizer.model, "unk_token", None)
+    if name:
+        return tokenizer.token_to_id(name)
+    if isinstance(tokenizer.model, models.Unigram):
+        unk = json.loads(tokenizer.to_str()).get("model", {}).get("unk_id")
+        return unk if isinstance(unk, int) else None
+    return None
+
+
 def _from_spec(spec: dict[str, Any], file: Path) -> LMTokenizer:
     kind = spec[_MARK]
     flags = {key: spec.get(key, True if key == "eos" else False) for key in ("eos", "unk")}
@@ -346,8 +375,9 @@ def _from_spec(spec: dict[str, Any], file: Path) -> LMTokenizer:
         if not isinstance(chars, list):
             raise InputError(f"could not read {file} as an attnlab char tokenizer: \"chars\" must be a list of "
                              f"characters; got {type(chars).__name__}")
+        check_vocab_size(len(chars), f"the vocabulary of {file}")
         try:
-            return CharTokenizer(chars, **flags)
+            return CharTokenizer(chars, **flags, advice=RUN_ADVICE)
         except InputError as exc:
             raise InputError(f"could not read {file} as an attnlab char tokenizer: {exc}") from None
     raise InputError(f"could not read {file}: {_MARK} must be 'char' or 'byte'; got {kind!r}")
@@ -381,7 +411,7 @@ def train_tokenizer(kind: str, texts: str | Sequence[str], *, vocab_size: int = 
     characters; ``eos``), ``"byte"`` (nothing learnt; ``eos``) or ``"bpe"`` (``vocab_size``,
     ``min_frequency``; always with ``<|endoftext|>``)."""
     if kind == "char":
-        return CharTokenizer.train(texts, eos=eos)
+        return CharTokenizer.train(texts, eos=eos, advice=RUN_ADVICE)
     if kind == "byte":
         return ByteTokenizer(eos=eos)
     if kind == "bpe":

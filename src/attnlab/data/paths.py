@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import InputError
 
-__all__ = ["ENV_VAR", "DEFAULT_DATA_DIR", "data_dir", "require"]
+__all__ = ["ENV_VAR", "DEFAULT_DATA_DIR", "data_dir", "require", "folder_contents"]
 
 ENV_VAR = "ATTNLAB_DATA_DIR"
 DEFAULT_DATA_DIR = Path("~/.cache/attnlab")
@@ -57,3 +57,30 @@ def require(path: str | Path | Sequence[str | Path], name: str, root: str | Path
         f"to get it, run: attnlab data download {name} --data-dir {where} "
         f"(or point --data-dir / ${ENV_VAR} at a folder that holds it)"
     )
+
+
+def folder_contents(path: str | Path, limit: int = 10_000) -> str:
+    """What the folder ``path`` holds, for a message that refuses it: ``a folder of images
+    (8 .png, 4 .jpg files)``, ``a folder (of 3 .bin files)``, ``an empty folder``. Hidden
+    files and folders are left out; at most ``limit`` files are counted."""
+    from .images import IMG_EXTENSIONS  # (images imports this module)
+
+    counts: dict[str, int] = {}
+    seen = 0
+    for folder, subfolders, files in os.walk(path):  # followlinks=False: no cycles
+        subfolders[:] = sorted(s for s in subfolders if not s.startswith("."))
+        for name in files:
+            if not name.startswith("."):
+                suffix = os.path.splitext(name)[1].lower() or "(no extension)"
+                counts[suffix] = counts.get(suffix, 0) + 1
+                seen += 1
+        if seen >= limit:
+            break
+    if not counts:
+        return "an empty folder"
+    common = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    shown = ", ".join(f"{'at least ' if seen >= limit and i == 0 else ''}{n} {suffix}" for i, (suffix, n) in
+                      enumerate(common[:4])) + (f" and {len(common) - 4} other kinds of" if len(common) > 4 else "")
+    images = sum(n for suffix, n in counts.items() if suffix in IMG_EXTENSIONS)
+    kind = "a folder of images" if images >= seen / 2 else "a folder"
+    return f"{kind} ({shown} files)" if kind != "a folder" else f"a folder (of {shown} files)"

@@ -34,6 +34,7 @@ from pathlib import Path
 from ..errors import InputError
 from ..suggest import did_you_mean
 from .parallel import MAX_LINE_CHARS, read_text_lines
+from .paths import folder_contents
 
 __all__ = ["EXTENSIONS", "FORMATS", "LabelledTexts", "label_names", "read_labelled_texts", "read_text_column"]
 
@@ -317,6 +318,9 @@ def read_labelled_texts(
             raise InputError(f"{name} must be a column name; got {value!r}")
     if text_column == label_column:
         raise InputError(f"text_column and label_column must be different columns; got {text_column!r} for both")
+    if path.is_dir():
+        raise InputError(f"{path} is {folder_contents(path)}; a CSV, TSV or JSON Lines file of labelled texts was "
+                         f"expected")
     fmt = _format_of(path) if format == "auto" else format
     lines = read_text_lines(path, max_line_chars=max_line_chars)
     rows = _Collector(path, text_column, label_column, skip_bad_rows)

@@ -21,18 +21,28 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 from ..errors import InputError
-from .paths import data_dir, require
+from .paths import data_dir, folder_contents, require
 from .source import Source, SourceConfig, Splits, register_source
 from .tables import EXTENSIONS, read_text_column
 from .text import MAX_LINE_CHARS, check_max_line_chars, iter_lines
 
-__all__ = ["Documents", "CorpusSourceConfig", "CorpusSource", "TinyShakespeare", "read_text", "read_documents",
-           "DOCUMENT_FORMATS", "TINYSHAKESPEARE_FILE"]
+__all__ = ["Documents", "NamedDocuments", "CorpusSourceConfig", "CorpusSource", "TinyShakespeare", "read_text",
+           "read_documents", "DOCUMENT_FORMATS", "TINYSHAKESPEARE_FILE"]
 
 Documents = list[str]  # the documents of one split, in order
+
+
+class NamedDocuments(list):
+    """The documents of one split (a list of str) with the words that name them in a message:
+    ``name``, the split and where it came from (``"the test part of data.path=story.txt"``),
+    which :class:`~attnlab.data.lm_dataset.LMDataset` says when they are too short."""
+
+    def __init__(self, documents: Sequence[str] = (), name: str | None = None) -> None:
+        super().__init__(documents)
+        self.name = name
 DOCUMENT_FORMATS = ("txt", "jsonl", "csv", "tsv")
 
 TINYSHAKESPEARE_FILE = Path("tinyshakespeare") / "input.txt"  # under the data directory
@@ -64,9 +74,14 @@ class CorpusSource(Source):
         folder of them, or a JSONL, CSV or TSV file whose column ``data.text_column`` (when the
         run's source has one, else ``text``) holds the documents; read as :func:`read_documents`
         reads them, lines up to the run's ``data.max_line_chars``; blank documents are left out."""
+        folder = Path(path).expanduser()
+        if folder.is_dir() and not _folder_files(folder):
+            raise InputError(f"--data (data= in Python) must be a .txt file, a folder of .txt files, or a JSONL, CSV "
+                             f"or TSV file with a text column for a language model run; {folder} is "
+                             f"{folder_contents(folder)}, with no .txt file")
         documents, _ = read_documents(path, getattr(config, "text_column", "text"),
                                       max_line_chars=config.max_line_chars)
-        return documents
+        return NamedDocuments(documents, f"--data {path}")
 
 
 def read_text(path: str | Path, *, max_line_chars: int = MAX_LINE_CHARS) -> str:

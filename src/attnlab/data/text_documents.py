@@ -38,7 +38,7 @@ import torch
 
 from ..errors import InputError
 from .source import Splits, register_source
-from .text_corpus import DOCUMENT_FORMATS, CorpusSource, CorpusSourceConfig, Documents, read_documents
+from .text_corpus import DOCUMENT_FORMATS, CorpusSource, CorpusSourceConfig, Documents, NamedDocuments, read_documents
 
 __all__ = ["DOCUMENT_FORMATS", "TextDocumentsConfig", "TextDocuments", "read_documents", "held_out_count"]
 
@@ -126,6 +126,13 @@ class TextDocuments(CorpusSource):
             train, val, test = _split_documents(documents, config, str(path))
             unit = f"{len(train)}, {len(val or [])} and {len(test)} documents, held out at random"
         sizes = [sum(map(len, part or [])) for part in (train, val, test)]
+        # each part names itself (the file, the part, its key) if LMDataset finds it too short
+        held = f"data.val_size={config.val_size:g}, data.test_size={config.test_size:g}"
+        train, val, test = (None if part is None else NamedDocuments(part, f"the {what} part of data.path={path} "
+                                                                           f"({key})")
+                            for part, what, key in ((train, "training", f"what {held} leave"),
+                                                    (val, "validation", f"data.val_size={config.val_size:g}"),
+                                                    (test, "test", f"data.test_size={config.test_size:g}")))
         notes = [f"data: {path.name}: {len(documents)} document{'s' if len(documents) > 1 else ''}, "
                  f"{sum(sizes):,} characters: {sizes[0]:,} training, {sizes[1]:,} validation, {sizes[2]:,} test "
                  f"({unit})"]

@@ -16,7 +16,7 @@ from typing import ClassVar, Literal, Sequence
 import torch
 
 from ..errors import InputError
-from .labelled_texts import Labelled, TextSource, TextSourceConfig, TextSplits, class_indices
+from .labelled_texts import Labelled, TextSource, TextSourceConfig, TextSplits, check_labelled_file, class_indices
 from .source import register_source
 from .splits import stratified_split
 from .tables import LabelledTexts, read_labelled_texts
@@ -91,6 +91,7 @@ class TextFile(TextSource):
         return TextSplits(pool.take(train.tolist()), dev, test, classes, notes, skipped, pool=pool)
 
     def read_labelled(self, config: TextFileConfig, path: str | Path, classes: Sequence[str]) -> Labelled:
+        check_labelled_file(path)
         part = self._read(config, path)
         return Labelled(part.texts, class_indices(part, classes))
 

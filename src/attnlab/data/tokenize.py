@@ -40,17 +40,22 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from torch import Tensor
 
-from ..errors import InputError
+from ..errors import InputError, shape_str
 from ..io import atomic_write_bytes
 
 __all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "TextTokenizer", "key_padding_mask", "printable", "shorten", "check_texts",
-           "parse_tokenizer", "tokenizer_file"]
+           "parse_tokenizer", "tokenizer_file", "MAX_VOCAB", "check_vocab_size"]
 
 _LONG_TEXT = 1 << 16  # characters: a longer text is encoded on its own (see TextTokenizer._encode_pieces)
 
 SPECIAL_TOKENS = ("[PAD]", "[BOS]", "[EOS]", "[UNK]", "[CLS]", "[SEP]")
 TOKENIZER_KINDS = ("wordpiece", "bpe")
 TOKENIZER_FILE = "tokenizer.json"
+
+# The largest vocabulary a tokenizer may have: 4x the largest in use (~256k tokens). A model
+# holds vocabulary x width twice (embedding, output layer) and its loss batch x length x
+# vocabulary logits, so a file of 3 M words is a 3 GB loss tensor: refused before it is built.
+MAX_VOCAB = 1 << 20
 
 # role -> token names that play it in a loaded tokenizer.json (BERT's, then RoBERTa's spelling)
 _ROLES = {
@@ -75,7 +80,10 @@ def check_texts(texts: str | Sequence[str]) -> list[str]:
     texts = list(texts)
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise TypeError(f"texts[{i}] must be a str; got {type(text).__name__} {text!r:.60}")
+            # a short value as it is, a tensor or array by its shape: never a whole tensor in a message
+            shown = f" {text!r:.60}" if isinstance(text, (int, float, bytes, type(None))) else \
+                f" of shape {shape_str(text)}" if hasattr(text, "shape") else ""
+            raise TypeError(f"texts[{i}] must be a str; got {type(text).__name__}{shown}")
     return texts
 
 
@@ -122,6 +130,14 @@ def _json_kind(value: object) -> str:
     return kinds.get(type(value), type(value).__name__)
 
 
+def check_vocab_size(size: int, what: str) -> None:
+    """Refuse a vocabulary above :data:`MAX_VOCAB`; ``what`` names it (``"vocab_size"``,
+    ``"the vocabulary of FILE"``)."""
+    if size > MAX_VOCAB:
+        raise InputError(f"{what} must be at most {MAX_VOCAB:,} tokens (4x the largest vocabulary in use; a model's "
+                         f"embedding, output layer and loss grow with it); got {size:,}")
+
+
 def parse_tokenizer(data: bytes, file: Path) -> Tokenizer:
     """A ``tokenizers.Tokenizer`` from the bytes of ``file``, or a ``ValueError`` naming
     the file and what is wrong with it."""
@@ -147,10 +163,15 @@ def parse_tokenizer(data: bytes, file: Path) -> Tokenizer:
         raise InputError(f"{bad}: its JSON object has no \"model\" (keys: {', '.join(spec) or 'none'}); {redo}")
     if not isinstance(spec["model"], dict):
         raise InputError(f"{bad}: its \"model\" must be a JSON object; got {_json_kind(spec['model'])}; {redo}")
+    vocab = spec["model"].get("vocab")
+    if isinstance(vocab, (dict, list)):  # before the tokenizer is built from it
+        check_vocab_size(len(vocab), f"the vocabulary of {file}")
     try:
-        return Tokenizer.from_str(text)
+        tokenizer = Tokenizer.from_str(text)
     except Exception as exc:  # the Rust side raises a bare Exception for a field it does not expect
         raise InputError(f"{bad}: {exc}; {redo}") from None
+    check_vocab_size(tokenizer.get_vocab_size(with_added_tokens=True), f"the vocabulary of {file}")
+    return tokenizer
 
 
 def _model_max_length(folder: Path) -> int | None:
@@ -227,6 +248,7 @@ class TextTokenizer:
         if not isinstance(vocab_size, int) or vocab_size < floor:
             extra = " (256 bytes + 6 special tokens)" if kind == "bpe" else ""
             raise InputError(f"vocab_size must be an integer >= {floor} for kind={kind!r}{extra}; got {vocab_size!r}")
+        check_vocab_size(vocab_size, "vocab_size")
         if not isinstance(min_frequency, int) or min_frequency < 0:
             raise InputError(f"min_frequency must be a non-negative integer; got {min_frequency!r}")
         tok = _new_tokenizer(kind, lowercase)

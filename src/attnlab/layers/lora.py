@@ -157,11 +157,18 @@ def lora_targets(model: nn.Module, targets: Sequence[str]) -> list[tuple[str, nn
     return found
 
 
+def _full_rank(layer: nn.Linear, parts: int) -> int:
+    """The largest rank an update of ``layer`` can have: its smaller side (of each of its
+    ``parts`` packed projections)."""
+    return min(layer.in_features, layer.out_features // parts)
+
+
 def apply_lora(model: nn.Module, *, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
                targets: Sequence[str] = ("attention",)) -> list[str]:
     """Put a :class:`LoRALinear` in place of every linear layer ``targets`` selects
     (:func:`lora_targets`), in place; returns their names. Raises :class:`InputError`
-    when none is found, with the roles and a module name to pattern on."""
+    when none is found, with the roles and a module name to pattern on, and when ``rank``
+    exceeds the smaller side of a selected layer (of each projection of a packed one)."""
     if isinstance(targets, str) or not targets or not all(isinstance(t, str) and t for t in targets):
         raise InputError(f"targets must be a non-empty list of roles ({', '.join(ROLES)}), layer names or name "
                          f"patterns; got {targets!r}")
@@ -176,6 +183,14 @@ def apply_lora(model: nn.Module, *, rank: int = 8, alpha: float = 16.0, dropout:
         raise InputError(f"targets {list(targets)!r} select no linear layer of {type(model).__name__}{hints} "
                          f"(roles: {', '.join(ROLES)}; or a layer name, or a pattern over qualified names"
                          + (f" such as {example!r})" if example else "; it has no nn.Linear layer)"))
+    # B A has rank at most min(in, out): a higher rank only adds parameters (rank 100000 on a
+    # width-32 model trains 51 M of them), so it is refused before the adapters are made.
+    name, parent, attr, parts = min(found, key=lambda f: _full_rank(getattr(f[1], f[2]), f[3]))
+    layer = getattr(parent, attr)
+    if rank > _full_rank(layer, parts):
+        per = f" per projection of its {parts} packed ones" if parts > 1 else ""
+        raise InputError(f"rank must be at most {_full_rank(layer, parts)}, the smaller side of layer {name} "
+                         f"({layer.in_features} inputs, {layer.out_features // parts} outputs{per}); got {rank}")
     for name, parent, attr, parts in found:
         setattr(parent, attr, LoRALinear(getattr(parent, attr), rank, alpha, dropout, parts))
     return [name for name, *_ in found]

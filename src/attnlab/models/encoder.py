@@ -35,7 +35,8 @@ from ..errors import InputError, shape_str
 from ..layers.init import normal_init_
 from ..layers.norms import LayerNorm
 from ..layers.transformer_layers import TransformerEncoder, TransformerEncoderLayer
-from .registry import build_config, check_attention_options, register_model
+from .registry import build_config, check_attention_options, check_attention_positions, register_model
+from .token_ids import check_token_ids
 
 __all__ = ["TextEncoderConfig", "TextEncoder", "POOLERS"]
 
@@ -81,6 +82,8 @@ class TextEncoderConfig:
         if attention_family(self.attention) != "tokens":
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         check_attention_options(self.attention_options, {"dropout": "attn_drop_rate"})
+        if isinstance(self.max_len, int):
+            check_attention_positions(TextEncoderConfig, self.attention, self.attention_options, self.max_len)
 
     @property
     def longest(self) -> int:
@@ -120,6 +123,7 @@ class TextEncoder(nn.Module):
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
             raise InputError(f"input_ids must be integer token ids of shape (B, L); got {input_ids.dtype} "
                              f"{shape_str(input_ids)}")
+        check_token_ids(input_ids, self.config.vocab_size)
         if attention_mask is None:
             return input_ids == self.config.pad_token_id
         if attention_mask.shape != input_ids.shape:
@@ -144,6 +148,8 @@ class TextEncoder(nn.Module):
         x = self.embed(input_ids) + self.pos_embed(self._positions(input_ids))
         if self.type_embed is not None:
             types = token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
+            if token_type_ids is not None:
+                check_token_ids(token_type_ids, cfg.type_vocab_size, "token_type_ids", "type_vocab_size")
             x = x + self.type_embed(types)
         elif token_type_ids is not None:
             raise InputError("token_type_ids: this model has no token types (type_vocab_size=0)")

@@ -9,7 +9,7 @@ sinusoidal" form): added as it is, its rows (a norm of 8 at width 128) swamped t
 embeddings initialised with a norm of 0.23, and a character model of Tiny Shakespeare
 reached a validation loss of 3.32 nats after 300 steps, against 2.44 with the scale and 2.40
 with learned positions (``attnlab bench lm --parts extrapolation``, AVX2 EPYC). The attention is the
-``"gqa"`` kind (grouped-query heads, sliding window, QK-norm, a preallocated cache) or any
+``"gqa"`` kind (grouped-query heads, sliding window, QK-norm, a key/value cache) or any
 tokens kind that can be causal (``local``, ``sparse``, ``topk``, ``lsh``, ``linear``,
 ``performer``), which decodes without a cache; rotary positions reach those that take them
 (all but the kernel kinds, ``linear`` and ``performer``), and ``window`` reaches ``local``.
@@ -38,7 +38,10 @@ from ..errors import InputError, shape_str
 from ..layers.init import normal_init_
 from ..layers.norms import build_norm
 from ..layers.pos_encoding import inner_position_options, sinusoid_table
-from .registry import build_config, check_attention_options, register_model
+from ..memory import available_memory, gib
+from .registry import build_config, check_attention_options, check_attention_positions, register_model
+from .sampling import check_generation, choose_next, penalize_repeats
+from .token_ids import check_token_ids
 
 __all__ = ["GPTConfig", "GPT", "SwiGLU", "GeluMlp", "document_positions"]
 
@@ -94,6 +97,8 @@ class GPTConfig:
                                                          "num_kv_heads": "num_kv_heads", "window": "window",
                                                          "rope": "pos_embed", "alibi": "pos_embed",
                                                          "rope_theta": "rope_theta"})
+        if isinstance(self.max_len, int):
+            check_attention_positions(GPTConfig, self.attention, self.attention_options, self.max_len)
 
     @property
     def head_dim(self) -> int:
@@ -220,7 +225,7 @@ class GPT(nn.Module):
             self.head.weight = self.tok_embed.weight
 
     def new_cache(self, capacity: int) -> list[DecodingCache]:
-        """One preallocated :class:`DecodingCache` per block, for ``capacity`` positions."""
+        """One :class:`DecodingCache` per block, for at most ``capacity`` positions."""
         if self.config.attention != "gqa":
             raise InputError(f"attention {self.config.attention!r} decodes without a cache; only 'gqa' keeps one")
         return [DecodingCache(capacity, window=self.config.window) for _ in self.blocks]
@@ -231,6 +236,7 @@ class GPT(nn.Module):
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.long, torch.int32, torch.int64):
             raise InputError(f"input_ids must be (B, L) integer token ids; got {shape_str(input_ids)} "
                              f"{input_ids.dtype}")
+        check_token_ids(input_ids, cfg.vocab_size)
         b, n = input_ids.shape
         past = cache[0].seq_len if cache else 0
         if positions is None:
@@ -292,13 +298,17 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, eos_id: int | None = None,
-                 padding_mask: Tensor | None = None, compile: bool = False, use_cache: bool = True) -> Tensor:
+                 padding_mask: Tensor | None = None, compile: bool = False, use_cache: bool = True,
+                 repetition_penalty: float = 1.0) -> Tensor:
         """``(B, L + n)`` ids, ``n <= max_new_tokens``: the prompts ``input_ids`` ``(B, L)`` and what
         follows (fewer than ``max_new_tokens`` when every row has ended with ``eos_id``).
 
         ``temperature`` 0 decodes greedily; above 0 it samples from the softmax of
-        ``logits / temperature``, within the ``top_k`` most probable tokens and the smallest
-        set whose probability reaches ``top_p``, drawn with ``seed`` (reproducible). Prompts of
+        ``logits / temperature``, within the ``top_k`` most probable tokens (0: all) and the
+        smallest set whose probability reaches ``top_p``, drawn with ``seed`` (reproducible);
+        ``repetition_penalty`` above 1 makes the tokens a row already holds less likely
+        (:func:`~attnlab.models.sampling.penalize_repeats`). The options are checked as
+        :func:`~attnlab.models.sampling.check_generation` says. Prompts of
         different lengths are left-padded, with ``padding_mask`` ``(B, L)`` ``True`` at the
         padding. A row that emits ``eos_id`` is continued with ``eos_id``. ``compile``: run the
         decoding step through ``torch.compile`` (compiled once per model, for any batch and
@@ -311,32 +321,37 @@ class GPT(nn.Module):
         than ``gqa`` always decode so). :meth:`stream` yields the same tokens one step at a time."""
         steps = list(self.stream(input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                  seed=seed, eos_id=eos_id, padding_mask=padding_mask, compile=compile,
-                                 use_cache=use_cache))
+                                 use_cache=use_cache, repetition_penalty=repetition_penalty))
         return torch.cat([input_ids, *(t[:, None] for t in steps)], dim=1)
 
     @torch.no_grad()
     def stream(self, input_ids: Tensor, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None, eos_id: int | None = None,
-               padding_mask: Tensor | None = None, compile: bool = False, use_cache: bool = True) -> Iterator[Tensor]:
+               padding_mask: Tensor | None = None, compile: bool = False, use_cache: bool = True,
+               repetition_penalty: float = 1.0) -> Iterator[Tensor]:
         """The next token of every row, ``(B,)``, one step after the other, as :meth:`generate`
         chooses them; it stops early once every row has emitted ``eos_id``."""
         cfg = self.config
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise InputError(f"max_new_tokens must be a non-negative integer; got {max_new_tokens!r}")
-        if temperature < 0:
-            raise InputError(f"temperature must be >= 0 (0: greedy); got {temperature}")
-        if top_k is not None and top_k < 1:
-            raise InputError(f"top_k must be a positive integer; got {top_k}")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise InputError(f"top_p must be in (0, 1]; got {top_p}")
+        check_generation(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                         repetition_penalty=repetition_penalty, seed=seed)
         total = input_ids.shape[1] + max_new_tokens
         if cfg.pos_embed in ("learned", "sinusoidal") and total > cfg.max_len:
             raise InputError(f"prompt and max_new_tokens make {total} positions; the model holds max_len={cfg.max_len}")
+        cache_kept = cfg.attention == "gqa" and use_cache
+        if cache_kept:
+            self._check_cache_memory(input_ids.shape[0], input_ids.shape[1], max_new_tokens)
         self.eval()
         gen = None if seed is None else torch.Generator(device=input_ids.device).manual_seed(seed)
         pad = padding_mask
         positions = None if pad is None else (~pad).long().cumsum(1).sub(1).clamp(min=0)
-        cache = self.new_cache(total) if cfg.attention == "gqa" and use_cache else None
+        cache = self.new_cache(total) if cache_kept else None
+        seen = None  # (B, V): the tokens each row holds, for the repetition penalty
+        if repetition_penalty != 1:
+            real = input_ids if pad is None else input_ids.masked_fill(pad, 0)
+            seen = torch.zeros(input_ids.shape[0], cfg.vocab_size, dtype=torch.bool, device=input_ids.device)
+            seen.scatter_(1, real, True)
+            if pad is not None:  # padding's placeholder id 0 is not a token of the row, unless the row has it
+                seen[:, 0] = (input_ids.masked_fill(pad, -1) == 0).any(1)
         # The steps after the prompt: _decode_step, with the weights joined once.
         lean = self._decode_weights() if cache is not None and cfg.pos_embed != "alibi" else None
         decode_step = self._decode_step
@@ -353,7 +368,12 @@ class GPT(nn.Module):
                 logits = decode_step(step_ids, pad, step_pos, cache, lean)
             else:
                 logits = self(step_ids, padding_mask=pad, positions=step_pos, cache=cache)[:, -1]
-            nxt = self._choose(logits.float(), temperature, top_k, top_p, gen)
+            logits = logits.float()
+            if seen is not None:
+                logits = penalize_repeats(logits, seen, repetition_penalty)
+            nxt = choose_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=gen)
+            if seen is not None:
+                seen.scatter_(1, nxt[:, None], True)
             if eos_id is not None:
                 nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
                 done |= nxt == eos_id
@@ -368,22 +388,22 @@ class GPT(nn.Module):
                 positions = torch.cat([positions, last], dim=1)  # type: ignore[list-item]
                 step_pos = last
 
-    @staticmethod
-    def _choose(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
-                gen: torch.Generator | None) -> Tensor:
-        if temperature == 0:
-            return logits.argmax(-1)
-        logits = logits / temperature
-        if top_k is not None:
-            kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if top_p is not None:
-            sorted_logits, order = logits.sort(dim=-1, descending=True)
-            cumulative = sorted_logits.softmax(-1).cumsum(-1)
-            drop = cumulative - sorted_logits.softmax(-1) >= top_p  # the tokens past the nucleus
-            logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-        return torch.multinomial(logits.softmax(-1), 1, generator=gen)[:, 0]
-
+    def _check_cache_memory(self, batch: int, prompt: int, max_new_tokens: int) -> None:
+        """Refuse a generation whose key/value cache could not fit in this machine's memory
+        (its buffers grow as it goes, so a long ``max_new_tokens`` that ends early costs
+        nothing): said before the first step, with the limit it implies."""
+        cfg = self.config
+        kv_heads = cfg.num_kv_heads or cfg.num_heads
+        per_position = 2 * batch * kv_heads * cfg.head_dim * cfg.depth * self.tok_embed.weight.element_size()
+        room = available_memory()
+        positions = prompt + max_new_tokens
+        if cfg.window is not None:  # a sliding-window cache holds its window, however long the generation
+            positions = min(positions, cfg.window - 1 + max(prompt, DecodingCache.slide_room))
+        if room is not None and positions * per_position > room:
+            limit = max(room // per_position - prompt, 0)
+            raise InputError(f"max_new_tokens must be at most {limit:,} for a batch of {batch} prompt(s) of {prompt} "
+                             f"tokens: the key/value cache takes {per_position:,} bytes a position and this machine "
+                             f"has {gib(room)} available; got {max_new_tokens:,}")
 
 def _gpt(defaults: dict[str, Any], overrides: dict[str, Any]) -> GPT:
     return GPT(build_config(GPTConfig, defaults, overrides))

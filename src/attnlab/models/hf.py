@@ -20,15 +20,17 @@ value in ``c_attn``; BERT keeps them apart where attnlab packs them in ``in_proj
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from ..errors import InputError
-from ..io import read_json_mapping, read_state_dict
+from ..errors import InputError, shape_str
+from ..io import read_json_mapping, read_state_dict, torch_load_safely
+from ..memory import gib, require_memory
 from .encoder import TextEncoder, TextEncoderConfig
 from .gpt import GPT, GPTConfig
 from .vit import VisionTransformer, ViTConfig
@@ -264,6 +266,45 @@ def weight_files(folder: str | Path) -> list[Path]:
     return files
 
 
+# safetensors' names of dtypes -> torch's (the meta tensors of a header)
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                       "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "U16": "uint16", "U32": "uint32",
+                       "U64": "uint64", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def _read_headers(folder: Path) -> dict[str, Tensor]:
+    """The tensors of :func:`weight_files` as meta tensors of their stored shapes and dtypes,
+    from the files' headers alone (safetensors' JSON header, whose offsets the library checks
+    against the file's size; a pickle's records, loaded onto the meta device): no weight is
+    read, whatever sizes the files claim."""
+    from safetensors import safe_open
+
+    headers: dict[str, Tensor] = {}
+    for path in weight_files(folder):
+        if path.suffix == ".safetensors":
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    for key in f.keys():
+                        part = f.get_slice(key)
+                        dtype = getattr(torch, _SAFETENSORS_DTYPES.get(part.get_dtype(), ""), None)
+                        if not isinstance(dtype, torch.dtype):
+                            raise InputError(f"{path}: {key} has dtype {part.get_dtype()}, which attnlab does not read")
+                        headers[key] = torch.empty(part.get_shape(), dtype=dtype, device="meta")
+            except InputError:
+                raise
+            except Exception as exc:  # SafetensorError: a header that is not JSON, or offsets past the file's end
+                raise InputError(f"could not read {path} as safetensors: {exc}") from None
+            continue
+        state = torch_load_safely(path, "meta")
+        for key in ("state_dict", "model"):  # the wrappers read_state_dict takes off
+            if isinstance(state, dict) and isinstance(state.get(key), dict):
+                state = state[key]
+        if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+            raise InputError(f"{path} does not hold a state dict (a mapping of names to tensors)")
+        headers.update(state)
+    return headers
+
+
 def _read_weights(folder: Path) -> dict[str, Tensor]:
     """The tensors of :func:`weight_files`, read with ``weights_only=True``: a pickle that
     names anything but tensors and plain values is refused, since unpickling it could run
@@ -285,32 +326,115 @@ def is_hf_folder(path: str | Path) -> bool:
     return path.is_dir() and (path / "config.json").is_file()
 
 
-def read_hf(folder: str | Path) -> tuple[str, Any, dict[str, Tensor]]:
-    """``(model_type, attnlab config, weights in attnlab's names)`` of a Hugging Face folder,
-    checked as :func:`from_hf` checks it, without building the model."""
-    folder = Path(folder).expanduser()
-    if not (folder / "config.json").is_file():
-        raise InputError(f"folder must be a Hugging Face checkpoint folder with config.json; {folder} has none")
-    config = read_json_mapping(folder / "config.json")
-    family = config.get("model_type")
-    if family not in HF_FAMILIES:
-        raise InputError(f"{folder / 'config.json'}: model_type {family!r} is not supported; from_hf reads "
-                         f"{', '.join(HF_FAMILIES)}")
-    make_config, _, convert = HF_FAMILIES[family]
-    state = _read_weights(folder)
+def _convert(folder: Path, family: str, cfg: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``state`` (the checkpoint's tensors, real or meta) in attnlab's names, by the family's
+    one conversion; a tensor the conversion misses or leaves over is an error."""
     try:
-        cfg = make_config(config, state)
-    except KeyError as exc:
-        raise InputError(f"{folder / 'config.json'} lacks the key {exc.args[0]!r} of a {family} config") from None
-    try:
-        weights, left = convert(state, cfg)
+        weights, left = HF_FAMILIES[family][2](dict(state), cfg)
     except KeyError as exc:
         raise InputError(f"{folder}: the checkpoint lacks {exc.args[0]}, which a {family} model of this config "
                          f"has") from None
+    except RuntimeError as exc:  # query, key and value projections of different shapes, packed together
+        raise InputError(f"{folder}: the checkpoint's weights do not fit together: "
+                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     if left:
         raise InputError(f"{folder}: weights that a {family} model of this config does not have: "
                          f"{', '.join(sorted(left)[:5])}{' ...' if len(left) > 5 else ''}")
-    return family, cfg, weights
+    return weights
+
+
+# A layer's index in a checkpoint's names: gpt2's h.3., llama's layers.3., BERT's and ViT's layer.3.
+_LAYER = re.compile(r"(?:^|\.)(?:h|layers?)\.(\d+)\.")
+
+
+def _config_key(config: dict[str, Any], value: int, fallback: str) -> str:
+    """The ``config.json`` key of ``value`` (the keys, when several have it), else ``fallback``."""
+    keys = [k for k, v in config.items() if isinstance(v, int) and not isinstance(v, bool) and v == value]
+    return " / ".join(keys) or fallback
+
+
+def _disagreement(config_file: Path, config: dict[str, Any], ours: str, theirs: str | None, stored: Tensor,
+                  wanted: Tensor) -> str:
+    """Weight ``ours`` (``theirs`` in the checkpoint, when only renamed) of a stored shape
+    that is not the model's, said first as the ``config.json`` key whose value is the size
+    the model expects where they differ (when one is)."""
+    said = f"{ours} has shape {shape_str(stored)} in the checkpoint but {shape_str(wanted)} in its config"
+    if stored.dim() == wanted.dim():
+        size = next(w for s, w in zip(stored.shape, wanted.shape) if s != w)
+        key = _config_key(config, size, "")
+        if key:
+            return (f"{config_file}: {key} {size} disagrees with the weights: {theirs or ours} is "
+                    f"{shape_str(stored)} ({said})")
+    return f"{config_file.parent}: {said}"
+
+
+def _inspect_hf(folder: Path) -> tuple[str, Any, nn.Module, dict[str, Tensor]]:
+    """``(model_type, attnlab config, its model on the meta device, the checkpoint's tensors
+    as meta tensors)`` of a Hugging Face folder: ``config.json`` checked against the weight
+    files' headers, each converted weight's shape against the model's, before a weight is read
+    or anything of the model's size allocated (a ``vocab_size`` of 10^10 beside a 300-row
+    embedding is one line naming both)."""
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise InputError(f"folder must be a Hugging Face checkpoint folder with config.json; {folder} has none")
+    config = read_json_mapping(config_file)
+    family = config.get("model_type")
+    if family not in HF_FAMILIES:
+        raise InputError(f"{config_file}: model_type {family!r} is not supported; from_hf reads "
+                         f"{', '.join(HF_FAMILIES)}")
+    make_config, model_class, _ = HF_FAMILIES[family]
+    headers = _read_headers(folder)
+    try:
+        cfg = make_config(config, headers)
+    except KeyError as exc:
+        raise InputError(f"{config_file} lacks the key {exc.args[0]!r} of a {family} config") from None
+    except (TypeError, ValueError) as exc:  # a size that is not a number
+        raise InputError(f"{config_file}: a {family} config's value is of the wrong type: {exc}") from None
+    # The layers first: a depth of 10^6 is refused here, not a million layers converted and built below.
+    depth, stored = getattr(cfg, "depth", 0), len({m.group(1) for k in headers if (m := _LAYER.search(k))})
+    if isinstance(depth, int) and depth > stored:
+        raise InputError(f"{config_file}: {_config_key(config, depth, 'depth')} {depth} disagrees with the weights: "
+                         f"they hold {stored} layer{'s' * (stored != 1)}")
+    weights = _convert(folder, family, cfg, headers)
+    try:
+        with torch.device("meta"):  # the shapes alone: no memory, whatever config.json says
+            model = model_class(cfg)
+    except InputError as exc:
+        raise InputError(f"{config_file}: {exc}") from None
+    except (TypeError, ValueError) as exc:  # a size that is not a number
+        raise InputError(f"{config_file}: a {family} config's value is of the wrong type: {exc}") from None
+    tied = bool(getattr(cfg, "tie_embeddings", False))
+    if tied:
+        weights.pop("head.weight", None)
+    expected = {k: v for k, v in model.state_dict().items() if not (tied and k == "head.weight")}
+    missing = [k for k in expected if k not in weights]
+    if missing:
+        raise InputError(f"{folder}: the checkpoint lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    extra = sorted(k for k in weights if k not in expected)
+    if extra:
+        raise InputError(f"{folder}: weights that a {family} model of this config does not have: "
+                         f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
+    theirs = {id(t): k for k, t in headers.items()}  # a weight only renamed is the header's own tensor
+    for k, wanted in expected.items():  # the model's order: the embeddings first
+        stored = weights[k]
+        if tuple(stored.shape) != tuple(wanted.shape):
+            raise InputError(_disagreement(config_file, config, k, theirs.get(id(stored)), stored, wanted))
+    return family, cfg, model, headers
+
+
+def _nbytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def read_hf(folder: str | Path) -> tuple[str, Any, dict[str, Tensor]]:
+    """``(model_type, attnlab config, weights in attnlab's names)`` of a Hugging Face folder,
+    checked as :func:`from_hf` checks it, without building the model: ``config.json``
+    against the weight files' headers first, and their size against the memory available,
+    before a weight is read."""
+    folder = Path(folder).expanduser()
+    family, cfg, _, headers = _inspect_hf(folder)
+    require_memory(_nbytes(headers.values()), f"{folder}: reading its weights")
+    return family, cfg, _convert(folder, family, cfg, _read_weights(folder))
 
 
 def hf_model_spec(folder: str | Path) -> tuple[str, dict[str, Any]]:
@@ -318,13 +442,7 @@ def hf_model_spec(folder: str | Path) -> tuple[str, dict[str, Any]]:
     :func:`~attnlab.models.create_model`, without what the task decides (its classifier's
     size; an image model's input size and channels, the data's): what a fine-tuning recipe
     records, so that its run rebuilds the model without the folder."""
-    folder = Path(folder).expanduser()
-    config = read_json_mapping(folder / "config.json") if (folder / "config.json").is_file() else {}
-    family = config.get("model_type")
-    if family not in HF_FAMILIES:
-        raise InputError(f"{folder / 'config.json'}: model_type {family!r} is not supported; from_hf reads "
-                         f"{', '.join(HF_FAMILIES)}")
-    _, cfg, _ = read_hf(folder)
+    family, cfg, _, _ = _inspect_hf(Path(folder).expanduser())  # no weight read: the run loads them
     # The task's: the classes, and an image model's input (the data's size and channels; a learned position
     # grid of another size is resampled when the weights load).
     task_owned = ("num_classes", "attention", "attention_options", "img_size", "in_chans")
@@ -345,19 +463,14 @@ def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | 
       (``ViTModel``: its pooler's ``tanh(dense(cls))``); ``model.forward_features(images)``
       the last hidden states, after the final norm."""
     folder = Path(folder).expanduser()
-    family, cfg, weights = read_hf(folder)
+    family, cfg, meta, headers = _inspect_hf(folder)  # every shape checked: what follows only reads and copies
+    stored, built = _nbytes(headers.values()), _nbytes([*meta.parameters(), *meta.buffers()])
+    require_memory(stored + built, f"{folder}: reading its weights ({gib(stored)}) and building its model "
+                                   f"({sum(p.numel() for p in meta.parameters()):,} parameters, float32)")
+    weights = _convert(folder, family, cfg, _read_weights(folder))
     model = HF_FAMILIES[family][1](cfg)
     tied = bool(getattr(cfg, "tie_embeddings", False))
     if tied:
         weights.pop("head.weight", None)
-    expected = {k for k in model.state_dict() if not (tied and k == "head.weight")}
-    missing = sorted(expected - set(weights))
-    if missing:
-        raise InputError(f"{folder}: the checkpoint lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
-    shapes = [k for k, v in weights.items() if tuple(v.shape) != tuple(model.state_dict()[k].shape)]
-    if shapes:
-        k = shapes[0]
-        raise InputError(f"{folder}: {k} has shape {tuple(weights[k].shape)} in the checkpoint but "
-                         f"{tuple(model.state_dict()[k].shape)} in its config")
     model.load_state_dict(weights, strict=not tied)
     return model.to(dtype).eval()

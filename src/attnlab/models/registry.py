@@ -10,11 +10,13 @@ from typing import Any, Callable, TypeVar
 import torch
 from torch import nn
 
+from ..attention.registry import attention_position_options
 from ..errors import InputError
 from ..suggest import did_you_mean
 
 __all__ = ["register_model", "create_model", "list_models", "model_entry", "build_config", "count_parameters",
-           "config_class", "upgrade_options", "OptionError", "FIELD_RANGES", "check_ranges", "check_attention_options"]
+           "config_class", "upgrade_options", "OptionError", "FIELD_RANGES", "check_ranges", "check_attention_options",
+           "check_attention_positions"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,19 @@ def check_attention_options(options: dict[str, Any], owned: dict[str, str]) -> N
         if key in options:
             raise InputError(f"attention_options must not set {key!r}: the model sets it from {field_name}, "
                              f"so set that")
+
+
+def check_attention_positions(cls: type, attention: str, options: dict[str, Any], max_len: int) -> None:
+    """:class:`OptionError` (key ``attention_options.NAME``) for an option of ``attention``
+    that counts positions (a window, buckets, landmarks) set above ``max_len``, the longest
+    sequence the model holds: a window wider than every sequence means nothing, and some
+    such options size buffers (LSH's rotations), so they are refused before anything is built."""
+    for key in attention_position_options(attention):
+        value = options.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > max_len:
+            raise OptionError(cls, f"attention_options.{key}", value,
+                              f"<= {max_len}, the model's max_len (it counts positions, and no sequence the model "
+                              f"reads is longer)")
 
 
 def build_config(cls: type[C], defaults: dict[str, Any], overrides: dict[str, Any]) -> C:

@@ -35,6 +35,7 @@ from ..dropout import Dropout
 from ..errors import InputError
 from .generation import beam_search, greedy_search
 from .registry import build_config, register_model
+from .token_ids import check_token_ids
 
 __all__ = ["RNNSeq2SeqConfig", "RNNSeq2Seq", "AlignmentAttention", "RNNCache"]
 
@@ -151,6 +152,8 @@ class RNNSeq2Seq(nn.Module):
     def _check_ids(self, name: str, ids: Tensor) -> None:
         if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
             raise InputError(f"{name} must be integer token ids of shape (B, L); got {ids.dtype} {tuple(ids.shape)}")
+        size = "src_vocab_size" if name == "src" else "tgt_vocab_size"
+        check_token_ids(ids, getattr(self.config, size), name, size)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """``src`` ``(B, Ls)`` -> memory ``(B, Ls, 2H)`` (both directions' states) and its

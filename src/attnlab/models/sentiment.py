@@ -70,7 +70,8 @@ from ..layers.norms import build_norm
 from ..layers.pos_encoding import ADDED, INNER, build_pos_encoding, inner_position_options
 from ..layers.relative_bias import RelativePositionBias
 from ..layers.transformer_layers import TransformerEncoder, TransformerEncoderLayer
-from .registry import build_config, check_attention_options, register_model
+from .registry import build_config, check_attention_options, check_attention_positions, register_model
+from .token_ids import check_token_ids
 
 __all__ = ["SentimentConfig", "AttentionSentimentClassifier"]
 
@@ -135,6 +136,8 @@ class SentimentConfig:
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         check_attention_options(self.attention_options, {"dropout": "attn_drop_rate", "rope": "pos_embed",
                                                          "alibi": "pos_embed", "rope_theta": "rope_theta"})
+        if isinstance(self.max_len, int):
+            check_attention_positions(SentimentConfig, self.attention, self.attention_options, self.max_len)
         inner_position_options(self.pos_embed, self.rope_theta, self.attention)  # a kind that cannot take them
         if self.pos_embed == "relative" and self.attention != "exact":  # the other kinds take no attn_mask
             raise InputError(
@@ -193,6 +196,7 @@ class AttentionSentimentClassifier(nn.Module):
             raise InputError(
                 f"input_ids must be integer token ids of shape (B, L); got {input_ids.dtype} {tuple(input_ids.shape)}"
             )
+        check_token_ids(input_ids, self.config.vocab_size)
         if attention_mask is None:
             return None if self.config.padding_idx is None else input_ids == self.config.padding_idx
         if attention_mask.shape != input_ids.shape:

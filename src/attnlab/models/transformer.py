@@ -22,7 +22,8 @@ from ..layers.transformer_layers import (
     TransformerEncoderLayer,
 )
 from .generation import beam_search, greedy_search
-from .registry import build_config, check_attention_options, register_model
+from .registry import build_config, check_attention_options, check_attention_positions, register_model
+from .token_ids import check_token_ids
 
 __all__ = ["Transformer", "TransformerConfig", "Seq2SeqTransformer"]
 
@@ -216,6 +217,7 @@ class TransformerConfig:
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         check_attention_options(self.attention_options, {"dropout": "attn_drop_rate", "rope": "pos_embed",
                                                          "alibi": "pos_embed", "rope_theta": "rope_theta"})
+        check_attention_positions(TransformerConfig, self.attention, self.attention_options, self.max_len)
         if self.pos_embed not in ADDED + INNER:
             raise InputError(f"pos_embed must be one of {sorted(ADDED + INNER)}; got {self.pos_embed!r}")
         inner_position_options(self.pos_embed, self.rope_theta, self.attention)  # a kind that cannot take them
@@ -269,6 +271,8 @@ class Seq2SeqTransformer(nn.Module):
     def _check_ids(self, name: str, ids: Tensor) -> None:
         if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
             raise InputError(f"{name} must be integer token ids of shape (B, L); got {ids.dtype} {tuple(ids.shape)}")
+        size = "src_vocab_size" if name == "src" else "tgt_vocab_size"
+        check_token_ids(ids, getattr(self.config, size), name, size)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """``src`` ``(B, Ls)`` -> memory ``(B, Ls, E)`` and its padding mask ``(B, Ls)``."""

@@ -33,8 +33,9 @@ from ..data.tokenize import TextTokenizer
 from ..engine.config import ConfigError, from_dict
 from ..engine.resolved import run_precision
 from ..engine.trainer import TrainConfig
-from ..errors import InputError
+from ..errors import InputError, shape_str
 from ..io import atomic_write_bytes, read_json_mapping
+from ..memory import require_memory
 from ..models import create_model
 from ..layers.lora import apply_lora
 from ..models.hf import hf_model_spec, is_hf_folder
@@ -279,8 +280,9 @@ class Task:
         if recipe.model.lora is not None:
             try:
                 apply_lora(model, **dataclasses.asdict(recipe.model.lora))
-            except InputError as exc:
-                raise InputError(f"model.lora: {exc}") from None
+            except InputError as exc:  # a rank is named by its key, model.lora.rank, as the others by theirs
+                text = str(exc)
+                raise InputError(f"model.lora.{text}" if text.startswith("rank ") else f"model.lora: {text}") from None
         return model
 
     def check(self, recipe: Recipe) -> None:
@@ -311,12 +313,19 @@ class Task:
             return
         try:
             with torch.device("meta"):
-                self.build_model(recipe)
+                model = self.build_model(recipe)
         except OptionError as exc:  # named by its recipe key, as the training keys are
             raise ConfigError(f"model.options.{exc.key} must be {exc.rule}; got {exc.value!r} (model "
                               f"{recipe.model.name!r})") from None
         except InputError as exc:
             raise ConfigError(f"model {recipe.model.name!r}: {exc}") from None
+        try:
+            require_memory(training_bytes(model, recipe.train.optimizer, frozen=recipe.model.freeze_backbone),
+                           f"model.options: model {recipe.model.name!r} of {_size_of(model)}, trained with "
+                           f"{recipe.train.optimizer} ({4 * _COPIES.get(recipe.train.optimizer, 4)} bytes per "
+                           f"trained float32 parameter: {_STATE.get(recipe.train.optimizer, 'weights and gradients')})")
+        except InputError as exc:
+            raise ConfigError(str(exc)) from None
 
     # ------------------------------------------------------------------ the training skeleton's steps
     def read_data(self, recipe: Recipe, log: Callable[[str], None]) -> Any:
@@ -435,11 +444,39 @@ class Task:
         return f"<task {self.name}: {self.summary}>"
 
 
+# Copies of each trained parameter that training keeps: the weights, their gradients and the
+# optimizer's state (AdamW's two moments, SGD's momentum).
+_COPIES = {"adamw": 4, "sgd": 3}
+_STATE = {"adamw": "weights, gradients and AdamW's two moments", "sgd": "weights, gradients and SGD's momentum"}
+
+
+def training_bytes(model: nn.Module, optimizer: str = "adamw", *, frozen: bool = False) -> int:
+    """The bytes ``model`` takes while it trains (it may be on the meta device): each trained
+    parameter with its gradient and the optimizer's state (16 bytes per float32 parameter
+    under AdamW), frozen ones (LoRA's base, or all with ``frozen``: the head is a rounding
+    error there) and buffers once. Activations come on top, and depend on the batch."""
+    copies = _COPIES.get(optimizer, 4)
+    trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad and not frozen)
+    kept = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad or frozen)
+    return copies * trained + kept + sum(b.numel() * b.element_size() for b in model.buffers())
+
+
+def _size_of(model: nn.Module) -> str:
+    """``1,234 parameters (the largest: embed.weight (300, 32))`` for a message."""
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    if not named:
+        return "no parameters"
+    name, largest = max(named, key=lambda item: item[1].numel())
+    return (f"{sum(p.numel() for p in model.parameters()):,} parameters (the largest: {name} "
+            f"({', '.join(map(str, largest.shape))}))")
+
+
 def check_texts(inputs: Sequence[Any], task: str) -> list[str]:
     """``inputs`` as a list of texts, or an error naming the first that is not one."""
     for i, t in enumerate(inputs):
         if not isinstance(t, str):
-            raise InputError(f"inputs[{i}] must be a text (str) for a {task} run; got {type(t).__name__}")
+            shape = f" of shape {shape_str(t)}" if hasattr(t, "shape") else ""  # a tensor by its shape, never whole
+            raise InputError(f"inputs[{i}] must be a text (str) for a {task} run; got {type(t).__name__}{shape}")
     return list(inputs)
 
 

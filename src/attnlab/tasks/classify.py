@@ -16,7 +16,8 @@ from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
 from .views import LabelPrediction
 
-__all__ = ["CLASSES_FILE", "write_classes", "read_classes", "predict_labels", "top_labels", "spread"]
+__all__ = ["CLASSES_FILE", "write_classes", "read_classes", "predict_labels", "check_label_options", "top_labels",
+           "spread"]
 
 CLASSES_FILE = "classes.json"
 
@@ -55,9 +56,18 @@ def predict_labels(model: nn.Module, data: Any, device: torch.device, batch_size
     return true, pred, prob
 
 
+def check_label_options(top_k: Any, batch_size: Any) -> None:
+    """A classifier's ``predict`` options, checked before any work: positive integers."""
+    for name, value in (("top_k", top_k), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            what = "labels per input, most probable first" if name == "top_k" else "inputs per batch"
+            raise InputError(f"{name} must be a positive integer ({what}); got {value!r}")
+
+
 def top_labels(logits: Tensor, classes: Sequence[str], names: Sequence[str], top_k: int) -> list[LabelPrediction]:
     """One :class:`LabelPrediction` per row of ``logits``, named by ``names``, with its
     ``top_k`` classes, most probable first."""
+    check_label_options(top_k, 1)
     probs = logits.float().softmax(-1).cpu()
     top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
     return [LabelPrediction(name, [(classes[i], p) for p, i in zip(ps.tolist(), ix.tolist())])

@@ -38,11 +38,14 @@ per model here). It needs ``onnxscript``: ``pip install 'attnlab[export]'``.
 from __future__ import annotations
 
 import copy
+import io
 import json
 import logging
+import os
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,11 +55,12 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, shape_str
-from ..io import atomic_write, atomic_write_bytes
+from ..io import WriteError, atomic_write
 from ..layers.lora import lora_layers, merge_lora
 from .base import TrainedRun
 
-__all__ = ["FORMATS", "ExportResult", "ImageClassifierGraph", "TextClassifierGraph", "export_run", "verify_export"]
+__all__ = ["FORMATS", "ExportResult", "ImageClassifierGraph", "TextClassifierGraph", "export_run", "model_file",
+           "verify_export"]
 
 # format -> the model file's extension
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt"}
@@ -164,15 +168,32 @@ def _plan(run: TrainedRun) -> _Plan:
 # ----------------------------------------------------------------------------- writing
 
 
-def _model_file(out: str | Path, format: str) -> Path:
-    """``out`` itself when it ends in the format's extension, else ``out/model<ext>``."""
+def model_file(out: str | Path, format: str = "onnx", *, name: str = "out") -> Path:
+    """The model file that an export to ``out`` writes: ``out`` itself when it ends in the
+    format's extension, else ``out/model<ext>``. Checked before any work: an :class:`InputError`
+    naming ``out`` as ``name`` (``--out`` on the command line) when it cannot be written there,
+    because a folder on its path is a file, or it is a folder itself."""
+    if format not in FORMATS:
+        raise InputError(f"format must be one of {', '.join(map(repr, FORMATS))}; got {format!r}")
     ext = FORMATS[format]
-    out = Path(out)
+    out = Path(out).expanduser()
     if out.suffix == ext:
-        return out
-    if out.suffix and not out.is_dir():
-        raise InputError(f"out must be a {ext} file or a folder for format={format!r}; got {str(out)!r}")
-    return out / f"model{ext}"
+        if out.is_dir():
+            raise InputError(f"{name} {out} is a folder; give a {ext} file to write (or a folder without the {ext} "
+                             f"ending, which receives model{ext})")
+        path = out
+    elif out.suffix and not out.is_dir():
+        raise InputError(f"{name} must be a {ext} file or a folder for format={format!r}; got {str(out)!r}")
+    else:
+        path = out / f"model{ext}"
+    folder = next((p for p in path.parents if p.exists() or p.is_symlink()), None)
+    if folder is not None and not folder.is_dir():
+        if folder == out:
+            raise InputError(f"{name} must be a {ext} file or a folder for format={format!r}; {out} is a file "
+                             f"without the {ext} ending")
+        raise InputError(f"{name} {out}: {folder} is a file, not a folder, so nothing can be written below it; "
+                         f"choose another {name}")
+    return path
 
 
 def _import_onnx() -> None:
@@ -279,7 +300,7 @@ def export_run(run: TrainedRun, out: str | Path, format: str = "onnx", *, opset:
         raise InputError(f"format must be one of {', '.join(map(repr, FORMATS))}; got {format!r}")
     if opset is not None and (format != "onnx" or not isinstance(opset, int) or isinstance(opset, bool) or opset < 1):
         raise InputError(f"opset must be a positive int, for format 'onnx' only; got {opset!r} with format {format!r}")
-    path = _model_file(out, format)
+    path = model_file(out, format)
     stem = path.name.removesuffix(FORMATS[format])
     if not overwrite:
         there = [p for p in (path, path.with_name(f"{stem}.preprocessing.json"), path.with_name(f"{stem}.tokenizer.json"))
@@ -302,15 +323,8 @@ def export_run(run: TrainedRun, out: str | Path, format: str = "onnx", *, opset:
                 traced = _torchscript(plan)
     finally:
         run.model.train(training)
-    tokenizer = None
-    if run.tokenizer is not None and "text" in plan.info:
-        tokenizer = run.tokenizer.save(path.with_name(f"{stem}.tokenizer.json"))
-    if format == "onnx":
-        atomic_write_bytes(path, data)
-    else:
-        with atomic_write(path) as f, warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_JIT_DEPRECATED, category=DeprecationWarning)
-            torch.jit.save(traced, f)
+    tokenizer = path.with_name(f"{stem}.tokenizer.json") if run.tokenizer is not None and "text" in plan.info \
+        else None
     inputs, outputs = _io_spec(plan, num_classes)
     spec = {"format": format, "model_file": path.name, "task": run.task.name, "model": run.recipe.model.name,
             "checkpoint": run.checkpoint.name, **({"opset": opset} if format == "onnx" else {}),
@@ -319,9 +333,46 @@ def export_run(run: TrainedRun, out: str | Path, format: str = "onnx", *, opset:
         spec["text"] = {"tokenizer": tokenizer.name, **spec["text"]}
     spec["how_to_call"] = _how_to_call(format, plan, path.name, tokenizer.name if tokenizer else None)
     preprocessing = path.with_name(f"{stem}.preprocessing.json")
-    atomic_write_bytes(preprocessing, (json.dumps(spec, indent=1) + "\n").encode())
+    files = {path: data if format == "onnx" else _torchscript_bytes(traced)}
+    if tokenizer is not None:
+        files[tokenizer] = _tokenizer_bytes(run.tokenizer)
+    files[preprocessing] = (json.dumps(spec, indent=1) + "\n").encode()
+    _write_together(files)
     return ExportResult(path, preprocessing, format, [i["name"] for i in inputs], [o["name"] for o in outputs],
                         tokenizer)
+
+
+def _torchscript_bytes(traced: torch.jit.ScriptModule) -> bytes:
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_JIT_DEPRECATED, category=DeprecationWarning)
+        torch.jit.save(traced, buffer)
+    return buffer.getvalue()
+
+
+def _tokenizer_bytes(tokenizer: Any) -> bytes:
+    """What ``tokenizer.save`` writes, as bytes: saved into a temporary folder and read back,
+    so that its file is written with the others (:func:`_write_together`)."""
+    with tempfile.TemporaryDirectory(prefix="attnlab-export-") as folder:
+        return Path(tokenizer.save(Path(folder) / "tokenizer.json")).read_bytes()
+
+
+def _write_together(files: dict[Path, bytes]) -> None:
+    """Each file into a temporary file beside it (:func:`~attnlab.io.atomic_write`), flushed and
+    synced, and only when all are whole are they renamed into place: a full disk leaves no
+    file of the export, whole or half-written, and the files of an earlier export keep
+    their content. A :class:`~attnlab.io.WriteError` names the file and its size."""
+    try:
+        with ExitStack() as stack:
+            for path, data in files.items():
+                f = stack.enter_context(atomic_write(path))
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+    except WriteError as exc:
+        if exc.size is None and exc.filename is not None and Path(exc.filename) in files:
+            exc.size = len(files[Path(exc.filename)])
+        raise
 
 
 # ----------------------------------------------------------------------------- parity

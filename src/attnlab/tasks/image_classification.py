@@ -26,7 +26,7 @@ from ..errors import InputError
 from ..models.maps import TokenGridMaps, attention_maps_adapter, families_with_maps
 from ..models.registry import config_class
 from .base import ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, register_task
-from .classify import predict_labels, read_classes, spread, top_labels, write_classes
+from .classify import check_label_options, predict_labels, read_classes, spread, top_labels, write_classes
 from .views import ClassifierPredictions, ImageAttention, LabelPrediction, PixelAttention
 
 __all__ = ["ImageClassificationRecipe", "ImageClassification"]
@@ -107,6 +107,7 @@ class ImageClassification(Task):
         """``inputs``: image files, PIL images or ``uint8`` tensors ``(C, H, W)``, read as the
         run was trained (mode, size, resizing) and classified in batches of ``batch_size``.
         Each gets its ``top_k`` labels with their probabilities, most probable first."""
+        check_label_options(top_k, batch_size)
         spec = run.image
         out: list[LabelPrediction] = []
         for start in range(0, len(inputs), batch_size):

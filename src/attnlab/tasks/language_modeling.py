@@ -33,12 +33,13 @@ from ..data.lm_dataset import LMDataset
 from ..data.lm_tokenize import LMTokenizer, load_tokenizer, train_tokenizer
 from ..data.source import Splits, source_of
 from ..data.text_corpus import CorpusSourceConfig
-from ..data.tokenize import shorten
+from ..data.tokenize import MAX_VOCAB, shorten
 from ..engine import distributed
 from ..engine.config import ConfigError
 from ..engine.trainer import evaluate_model
 from ..errors import InputError
 from ..io import atomic_write_bytes
+from ..models.sampling import GENERATION_OPTIONS, check_generation
 from .base import ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_texts, register_task
 from .run_files import train_config
 from .views import SampleTable, TextAttention, TextPrediction
@@ -54,10 +55,13 @@ class LMTextConfig:
     """Tokenization and context of a language model."""
 
     tokenizer: Literal["char", "byte", "bpe"] = "char"
-    vocab_size: int = field(default=8192, metadata={"min": 260})  # bpe: the vocabulary to learn
+    vocab_size: int = field(default=8192, metadata={"min": 260, "max": MAX_VOCAB})  # bpe: the vocabulary to learn
     min_frequency: int = field(default=2, metadata={"min": 1})  # bpe: of a merge
     context: int = field(default=256, metadata={"min": 2})  # tokens a model reads at once
     tokenizer_file: Optional[str] = None  # a tokenizer.json to use instead of training one
+    # tokenizer_file: the largest share of the training text's tokens it may map to its unknown token (a tokenizer
+    # made for other text); a larger share is refused before training, one above the default is said in the log
+    max_unknown: float = field(default=0.01, metadata={"min": 0.0, "max": 1.0})
 
 
 @dataclass
@@ -67,23 +71,21 @@ class SampleConfig:
     prompts: list = field(default_factory=lambda: ["\n"])
     max_new_tokens: int = field(default=200, metadata={"min": 0})
     temperature: float = field(default=0.8, metadata={"min": 0.0})  # 0: greedy
-    top_k: Optional[int] = field(default=None, metadata={"min": 1})
+    top_k: Optional[int] = field(default=None, metadata={"min": 0})  # 0 or null: no limit
     top_p: Optional[float] = field(default=None, metadata={"gt": 0.0, "max": 1.0})
-    seed: int = field(default=0, metadata={"min": 0})
+    repetition_penalty: float = field(default=1.0, metadata={"gt": 0.0})  # above 1: repeats less likely; 1: none
+    seed: int = field(default=0, metadata={"min": 0, "max": 2**64 - 1})
     stop: list = field(default_factory=list)  # texts that end a continuation (left out of it)
 
     def __post_init__(self) -> None:
-        if not self.prompts or not all(isinstance(p, str) and p for p in self.prompts):
+        if not isinstance(self.prompts, list) or not self.prompts or \
+                not all(isinstance(p, str) and p for p in self.prompts):
             raise InputError(f"generate.prompts must be a list of non-empty texts; got {self.prompts!r}")
-        check_stops(self.stop, "generate.stop")
+        check_generation(names=lambda key: f"generate.{key}", **self.options())
 
-
-def check_stops(stop: Any, name: str) -> list[str]:
-    """``stop`` as a list of non-empty texts (one text is a list of one)."""
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, (list, tuple)) or not all(isinstance(t, str) and t for t in stops):
-        raise InputError(f"{name} must be a list of non-empty texts that end a continuation; got {stop!r}")
-    return list(stops)
+    def options(self) -> dict[str, Any]:
+        """The sampling options, as :meth:`GPT.stream` takes them (and ``stop``)."""
+        return {key: getattr(self, key) for key in GENERATION_OPTIONS}
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
@@ -114,14 +116,28 @@ def lm_figures(loss: float, data: LMDataset, prefix: str) -> dict[str, float]:
             f"{prefix}_bits_per_char": data.bits_per_char(loss)}
 
 
-def _encode_prompt(tokenizer: LMTokenizer, prompt: str) -> list[int]:
+def _shown_prompt(prompt: str) -> str:
+    """A prompt as a message shows it: its repr (a newline stays visible), cut."""
+    text = repr(prompt)
+    return text if len(text) <= 72 else text[:70] + "…" + text[0]
+
+
+def _encode_prompt(tokenizer: LMTokenizer, prompt: str, key: str = "prompt") -> list[int]:
     try:
         ids = tokenizer.encode(prompt)
     except InputError as exc:
-        raise InputError(f"prompt {shorten(prompt)!r}: {exc}") from None
+        raise InputError(f"{key} {_shown_prompt(prompt)}: {exc}") from None
     if not ids:
-        raise InputError(f"a prompt must give at least one token; {prompt!r} gives none")
+        raise InputError(f"{key} must give at least one token; {_shown_prompt(prompt)} gives none with the run's "
+                         f"tokenizer")
     return ids
+
+
+def unknown_share(data: LMDataset, tokenizer: LMTokenizer) -> float:
+    """The share of ``data``'s tokens that are ``tokenizer``'s unknown token (0 without one)."""
+    if tokenizer.unk_id is None or data.num_tokens == 0:
+        return 0.0
+    return int((data.tokens == tokenizer.unk_id).sum()) / data.num_tokens
 
 
 @register_task
@@ -195,12 +211,37 @@ class LanguageModeling(Task):
         n = recipe.text.context
         train, test = LMDataset(data.train, tokenizer, n), LMDataset(data.test, tokenizer, n)
         val = None if data.val is None else LMDataset(data.val, tokenizer, n)  # a source may give none (text: data.val_size=0)
+        self._check_tokenizer(recipe, tokenizer, train, log)
         log(f"data: {train.num_tokens:,} training, {val.num_tokens if val else 0:,} validation, {test.num_tokens:,} "
             f"test tokens ({tokenizer.vocab_size} in the vocabulary), windows of {n}")
         return Prepared(train, val, test, tokenizer, facts={
             "vocab_size": tokenizer.vocab_size, "context": n, "train_tokens": train.num_tokens,
             "val_tokens": val.num_tokens if val else 0, "test_tokens": test.num_tokens, "test_chars": test.num_chars,
             "metric": "token accuracy (next token)"})
+
+    @staticmethod
+    def _check_tokenizer(recipe: Recipe, tokenizer: LMTokenizer, train: LMDataset, log: Callable[[str], None]) -> None:
+        """What the run needs of its tokenizer, said before training: the ``generate``
+        section's prompts encode with it (the samples are written after training), and a
+        given ``text.tokenizer_file`` reads the training text as more than unknown tokens."""
+        t = recipe.text
+        share = unknown_share(train, tokenizer)
+        if share > t.max_unknown:
+            source = f"text.tokenizer_file={t.tokenizer_file}" if t.tokenizer_file else "the run's tokenizer"
+            raise ConfigError(f"{source} maps {100 * share:.2f}% of the training text's {train.num_tokens:,} tokens "
+                              f"to its unknown token (at most text.max_unknown={t.max_unknown:g}): it was made for "
+                              f"other text; leave text.tokenizer_file out to learn one from this text, or raise "
+                              f"text.max_unknown to train on it anyway")
+        default = LMTextConfig.__dataclass_fields__["max_unknown"].default
+        if share > default:  # allowed by a raised text.max_unknown: said, not silent
+            log(f"warning: the tokenizer maps {100 * share:.2f}% of the training text's tokens to its unknown token "
+                f"(accepted up to text.max_unknown={t.max_unknown:g})")
+        for i, prompt in enumerate(recipe.generate.prompts):
+            try:
+                _encode_prompt(tokenizer, prompt, f"generate.prompts[{i}]")
+            except InputError as exc:
+                raise ConfigError(f"{exc} (the samples written after training start from generate.prompts: give "
+                                  f"prompts that the run's tokenizer reads)") from None
 
     def score(self, recipe: Recipe, run_dir: Path, model: nn.Module, prepared: Prepared, data: Splits,
               log: Callable[[str], None]) -> dict[str, Any]:
@@ -230,9 +271,8 @@ class LanguageModeling(Task):
         """``(prompt, continuation)`` for each prompt, ``batch_size`` prompts at a time
         (left-padded to the longest of them), each ending at the end-of-text token or before
         its first stop string."""
-        settings = {"max_new_tokens": sample.max_new_tokens, "temperature": sample.temperature,
-                    "top_k": sample.top_k, "top_p": sample.top_p, "seed": sample.seed, "stop": sample.stop, **options}
-        stops = check_stops(settings.pop("stop"), "stop")
+        settings = {**sample.options(), **check_generation(**options)}
+        stops = list(settings.pop("stop"))
         device = next(model.parameters()).device
         prompts = list(prompts if prompts is not None else sample.prompts)
         out = []
@@ -289,34 +329,36 @@ class LanguageModeling(Task):
 
     def predict(self, run: TrainedRun, inputs: Sequence[str], *, max_new_tokens: int | None = None,
                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                seed: int | None = None, stop: str | Sequence[str] | None = None, batch_size: int = 16,
-                **_: Any) -> list[TextPrediction]:
+                repetition_penalty: float | None = None, seed: int | None = None,
+                stop: str | Sequence[str] | None = None, batch_size: int = 16, **_: Any) -> list[TextPrediction]:
         """The continuation of each prompt of ``inputs``, sampled as the recipe's ``generate``
         section says unless given, ``batch_size`` prompts of any lengths at a time; ``stop``: a
-        text or texts that end a continuation (left out of it)."""
+        text or texts that end a continuation (left out of it). The options are checked
+        before any work (:func:`~attnlab.models.sampling.check_generation`)."""
+        given = check_generation(**{k: v for k, v in {
+            "max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+            "repetition_penalty": repetition_penalty, "seed": seed, "stop": stop}.items() if v is not None})
         prompts = check_texts(inputs, self.name)
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InputError(f"batch_size must be a positive integer; got {batch_size!r}")
-        given = {k: v for k, v in {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k,
-                                   "top_p": top_p, "seed": seed, "stop": stop}.items() if v is not None}
         pairs = self._samples(run.model, self._tokenizer(run), run.recipe.generate, prompts, batch_size=batch_size,
                               **given)
         return [TextPrediction(p, s) for p, s in pairs]
 
     def stream(self, run: TrainedRun, prompt: str, *, max_new_tokens: int | None = None,
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-               seed: int | None = None, stop: str | Sequence[str] | None = None) -> Iterator[str]:
+               repetition_penalty: float | None = None, seed: int | None = None,
+               stop: str | Sequence[str] | None = None) -> Iterator[str]:
         """The continuation of ``prompt``, as each token comes: the new text since the last
         piece (a byte-level tokenizer may need several tokens for one character; text that
         could begin a stop string waits until it is clear that it does not)."""
-        sample = run.recipe.generate
+        given = check_generation(**{k: v for k, v in {
+            "max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+            "repetition_penalty": repetition_penalty, "seed": seed, "stop": stop}.items() if v is not None})
+        settings = {**run.recipe.generate.options(), **given}
+        stops = list(settings.pop("stop"))
         tokenizer = self._tokenizer(run)
         ids = _encode_prompt(tokenizer, check_texts([prompt], self.name)[0])
-        stops = check_stops(sample.stop if stop is None else stop, "stop")
-        settings = {"max_new_tokens": sample.max_new_tokens, "temperature": sample.temperature, "top_k": sample.top_k,
-                    "top_p": sample.top_p, "seed": sample.seed}
-        settings.update({k: v for k, v in {"max_new_tokens": max_new_tokens, "temperature": temperature,
-                                           "top_k": top_k, "top_p": top_p, "seed": seed}.items() if v is not None})
         new: list[int] = []
         shown = ""
         for token in run.model.stream(torch.tensor([ids], device=run.device), eos_id=tokenizer.eos_id, **settings):

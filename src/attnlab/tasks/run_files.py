@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping, read_yaml_mapping
 from .base import Recipe, recipe_dict, recipe_from_dict
 
-__all__ = ["CONFIG", "CHANGES", "RESULTS", "read_config", "read_changes", "read_recipe", "read_results",
-           "recipe_changes", "resolve_weights", "train_config", "write_results"]
+__all__ = ["CONFIG", "CHANGES", "RESULTS", "CHECKPOINT_NAMES", "check_checkpoint", "read_config", "read_changes",
+           "read_recipe", "read_results", "recipe_changes", "resolve_weights", "train_config", "write_results"]
 
 CONFIG = "config.yaml"
 """A run's resolved recipe, every default filled in; written once, never rewritten."""
@@ -107,9 +108,29 @@ def read_results(run_dir: str | Path) -> dict[str, Any] | None:
     return read_json_mapping(path) if path.exists() else None
 
 
+CHECKPOINT_NAMES = ("auto", "best", "last", "averaged")
+"""The checkpoint names of a run that :func:`resolve_weights` takes, besides a checkpoint folder."""
+
+
+def check_checkpoint(checkpoint: Any) -> str:
+    """``checkpoint`` as a str, or an :class:`InputError` naming the accepted values when it is
+    neither a name nor a path (``None``, a step number, ...)."""
+    if isinstance(checkpoint, os.PathLike):
+        checkpoint = os.fspath(checkpoint)
+    if isinstance(checkpoint, str) and checkpoint.strip():
+        return checkpoint
+    got = repr(checkpoint) if isinstance(checkpoint, (str, int, float, type(None))) else type(checkpoint).__name__
+    hint = (f" (for the checkpoint of a step, give its name: 'step_{checkpoint:09d}')"
+            if isinstance(checkpoint, int) and not isinstance(checkpoint, bool) and checkpoint >= 0 else "")
+    raise InputError(f"checkpoint must be one of {', '.join(map(repr, CHECKPOINT_NAMES))} or a checkpoint folder "
+                     f"(a str or a path); got {got}{hint}")
+
+
 def resolve_weights(run_dir: Path, checkpoint: str = "auto") -> str:
     """``"auto"`` -> the checkpoint ``results.json`` was tested with (``test_checkpoint``),
-    else the first of averaged, best, last that the run has; other names pass through."""
+    else the first of averaged, best, last that the run has; other names pass through
+    (see :func:`check_checkpoint`)."""
+    checkpoint = check_checkpoint(checkpoint)
     if checkpoint != "auto":
         return checkpoint
     results = read_results(run_dir) if (run_dir / RESULTS).is_file() else None

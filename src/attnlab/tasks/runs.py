@@ -11,6 +11,8 @@ claimed by :mod:`.claim`.
 
 from __future__ import annotations
 
+import dataclasses
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -20,6 +22,7 @@ import torch
 import yaml
 from torch import nn
 
+from ..data.source import Splits
 from ..data.tokenize import TextTokenizer
 from ..engine import distributed
 from ..engine.checkpoint import checkpoint_base, checkpoint_label
@@ -29,15 +32,15 @@ from ..engine.trainer import Trainer, evaluate_model
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
 from ..models import count_parameters
-from .base import Recipe, Task, TrainedRun, get_task, recipe_dict, recipe_from_dict, require_model
+from .base import Prepared, Recipe, Task, TrainedRun, get_task, recipe_dict, recipe_from_dict, require_model
 from .claim import open_run
-from .run_files import (CHANGES, CONFIG, RESULTS, read_config, read_recipe, read_results, recipe_changes,
-                        resolve_weights, train_config, write_results)
+from .run_files import (CHANGES, CONFIG, RESULTS, check_checkpoint, read_config, read_recipe, read_results,
+                        recipe_changes, resolve_weights, train_config, write_results)
 from .weights import base_reference, fine_tuning, init_weights, load_base, load_weights
 
 __all__ = ["CONFIG", "CHANGES", "RESULTS", "train", "open_run", "fit_run", "test_run", "finish_run", "write_results",
            "read_config", "read_recipe", "read_results", "recipe_changes", "load_run", "report_items", "load_weights",
-           "resolve_weights", "checkpoint_label", "UnfinishedRunWarning"]
+           "resolve_weights", "checkpoint_label", "UnfinishedRunWarning", "preflight", "PREFLIGHT_SAMPLES"]
 
 
 def load_run(run_dir: str | Path, checkpoint: str = "auto", *, device: str = "cpu") -> TrainedRun:
@@ -53,7 +56,9 @@ def load_run(run_dir: str | Path, checkpoint: str = "auto", *, device: str = "cp
     checkpoint folder. For a cross-validation run, load one of its ``fold_<k>`` folders."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise InputError(f"run_dir must be a run directory; {run_dir} does not exist")
+        what = "is a file, not a run directory" if run_dir.exists() else "does not exist"
+        raise InputError(f"run_dir must be a run directory; {run_dir} {what}")
+    checkpoint = check_checkpoint(checkpoint)  # before the model is built
     recipe = read_recipe(run_dir)
     task = get_task(recipe.task)
     pre = task.preprocessing(run_dir, recipe)
@@ -87,13 +92,15 @@ class UnfinishedRunWarning(UserWarning):
 
 
 def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module], train_set: Any, val_set: Any, *,
-        resume_from: Path | None, log: Callable[[str], None], classes: Sequence[str] | None = None) -> dict[str, Any]:
+        resume_from: Path | None, log: Callable[[str], None], classes: Sequence[str] | None = None,
+        before_first_step: Callable[[nn.Module, torch.device, str], None] | None = None) -> dict[str, Any]:
     """Train on ``train_set``, evaluating on the validation set ``val_set`` (``None``:
     none) every ``train.eval_every`` steps and at the end, which keeps ``checkpoints/best``.
     ``build_model`` runs after seeding, so the initial weights are a function of
     ``train.seed``. ``model.checkpoint`` initializes it (``classes``: the run's class names,
-    which decide whether a source run's head fits). Returns the training figures of
-    ``results.json``."""
+    which decide whether a source run's head fits). ``before_first_step(model, device,
+    precision)`` runs once the trainer holds the model and before it trains (the skeleton's
+    :func:`preflight`). Returns the training figures of ``results.json``."""
     torch.manual_seed(recipe.train.seed)
     model = build_model()
     base = None
@@ -115,6 +122,8 @@ def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module],
         trainer.resume(resume_from)
     start = time.perf_counter()
     try:
+        if before_first_step is not None:
+            before_first_step(model, trainer.device, trainer.precision)
         out = trainer.fit()
         trainer.save()
         cfg = recipe.train
@@ -238,11 +247,13 @@ def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_ch
 
 def _train_one(task: Task, recipe: Recipe, run_dir: Path, data: Any, resume_from: Path | None,
                log: Callable[[str], None]) -> dict[str, Any]:
-    """One run in a claimed directory: prepare, fit, test, score, write its results."""
+    """One run in a claimed directory: prepare, preflight, fit, test, score, write its results."""
     prepared = task.prepare(recipe, run_dir, data, log)
     build = lambda: task.build_model(recipe, prepared.info)  # noqa: E731
+    check = lambda model, device, precision: preflight(  # noqa: E731
+        task, recipe, run_dir, model, prepared, data, device=device, precision=precision, log=log)
     fitted = fit_run(recipe, run_dir, build, prepared.train, prepared.val, resume_from=resume_from, log=log,
-                     classes=prepared.classes)
+                     classes=prepared.classes, before_first_step=check)
     tested, model = test_run(recipe, run_dir, build, prepared.test, task.test_weights(recipe, run_dir, log))
     prepared.tested = tested
     results = {**tested, **fitted, **({"classes": prepared.classes} if prepared.classes is not None else {}),
@@ -251,3 +262,80 @@ def _train_one(task: Task, recipe: Recipe, run_dir: Path, data: Any, resume_from
         results.update(task.score(recipe, run_dir, model, prepared, data, log))
     write_results(run_dir, results)
     return results
+
+
+# ----------------------------------------------------------------------------- the preflight
+
+PREFLIGHT_SAMPLES = 4  # test examples the preflight evaluates and scores
+
+
+class _Head:
+    """The first ``n`` items of a data set, read as the data set reads them (``get_batch``
+    too); its other attributes (a language model's characters per token, the reversal
+    demo's strings) are the data set's."""
+
+    def __init__(self, data: Any, n: int) -> None:
+        self.data, self.n = data, min(n, len(data))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        return self.data[i % self.n]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "get_batch" and not hasattr(self.data, "get_batch"):
+            raise AttributeError(name)
+        return getattr(self.data, name)
+
+
+def _head_of_splits(data: Any, n: int) -> Any:
+    """``data`` with its test part cut to the first ``n`` examples, when it is a source's
+    :class:`~attnlab.data.source.Splits` whose test part is a list; else ``data``."""
+    if isinstance(data, Splits) and isinstance(data.test, (list, tuple)):
+        return dataclasses.replace(data, test=data.test[:n])
+    return data
+
+
+def preflight(task: Task, recipe: Recipe, run_dir: Path, model: nn.Module, prepared: Prepared, data: Any, *,
+              device: torch.device, precision: str, log: Callable[[str], None] = print,
+              n: int = PREFLIGHT_SAMPLES) -> float:
+    """Before the first training step, what the run does after its last one, on ``n`` test
+    examples with the freshly built (or resumed) ``model``: the run's preprocessing read back
+    from ``run_dir`` as a finished run reads it, the test evaluation (the engine's loss and
+    accuracy) and the task's :meth:`~Task.score` (BLEU, samples of the ``generate`` section;
+    its files go to a temporary folder). A run that would fail at its end fails here, in its
+    first seconds, with nothing trained to lose: an error the user can act on
+    (:class:`~attnlab.errors.InputError`) is said as what the run will need after training.
+    The random state and the model's mode are left as they were, so that the steps that
+    follow are those of a run without it. Returns the seconds it took."""
+    start = time.perf_counter()
+    cpu_rng = torch.random.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    was_training = model.training
+    small = dataclasses.replace(prepared, test=_Head(prepared.test, n),
+                                val=None if prepared.val is None else _Head(prepared.val, n), tested=None)
+    try:
+        task.preprocessing(run_dir, recipe)  # what load_run reads back: tokenizers, classes
+        evaluate_model(model, small.test, batch_size=recipe.train.batch_size, device=device, precision=precision,
+                       channels_last=recipe.train.channels_last)
+        if distributed.is_main():
+            with tempfile.TemporaryDirectory(prefix="attnlab-preflight-") as folder:
+                task.score(recipe, Path(folder), model, small, _head_of_splits(data, n), lambda _: None)
+    except InputError as exc:
+        raise InputError(f"the run would fail after training (checked before its first step, on {n} test "
+                         f"examples): {exc}") from None
+    finally:
+        torch.random.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        model.train(was_training)
+        for module in model.modules():  # weights joined for decoding: training changes them, and they take memory
+            for key in [k for k in module.__dict__ if k.startswith("_fused_")]:
+                del module.__dict__[key]
+    seconds = time.perf_counter() - start
+    log(f"preflight: the test evaluation and the task's scoring ran on {small.test.n} test examples "
+        f"({seconds:.1f} s)")
+    return seconds

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Sequence
 
-from ..data.tokenize import TextTokenizer
+from ..data.tokenize import MAX_VOCAB, TextTokenizer
 from ..errors import InputError
 from ..models.hf import is_hf_folder
 
@@ -19,7 +19,7 @@ class TextConfig:
     """Tokenization of a text task."""
 
     tokenizer: Literal["wordpiece", "bpe"] = "wordpiece"
-    vocab_size: int = field(default=8000, metadata={"min": 263})
+    vocab_size: int = field(default=8000, metadata={"min": 263, "max": MAX_VOCAB})  # a tokenizer file's cap too
     lowercase: bool = True
     min_frequency: int = field(default=1, metadata={"min": 0})
     max_length: int = field(default=64, metadata={"min": 3})  # tokens per text, special tokens included

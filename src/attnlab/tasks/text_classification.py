@@ -34,7 +34,7 @@ from ..engine.device import autocast, select_device
 from ..engine.trainer import evaluate_model
 from ..errors import InputError
 from .base import ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_texts, register_task
-from .classify import predict_labels, read_classes, spread, top_labels, write_classes
+from .classify import check_label_options, predict_labels, read_classes, spread, top_labels, write_classes
 from .text import TextConfig, build_tokenizer
 from .views import ClassifierPredictions, LabelPrediction, TextAttention
 
@@ -180,6 +180,8 @@ class TextClassification(Task):
     def predict(self, run: TrainedRun, inputs: Sequence[str], *, top_k: int = 1,
                 batch_size: int = 256) -> list[LabelPrediction]:
         """``inputs``: texts, classified in batches of ``batch_size``."""
+        check_label_options(top_k, batch_size)
+        inputs = check_texts(inputs, self.name)
         out: list[LabelPrediction] = []
         for start in range(0, len(inputs), batch_size):
             chunk = list(inputs[start : start + batch_size])

@@ -148,6 +148,10 @@ def translate(model: nn.Module, src_tok: TextTokenizer, tgt_tok: TextTokenizer, 
     """
     if not isinstance(num_beams, int) or num_beams < 1:
         raise InputError(f"num_beams must be a positive integer; got {num_beams!r}")
+    vocab = getattr(model.config, "tgt_vocab_size", None)
+    if isinstance(vocab, int) and num_beams > vocab:  # beams are distinct continuations: at most one per token
+        raise InputError(f"num_beams must be at most the target vocabulary's {vocab:,} tokens (each beam keeps a "
+                         f"different continuation); got {num_beams:,}")
     if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
         raise InputError(f"max_length must be a positive integer; got {max_length!r}")
     if not isinstance(batch_size, int) or batch_size < 1:

@@ -33,7 +33,13 @@ from ...errors import InputError, shape_str
 from ..functional import check_heads
 from ..rotary import RotaryEmbedding, apply_rotary
 
-__all__ = ["TokenAttention"]
+__all__ = ["TokenAttention", "MAX_POSITIONS"]
+
+# The longest sequence a kind is built for. An option that counts positions (a window, a
+# chunk, buckets, landmarks) means nothing above it, and some size buffers by it (LSH's
+# rotations, Linformer's projections): refused at construction, before they allocate. A model
+# refuses them above its own max_len first (attnlab.models.registry.check_attention_positions).
+MAX_POSITIONS = 1 << 20
 
 
 class TokenAttention(nn.Module):
@@ -44,6 +50,8 @@ class TokenAttention(nn.Module):
     """
 
     kind = "tokens"
+    # The options that count positions: more than the sequence holds means nothing (see MAX_POSITIONS)
+    position_options: tuple[str, ...] = ()
     lora_role = "attention"  # LoRA (attnlab.layers.lora): the projections; in_proj packs query, key and value
     lora_parts = {"in_proj": 3}
     supports_causal = True
@@ -68,6 +76,14 @@ class TokenAttention(nn.Module):
         for lin in (self.in_proj, self.out_proj):
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
+
+    def check_positions(self, **options: int) -> None:
+        """Refuse an option of :attr:`position_options` above :data:`MAX_POSITIONS` (a kind
+        calls it with their values, after its own checks, before they size anything)."""
+        for name, value in options.items():
+            if value > MAX_POSITIONS:
+                raise InputError(f"{self.kind}: {name} must be at most {MAX_POSITIONS} (it counts positions, and no "
+                                 f"sequence an attention kind is built for is longer); got {name}={value!r}")
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: Tensor | None,
                is_causal: bool) -> Tensor:

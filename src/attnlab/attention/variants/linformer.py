@@ -55,6 +55,7 @@ class LinformerAttention(TokenAttention):
     """
 
     kind = "linformer"
+    position_options = ("seq_len", "k")
     supports_causal = False
     supports_padding = True
 
@@ -64,6 +65,7 @@ class LinformerAttention(TokenAttention):
         super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, rope=rope, rope_theta=rope_theta)
         if seq_len <= 0 or k <= 0:
             raise InputError(f"{self.kind}: seq_len and k must be positive; got seq_len={seq_len}, k={k}")
+        self.check_positions(seq_len=seq_len, k=k)  # E and F are (k, seq_len)
         self.seq_len, self.k, self.share_kv = seq_len, k, share_kv
         self.E = nn.Parameter(torch.randn(k, seq_len) / math.sqrt(k))
         self.F = None if share_kv else nn.Parameter(torch.randn(k, seq_len) / math.sqrt(k))

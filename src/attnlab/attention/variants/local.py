@@ -122,11 +122,13 @@ class LocalAttention(TokenAttention):
     """
 
     kind = "local"
+    position_options = ("window",)
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  rope: bool = False, rope_theta: float = 10000.0, window: int = 128) -> None:
         if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window <= 0:
             raise InputError(f"{self.kind}: window must be a positive int; got window={window!r}")
+        self.check_positions(window=window)
         super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, rope=rope, rope_theta=rope_theta)
         self.window = int(window)
 

@@ -128,6 +128,7 @@ class LSHAttention(TokenAttention):
     """
 
     kind = "lsh"
+    position_options = ("bucket_size", "n_buckets")
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  rope: bool = False, rope_theta: float = 10000.0,
@@ -137,6 +138,7 @@ class LSHAttention(TokenAttention):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not ok(value):
                 rule = "a positive int" if name == "bucket_size" else "an even int >= 2"
                 raise InputError(f"{self.kind}: {name} must be {rule}; got {name}={value!r}")
+        self.check_positions(bucket_size=bucket_size, n_buckets=n_buckets)  # n_buckets sizes the rotations
         super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, rope=rope, rope_theta=rope_theta)
         self.bucket_size, self.n_buckets = int(bucket_size), int(n_buckets)
         gen = torch.Generator().manual_seed(seed)

@@ -95,6 +95,7 @@ class NystromAttention(TokenAttention):
     """
 
     kind = "nystrom"
+    position_options = ("num_landmarks",)
     supports_causal = False
     supports_padding = True
 
@@ -108,6 +109,7 @@ class NystromAttention(TokenAttention):
             raise InputError(f"{self.kind}: pinv_iters must be positive; got {pinv_iters}")
         if conv_kernel is not None and (conv_kernel <= 0 or conv_kernel % 2 == 0):
             raise InputError(f"{self.kind}: conv_kernel must be a positive odd int or None; got {conv_kernel}")
+        self.check_positions(num_landmarks=num_landmarks, conv_kernel=conv_kernel or 1)  # the kernel spans positions
         self.num_landmarks, self.pinv_iters, self.conv_kernel = num_landmarks, pinv_iters, conv_kernel
         self.conv = None
         if conv_kernel is not None:

@@ -65,6 +65,7 @@ class SparseAttention(TokenAttention):
     see the module docstring."""
 
     kind = "sparse"
+    position_options = ("block", "random_blocks")
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  rope: bool = False, rope_theta: float = 10000.0,
@@ -78,6 +79,7 @@ class SparseAttention(TokenAttention):
         self.random_blocks = _check_int("random_blocks", random_blocks, 0)
         self.stride_blocks = _check_int("stride_blocks", stride_blocks, 1)
         self.seed = _check_int("seed", seed, 0)
+        self.check_positions(block=block, random_blocks=random_blocks)  # random_blocks sizes the random table
         super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, rope=rope, rope_theta=rope_theta)
         self.pattern = pattern
         rows = _CHUNK if pattern == "bigbird" else 0

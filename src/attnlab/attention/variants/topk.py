@@ -84,11 +84,13 @@ class TopKAttention(TokenAttention):
     """
 
     kind = "topk"
+    position_options = ("top_k",)
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  rope: bool = False, rope_theta: float = 10000.0, top_k: int = 8) -> None:
         if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k <= 0:
             raise InputError(f"{self.kind}: top_k must be a positive int; got top_k={top_k!r}")
+        self.check_positions(top_k=top_k)
         super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, rope=rope, rope_theta=rope_theta)
         self.top_k = int(top_k)
 

@@ -1,0 +1,100 @@
+"""The options of text generation, checked in one place, and the choice of the next token.
+
+Every way in (``attnlab generate`` and ``attnlab predict``, a recipe's ``generate``
+section, ``run.generate(...)``, ``model.generate(...)``) checks its options with
+:func:`check_generation`, which names each by the caller's own name for it (``--top-p``,
+``generate.top_p``, ``top_p``)::
+
+    check_generation(temperature=0.8, top_k=50, names=lambda key: f"generate.{key}")
+
+The rules: ``max_new_tokens`` an integer >= 0; ``temperature`` a finite number >= 0 (0:
+greedy); ``top_k`` an integer >= 0 (0 or ``None``: no limit); ``top_p`` in (0, 1];
+``repetition_penalty`` a finite number > 0 (1: none); ``seed`` an integer in
+[0, 2**64); ``stop`` a non-empty text or a list of them. :func:`choose_next` applies them
+to a step's logits.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError
+
+__all__ = ["GENERATION_OPTIONS", "check_generation", "choose_next", "penalize_repeats"]
+
+GENERATION_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _rule(key: str, value: Any) -> str | None:
+    """What ``value`` of option ``key`` must be, when it is not (``None``: it fits)."""
+    if key == "max_new_tokens":
+        return None if _is_int(value) and value >= 0 else "an integer >= 0"
+    if key == "temperature":
+        return None if _is_real(value) and math.isfinite(value) and value >= 0 else "a finite number >= 0 (0: greedy)"
+    if key == "top_k":
+        return None if value is None or (_is_int(value) and value >= 0) else "an integer >= 0 (0: no limit)"
+    if key == "top_p":
+        return None if value is None or (_is_real(value) and 0 < value <= 1) else "a number in (0, 1]"
+    if key == "repetition_penalty":
+        ok = _is_real(value) and math.isfinite(value) and value > 0
+        return None if ok else "a finite number > 0 (1: no penalty)"
+    if key == "seed":
+        return None if value is None or (_is_int(value) and 0 <= value < 2**64) else "an integer in [0, 2**64)"
+    if key == "stop":
+        stops = [value] if isinstance(value, str) else value
+        ok = value is None or (isinstance(stops, (list, tuple)) and all(isinstance(t, str) and t for t in stops))
+        return None if ok else "a non-empty text or a list of non-empty texts that end a continuation"
+    raise InputError(f"generation option must be one of {', '.join(GENERATION_OPTIONS)}; got {key!r}")
+
+
+def check_generation(*, names: Callable[[str], str] = str, **options: Any) -> dict[str, Any]:
+    """``options`` (any of :data:`GENERATION_OPTIONS`), each checked against its rule;
+    the first that breaks it raises :class:`~attnlab.errors.InputError` naming it as
+    ``names(key)`` says (the command line's flag, the recipe's key). Returns the options,
+    ``stop`` as a list."""
+    for key, value in options.items():
+        rule = _rule(key, value)
+        if rule is not None:
+            raise InputError(f"{names(key)} must be {rule}; got {value!r}")
+    if isinstance(options.get("stop"), str):
+        options["stop"] = [options["stop"]]
+    return options
+
+
+def penalize_repeats(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """CTRL's repetition penalty (Keskar et al., 2019): the logit of every token already
+    in the row (``seen`` ``(B, V)`` bool) is divided by ``penalty`` when positive and
+    multiplied by it when negative, so a penalty above 1 makes repeats less likely."""
+    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+
+
+def choose_next(logits: Tensor, *, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                generator: torch.Generator | None = None) -> Tensor:
+    """The next token of each row of ``logits`` ``(B, V)`` (float32): the arg-max when
+    ``temperature`` is 0, else a draw from ``softmax(logits / temperature)`` within the
+    ``top_k`` most probable tokens and the smallest set whose probability reaches
+    ``top_p``."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits / temperature
+    if top_k:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs >= top_p  # the tokens past the nucleus
+        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
