@@ -7,8 +7,11 @@ import pytest
 import torch
 from PIL import Image
 
+# The digits as the tests read them: a validation part (runs keep checkpoints/best, evaluations are logged) and
+# no random shifts (the shipped vit-digits trains on every image, shifted, for its accuracy).
+DIGITS_WITH_VALIDATION = ["data.val_size=0.1", "data.augment=false"]
 # A digits ViT small enough to train in a second: for tests of run directories.
-TINY_DIGITS = ["model.options.depth=1", "model.options.embed_dim=32", "model.options.num_heads=2", "train.steps=4",
+TINY_DIGITS = [*DIGITS_WITH_VALIDATION, "model.options.depth=1", "model.options.embed_dim=32", "model.options.num_heads=2", "train.steps=4",
                "train.warmup_steps=1", "train.batch_size=32", "train.checkpoint_every=2", "train.eval_every=2",
                "train.log_every=1", "train.progress=false", "train.tensorboard=false"]
 

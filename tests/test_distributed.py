@@ -22,6 +22,7 @@ from attnlab.engine.trainer import TrainConfig, Trainer
 from attnlab.models import create_model
 from attnlab.recipes import load_recipe
 from attnlab.data.source import source_of
+from conftest import DIGITS_WITH_VALIDATION
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with the gloo backend is not available on this platform")
@@ -49,7 +50,7 @@ def config(batch_size):
 
 
 def digits():
-    train, _, test = build_data(load_recipe("vit-digits", ["data.val_size=0"]))  # all 1,437 training images
+    train, _, test = build_data(load_recipe("vit-digits", ["data.val_size=0", "data.augment=false"]))  # all 1,437 training images
     return train, test
 
 
@@ -142,7 +143,7 @@ def test_two_processes_equal_one_with_twice_the_batch_and_resume(tmp_path):
 
 def test_cli_under_torchrun(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["-m", "attnlab", "train", "vit-digits", "train.steps=3", "model.options.depth=1",
+    args = ["-m", "attnlab", "train", "vit-digits", *DIGITS_WITH_VALIDATION, "train.steps=3", "model.options.depth=1",
             "model.options.drop_path_rate=0", "train.batch_size=16", "train.accum_steps=2", "train.warmup_steps=0",
             "train.eval_every=0", "train.log_every=1", "train.checkpoint_every=2", "train.device=cpu",
             "--run-dir", str(run_dir)]

@@ -13,6 +13,7 @@ from attnlab.engine.config import ConfigError
 from attnlab.engine.metrics import read_metrics
 from attnlab.recipes import list_recipes, load_recipe
 from attnlab.tasks import read_recipe, recipe_dict
+from conftest import DIGITS_WITH_VALIDATION
 
 
 def test_shipped_recipes_are_listed_and_valid():
@@ -58,7 +59,7 @@ def test_attention_options_of_another_kind_are_checked_against_it():
 def test_recipes_command_prints_the_resolved_recipe_and_its_keys(capsys):
     assert main(["recipes", "vit-digits", "train.steps=7"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["train"]["steps"] == 7 and printed["data"]["val_size"] == 0.1 and "text" not in printed
+    assert printed["train"]["steps"] == 7 and printed["data"]["val_size"] == 0 and "text" not in printed
     assert main(["recipes", "sentiment-mr", "--keys"]) == 0
     lines = capsys.readouterr().out.splitlines()
     row = next(line.split() for line in lines if line.startswith("text.max_length "))
@@ -94,7 +95,7 @@ def test_a_yaml_file_is_a_recipe(tmp_path):
 
 def test_train_writes_a_complete_run_directory_and_resumes(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    args = ["train", "vit-digits", "train.steps=6", "train.checkpoint_every=3", "train.eval_every=3",
+    args = ["train", "vit-digits", *DIGITS_WITH_VALIDATION, "train.steps=6", "train.checkpoint_every=3", "train.eval_every=3",
             "train.log_every=3", "train.warmup_steps=1", "--run-dir", str(run_dir)]
     assert main(args) == 0
     assert "test accuracy" in capsys.readouterr().out

@@ -21,6 +21,7 @@ from attnlab.report import Image, Note, Pre, Section, Table, plot_curves, render
 from attnlab.report.html import write_run_report
 from attnlab.report.markdown import markdown_to_html
 from attnlab.tasks import report_items
+from conftest import DIGITS_WITH_VALIDATION
 
 # The sections of a run's page, from what its task reports (in this order).
 CLASSIFIER_SECTIONS = ["Results", "Configuration", "Training curves", "Confusion matrix", "Sample predictions",
@@ -35,7 +36,7 @@ def classifier_predictions(run_dir, device="cpu"):
 
 DATA = os.environ.get("ATTNLAB_DATA_DIR")
 pytestmark = pytest.mark.filterwarnings("ignore:.*were truncated")  # the tiny text runs cut texts at 32 tokens
-TINY = ["train.steps=8", "train.warmup_steps=1", "train.batch_size=32", "train.eval_every=4",
+TINY = [*DIGITS_WITH_VALIDATION, "train.steps=8", "train.warmup_steps=1", "train.batch_size=32", "train.eval_every=4",
         "train.checkpoint_every=4", "train.log_every=2", "train.tensorboard=false", "train.progress=false",
         "model.options.depth=1"]
 

@@ -27,12 +27,13 @@ import torch
 
 from attnlab.engine.checkpoint import latest_checkpoint, list_checkpoints
 from attnlab.engine.metrics import read_metrics
+from conftest import DIGITS_WITH_VALIDATION
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")
 
 STEPS = 40
 OVERRIDES = [
-    "model.options.depth=1", "model.options.embed_dim=32", "model.options.num_heads=2",  # drop_path 0.1 stays: RNG in use
+    *DIGITS_WITH_VALIDATION, "model.options.depth=1", "model.options.embed_dim=32", "model.options.num_heads=2",  # drop_path 0.1 stays: RNG in use
     f"train.steps={STEPS}", "train.warmup_steps=4", "train.batch_size=32", "train.checkpoint_every=1",
     "train.keep_checkpoints=2", "train.deterministic=true", "train.eval_every=10", "train.log_every=1",
     "train.device=cpu", "train.progress=false", "train.tensorboard=false",  # plain step lines; no TensorBoard import

@@ -16,8 +16,9 @@ from attnlab.engine.metrics import read_metrics
 from attnlab.recipes import load_recipe
 from attnlab.data.source import source_of
 from attnlab.tasks import load_run
+from conftest import DIGITS_WITH_VALIDATION
 
-TINY = ["train.steps=8", "train.warmup_steps=1", "train.batch_size=32", "train.eval_every=4",
+TINY = [*DIGITS_WITH_VALIDATION, "train.steps=8", "train.warmup_steps=1", "train.batch_size=32", "train.eval_every=4",
         "train.checkpoint_every=4", "train.log_every=2", "model.options.depth=1"]
 
 

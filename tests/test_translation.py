@@ -280,6 +280,12 @@ def test_translate_bad_input(tiny_run, tmp_path, capsys, monkeypatch):
     assert "give texts to translate" in capsys.readouterr().err
     with pytest.raises(ValueError, match="num_beams must be a positive integer"):
         load_run(tiny_run).predict(["x"], num_beams=0)
+    run = load_run(tiny_run)  # more beams than target tokens: refused before a batch of that size is made
+    vocab = run.model.config.tgt_vocab_size
+    with pytest.raises(ValueError, match=f"num_beams must be at most the target vocabulary's {vocab:,} tokens"):
+        run.predict(["x"], num_beams=10**9)
+    assert main(["translate", str(tiny_run), "x", "--beam-size", str(10**9)]) == 2
+    assert "num_beams must be at most" in capsys.readouterr().err
     assert main(["predict", str(tiny_run), "Ein Hund."]) == 0  # predict on a translation run: its translations
     assert capsys.readouterr().out.strip()
 

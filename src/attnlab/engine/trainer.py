@@ -239,6 +239,8 @@ def evaluate_model(model: nn.Module, data: Any, *, batch_size: int = 256, device
     computes with the same batch size, precision and memory format, so a finished run's
     test figures can be recomputed to the last digit. ``workers``: DataLoader processes
     that read the batches (the figures do not depend on it)."""
+    if len(data) == 0:
+        raise InputError("data must hold at least one example to evaluate; it holds none")
     device_ = select_device(device) if isinstance(device, str) else device
     model = model.to(device_).eval()
     if channels_last:
@@ -514,6 +516,8 @@ class Trainer:
         Under torchrun a collective: every rank must call it; each evaluates every
         ``world``-th batch and all get the summed result."""
         data = self.eval_data if data is None else data
+        if len(data) == 0:
+            raise InputError("eval_data must hold at least one example to evaluate; it holds none")
         model = (model or self.ema or self.model).eval()
         world, bs = distributed.world_size(), self.cfg.batch_size
         starts = range(distributed.rank() * bs, len(data), bs * world)

@@ -249,6 +249,8 @@ def _train_one(task: Task, recipe: Recipe, run_dir: Path, data: Any, resume_from
                log: Callable[[str], None]) -> dict[str, Any]:
     """One run in a claimed directory: prepare, preflight, fit, test, score, write its results."""
     prepared = task.prepare(recipe, run_dir, data, log)
+    if prepared.val is not None and len(prepared.val) == 0:  # a source's empty validation part: no validation
+        prepared.val = None
     build = lambda: task.build_model(recipe, prepared.info)  # noqa: E731
     check = lambda model, device, precision: preflight(  # noqa: E731
         task, recipe, run_dir, model, prepared, data, device=device, precision=precision, log=log)
@@ -305,7 +307,7 @@ def preflight(task: Task, recipe: Recipe, run_dir: Path, model: nn.Module, prepa
     """Before the first training step, what the run does after its last one, on ``n`` test
     examples with the freshly built (or resumed) ``model``: the run's preprocessing read back
     from ``run_dir`` as a finished run reads it, the test evaluation (the engine's loss and
-    accuracy) and the task's :meth:`~Task.score` (BLEU, samples of the ``generate`` section;
+    accuracy; the validation part's too, on as many examples) and the task's :meth:`~Task.score` (BLEU, samples of the ``generate`` section;
     its files go to a temporary folder). A run that would fail at its end fails here, in its
     first seconds, with nothing trained to lose: an error the user can act on
     (:class:`~attnlab.errors.InputError`) is said as what the run will need after training.
@@ -319,8 +321,10 @@ def preflight(task: Task, recipe: Recipe, run_dir: Path, model: nn.Module, prepa
                                 val=None if prepared.val is None else _Head(prepared.val, n), tested=None)
     try:
         task.preprocessing(run_dir, recipe)  # what load_run reads back: tokenizers, classes
-        evaluate_model(model, small.test, batch_size=recipe.train.batch_size, device=device, precision=precision,
-                       channels_last=recipe.train.channels_last)
+        for part in (small.test, small.val):
+            if part is not None:
+                evaluate_model(model, part, batch_size=recipe.train.batch_size, device=device, precision=precision,
+                               channels_last=recipe.train.channels_last)
         if distributed.is_main():
             with tempfile.TemporaryDirectory(prefix="attnlab-preflight-") as folder:
                 task.score(recipe, Path(folder), model, small, _head_of_splits(data, n), lambda _: None)
@@ -336,6 +340,6 @@ def preflight(task: Task, recipe: Recipe, run_dir: Path, model: nn.Module, prepa
             for key in [k for k in module.__dict__ if k.startswith("_fused_")]:
                 del module.__dict__[key]
     seconds = time.perf_counter() - start
-    log(f"preflight: the test evaluation and the task's scoring ran on {small.test.n} test examples "
+    log(f"preflight: the evaluation and the task's scoring ran on {small.test.n} test examples "
         f"({seconds:.1f} s)")
     return seconds
