@@ -183,3 +183,30 @@ def test_a_head_of_a_data_set_reads_its_first_items_as_the_data_set_does():
     with pytest.raises(IndexError):
         head[3]
     assert not hasattr(_Head([1, 2, 3], 2), "get_batch")  # a plain list is read item by item
+
+
+def test_an_empty_data_set_is_refused_by_evaluation_instead_of_dividing_by_zero():
+    from attnlab.engine.trainer import evaluate_model
+    from attnlab.models import create_model
+
+    model = create_model("vit_digits_patch2", depth=1, embed_dim=32, num_heads=2)
+    with pytest.raises(InputError, match="data must hold at least one example to evaluate; it holds none"):
+        evaluate_model(model, [], device="cpu")
+
+
+def test_a_source_whose_validation_part_is_empty_trains_without_validation(tmp_path):
+    recipe = _reverse_recipe(eval_every=1)
+    task = get_task(recipe.task)
+    original = task.prepare
+
+    def empty_validation(*args, **kwargs):
+        prepared = original(*args, **kwargs)
+        prepared.val = _Head(prepared.test, 0)  # a part of no example, as a source with val_size=0 may give
+        return prepared
+
+    task.prepare = empty_validation
+    try:
+        results = train(recipe, tmp_path / "run", log=lambda _: None)
+    finally:
+        del task.prepare
+    assert results["steps"] == 2 and results["test_checkpoint"] == "last"
