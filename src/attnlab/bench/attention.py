@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import InputError
 from ..io import atomic_write_bytes
+from ..memory import available_memory
 from .fidelity import run_fidelity
 from .quality import QUALITY_KINDS, run_quality
 from .machine import machine_info
@@ -39,14 +40,6 @@ __all__ = ["run_bench", "PARTS", "DEFAULT_LENGTHS", "QUICK_LENGTHS", "machine_in
 PARTS = ("scaling", "quality", "fidelity", "studies")
 DEFAULT_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 QUICK_LENGTHS = (256, 512)
-
-
-def _available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            return int(next(ln for ln in f if ln.startswith("MemAvailable")).split()[1]) * 1024
-    except (OSError, StopIteration):
-        return None
 
 
 class ResultStore:
@@ -75,7 +68,7 @@ class ResultStore:
 
 def _scaling(store: ResultStore, variants: Sequence[str], lengths: Sequence[int], passes: Sequence[str], device: str,
              log: Callable[[str], None]) -> None:
-    avail = _available_bytes()
+    avail = available_memory()
     limit = None if avail is None or device != "cpu" else int(avail * 0.8)
     for pass_ in passes:
         for variant in variants:
