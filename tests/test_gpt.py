@@ -99,23 +99,22 @@ def test_cached_greedy_generation_equals_recomputing_every_step(name, options):
 ])
 @pytest.mark.parametrize("padded", [False, True])
 def test_the_decoding_step_gives_the_logits_of_the_forward_pass(name, options, padded):
-    # GPT._decode_step (what generate runs after the prompt) against forward with the same cache
+    # GPT.decode_step (what generate runs after the prompt) against forward with the same cache
     torch.manual_seed(0)
     model = create_model(name, **options).eval()
     ids = torch.randint(0, 256, (2, 6))
     pad = torch.tensor([[True, True] + [False] * 4, [False] * 6]) if padded else None
     positions = None if pad is None else (~pad).long().cumsum(1).sub(1).clamp(min=0)
     with torch.no_grad():
-        ours, theirs = model.new_cache(12), model.new_cache(12)
+        ours, theirs = model.new_cache(2, 12), model.new_cache(2, 12)
         model(ids, padding_mask=pad, positions=positions, cache=ours)
         model(ids, padding_mask=pad, positions=positions, cache=theirs)
-        weights = model._decode_weights()
         for step in range(5):
             nxt = torch.randint(0, 256, (2, 1))
             if pad is not None:
                 pad = torch.cat([pad, torch.zeros(2, 1, dtype=torch.bool)], 1)
                 positions = positions[:, -1:] + 1
-            fast = model._decode_step(nxt, pad, positions, ours, weights)
+            fast = model.decode_step(nxt, ours, positions=positions, padding_mask=pad)
             slow = model(nxt, padding_mask=pad, positions=positions, cache=theirs)[:, -1]
             assert torch.allclose(fast, slow, atol=1e-5), (step, (fast - slow).abs().max())
 
@@ -172,7 +171,8 @@ def test_attention_options_that_cannot_work_are_one_clear_error(options, message
 def test_model_options_that_cannot_work_are_one_clear_error():
     with pytest.raises(InputError, match="pos_embed must be one of"):
         create_model("gpt_tiny", pos_embed="rotary")
-    with pytest.raises(InputError, match="options of the 'gqa' attention"):
+    with pytest.raises(InputError, match="num_kv_heads is not an option of attention 'linear'; kinds that take it: "
+                                         "gqa"):
         create_model("gpt_tiny", attention="linear", num_kv_heads=2)
     with pytest.raises(InputError, match="max_len=256"):
         create_model("gpt_tiny").generate(torch.zeros(1, 250, dtype=torch.long), 10)
@@ -194,7 +194,8 @@ def test_the_sliding_window_has_one_name_for_the_gqa_and_the_local_kinds():
         assert torch.equal(a[0, 5:], b[0, 5:]) and not torch.allclose(a[0, :5], b[0, :5])
     with pytest.raises(InputError, match="the model sets it from window"):
         create_model("gpt_tiny", attention="local", attention_options={"window": 3})
-    with pytest.raises(InputError, match="options of the 'gqa' attention"):
+    with pytest.raises(InputError, match="window is not an option of attention 'linear'; kinds that take it: gqa, "
+                                         "local"):
         create_model("gpt_tiny", attention="linear", window=3)
 
 

@@ -65,7 +65,7 @@ def test_greedy_generation_gives_transformers_tokens(folders, family):
 
 def test_the_grouped_query_cache_holds_the_key_value_heads_only(folders):
     model = from_hf(folders["llama"][1])
-    cache = model.new_cache(20)
+    cache = model.new_cache(1, 20)
     model(torch.zeros(1, 20, dtype=torch.long), cache=cache)
     assert cache[0]._k.shape == (1, 2, 20, 8)  # 2 key/value heads of 8, not 4 query heads
 

@@ -621,6 +621,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=None, help="0: greedy; default: the recipe's")
     p.add_argument("--top-k", type=int, default=None, help="sample among the K most probable tokens (0: all)")
     p.add_argument("--top-p", type=float, default=None, help="sample within the smallest set of probability P")
+    p.add_argument("--min-p", type=float, default=None,
+                   help="sample among the tokens at least P times as probable as the likeliest")
     p.add_argument("--repetition-penalty", type=float, default=None,
                    help="above 1: tokens the text already holds are less likely (default: the recipe's, 1: none)")
     p.add_argument("--seed", type=int, default=None, help="of the sampling (default: the recipe's)")

@@ -21,7 +21,8 @@ from .variants.sparse import SparseAttention
 from .variants.standalone2d import StandAloneSelfAttention2d
 from .variants.topk import TopKAttention
 from .variants.lsh import LSHAttention
-from .registry import (attend_grid, attention_family, attention_forms_weights, build_attention, list_attention,
+from .registry import (attend_grid, attention_family, attention_forms_weights, attention_keeps_cache,
+                       build_attention, list_attention,
                        register_attention)
 from .capture import capture_attention
 
@@ -47,6 +48,7 @@ __all__ = [
     "list_attention",
     "attention_family",
     "attention_forms_weights",
+    "attention_keeps_cache",
     "attend_grid",
     "RelPosSelfAttention2d",
     "TokenAttention",

@@ -121,6 +121,7 @@ class DecodingCache:
         self._end = 0  # positions written into the buffers
         self.seq_len = 0  # positions seen
         self.start = 0  # slot of the first stored position
+        self.scratch: dict = {}  # what the attention keeps for one generation (its joined weights)
 
     @property
     def stored(self) -> int:

@@ -182,6 +182,7 @@ def scaled_dot_product_attention(
     is_causal: bool = False,
     dropout_p: float = 0.0,
     scale: float | None = None,
+    softcap: float | None = None,
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(q kᵀ · scale + mask) v, through torch's fused kernel unless weights are wanted.
@@ -196,6 +197,9 @@ def scaled_dot_product_attention(
         is_causal: block future keys, aligned bottom-right (see the module docstring).
         dropout_p: dropout probability on the attention weights. Pass 0 in eval mode.
         scale: logit scale; default ``1 / sqrt(D)``.
+        softcap: squash the scaled logits into ``(-softcap, softcap)`` as
+            ``softcap * tanh(logits / softcap)`` before the mask (Gemma 2's attention-logit
+            soft-capping); torch's fused kernel has no such step, so it takes the explicit path.
         need_weights: also return the attention weights (disables the fused kernel).
 
     Returns:
@@ -216,7 +220,10 @@ def scaled_dot_product_attention(
     # On the CPU torch's kernel draws attention dropout with its slow bernoulli_ (and
     # materializes the weights anyway): the explicit path below with attnlab's dropout
     # is faster there.
-    explicit = need_weights or (dropout_p > 0 and q.device.type == "cpu") or _short_half_on_cpu(q, lk)
+    if softcap is not None and not softcap > 0:
+        raise InputError(f"softcap must be a positive number; got {softcap}")
+    explicit = need_weights or softcap is not None or (dropout_p > 0 and q.device.type == "cpu") \
+        or _short_half_on_cpu(q, lk)
     # Fast path for the most common causal case: let the kernel build the triangle.
     fused_causal = is_causal and lq == lk and attn_mask is None and key_padding_mask is None and not explicit
     mask = None if fused_causal else merge_masks(
@@ -244,6 +251,8 @@ def scaled_dot_product_attention(
             logits = torch.matmul(q * scale, k.transpose(-2, -1))
         else:
             logits = torch.matmul(q, k.transpose(-2, -1)) * scale
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
         if mask is not None:
             logits = logits.masked_fill(mask, -math.inf) if mask.dtype == torch.bool else logits + mask
             logits = logits.masked_fill(dead, 0.0)

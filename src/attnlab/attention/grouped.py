@@ -108,61 +108,106 @@ def fused_linear(owner: nn.Module, name: str, layers: tuple[nn.Linear, ...], x: 
     return tuple(out.split([layer.out_features for layer in layers], dim=-1))
 
 
-@register_attention("gqa", forms_weights=True)
+@register_attention("gqa", forms_weights=True, keeps_cache=True)
 class GroupedQueryAttention(nn.Module):
-    r"""Self-attention with grouped key/value heads, batch-first.
+    r"""Self-attention with grouped key/value heads, batch-first, that keeps its own cache.
 
     Args:
         embed_dim: ``E``.
-        num_heads: query heads ``H``; divides ``E`` (head size ``D = E / H``).
+        num_heads: query heads ``H``.
         num_kv_heads: key/value heads ``Hkv``, dividing ``H`` (default ``H``; 1 is
             multi-query attention).
+        head_dim: ``D``, the size of one head (default ``E / H``, which must then be whole;
+            Gemma and Qwen3 choose it apart from the width).
         dropout: on the attention weights, in training mode.
         bias: biases on the query, key and value projections.
-        out_bias: a bias on the output projection (default ``bias``).
+        out_bias: a bias on the output projection (default ``bias``; Qwen2 has query, key and
+            value biases and none on the output).
         rope: rotate queries and keys by their positions (:class:`RotaryEmbedding`).
         rope_theta: its base.
+        rope_scaling: its scaling (``{"rope_type": "linear" | "dynamic" | "yarn" | "llama3" |
+            "longrope", ...}``, :mod:`~attnlab.attention.rope_scaling`), which needs ``max_len``.
+        partial_rotary: the share of each head that is rotated (Phi-4-mini: 0.75); the rest
+            carries no position.
+        max_len: the longest context the model was made for (the scaling's reference).
         alibi: add ALiBi's per-head distance penalty to the logits.
         window: each query sees the ``window`` latest keys, itself included (a sliding
             window; both sides when not causal). With a cache, only those are stored.
-        qk_norm: RMSNorm on each head's queries and keys before the product.
+        qk_norm: RMSNorm on each head's queries and keys before the product (Qwen3, Gemma 3).
+        scale: the logit scale (default ``D ** -0.5``; Gemma's ``query_pre_attn_scalar ** -0.5``).
+        softcap: logits squashed to ``softcap * tanh(logits / softcap)`` (Gemma 2).
 
     ``forward(x, *, key_padding_mask, attn_mask, is_causal, need_weights,
     average_attn_weights, positions, cache)``: ``x`` ``(B, L, E)``; ``positions`` ``(L,)``
     or ``(B, L)``: the rotary positions of the new tokens (default: the next ones after
     the cache's, or ``0..L-1``); ``key_padding_mask`` ``(B, Lk_total)`` over the cached
     and new keys. Returns ``(out (B, L, E), weights (B, Lq, Lk) averaged over heads or
-    (B, H, Lq, Lk), or None)``.
+    (B, H, Lq, Lk), or None)``. The cache (:meth:`new_cache`, a
+    :class:`~attnlab.attention.cache.DecodingCache`) stores the ``Hkv`` key/value heads
+    only, and only the window's keys when there is one; :meth:`decode_step` is the lean
+    path of one token per row (the decoder contract of :mod:`~attnlab.attention.registry`).
 
     The projections are ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj``, as in Llama.
     """
 
     lora_role = "attention"  # LoRA (attnlab.layers.lora): its linear layers are attention projections
+    position_options = ("window",)
 
     _attn_capture: Callable[[Tensor], None] | None = None
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
-                 num_kv_heads: int | None = None, out_bias: bool | None = None, rope: bool = False,
-                 rope_theta: float = 10000.0, alibi: bool = False, window: int | None = None,
-                 qk_norm: bool = False) -> None:
+                 num_kv_heads: int | None = None, head_dim: int | None = None, out_bias: bool | None = None,
+                 rope: bool = False, rope_theta: float = 10000.0, rope_scaling: dict | None = None,
+                 partial_rotary: float = 1.0, max_len: int | None = None, alibi: bool = False,
+                 window: int | None = None, qk_norm: bool = False, scale: float | None = None,
+                 softcap: float | None = None) -> None:
         super().__init__()
-        check_heads(embed_dim, num_heads, dropout)
+        if head_dim is None:
+            check_heads(embed_dim, num_heads, dropout)
+            head_dim = embed_dim // num_heads
+        else:
+            check_heads(embed_dim, 1, dropout)
+            if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+                raise InputError(f"num_heads must be a positive integer; got {num_heads!r}")
+            if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+                raise InputError(f"head_dim must be a positive integer; got {head_dim!r}")
         kv = num_heads if num_kv_heads is None else num_kv_heads
         if not isinstance(kv, int) or kv < 1 or num_heads % kv:
             raise InputError(f"num_kv_heads must be a positive divisor of num_heads={num_heads}; got {num_kv_heads!r}")
         if window is not None and (not isinstance(window, int) or window < 1):
             raise InputError(f"window must be a positive number of positions; got {window!r}")
-        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, kv
-        self.head_dim = embed_dim // num_heads
+        for name, value in (("scale", scale), ("softcap", softcap)):
+            if value is not None and not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                raise InputError(f"{name} must be a positive number; got {value!r}")
+        self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, num_heads, kv, head_dim
         self.dropout, self.window = dropout, window
-        self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(embed_dim, kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(embed_dim, kv * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias if out_bias is None else out_bias)
-        init_inner_positions(self, self.head_dim, num_heads, rope=rope, rope_theta=rope_theta, alibi=alibi)
-        self.q_norm = RMSNorm(self.head_dim) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim) if qk_norm else None
+        self.scale = None if scale is None else float(scale)
+        self.softcap = None if softcap is None else float(softcap)
+        self.q_proj = nn.Linear(embed_dim, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, kv * head_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, kv * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=bias if out_bias is None else out_bias)
+        init_inner_positions(self, head_dim, num_heads, rope=rope, rope_theta=rope_theta, alibi=alibi,
+                             rope_scaling=rope_scaling, partial_rotary=partial_rotary, max_len=max_len)
+        self.q_norm = RMSNorm(head_dim) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim) if qk_norm else None
 
+    # ------------------------------------------------------------------ the cache (the decoder contract)
+    def new_cache(self, batch: int, capacity: int, *, dtype: torch.dtype | None = None,
+                  device: torch.device | str | None = None) -> DecodingCache:
+        """A cache of this layer's keys and values for at most ``capacity`` positions (its
+        buffers are made, in the keys' dtype and device, by the first step that fills them)."""
+        return DecodingCache(capacity, window=self.window)
+
+    def cache_bytes(self, batch: int, positions: int, dtype: torch.dtype) -> int:
+        """The bytes :meth:`new_cache`'s cache holds after ``positions`` positions (a sliding
+        window's cache holds its window and the room it slides in, however long it runs)."""
+        if self.window is not None:
+            positions = min(positions, self.window - 1 + max(1, DecodingCache.slide_room))
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * batch * self.num_kv_heads * self.head_dim * positions * itemsize
+
+    # ------------------------------------------------------------------ forward
     def _heads(self, x: Tensor, heads: int) -> Tensor:
         b, n, _ = x.shape
         return x.view(b, n, heads, self.head_dim).transpose(1, 2)  # (B, heads, L, D)
@@ -206,9 +251,9 @@ class GroupedQueryAttention(nn.Module):
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         capture = self._attn_capture
         out, weights = scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, key_padding_mask=key_padding_mask,
-            is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights or capture is not None)
+            q, k, v, attn_mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=self.scale,
+            softcap=self.softcap, dropout_p=self.dropout if self.training else 0.0,
+            need_weights=need_weights or capture is not None)
         if capture is not None:
             capture(weights)
             if not need_weights:
@@ -219,50 +264,66 @@ class GroupedQueryAttention(nn.Module):
             weights = weights.mean(dim=1)
         return out, weights
 
-    def decode_weights(self) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
-        """The joined query/key/value projection and the output projection for
-        :meth:`decode_step`, ``(qkv weight, bias, o weight, bias)``: fetched once per generation."""
-        return (*joined_weight(self, "qkv", (self.q_proj, self.k_proj, self.v_proj)),
-                *joined_weight(self, "o", (self.o_proj,)))
-
-    def decode_step(self, x: Tensor, cache: DecodingCache, weights: tuple[Tensor, Tensor | None, Tensor, Tensor | None],
-                    rope: tuple[Tensor, Tensor] | None = None, key_padding_mask: Tensor | None = None) -> Tensor:
+    # ------------------------------------------------------------------ one token per row
+    def decode_step(self, x: Tensor, cache: DecodingCache, *, positions: Tensor | None = None,
+                    key_padding_mask: Tensor | None = None) -> Tensor:
         """One token per row while generating, in eval mode: ``x`` ``(B, E)`` -> ``(B, E)``, what
         :meth:`forward` gives for ``x[:, None]`` with this ``cache`` and ``is_causal=True``.
 
-        ``weights``: :meth:`decode_weights`. ``rope``: the ``(cos, sin)`` of the new position,
-        ``(B or 1, 1, D)``, computed once for all layers; ``key_padding_mask`` ``(B, keys
-        seen)``. A single query sees every cached key (a sliding-window cache holds only those
-        in its window), so no causal or band mask is built, and the query heads of a group are
-        laid out as rows of their key/value head instead of copying the keys once per query
-        head. :meth:`forward`'s checks, masks and weights cost as much as the arithmetic at
-        this size: a step of a 4-layer width-256 model took 6.4 ms through it at batch 1
-        against 3.5 ms so (AVX2 EPYC; ``benchmarks/lm_generate.py``). ALiBi goes through
-        :meth:`forward`.
+        ``positions`` ``(B, 1)`` for left-padded prompts (else the cache's next position);
+        ``key_padding_mask`` ``(B, keys seen)``. The query, key and value projections are
+        joined into one product, fetched once per generation and kept in the cache. A single
+        query sees every cached key (a sliding-window cache holds only those in its window),
+        so no causal or band mask is built, and the query heads of a group are laid out as
+        rows of their key/value head instead of copying the keys once per query head.
+        :meth:`forward`'s checks, masks and weights cost as much as the arithmetic at this
+        size: a step of a 4-layer width-256 model took 6.4 ms through it at batch 1 against
+        3.5 ms so (AVX2 EPYC; ``benchmarks/lm_generate.py``). ALiBi goes through :meth:`forward`.
         """
+        if self.alibi_slopes is not None:
+            return self(x[:, None], key_padding_mask=key_padding_mask, is_causal=True, positions=positions,
+                        cache=cache)[0][:, 0]
+        w = cache.scratch.get("weights")
+        if w is None:
+            w = cache.scratch["weights"] = (*joined_weight(self, "qkv", (self.q_proj, self.k_proj, self.v_proj)),
+                                            *joined_weight(self, "o", (self.o_proj,)))
         batch = x.shape[0]
-        hkv, d = self.num_kv_heads, self.head_dim
-        qkv = product(x, weights[0], weights[1])
-        heads = self.num_heads + hkv
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = product(x, w[0], w[1])
         if self.q_norm is not None:
-            q, k, v = qkv.split((self.num_heads * d, hkv * d, hkv * d), dim=-1)
+            q, k, v = qkv.split((h * d, hkv * d, hkv * d), dim=-1)
             qk = torch.cat([self.q_norm(q.view(batch, -1, d)), self.k_norm(k.view(batch, -1, d))], dim=1)  # type: ignore[misc]
         else:
-            qk, v = qkv[:, : heads * d].view(batch, heads, d), qkv[:, heads * d :]
-        if rope is not None:  # queries and keys rotated together: one product per term
-            qk = apply_rotary(qk, *rope)
-        q = qk[:, : self.num_heads].view(batch, hkv, self.num_heads // hkv, d)  # query head h: kv head h // group
-        k, v = qk[:, self.num_heads :].view(batch, hkv, 1, d), v.reshape(batch, hkv, 1, d)
+            qk, v = qkv[:, : (h + hkv) * d].view(batch, h + hkv, d), qkv[:, (h + hkv) * d :]
+        if self.rotary is not None:  # queries and keys rotated together: one product per term
+            if positions is None:
+                cos, sin = self.rotary.cos_sin_from(cache.seq_len, 1, x.dtype, x.device)  # (1, 1, D)
+            else:
+                cos, sin = self.rotary.cos_sin(positions, x.dtype)  # (B, 1, 1, D)
+                cos, sin = cos[:, 0], sin[:, 0]
+            qk = apply_rotary(qk, cos, sin)
+        q = qk[:, :h].view(batch, hkv, h // hkv, d)  # query head i: key/value head i // group
+        k, v = qk[:, h:].view(batch, hkv, 1, d), v.reshape(batch, hkv, 1, d)
         k, v, _ = cache.update(k, v)
-        mask = None
+        keep = None
         if key_padding_mask is not None:
-            mask = ~key_padding_mask[:, -k.shape[2]:][:, None, None, :]  # True = may attend (torch's)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, Hkv, group, D)
-        return product(out.reshape(batch, self.num_heads * d), weights[2], weights[3])
+            keep = ~key_padding_mask[:, -k.shape[2]:][:, None, None, :]  # True = may attend (torch's)
+        if self.softcap is None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=self.scale)  # (B, Hkv, group, D)
+        else:
+            logits = (q @ k.transpose(-2, -1)) * (d ** -0.5 if self.scale is None else self.scale)
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+            if keep is not None:
+                logits = logits.masked_fill(~keep, float("-inf"))
+            out = torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+        return product(out.reshape(batch, h * d), w[2], w[3])
 
     def extra_repr(self) -> str:
         parts = [f"embed_dim={self.embed_dim}", f"num_heads={self.num_heads}", f"num_kv_heads={self.num_kv_heads}"]
+        if self.head_dim * self.num_heads != self.embed_dim:
+            parts.append(f"head_dim={self.head_dim}")
         parts += inner_positions_repr(self)
-        if self.window is not None:
-            parts.append(f"window={self.window}")
+        for name in ("window", "scale", "softcap"):
+            if getattr(self, name) is not None:
+                parts.append(f"{name}={getattr(self, name):g}")
         return ", ".join(parts)

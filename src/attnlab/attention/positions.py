@@ -20,11 +20,20 @@ __all__ = ["init_inner_positions", "inner_positions_repr"]
 
 
 def init_inner_positions(module: nn.Module, head_dim: int, num_heads: int, *, rope: bool, rope_theta: float,
-                         alibi: bool) -> None:
-    """Give ``module`` its ``rotary`` and ``alibi_slopes`` (each ``None`` when not asked for)."""
+                         alibi: bool, rope_scaling: dict | None = None, partial_rotary: float = 1.0,
+                         max_len: int | None = None) -> None:
+    """Give ``module`` its ``rotary`` and ``alibi_slopes`` (each ``None`` when not asked for);
+    ``rope_scaling``, ``partial_rotary`` and ``max_len`` as :class:`RotaryEmbedding` takes them."""
     if rope and alibi:
         raise InputError("rope and alibi are two ways to give positions; choose one")
-    module.rotary = RotaryEmbedding(head_dim, rope_theta) if rope else None
+    if not rope and (rope_scaling is not None or partial_rotary != 1.0):
+        raise InputError("rope_scaling and partial_rotary are options of rotary positions; rope is off")
+    extra: dict = {}
+    if rope_scaling is not None:  # only when asked: the plain table is the common case
+        extra.update(scaling=rope_scaling, max_len=max_len)
+    if partial_rotary != 1.0:
+        extra["fraction"] = partial_rotary
+    module.rotary = RotaryEmbedding(head_dim, rope_theta, **extra) if rope else None
     if alibi:
         module.register_buffer("alibi_slopes", alibi_slopes(num_heads), persistent=False)
     else:

@@ -19,6 +19,32 @@ of the attention inside a model.
 
 A model that works on feature maps can still use a ``"tokens"`` kind by flattening the
 map (see :func:`attend_grid`).
+
+A decoder block and its attention
+---------------------------------
+A decoder (:class:`~attnlab.models.gpt.GPT`) never names a kind. It calls its layers'
+attention as above with ``is_causal=True``, and, when generating, asks each for a cache.
+A kind registered with ``keeps_cache=True`` promises:
+
+* ``new_cache(batch, capacity, *, dtype, device)``: an object holding what later tokens
+  need of the earlier ones (keys and values, a window of them, a latent, a recurrent
+  state), for at most ``capacity`` positions, with ``seq_len`` (the positions it has seen)
+  and ``nbytes()`` (what it holds now). What is inside is the kind's business alone.
+* ``forward(x, ..., positions=None, cache=None)``: with a cache, ``x`` ``(B, L, E)`` are the
+  next ``L`` tokens; the kind adds them to the cache and attends over everything it holds
+  (``key_padding_mask`` then covers every position seen, ``(B, seq_len + L)``).
+  ``positions`` ``(L,)`` or ``(B, L)``, given by the decoder, are the new tokens' positions
+  (left-padded prompts start later); without them they follow the cache's ``seq_len``. A
+  kind without positions of its own ignores them.
+* ``cache_bytes(batch, positions, dtype)``: the bytes its cache takes after ``positions``
+  positions, before anything is allocated (the decoder refuses a generation that cannot fit).
+* optionally ``decode_step(x, cache, *, positions=None, key_padding_mask=None)``: one token
+  per row in eval mode, ``x`` ``(B, E)`` -> ``(B, E)``, equal to ``forward(x[:, None],
+  cache=cache, is_causal=True)``, without its checks and masks (the decoder uses it for the
+  steps after the prompt when every layer has it). Per-generation values (weights joined
+  once, a table) may be kept in the cache.
+
+A kind without ``keeps_cache`` is decoded by running the whole sequence again at each step.
 """
 
 from __future__ import annotations
@@ -33,7 +59,7 @@ from ..errors import InputError
 from ..suggest import did_you_mean
 
 __all__ = ["register_attention", "build_attention", "list_attention", "attention_family", "attention_forms_weights",
-           "attention_takes", "kinds_taking", "attention_position_options", "attend_grid"]
+           "attention_keeps_cache", "attention_accepts", "attention_takes", "kinds_taking", "attention_position_options", "attend_grid"]
 
 
 @dataclass(frozen=True)
@@ -42,26 +68,34 @@ class AttentionEntry:
     family: str  # "tokens" or "grid"
     cls: Callable[..., nn.Module]
     forms_weights: bool  # computes the (B, H, Lq, Lk) weights, which capture_attention can record
+    keeps_cache: bool  # makes and advances a decoding cache (the contract in the module docstring)
 
 
 _KINDS: dict[str, AttentionEntry] = {}
 
 
-def register_attention(name: str, family: str = "tokens", *, forms_weights: bool = False) -> Callable[[type], type]:
+def register_attention(name: str, family: str = "tokens", *, forms_weights: bool = False,
+                       keeps_cache: bool = False) -> Callable[[type], type]:
     """Class decorator: make ``cls`` buildable as ``build_attention(name, ...)``.
 
     ``forms_weights``: the kind computes the full ``(B, heads, Lq, Lk)`` weight matrix
     (on request), and its ``forward`` hands it to ``self._attn_capture`` when that is set,
     so :func:`~attnlab.attention.capture_attention` records it. The efficient kinds never
-    form it; the decorator records the flag on the class, where capture looks for it."""
+    form it; the decorator records the flag on the class, where capture looks for it.
+
+    ``keeps_cache``: the kind decodes with a cache of its own, as the module docstring's
+    contract says (checked here: it has ``new_cache`` and ``cache_bytes``)."""
     if family not in ("tokens", "grid"):
         raise InputError(f"family must be 'tokens' or 'grid'; got {family!r}")
 
     def deco(cls: type) -> type:
         if name in _KINDS:
             raise InputError(f"attention kind {name!r} is already registered")
+        if keeps_cache and not all(callable(getattr(cls, m, None)) for m in ("new_cache", "cache_bytes")):
+            raise InputError(f"attention kind {name!r} keeps a cache, so it needs new_cache and cache_bytes")
         cls.forms_weights = forms_weights  # the capability, read by capture_attention
-        _KINDS[name] = AttentionEntry(name, family, cls, forms_weights)
+        cls.keeps_cache = keeps_cache
+        _KINDS[name] = AttentionEntry(name, family, cls, forms_weights, keeps_cache)
         return cls
 
     return deco
@@ -96,6 +130,12 @@ def attention_takes(name: str, option: str) -> bool:
     return known is None or option in known
 
 
+def attention_accepts(name: str, argument: str) -> bool:
+    """Whether kind ``name``'s ``forward`` takes the keyword ``argument`` (``"positions"``, ``"cache"``)."""
+    params = inspect.signature(_entry(name).cls.forward).parameters
+    return argument in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def kinds_taking(option: str, family: str = "tokens") -> list[str]:
     """The kinds of ``family`` that take ``option``, sorted (for error messages)."""
     return [n for n in list_attention(family) if option in (_options(n) or ())]
@@ -122,6 +162,11 @@ def attention_position_options(name: str) -> tuple[str, ...]:
 def attention_forms_weights(name: str) -> bool:
     """Whether kind ``name`` forms the weight matrix that capture_attention records."""
     return _entry(name).forms_weights
+
+
+def attention_keeps_cache(name: str) -> bool:
+    """Whether kind ``name`` decodes with a cache of its own (``new_cache``; see the contract)."""
+    return _entry(name).keeps_cache
 
 
 def list_attention(family: str | None = None) -> list[str]:

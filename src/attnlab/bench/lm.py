@@ -101,13 +101,12 @@ def cache_point(variant: str, *, lengths: Sequence[int], window: int, prompt: in
     ids = torch.randint(0, LLAMA_STYLE["vocab_size"], (batch, prompt), generator=torch.Generator().manual_seed(1))
 
     def decode(n: int) -> tuple[torch.Tensor, list[DecodingCache], list[float]]:
-        cache = model.new_cache(prompt + n)
-        weights = model._decode_weights()
+        cache = model.new_cache(batch, prompt + n)
         tokens = [model(ids, cache=cache)[:, -1].argmax(-1)]
         steps = []
         for _ in range(n - 1):
             start = time.perf_counter()
-            tokens.append(model._decode_step(tokens[-1][:, None], None, None, cache, weights).argmax(-1))
+            tokens.append(model.decode_step(tokens[-1][:, None], cache).argmax(-1))
             steps.append(time.perf_counter() - start)
         return torch.stack(tokens, dim=1), cache, steps
 

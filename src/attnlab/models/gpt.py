@@ -8,17 +8,26 @@ added times a learned scale that starts at ``embed_dim ** -0.5`` (x-transformers
 sinusoidal" form): added as it is, its rows (a norm of 8 at width 128) swamped token
 embeddings initialised with a norm of 0.23, and a character model of Tiny Shakespeare
 reached a validation loss of 3.32 nats after 300 steps, against 2.44 with the scale and 2.40
-with learned positions (``attnlab bench lm --parts extrapolation``, AVX2 EPYC). The attention is the
-``"gqa"`` kind (grouped-query heads, sliding window, QK-norm, a key/value cache) or any
-tokens kind that can be causal (``local``, ``sparse``, ``topk``, ``lsh``, ``linear``,
-``performer``), which decodes without a cache; rotary positions reach those that take them
-(all but the kernel kinds, ``linear`` and ``performer``), and ``window`` reaches ``local``.
+with learned positions (``attnlab bench lm --parts extrapolation``, AVX2 EPYC).
+
+The block never names an attention kind. It builds ``config.attention`` (by default
+``"gqa"``: grouped-query heads, sliding window, QK-norm, a key/value cache) with the
+options the config sets and the kind takes (an option set for a kind that does not take it
+is refused by name), and, when generating, asks each layer's attention for its cache
+(the contract in :mod:`attnlab.attention.registry`); a kind without one (``local``,
+``sparse``, ``topk``, ``lsh``, ``linear``, ``performer``) is decoded by running the whole
+sequence again. Per-layer choices are lists in the config: ``layer_types`` (``"sliding"``
+or ``"full"``, or ``window_pattern``), ``rope_local_theta`` for the sliding layers and
+``nope_layers`` without positions. The knobs of today's families (Qwen, Gemma, Phi, Llama
+3, SmolLM3) are fields: ``head_dim``, ``attention_bias``/``attention_out_bias``/``mlp_bias``,
+``rope_scaling``, ``partial_rotary``, ``attn_softcap``/``logit_softcap``,
+``query_pre_attn_scalar``, ``post_norms``, ``embed_scale`` and ``mlp="geglu"``.
 
 ``forward(input_ids (B, L), *, padding_mask, doc_ids, positions, cache)`` gives logits
 ``(B, L, vocab_size)``. ``doc_ids`` ``(B, L)`` packs several documents in a row: no token
 attends across a document boundary and positions restart at each document, so a packed
-row computes what its documents would alone. ``generate`` decodes greedily or samples
-(temperature, top-k, top-p, a seed) with the cache.
+row computes what its documents would alone. ``generate`` and ``stream`` decode greedily or
+sample through :mod:`attnlab.models.generation`, with the cache.
 """
 
 from __future__ import annotations
@@ -30,23 +39,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention.cache import DecodingCache
 from ..attention.grouped import fused_linear, joined_weight, product
-from ..attention.registry import attention_family, attention_takes, build_attention
+from ..attention.registry import (attention_accepts, attention_family, attention_keeps_cache, attention_takes,
+                                  build_attention, kinds_taking, list_attention)
 from ..dropout import Dropout
 from ..errors import InputError, shape_str
 from ..layers.init import normal_init_
 from ..layers.norms import build_norm
 from ..layers.pos_encoding import inner_position_options, sinusoid_table
 from ..memory import available_memory, gib
+from . import generation
 from .registry import build_config, check_attention_options, check_attention_positions, register_model
-from .sampling import check_generation, choose_next, penalize_repeats
 from .token_ids import check_token_ids
 
-__all__ = ["GPTConfig", "GPT", "SwiGLU", "GeluMlp", "document_positions"]
+__all__ = ["GPTConfig", "GPT", "SwiGLU", "GeluMlp", "LayerCaches", "document_positions"]
 
 POS_EMBEDS = ("learned", "sinusoidal", "rope", "alibi", "none")
-MLPS = ("gelu", "gelu_tanh", "swiglu")
+MLPS = ("gelu", "gelu_tanh", "swiglu", "geglu")
+LAYER_TYPES = ("full", "sliding")
 
 
 @dataclass
@@ -57,16 +67,31 @@ class GPTConfig:
     depth: int = 12
     num_heads: int = 12
     num_kv_heads: int | None = None  # grouped-query attention (None: num_heads; 1: multi-query)
+    head_dim: int | None = None  # the size of one head (None: embed_dim / num_heads; Gemma's and Qwen3's differ)
     mlp_ratio: float = 4.0
     mlp_hidden_dim: int | None = None  # the MLP width itself (Llama's intermediate_size); overrides mlp_ratio
-    mlp: str = "gelu"  # "gelu", "gelu_tanh" (GPT-2's), "swiglu" (Llama's)
+    mlp: str = "gelu"  # "gelu", "gelu_tanh" (GPT-2's), "swiglu" (Llama's), "geglu" (Gemma's: tanh-GELU gate)
     norm: str = "layernorm"  # or "rmsnorm"
     norm_eps: float = 1e-5
     pos_embed: str = "learned"  # learned, sinusoidal, rope, alibi, none
     rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # {"rope_type": "linear"|"dynamic"|"yarn"|"llama3"|"longrope", ...} (full layers)
+    partial_rotary: float = 1.0  # the share of each head that rotary positions rotate (Phi-4-mini: 0.75)
     window: int | None = None  # sliding-window attention: each token sees the last `window` tokens
+    layer_types: list | None = None  # per layer "sliding" (sees `window`) or "full"; None: all sliding if window
+    window_pattern: int | None = None  # instead of layer_types: every window_pattern-th layer full, others sliding
+    rope_local_theta: float | None = None  # the plain rotary base of the sliding layers (Gemma 3: 10,000)
+    nope_layers: list | None = None  # indices of layers without positions (SmolLM3: every fourth)
     qk_norm: bool = False
+    query_pre_attn_scalar: float | None = None  # logits scaled by its -1/2 power instead of head_dim's (Gemma)
+    attn_softcap: float | None = None  # attention logits squashed to cap * tanh(logits / cap) (Gemma 2: 50)
+    logit_softcap: float | None = None  # the output logits alike (Gemma 2: 30)
+    post_norms: bool = False  # norms after the attention and the MLP too, before the residual sum (Gemma 2, 3)
+    embed_scale: float | None = None  # token embeddings times this (Gemma: sqrt(embed_dim))
     bias: bool = True  # biases of the attention projections, the MLP and the norms' (layernorm)
+    attention_bias: bool | None = None  # biases of the query, key and value projections (None: bias)
+    attention_out_bias: bool | None = None  # of the attention's output projection (None: attention_bias)
+    mlp_bias: bool | None = None  # of the MLP's layers (None: bias)
     tie_embeddings: bool = True
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
@@ -84,25 +109,126 @@ class GPTConfig:
             raise InputError(f"mlp must be one of {', '.join(MLPS)}; got {self.mlp!r}")
         if attention_family(self.attention) != "tokens":
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
-        window = self.window is not None and not attention_takes(self.attention, "window")
-        if self.attention != "gqa":
-            if self.num_kv_heads is not None or window or self.qk_norm:
-                raise InputError(f"num_kv_heads, window and qk_norm are options of the 'gqa' attention (window also "
-                                 f"of 'local'); attention={self.attention!r} has none of them")
-            if self.attention == "exact" and self.pos_embed in ("rope", "alibi"):
-                raise InputError(f"exact attention with pos_embed={self.pos_embed!r} is the 'gqa' kind here (it keeps "
-                                 f"a cache and takes each row's positions): use attention='gqa'")
-            inner_position_options(self.pos_embed, self.rope_theta, self.attention)  # a kind that cannot take them
-        check_attention_options(self.attention_options, {"dropout": "attn_drop_rate", "bias": "bias",
-                                                         "num_kv_heads": "num_kv_heads", "window": "window",
-                                                         "rope": "pos_embed", "alibi": "pos_embed",
-                                                         "rope_theta": "rope_theta"})
+        self._check_layers()
+        if self.pos_embed == "rope" and not attention_accepts(self.attention, "positions"):
+            raise InputError(f"attention={self.attention!r} with pos_embed='rope' cannot take each row's positions "
+                             f"(generation and packed documents need them); kinds that do: "
+                             f"{', '.join(k for k in kinds_taking('rope') if attention_accepts(k, 'positions'))}")
+        inner_position_options(self.pos_embed, self.rope_theta, self.attention)  # a kind that cannot take them
+        for key, field_name in self._kind_options().items():
+            if not attention_takes(self.attention, key):
+                raise InputError(f"{field_name} is not an option of attention {self.attention!r}; kinds that take "
+                                 f"it: {', '.join(kinds_taking(key))}")
+        check_attention_options(self.attention_options, {
+            "dropout": "attn_drop_rate", "bias": "attention_bias", "out_bias": "attention_out_bias",
+            "num_kv_heads": "num_kv_heads", "head_dim": "head_dim", "window": "window", "rope": "pos_embed",
+            "alibi": "pos_embed", "rope_theta": "rope_theta", "rope_scaling": "rope_scaling",
+            "partial_rotary": "partial_rotary", "max_len": "max_len", "qk_norm": "qk_norm",
+            "scale": "query_pre_attn_scalar", "softcap": "attn_softcap"})
         if isinstance(self.max_len, int):
             check_attention_positions(GPTConfig, self.attention, self.attention_options, self.max_len)
 
+    def _check_layers(self) -> None:
+        """The per-layer lists and the numbers the families' knobs take."""
+        depth = self.depth if isinstance(self.depth, int) and not isinstance(self.depth, bool) else None
+        if self.layer_types is not None:
+            if not isinstance(self.layer_types, (list, tuple)) or any(t not in LAYER_TYPES for t in self.layer_types):
+                raise InputError(f"layer_types must be a list of {' or '.join(map(repr, LAYER_TYPES))}, one per "
+                                 f"layer; got {self.layer_types!r}")
+            if depth is not None and len(self.layer_types) != depth:
+                raise InputError(f"layer_types must name one type per layer, {depth}; got {len(self.layer_types)}")
+            if self.window_pattern is not None:
+                raise InputError("layer_types and window_pattern both say which layers slide; give one")
+        if self.window_pattern is not None and (not isinstance(self.window_pattern, int)
+                                                or isinstance(self.window_pattern, bool) or self.window_pattern < 1):
+            raise InputError(f"window_pattern must be a positive integer (every window_pattern-th layer is full); "
+                             f"got {self.window_pattern!r}")
+        if self._has_sliding() and self.window is None:
+            raise InputError("layer_types has sliding layers, which need window (the positions each token sees)")
+        if self.nope_layers is not None:
+            if not isinstance(self.nope_layers, (list, tuple)) or any(
+                    not isinstance(i, int) or isinstance(i, bool) or depth is not None and not 0 <= i < depth
+                    for i in self.nope_layers):
+                raise InputError(f"nope_layers must be a list of layer indices in [0, {depth}); "
+                                 f"got {self.nope_layers!r}")
+            if self.pos_embed != "rope":
+                raise InputError(f"nope_layers leave rotary positions out of some layers; pos_embed is "
+                                 f"{self.pos_embed!r}, not 'rope'")
+        if self.rope_local_theta is not None and (self.pos_embed != "rope" or not self._has_sliding()):
+            raise InputError("rope_local_theta is the rotary base of sliding layers: it needs pos_embed='rope' and "
+                             "sliding layers")
+        if (self.rope_scaling is not None or self.partial_rotary != 1.0) and self.pos_embed != "rope":
+            raise InputError(f"rope_scaling and partial_rotary scale rotary positions; pos_embed is "
+                             f"{self.pos_embed!r}, not 'rope'")
+        for name in ("query_pre_attn_scalar", "attn_softcap", "logit_softcap", "embed_scale", "rope_local_theta"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 < value < float("inf")):
+                raise InputError(f"{name} must be a positive number; got {value!r}")
+        if self.head_dim is None and isinstance(self.embed_dim, int) and isinstance(self.num_heads, int) \
+                and self.num_heads > 0 and self.embed_dim % self.num_heads:
+            raise InputError(f"embed_dim must be divisible by num_heads unless head_dim is given; got "
+                             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}")
+
+    def _has_sliding(self) -> bool:
+        """Whether some layer slides (without listing the layers: the depth is not checked yet)."""
+        if self.layer_types is not None:
+            return "sliding" in self.layer_types
+        if self.window_pattern is not None:
+            return self.window_pattern > 1
+        return self.window is not None
+
+    def layer_kinds(self) -> list[str]:
+        """Each layer's type, ``"sliding"`` or ``"full"``: ``layer_types``, else every
+        ``window_pattern``-th layer full (Gemma 3's 5 sliding to 1 full is 6), else all sliding
+        when there is a ``window``, else all full."""
+        depth = self.depth if isinstance(self.depth, int) else 0
+        if self.layer_types is not None:
+            return list(self.layer_types)
+        if self.window_pattern is not None:
+            return ["full" if (i + 1) % self.window_pattern == 0 else "sliding" for i in range(depth)]
+        return ["sliding" if self.window is not None else "full"] * depth
+
+    def _kind_options(self) -> dict[str, str]:
+        """The attention options this config sets (beyond the defaults), by the field that sets them."""
+        asked = {"num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim, "window": self.window,
+                 "qk_norm": self.qk_norm or None, "rope_scaling": self.rope_scaling,
+                 "partial_rotary": None if self.partial_rotary == 1.0 else self.partial_rotary,
+                 "scale": self.query_pre_attn_scalar, "softcap": self.attn_softcap,
+                 "out_bias": self.attention_out_bias}
+        names = {"scale": "query_pre_attn_scalar", "softcap": "attn_softcap", "out_bias": "attention_out_bias"}
+        return {k: names.get(k, k) for k, v in asked.items() if v is not None}
+
+    def attention_options_of(self, layer: int) -> dict[str, Any]:
+        """The options the attention of layer ``layer`` is built with (besides width and heads)."""
+        options: dict[str, Any] = dict(self.attention_options)
+        sliding = self.layer_kinds()[layer] == "sliding"
+        rope = self.pos_embed == "rope" and layer not in (self.nope_layers or ())
+        if self.pos_embed == "alibi":
+            options["alibi"] = True
+        elif rope:
+            local = sliding and self.rope_local_theta is not None  # Gemma 3: plain rotary on the sliding layers
+            options.update(rope=True, rope_theta=self.rope_local_theta if local else self.rope_theta)
+            if self.rope_scaling is not None and not local:
+                options.update(rope_scaling=self.rope_scaling, max_len=self.max_len)
+            if self.partial_rotary != 1.0:
+                options["partial_rotary"] = self.partial_rotary
+        kind = self._kind_options()
+        if "window" in kind and sliding:
+            options["window"] = self.window
+        for key in ("num_kv_heads", "head_dim", "qk_norm", "out_bias"):
+            if key in kind:
+                options[key] = {"out_bias": self.attention_out_bias}.get(key, getattr(self, key, None))
+        if self.query_pre_attn_scalar is not None:
+            options["scale"] = float(self.query_pre_attn_scalar) ** -0.5
+        if self.attn_softcap is not None:
+            options["softcap"] = self.attn_softcap
+        return options
+
     @property
-    def head_dim(self) -> int:
-        return self.embed_dim // self.num_heads
+    def head_size(self) -> int:
+        """The size of one head: ``head_dim``, or ``embed_dim / num_heads``."""
+        return self.head_dim if self.head_dim is not None else self.embed_dim // self.num_heads
 
     @property
     def hidden_dim(self) -> int:
@@ -134,20 +260,27 @@ class GeluMlp(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """``down_proj(silu(gate_proj(x)) * up_proj(x))`` (Shazeer, 2020), Llama's MLP."""
+    """``down_proj(act(gate_proj(x)) * up_proj(x))`` (Shazeer, 2020): SwiGLU with ``act="silu"``
+    (Llama's MLP), GeGLU with ``act="gelu_tanh"`` (Gemma's)."""
 
     lora_role = "mlp"  # LoRA (attnlab.layers.lora): gate_proj, up_proj and down_proj
 
-    def __init__(self, dim: int, hidden: int, *, bias: bool, drop_rate: float) -> None:
+    def __init__(self, dim: int, hidden: int, *, bias: bool, drop_rate: float, act: str = "silu") -> None:
         super().__init__()
         self.gate_proj = nn.Linear(dim, hidden, bias=bias)
         self.up_proj = nn.Linear(dim, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
         self.drop = Dropout(drop_rate)
+        if act not in ("silu", "gelu_tanh"):
+            raise InputError(f"act must be 'silu' or 'gelu_tanh'; got {act!r}")
+        self.act = act
+
+    def _gate(self, x: Tensor) -> Tensor:
+        return F.silu(x) if self.act == "silu" else F.gelu(x, approximate="tanh")
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = fused_linear(self, "gate_up", (self.gate_proj, self.up_proj), x)
-        return fused_linear(self, "down", (self.down_proj,), self.drop(F.silu(gate) * up))[0]
+        return fused_linear(self, "down", (self.down_proj,), self.drop(self._gate(gate) * up))[0]
 
     def decode_weights(self) -> tuple[Tensor | None, ...]:
         return (*joined_weight(self, "gate_up", (self.gate_proj, self.up_proj)),
@@ -156,40 +289,80 @@ class SwiGLU(nn.Module):
     def decode(self, x: Tensor, w: tuple[Tensor | None, ...]) -> Tensor:
         """:meth:`forward` in eval mode with :meth:`decode_weights`, fetched once per generation."""
         gate, up = product(x, w[0], w[1]).chunk(2, dim=-1)  # type: ignore[arg-type]
-        return product(F.silu(gate) * up, w[2], w[3])  # type: ignore[arg-type]
+        return product(self._gate(gate) * up, w[2], w[3])  # type: ignore[arg-type]
+
+    def extra_repr(self) -> str:
+        return "" if self.act == "silu" else f"act={self.act}"
 
 
 class DecoderBlock(nn.Module):
-    """``x + drop(attn(norm1(x)))``, then ``x + drop(mlp(norm2(x)))``."""
+    """``x + drop(attn(norm1(x)))``, then ``x + drop(mlp(norm2(x)))``; with ``post_norms``,
+    ``x + drop(post_attn_norm(attn(norm1(x))))`` and ``x + drop(post_mlp_norm(mlp(norm2(x))))``
+    (Gemma 2 and 3). The attention is layer ``index``'s, as :meth:`GPTConfig.attention_options_of` says."""
 
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTConfig, index: int) -> None:
         super().__init__()
-        options: dict[str, Any] = dict(cfg.attention_options)
-        if cfg.attention == "gqa":
-            options.update(num_kv_heads=cfg.num_kv_heads, rope=cfg.pos_embed == "rope", rope_theta=cfg.rope_theta,
-                           alibi=cfg.pos_embed == "alibi", window=cfg.window, qk_norm=cfg.qk_norm)
-        else:
-            options.update(inner_position_options(cfg.pos_embed, cfg.rope_theta, cfg.attention))
-            if cfg.window is not None:  # one name for the sliding window: the local kind's means the same
-                options["window"] = cfg.window
         self.norm1 = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps)
+        bias = cfg.bias if cfg.attention_bias is None else cfg.attention_bias
         self.attn = build_attention(cfg.attention, cfg.embed_dim, cfg.num_heads, dropout=cfg.attn_drop_rate,
-                                    bias=cfg.bias, **options)
+                                    bias=bias, **cfg.attention_options_of(index))
+        self.post_attn_norm = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps) if cfg.post_norms else None
         self.norm2 = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps)
-        if cfg.mlp == "swiglu":
-            self.mlp: nn.Module = SwiGLU(cfg.embed_dim, cfg.hidden_dim, bias=cfg.bias, drop_rate=cfg.drop_rate)
+        mlp_bias = cfg.bias if cfg.mlp_bias is None else cfg.mlp_bias
+        if cfg.mlp in ("swiglu", "geglu"):
+            self.mlp: nn.Module = SwiGLU(cfg.embed_dim, cfg.hidden_dim, bias=mlp_bias, drop_rate=cfg.drop_rate,
+                                         act="silu" if cfg.mlp == "swiglu" else "gelu_tanh")
         else:
-            self.mlp = GeluMlp(cfg.embed_dim, cfg.hidden_dim, tanh=cfg.mlp == "gelu_tanh", bias=cfg.bias,
+            self.mlp = GeluMlp(cfg.embed_dim, cfg.hidden_dim, tanh=cfg.mlp == "gelu_tanh", bias=mlp_bias,
                                drop_rate=cfg.drop_rate)
+        self.post_mlp_norm = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps) if cfg.post_norms else None
         self.drop = Dropout(cfg.drop_rate)
 
     def forward(self, x: Tensor, *, attn_mask: Tensor | None, key_padding_mask: Tensor | None,
-                positions: Tensor | None, cache: DecodingCache | None) -> Tensor:
-        kw: dict[str, Any] = {"positions": positions, "cache": cache} if isinstance(cache, DecodingCache) or \
-            positions is not None else {}
+                positions: Tensor | None, cache: Any) -> Tensor:
+        kw: dict[str, Any] = {}
+        if positions is not None:
+            kw["positions"] = positions
+        if cache is not None:
+            kw["cache"] = cache
         h, _ = self.attn(self.norm1(x), key_padding_mask=key_padding_mask, attn_mask=attn_mask, is_causal=True, **kw)
+        if self.post_attn_norm is not None:
+            h = self.post_attn_norm(h)
         x = x + self.drop(h)
-        return x + self.drop(self.mlp(self.norm2(x)))
+        h = self.mlp(self.norm2(x))
+        if self.post_mlp_norm is not None:
+            h = self.post_mlp_norm(h)
+        return x + self.drop(h)
+
+    def decode_step(self, x: Tensor, cache: Any, mlp_weights: Any, positions: Tensor | None,
+                    key_padding_mask: Tensor | None) -> Tensor:
+        """:meth:`forward` of one token per row ``(B, E)`` in eval mode, through the
+        attention's ``decode_step`` and the MLP's joined weights."""
+        h = self.attn.decode_step(self.norm1(x), cache, positions=positions, key_padding_mask=key_padding_mask)
+        if self.post_attn_norm is not None:
+            h = self.post_attn_norm(h)
+        x = x + h
+        h = self.mlp.decode(self.norm2(x), mlp_weights)
+        if self.post_mlp_norm is not None:
+            h = self.post_mlp_norm(h)
+        return x + h
+
+
+class LayerCaches(list):
+    """A decoder's cache: one per layer, each made by that layer's attention
+    (``attn.new_cache``), and ``scratch``, what the decoder keeps for one generation (its
+    MLPs' joined weights). ``seq_len``: the positions seen."""
+
+    def __init__(self, caches: Any) -> None:
+        super().__init__(caches)
+        self.scratch: dict[str, Any] = {}
+
+    @property
+    def seq_len(self) -> int:
+        return self[0].seq_len if self else 0
+
+    def nbytes(self) -> int:
+        return sum(c.nbytes() for c in self)
 
 
 def document_positions(doc_ids: Tensor) -> Tensor:
@@ -217,40 +390,82 @@ class GPT(nn.Module):
             self.register_buffer("sinusoid", sinusoid_table(cfg.max_len, cfg.embed_dim), persistent=False)
             self.sinusoid_scale = nn.Parameter(torch.tensor(cfg.embed_dim ** -0.5))
         self.drop = Dropout(cfg.drop_rate)
-        self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(DecoderBlock(cfg, i) for i in range(cfg.depth))
         self.norm = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps)
         self.head = nn.Linear(cfg.embed_dim, cfg.vocab_size, bias=False)
         self.apply(normal_init_)  # GPT-2's initialisation
         if cfg.tie_embeddings:
             self.head.weight = self.tok_embed.weight
 
-    def new_cache(self, capacity: int) -> list[DecodingCache]:
-        """One :class:`DecodingCache` per block, for at most ``capacity`` positions."""
-        if self.config.attention != "gqa":
-            raise InputError(f"attention {self.config.attention!r} decodes without a cache; only 'gqa' keeps one")
-        return [DecodingCache(capacity, window=self.config.window) for _ in self.blocks]
+    # ------------------------------------------------------------------ the cache
+    @property
+    def keeps_cache(self) -> bool:
+        """Whether every layer's attention decodes with a cache of its own."""
+        return attention_keeps_cache(self.config.attention)
+
+    def new_cache(self, batch: int, capacity: int) -> LayerCaches:
+        """Each layer's cache, made by its attention, for ``batch`` rows and at most ``capacity`` positions."""
+        if not self.keeps_cache:
+            raise InputError(f"attention {self.config.attention!r} decodes without a cache; kinds that keep one: "
+                             f"{', '.join(k for k in list_attention('tokens') if attention_keeps_cache(k))}")
+        weight = self.tok_embed.weight
+        return LayerCaches(block.attn.new_cache(batch, capacity, dtype=weight.dtype, device=weight.device)
+                           for block in self.blocks)
+
+    def check_generation_size(self, batch: int, prompt: int, max_new_tokens: int, *, use_cache: bool = True) -> None:
+        """Refuse, before the first step, a generation the model cannot hold: more positions
+        than learned or sinusoidal positions have, or a cache that could not fit in this
+        machine's memory (its buffers grow as it goes, so a long ``max_new_tokens`` that ends
+        early costs nothing), with the limit it implies."""
+        cfg, total = self.config, prompt + max_new_tokens
+        if cfg.pos_embed in ("learned", "sinusoidal") and total > cfg.max_len:
+            raise InputError(f"prompt and max_new_tokens make {total} positions; the model holds max_len={cfg.max_len}")
+        if not (use_cache and self.keeps_cache):
+            return
+        dtype = self.tok_embed.weight.dtype
+        room = available_memory()
+        cost = lambda n: sum(block.attn.cache_bytes(batch, n, dtype) for block in self.blocks)  # noqa: E731
+        if room is None or cost(total) <= room:
+            return
+        per_position = max(cost(prompt + 1) - cost(prompt), 1)
+        limit = max(room // per_position - prompt, 0)
+        raise InputError(f"max_new_tokens must be at most {limit:,} for a batch of {batch} prompt(s) of {prompt} "
+                         f"tokens: the key/value cache takes {per_position:,} bytes a position and this machine "
+                         f"has {gib(room)} available; got {max_new_tokens:,}")
+
+    # ------------------------------------------------------------------ forward
+    def _embed(self, input_ids: Tensor, positions: Tensor) -> Tensor:
+        cfg = self.config
+        x = self.tok_embed(input_ids)
+        if cfg.embed_scale is not None:  # in the embeddings' dtype, as Gemma rounds it
+            x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(positions)
+        elif cfg.pos_embed == "sinusoidal":
+            x = x + (self.sinusoid_scale * self.sinusoid[positions]).to(x.dtype)
+        return x
+
+    def _logits(self, x: Tensor) -> Tensor:
+        logits = fused_linear(self, "head", (self.head,), self.norm(x))[0]
+        cap = self.config.logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def forward(self, input_ids: Tensor, *, padding_mask: Tensor | None = None, doc_ids: Tensor | None = None,
-                positions: Tensor | None = None, cache: list[DecodingCache] | None = None) -> Tensor:
+                positions: Tensor | None = None, cache: LayerCaches | None = None) -> Tensor:
         cfg = self.config
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.long, torch.int32, torch.int64):
             raise InputError(f"input_ids must be (B, L) integer token ids; got {shape_str(input_ids)} "
                              f"{input_ids.dtype}")
         check_token_ids(input_ids, cfg.vocab_size)
         b, n = input_ids.shape
-        past = cache[0].seq_len if cache else 0
+        past = cache.seq_len if cache else 0
         if positions is None:
             positions = document_positions(doc_ids) if doc_ids is not None else \
                 torch.arange(past, past + n, device=input_ids.device)
         if int(positions.max()) >= cfg.max_len and cfg.pos_embed in ("learned", "sinusoidal"):
             raise InputError(f"positions reach {int(positions.max())}; the model's {cfg.pos_embed} positions hold "
                              f"max_len={cfg.max_len}")
-        x = self.tok_embed(input_ids)
-        if self.pos_embed is not None:
-            x = x + self.pos_embed(positions)
-        elif cfg.pos_embed == "sinusoidal":
-            x = x + (self.sinusoid_scale * self.sinusoid[positions]).to(x.dtype)
-        x = self.drop(x)
+        x = self.drop(self._embed(input_ids, positions))
         attn_mask = None
         if doc_ids is not None:  # packing: a token sees its own document only
             if cache is not None:
@@ -263,147 +478,52 @@ class GPT(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, attn_mask=attn_mask, key_padding_mask=padding_mask, positions=rope_positions,
                       cache=cache[i] if cache else None)
-        return fused_linear(self, "head", (self.head,), self.norm(x))[0]
+        return self._logits(x)
 
-    def _decode_weights(self) -> list[tuple[Any, Any]]:
-        """Every block's joined weights for :meth:`_decode_step`, fetched once per generation."""
-        return [(block.attn.decode_weights(), block.mlp.decode_weights()) for block in self.blocks]
+    @property
+    def has_decode_step(self) -> bool:
+        """Whether every layer's attention has the lean one-token step (the contract's ``decode_step``)."""
+        return self.keeps_cache and all(callable(getattr(b.attn, "decode_step", None)) for b in self.blocks)
 
-    def _decode_step(self, ids: Tensor, padding_mask: Tensor | None, positions: Tensor | None,
-                     cache: list[DecodingCache], weights: list[tuple[Any, Any]]) -> Tensor:
+    def decode_step(self, ids: Tensor, cache: LayerCaches, *, positions: Tensor | None = None,
+                    padding_mask: Tensor | None = None) -> Tensor:
         """Logits ``(B, vocab)`` of one new token per row, ``ids`` ``(B, 1)``: :meth:`forward`
-        with the cache, in eval mode without ALiBi, on a ``(B, E)`` hidden state through
-        :meth:`GroupedQueryAttention.decode_step`. ``positions`` ``(B, 1)`` for left-padded
-        prompts, else the cache's next position; ``weights``: :meth:`_decode_weights`."""
-        cfg, past = self.config, cache[0].seq_len
+        with the cache, in eval mode, on a ``(B, E)`` hidden state through each layer's
+        attention's ``decode_step``. ``positions`` ``(B, 1)`` for left-padded prompts, else the
+        cache's next position; ``padding_mask`` ``(B, positions seen + 1)``. The MLPs' joined
+        weights are fetched once per generation and kept in ``cache.scratch``."""
+        cfg = self.config
+        mlp_weights = cache.scratch.get("mlp")
+        if mlp_weights is None:
+            mlp_weights = cache.scratch["mlp"] = [block.mlp.decode_weights() for block in self.blocks]
         x = self.tok_embed(ids[:, 0])
+        if cfg.embed_scale is not None:
+            x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
         if cfg.pos_embed in ("learned", "sinusoidal"):
-            pos = positions[:, 0] if positions is not None else torch.full_like(ids[:, 0], past)
+            pos = positions[:, 0] if positions is not None else torch.full_like(ids[:, 0], cache.seq_len)
             x = x + (self.pos_embed(pos) if self.pos_embed is not None else
                      (self.sinusoid_scale * self.sinusoid[pos]).to(x.dtype))
-        rope = None
-        rotary = self.blocks[0].attn.rotary
-        if rotary is not None:  # the angles of this position, (1 or B, 1, D), once for every layer
-            if positions is None:
-                rope = rotary.cos_sin_from(past, 1, x.dtype, x.device)
-            else:
-                cos, sin = rotary.cos_sin(positions, x.dtype)  # (B, 1, 1, D)
-                rope = cos[:, 0], sin[:, 0]
-        for block, layer_cache, (attn_w, mlp_w) in zip(self.blocks, cache, weights):
-            x = x + block.attn.decode_step(block.norm1(x), layer_cache, attn_w, rope, padding_mask)
-            x = x + block.mlp.decode(block.norm2(x), mlp_w)
-        return product(self.norm(x), *joined_weight(self, "head", (self.head,)))
+        rope_positions = positions if cfg.pos_embed == "rope" else None
+        for block, layer_cache, w in zip(self.blocks, cache, mlp_weights):
+            x = block.decode_step(x, layer_cache, w, rope_positions, padding_mask)
+        logits = product(self.norm(x), *joined_weight(self, "head", (self.head,)))
+        cap = cfg.logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
-    def generate(self, input_ids: Tensor, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = None, eos_id: int | None = None,
-                 padding_mask: Tensor | None = None, compile: bool = False, use_cache: bool = True,
-                 repetition_penalty: float = 1.0) -> Tensor:
+    def generate(self, input_ids: Tensor, max_new_tokens: int, **options: Any) -> Tensor:
         """``(B, L + n)`` ids, ``n <= max_new_tokens``: the prompts ``input_ids`` ``(B, L)`` and what
-        follows (fewer than ``max_new_tokens`` when every row has ended with ``eos_id``).
+        follows, chosen as :func:`attnlab.models.generation.generate` says (greedy by default;
+        ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``, ``seed``,
+        ``eos_id``, ``padding_mask`` for left-padded prompts, ``compile``, ``use_cache``)."""
+        return generation.generate(self, input_ids, max_new_tokens, **options)
 
-        ``temperature`` 0 decodes greedily; above 0 it samples from the softmax of
-        ``logits / temperature``, within the ``top_k`` most probable tokens (0: all) and the
-        smallest set whose probability reaches ``top_p``, drawn with ``seed`` (reproducible);
-        ``repetition_penalty`` above 1 makes the tokens a row already holds less likely
-        (:func:`~attnlab.models.sampling.penalize_repeats`). The options are checked as
-        :func:`~attnlab.models.sampling.check_generation` says. Prompts of
-        different lengths are left-padded, with ``padding_mask`` ``(B, L)`` ``True`` at the
-        padding. A row that emits ``eos_id`` is continued with ``eos_id``. ``compile``: run the
-        decoding step through ``torch.compile`` (compiled once per model, for any batch and
-        length; it needs a C++ compiler on the CPU): the first call spends half a minute
-        compiling, and then a step of a small model is about 1.5x faster (210 against 323
-        tokens per second at batch 1 for a 4-layer width-256 model, AVX2 EPYC,
-        ``benchmarks/lm_generate.py``), which pays for long or repeated generations.
-        ``use_cache=False`` runs the whole sequence through the model at every step instead of
-        keeping the keys and values (the same tokens, slower: for measurements; the kinds other
-        than ``gqa`` always decode so). :meth:`stream` yields the same tokens one step at a time."""
-        steps = list(self.stream(input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                 seed=seed, eos_id=eos_id, padding_mask=padding_mask, compile=compile,
-                                 use_cache=use_cache, repetition_penalty=repetition_penalty))
-        return torch.cat([input_ids, *(t[:, None] for t in steps)], dim=1)
-
-    @torch.no_grad()
-    def stream(self, input_ids: Tensor, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
-               top_p: float | None = None, seed: int | None = None, eos_id: int | None = None,
-               padding_mask: Tensor | None = None, compile: bool = False, use_cache: bool = True,
-               repetition_penalty: float = 1.0) -> Iterator[Tensor]:
+    def stream(self, input_ids: Tensor, max_new_tokens: int, **options: Any) -> Iterator[Tensor]:
         """The next token of every row, ``(B,)``, one step after the other, as :meth:`generate`
-        chooses them; it stops early once every row has emitted ``eos_id``."""
-        cfg = self.config
-        check_generation(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                         repetition_penalty=repetition_penalty, seed=seed)
-        total = input_ids.shape[1] + max_new_tokens
-        if cfg.pos_embed in ("learned", "sinusoidal") and total > cfg.max_len:
-            raise InputError(f"prompt and max_new_tokens make {total} positions; the model holds max_len={cfg.max_len}")
-        cache_kept = cfg.attention == "gqa" and use_cache
-        if cache_kept:
-            self._check_cache_memory(input_ids.shape[0], input_ids.shape[1], max_new_tokens)
-        self.eval()
-        gen = None if seed is None else torch.Generator(device=input_ids.device).manual_seed(seed)
-        pad = padding_mask
-        positions = None if pad is None else (~pad).long().cumsum(1).sub(1).clamp(min=0)
-        cache = self.new_cache(total) if cache_kept else None
-        seen = None  # (B, V): the tokens each row holds, for the repetition penalty
-        if repetition_penalty != 1:
-            real = input_ids if pad is None else input_ids.masked_fill(pad, 0)
-            seen = torch.zeros(input_ids.shape[0], cfg.vocab_size, dtype=torch.bool, device=input_ids.device)
-            seen.scatter_(1, real, True)
-            if pad is not None:  # padding's placeholder id 0 is not a token of the row, unless the row has it
-                seen[:, 0] = (input_ids.masked_fill(pad, -1) == 0).any(1)
-        # The steps after the prompt: _decode_step, with the weights joined once.
-        lean = self._decode_weights() if cache is not None and cfg.pos_embed != "alibi" else None
-        decode_step = self._decode_step
-        if compile and lean is not None:
-            if "_compiled_step" not in self.__dict__:
-                self.__dict__["_compiled_step"] = torch.compile(self._decode_step, dynamic=True)
-            decode_step = self.__dict__["_compiled_step"]
-        ids, done = input_ids, torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        step_ids, step_pos = input_ids, positions
-        for step in range(max_new_tokens):
-            if cache is None:  # an attention kind without a cache: the whole sequence again
-                logits = self(ids, padding_mask=pad, positions=positions)[:, -1]
-            elif lean is not None and step > 0:
-                logits = decode_step(step_ids, pad, step_pos, cache, lean)
-            else:
-                logits = self(step_ids, padding_mask=pad, positions=step_pos, cache=cache)[:, -1]
-            logits = logits.float()
-            if seen is not None:
-                logits = penalize_repeats(logits, seen, repetition_penalty)
-            nxt = choose_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=gen)
-            if seen is not None:
-                seen.scatter_(1, nxt[:, None], True)
-            if eos_id is not None:
-                nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
-                done |= nxt == eos_id
-            yield nxt
-            if eos_id is not None and bool(done.all()):
-                return
-            ids = torch.cat([ids, nxt[:, None]], dim=1) if cache is None else ids
-            step_ids = nxt[:, None]
-            if pad is not None:
-                pad = torch.cat([pad, torch.zeros_like(pad[:, :1])], dim=1)
-                last = positions[:, -1:] + 1  # type: ignore[index]
-                positions = torch.cat([positions, last], dim=1)  # type: ignore[list-item]
-                step_pos = last
+        chooses them (:func:`attnlab.models.generation.stream`)."""
+        return generation.stream(self, input_ids, max_new_tokens, **options)
 
-    def _check_cache_memory(self, batch: int, prompt: int, max_new_tokens: int) -> None:
-        """Refuse a generation whose key/value cache could not fit in this machine's memory
-        (its buffers grow as it goes, so a long ``max_new_tokens`` that ends early costs
-        nothing): said before the first step, with the limit it implies."""
-        cfg = self.config
-        kv_heads = cfg.num_kv_heads or cfg.num_heads
-        per_position = 2 * batch * kv_heads * cfg.head_dim * cfg.depth * self.tok_embed.weight.element_size()
-        room = available_memory()
-        positions = prompt + max_new_tokens
-        if cfg.window is not None:  # a sliding-window cache holds its window, however long the generation
-            positions = min(positions, cfg.window - 1 + max(prompt, DecodingCache.slide_room))
-        if room is not None and positions * per_position > room:
-            limit = max(room // per_position - prompt, 0)
-            raise InputError(f"max_new_tokens must be at most {limit:,} for a batch of {batch} prompt(s) of {prompt} "
-                             f"tokens: the key/value cache takes {per_position:,} bytes a position and this machine "
-                             f"has {gib(room)} available; got {max_new_tokens:,}")
 
 def _gpt(defaults: dict[str, Any], overrides: dict[str, Any]) -> GPT:
     return GPT(build_config(GPTConfig, defaults, overrides))

@@ -9,6 +9,7 @@ section, ``run.generate(...)``, ``model.generate(...)``) checks its options with
 
 The rules: ``max_new_tokens`` an integer >= 0; ``temperature`` a finite number >= 0 (0:
 greedy); ``top_k`` an integer >= 0 (0 or ``None``: no limit); ``top_p`` in (0, 1];
+``min_p`` in [0, 1] (0 or ``None``: no limit);
 ``repetition_penalty`` a finite number > 0 (1: none); ``seed`` an integer in
 [0, 2**64); ``stop`` a non-empty text or a list of them. :func:`choose_next` applies them
 to a step's logits.
@@ -26,7 +27,8 @@ from ..errors import InputError
 
 __all__ = ["GENERATION_OPTIONS", "check_generation", "choose_next", "penalize_repeats"]
 
-GENERATION_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop")
+GENERATION_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
+                      "stop")
 
 
 def _is_int(value: Any) -> bool:
@@ -47,6 +49,8 @@ def _rule(key: str, value: Any) -> str | None:
         return None if value is None or (_is_int(value) and value >= 0) else "an integer >= 0 (0: no limit)"
     if key == "top_p":
         return None if value is None or (_is_real(value) and 0 < value <= 1) else "a number in (0, 1]"
+    if key == "min_p":
+        return None if value is None or (_is_real(value) and 0 <= value <= 1) else "a number in [0, 1] (0: no limit)"
     if key == "repetition_penalty":
         ok = _is_real(value) and math.isfinite(value) and value > 0
         return None if ok else "a finite number > 0 (1: no penalty)"
@@ -81,11 +85,12 @@ def penalize_repeats(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
 
 
 def choose_next(logits: Tensor, *, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                generator: torch.Generator | None = None) -> Tensor:
+                min_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
     """The next token of each row of ``logits`` ``(B, V)`` (float32): the arg-max when
     ``temperature`` is 0, else a draw from ``softmax(logits / temperature)`` within the
-    ``top_k`` most probable tokens and the smallest set whose probability reaches
-    ``top_p``."""
+    ``top_k`` most probable tokens, the smallest set whose probability reaches ``top_p``,
+    and the tokens at least ``min_p`` times as probable as the likeliest (Nguyen et al.,
+    2024), in that order (transformers' order)."""
     if temperature == 0:
         return logits.argmax(-1)
     logits = logits / temperature
@@ -97,4 +102,7 @@ def choose_next(logits: Tensor, *, temperature: float = 0.0, top_k: int | None =
         probs = sorted_logits.softmax(-1)
         drop = probs.cumsum(-1) - probs >= top_p  # the tokens past the nucleus
         logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    if min_p:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < min_p * probs.max(-1, keepdim=True).values, float("-inf"))
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]

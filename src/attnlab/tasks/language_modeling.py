@@ -73,6 +73,7 @@ class SampleConfig:
     temperature: float = field(default=0.8, metadata={"min": 0.0})  # 0: greedy
     top_k: Optional[int] = field(default=None, metadata={"min": 0})  # 0 or null: no limit
     top_p: Optional[float] = field(default=None, metadata={"gt": 0.0, "max": 1.0})
+    min_p: Optional[float] = field(default=None, metadata={"min": 0.0, "max": 1.0})  # of the likeliest's probability
     repetition_penalty: float = field(default=1.0, metadata={"gt": 0.0})  # above 1: repeats less likely; 1: none
     seed: int = field(default=0, metadata={"min": 0, "max": 2**64 - 1})
     stop: list = field(default_factory=list)  # texts that end a continuation (left out of it)
@@ -329,7 +330,7 @@ class LanguageModeling(Task):
 
     def predict(self, run: TrainedRun, inputs: Sequence[str], *, max_new_tokens: int | None = None,
                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                repetition_penalty: float | None = None, seed: int | None = None,
+                min_p: float | None = None, repetition_penalty: float | None = None, seed: int | None = None,
                 stop: str | Sequence[str] | None = None, batch_size: int = 16, **_: Any) -> list[TextPrediction]:
         """The continuation of each prompt of ``inputs``, sampled as the recipe's ``generate``
         section says unless given, ``batch_size`` prompts of any lengths at a time; ``stop``: a
@@ -337,7 +338,8 @@ class LanguageModeling(Task):
         before any work (:func:`~attnlab.models.sampling.check_generation`)."""
         given = check_generation(**{k: v for k, v in {
             "max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-            "repetition_penalty": repetition_penalty, "seed": seed, "stop": stop}.items() if v is not None})
+            "min_p": min_p, "repetition_penalty": repetition_penalty, "seed": seed,
+            "stop": stop}.items() if v is not None})
         prompts = check_texts(inputs, self.name)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InputError(f"batch_size must be a positive integer; got {batch_size!r}")
@@ -347,14 +349,15 @@ class LanguageModeling(Task):
 
     def stream(self, run: TrainedRun, prompt: str, *, max_new_tokens: int | None = None,
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-               repetition_penalty: float | None = None, seed: int | None = None,
+               min_p: float | None = None, repetition_penalty: float | None = None, seed: int | None = None,
                stop: str | Sequence[str] | None = None) -> Iterator[str]:
         """The continuation of ``prompt``, as each token comes: the new text since the last
         piece (a byte-level tokenizer may need several tokens for one character; text that
         could begin a stop string waits until it is clear that it does not)."""
         given = check_generation(**{k: v for k, v in {
             "max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-            "repetition_penalty": repetition_penalty, "seed": seed, "stop": stop}.items() if v is not None})
+            "min_p": min_p, "repetition_penalty": repetition_penalty, "seed": seed,
+            "stop": stop}.items() if v is not None})
         settings = {**run.recipe.generate.options(), **given}
         stops = list(settings.pop("stop"))
         tokenizer = self._tokenizer(run)
