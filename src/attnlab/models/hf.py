@@ -21,7 +21,7 @@ value in ``c_attn``; BERT keeps them apart where attnlab packs them in ``in_proj
 from __future__ import annotations
 
 import re
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,79 +38,215 @@ from .vit import VisionTransformer, ViTConfig
 __all__ = ["from_hf", "read_hf", "hf_model_spec", "is_hf_folder", "weight_files", "HF_FAMILIES"]
 
 
-def _gpt2_config(c: dict[str, Any]) -> GPTConfig:
+# --------------------------------------------------------------------------- the weight maps
+# A family's weights are one table of rules ``(theirs, ours, how)``: ``{i}`` stands for each layer;
+# a name without ``.weight``/``.bias`` moves both (those the checkpoint has); ``how`` is "" (as it
+# is), "T" (transposed: GPT-2's Conv1D stores (in, out)), "+1" (Gemma stores a norm's weight
+# minus one), "split" (one packed tensor cut into ``ours``, sized as the model's), "T split", or
+# "join" (``theirs`` packed into one, BERT's query/key/value into ``in_proj``).
+Rule = tuple[Any, Any, str]
+
+
+def _expand(rules: list[Rule], depth: int) -> list[Rule]:
+    out: list[Rule] = []
+    for theirs, ours, how in rules:
+        text = theirs if isinstance(theirs, str) else theirs[0]
+        layers = range(depth) if "{i}" in text else (None,)
+        for i in layers:
+            f = (lambda n: n.replace("{i}", str(i))) if i is not None else (lambda n: n)  # noqa: E731
+            out.append((f(theirs) if isinstance(theirs, str) else tuple(map(f, theirs)),
+                        f(ours) if isinstance(ours, str) else tuple(map(f, ours)), how))
+    return out
+
+
+def _apply_map(sd: dict[str, Tensor], rules: list[Rule], expected: dict[str, Tensor],
+               ) -> tuple[dict[str, Tensor], dict[str, str], dict[str, Tensor]]:
+    """``(weights in attnlab's names, attnlab's name -> the checkpoint's, what no rule took)``."""
+    sd, out, source = dict(sd), {}, {}
+    for theirs, ours, how in rules:
+        names = (theirs,) if isinstance(theirs, str) else theirs
+        exact = all(n in sd for n in names) and not any(n + ".weight" in sd for n in names)
+        for suffix in ("",) if exact else (".weight", ".bias"):
+            keys = [n + suffix for n in names]
+            targets = [ours + suffix] if isinstance(ours, str) else [o + suffix for o in ours]
+            for target in targets:
+                source[target] = keys[0] if len(keys) == 1 else " + ".join(keys)
+            if not all(k in sd for k in keys):
+                absent = [k for k in keys if k not in sd]
+                if len(absent) < len(keys):  # a part of a packed tensor
+                    raise InputError(f"the checkpoint lacks {absent[0]}, which {ours}{suffix} packs with "
+                                     f"{', '.join(k for k in keys if k in sd)}")
+                continue
+            tensors = [sd.pop(k) for k in keys]
+            t = torch.cat(tensors) if how == "join" else tensors[0]
+            if how.startswith("T") and suffix != ".bias":
+                t = t.t()
+            if how == "+1":
+                t = t + 1
+            if how.endswith("split"):
+                sizes = [expected[o].shape[0] if o in expected else -1 for o in targets]
+                if (-1 in sizes or sum(sizes) != t.shape[0]) and t.shape[0] % len(targets) == 0:
+                    sizes = [t.shape[0] // len(targets)] * len(targets)  # the shapes' check names the config key
+                if -1 in sizes or sum(sizes) != t.shape[0]:
+                    raise InputError(f"{keys[0]} has shape {shape_str(t)}, which does not split into "
+                                     f"{', '.join(targets)} of {sizes} rows")
+                for target, part in zip(targets, t.split(sizes)):
+                    out[target] = part
+            else:
+                out[targets[0]] = t
+    return out, source, sd
+
+
+def _gpt2_weights(cfg: GPTConfig) -> list[Rule]:
+    L, B = "h.{i}.", "blocks.{i}."
+    return [("wte", "tok_embed", ""), ("wpe", "pos_embed", ""), ("ln_f", "norm", ""), ("lm_head", "head", ""),
+            (L + "ln_1", B + "norm1", ""), (L + "ln_2", B + "norm2", ""),
+            (L + "attn.c_attn", (B + "attn.q_proj", B + "attn.k_proj", B + "attn.v_proj"), "T split"),
+            (L + "attn.c_proj", B + "attn.o_proj", "T"),
+            (L + "mlp.c_fc", B + "mlp.c_fc", "T"), (L + "mlp.c_proj", B + "mlp.c_proj", "T")]
+
+
+def _decoder_weights(cfg: GPTConfig, *, gemma: bool = False, packed: bool = False) -> list[Rule]:
+    """Llama's names, which Mistral, Qwen2/3, SmolLM3, Gemma 2/3 and Phi-3 share; ``gemma``:
+    four norms a block, each stored minus one; ``packed``: Phi-3's joined projections."""
+    L, B = "model.layers.{i}.", "blocks.{i}."
+    norm = "+1" if gemma else ""
+    rules: list[Rule] = [("model.embed_tokens", "tok_embed", ""), ("model.norm", "norm", norm),
+                         ("lm_head", "head", ""), (L + "input_layernorm", B + "norm1", norm)]
+    if gemma:
+        rules += [(L + "post_attention_layernorm", B + "post_attn_norm", norm),
+                  (L + "pre_feedforward_layernorm", B + "norm2", norm),
+                  (L + "post_feedforward_layernorm", B + "post_mlp_norm", norm)]
+    else:
+        rules.append((L + "post_attention_layernorm", B + "norm2", ""))
+    if packed:
+        rules += [(L + "self_attn.qkv_proj", tuple(B + f"attn.{n}_proj" for n in "qkv"), "split"),
+                  (L + "mlp.gate_up_proj", (B + "mlp.gate_proj", B + "mlp.up_proj"), "split")]
+    else:
+        rules += [(L + f"self_attn.{n}_proj", B + f"attn.{n}_proj", "") for n in "qkv"]
+        rules += [(L + f"mlp.{n}_proj", B + f"mlp.{n}_proj", "") for n in ("gate", "up")]
+    rules += [(L + "self_attn.o_proj", B + "attn.o_proj", ""), (L + "mlp.down_proj", B + "mlp.down_proj", ""),
+              (L + "self_attn.q_norm", B + "attn.q_norm", norm), (L + "self_attn.k_norm", B + "attn.k_norm", norm)]
+    return rules
+
+
+# --------------------------------------------------------------------------- decoder configs
+# Options of config.json that change what a model computes and that attnlab does not implement:
+# refused by name, never loaded approximately.
+_UNSUPPORTED = {"quantization_config": "quantized weights", "num_experts": "a mixture-of-experts MLP",
+                "num_local_experts": "a mixture-of-experts MLP", "use_bidirectional_attention": "bidirectional attention",
+                "attention_chunk_size": "chunked attention", "use_mrope": "multimodal rotary positions"}
+_LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
+_ACTIVATIONS = {"silu": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu_tanh": "geglu"}
+
+
+def _refuse_unsupported(c: dict[str, Any]) -> None:
+    for key, what in _UNSUPPORTED.items():
+        if c.get(key):  # absent, null, false, 0 and {} mean the option is off
+            raise InputError(f"config.json: {key} {c[key]!r} is not supported ({what}; attnlab does not implement "
+                             f"it, and loading without it would compute something else)")
+
+
+def _rope(c: dict[str, Any], rotary_dim: int) -> tuple[float, dict | None, float | None, float]:
+    """``(rope_theta, rope_scaling, the sliding layers' plain base or None, partial_rotary)`` of
+    config.json's ``rope_parameters`` (transformers 5; per layer type for Gemma 3) or
+    ``rope_theta``/``rope_scaling`` (older folders)."""
+    params = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise InputError(f"config.json: rope_parameters must be a mapping; got {params!r}")
+    local = None
+    key = "rope_parameters" if c.get("rope_parameters") else "rope_scaling"
+    if "full_attention" in params or "sliding_attention" in params:  # one set per layer type
+        sliding = params.get("sliding_attention") or {}
+        if sliding.get("rope_type", sliding.get("type", "default")) != "default":
+            raise InputError(f"config.json: rope_parameters.sliding_attention.rope_type "
+                             f"{sliding.get('rope_type')!r} is not supported (the sliding layers' rotary "
+                             f"positions are plain ones)")
+        local = float(sliding["rope_theta"]) if "rope_theta" in sliding else None
+        params, key = params.get("full_attention") or {}, f"{key}.full_attention"
+    theta = float(params.get("rope_theta") or c.get("rope_theta") or 10000.0)
+    fraction = float(params.get("partial_rotary_factor") or c.get("partial_rotary_factor") or 1.0)
+    scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    if scaling.get("rope_type", scaling.get("type", "default")) in ("default", None):
+        return theta, None, local, fraction
+    if "original_max_position_embeddings" not in scaling and "original_max_position_embeddings" in c:
+        scaling["original_max_position_embeddings"] = c["original_max_position_embeddings"]  # Phi-3 keeps it outside
+    from ..attention.rope_scaling import check_rope_scaling
+
+    scaling = check_rope_scaling(scaling, rotary_dim=int(rotary_dim * fraction), name=f"config.json: {key}")
+    return theta, scaling, local, fraction
+
+
+def _decoder_config(c: dict[str, Any], family: str) -> GPTConfig:
+    """A GPTConfig of a Llama-shaped decoder's config.json (Llama, Mistral, Qwen2/3, SmolLM3,
+    Gemma 2/3, Phi-3); ``family``'s own fixed choices (Gemma's norms, Qwen3's QK-norm) added."""
+    _refuse_unsupported(c)
+    gemma = family in ("gemma2", "gemma3_text")
+    act_key = "hidden_activation" if gemma and "hidden_activation" in c else "hidden_act"
+    act = c.get(act_key, "gelu_pytorch_tanh" if gemma else "silu")
+    if act not in _ACTIVATIONS:
+        raise InputError(f"config.json: {act_key} {act!r} is not supported; gated MLPs take "
+                         f"{', '.join(_ACTIVATIONS)}")
+    hidden, heads = c["hidden_size"], c["num_attention_heads"]
+    head_dim = c.get("head_dim")
+    if head_dim is None and hidden % heads:
+        raise InputError(f"config.json: hidden_size {hidden} is not divisible by num_attention_heads {heads}, and "
+                         f"head_dim is not given")
+    depth = c["num_hidden_layers"]
+    if "layer_types" in c and c["layer_types"] is not None:
+        unknown = [t for t in c["layer_types"] if t not in _LAYER_TYPES]
+        if unknown:
+            raise InputError(f"config.json: layer_types {unknown[0]!r} is not supported; attnlab's layers are "
+                             f"{' and '.join(_LAYER_TYPES)}")
+        types = [_LAYER_TYPES[t] for t in c["layer_types"]]
+        window = c.get("sliding_window") if "sliding" in types else None
+    else:  # Mistral, Phi-3: every layer slides when there is a window
+        window = c.get("sliding_window") if c.get("use_sliding_window", True) else None
+        types = ["sliding" if window else "full"]  # the same for every layer
+    if "sliding" in types and not window:
+        raise InputError("config.json: layer_types has sliding layers but sliding_window is not set")
+    theta, scaling, local, fraction = _rope(c, head_dim or hidden // heads)
+    nope = None
+    if c.get("no_rope_layers") is not None:  # SmolLM3: 1 = rotary positions, 0 = none
+        nope = [i for i, use in enumerate(c["no_rope_layers"]) if not use] or None
+    bias = bool(c.get("attention_bias", family == "qwen2"))  # Qwen2: query/key/value biases, none on the output
+    out_bias = False if family == "qwen2" else None
+    if gemma:
+        scalar = c.get("query_pre_attn_scalar")
+    return GPTConfig(
+        vocab_size=c["vocab_size"], max_len=c.get("max_position_embeddings", 2048), embed_dim=hidden, depth=depth,
+        num_heads=heads, num_kv_heads=c.get("num_key_value_heads") or heads,
+        head_dim=head_dim if head_dim not in (None, hidden // heads) or hidden % heads else None,
+        mlp_hidden_dim=c["intermediate_size"], mlp=_ACTIVATIONS[act], norm="rmsnorm",
+        norm_eps=c.get("rms_norm_eps", 1e-6), pos_embed="rope", rope_theta=theta, rope_scaling=scaling,
+        partial_rotary=fraction, window=window if "sliding" in types else None,
+        layer_types=types if len(set(types)) > 1 else None,
+        rope_local_theta=local if local is not None and local != theta and "sliding" in types else None,
+        nope_layers=nope, qk_norm=family in ("qwen3", "gemma3_text"),
+        query_pre_attn_scalar=float(scalar) if gemma and scalar is not None else None,
+        attn_softcap=c.get("attn_logit_softcapping") if gemma else None,
+        logit_softcap=c.get("final_logit_softcapping") if gemma else None,
+        post_norms=gemma, embed_scale=float(hidden) ** 0.5 if gemma else None,
+        bias=False, attention_bias=bias, attention_out_bias=out_bias, mlp_bias=bool(c.get("mlp_bias", False)),
+        tie_embeddings=bool(c.get("tie_word_embeddings", gemma or family == "smollm3")))
+
+
+def _gpt2_config(c: dict[str, Any], sd: dict[str, Tensor]) -> GPTConfig:
+    _refuse_unsupported(c)
     activation = c.get("activation_function", "gelu_new")
     if activation not in ("gelu_new", "gelu_pytorch_tanh", "gelu"):
         raise InputError(f"config.json: activation_function {activation!r} is not supported for GPT-2")
+    for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+        if c.get(key):
+            raise InputError(f"config.json: {key} {c[key]!r} is not supported (attnlab's GPT-2 scales by the head "
+                             f"size alone)")
+    if c.get("scale_attn_weights", True) is False:
+        raise InputError("config.json: scale_attn_weights False is not supported (attention logits are scaled)")
     return GPTConfig(vocab_size=c["vocab_size"], max_len=c["n_positions"], embed_dim=c["n_embd"], depth=c["n_layer"],
                      num_heads=c["n_head"], mlp_hidden_dim=c.get("n_inner") or 4 * c["n_embd"],
                      mlp="gelu" if activation == "gelu" else "gelu_tanh", norm="layernorm",
                      norm_eps=c.get("layer_norm_epsilon", 1e-5), pos_embed="learned", bias=True,
                      tie_embeddings=c.get("tie_word_embeddings", True))
-
-
-def _gpt2_weights(sd: dict[str, Tensor], cfg: GPTConfig) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    sd = {k.removeprefix("transformer."): v for k, v in sd.items()}
-    out = {"tok_embed.weight": sd.pop("wte.weight"), "pos_embed.weight": sd.pop("wpe.weight"),
-           "norm.weight": sd.pop("ln_f.weight"), "norm.bias": sd.pop("ln_f.bias")}
-    for i in range(cfg.depth):
-        p, q = f"h.{i}.", f"blocks.{i}."
-        for theirs, ours in (("ln_1", "norm1"), ("ln_2", "norm2")):
-            out[q + ours + ".weight"], out[q + ours + ".bias"] = sd.pop(p + theirs + ".weight"), sd.pop(p + theirs + ".bias")
-        w, b = sd.pop(p + "attn.c_attn.weight").t(), sd.pop(p + "attn.c_attn.bias")  # Conv1D: (in, out)
-        for name, wi, bi in zip(("q_proj", "k_proj", "v_proj"), w.chunk(3, 0), b.chunk(3, 0)):
-            out[q + f"attn.{name}.weight"], out[q + f"attn.{name}.bias"] = wi, bi
-        out[q + "attn.o_proj.weight"], out[q + "attn.o_proj.bias"] = sd.pop(p + "attn.c_proj.weight").t(), \
-            sd.pop(p + "attn.c_proj.bias")
-        for name in ("c_fc", "c_proj"):
-            out[q + f"mlp.{name}.weight"] = sd.pop(p + f"mlp.{name}.weight").t()
-            out[q + f"mlp.{name}.bias"] = sd.pop(p + f"mlp.{name}.bias")
-        sd.pop(p + "attn.bias", None), sd.pop(p + "attn.masked_bias", None)  # causal-mask buffers
-    if "lm_head.weight" in sd:
-        out["head.weight"] = sd.pop("lm_head.weight")
-    return out, sd
-
-
-def _rope_theta(c: dict[str, Any]) -> float:
-    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind not in ("default", None):
-        raise InputError(f"config.json: rope scaling {kind!r} is not supported (plain rotary positions only)")
-    return float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0)
-
-
-def _llama_config(c: dict[str, Any]) -> GPTConfig:
-    if c.get("hidden_act", "silu") != "silu":
-        raise InputError(f"config.json: hidden_act {c['hidden_act']!r} is not supported (SwiGLU uses silu)")
-    heads = c["num_attention_heads"]
-    if c.get("head_dim") not in (None, c["hidden_size"] // heads):
-        raise InputError(f"config.json: head_dim {c['head_dim']} differs from hidden_size / num_attention_heads")
-    bias = bool(c.get("attention_bias", False))
-    if bool(c.get("mlp_bias", False)) != bias:
-        raise InputError("config.json: attention_bias and mlp_bias must agree (one bias setting for the block)")
-    return GPTConfig(vocab_size=c["vocab_size"], max_len=c.get("max_position_embeddings", 2048),
-                     embed_dim=c["hidden_size"], depth=c["num_hidden_layers"], num_heads=heads,
-                     num_kv_heads=c.get("num_key_value_heads") or heads, mlp_hidden_dim=c["intermediate_size"],
-                     mlp="swiglu", norm="rmsnorm", norm_eps=c.get("rms_norm_eps", 1e-6), pos_embed="rope",
-                     rope_theta=_rope_theta(c), window=c.get("sliding_window") if c.get("use_sliding_window", True)
-                     else None, bias=bias, tie_embeddings=bool(c.get("tie_word_embeddings", False)))
-
-
-def _llama_weights(sd: dict[str, Tensor], cfg: GPTConfig) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    out = {"tok_embed.weight": sd.pop("model.embed_tokens.weight"), "norm.weight": sd.pop("model.norm.weight")}
-    for i in range(cfg.depth):
-        p, q = f"model.layers.{i}.", f"blocks.{i}."
-        renames = {"input_layernorm": "norm1", "post_attention_layernorm": "norm2"}
-        renames.update({f"self_attn.{n}": f"attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "o_proj")})
-        renames.update({f"mlp.{n}": f"mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj")})
-        for theirs, ours in renames.items():
-            for suffix in (".weight", ".bias"):
-                if p + theirs + suffix in sd:
-                    out[q + ours + suffix] = sd.pop(p + theirs + suffix)
-        sd.pop(p + "self_attn.rotary_emb.inv_freq", None)
-    if "lm_head.weight" in sd:
-        out["head.weight"] = sd.pop("lm_head.weight")
-    return out, sd
 
 
 # --------------------------------------------------------------------------- encoders
@@ -131,21 +267,6 @@ def _architecture(c: dict[str, Any], family: str) -> str:
     return named[0]
 
 
-def _take(sd: dict[str, Tensor], out: dict[str, Tensor], renames: dict[str, str]) -> None:
-    """Move ``theirs.weight`` / ``theirs.bias`` of ``sd`` to ``ours.weight`` / ``ours.bias`` of ``out``."""
-    for theirs, ours in renames.items():
-        for suffix in (".weight", ".bias"):
-            if theirs + suffix in sd:
-                out[ours + suffix] = sd.pop(theirs + suffix)
-
-
-def _packed_attention(sd: dict[str, Tensor], out: dict[str, Tensor], prefix: str, names: tuple[str, str, str],
-                      ours: str) -> None:
-    """Query, key and value projections stored apart (``prefix + names``) as attnlab's packed ``in_proj``."""
-    for suffix in (".weight", ".bias"):
-        out[ours + "in_proj" + suffix] = torch.cat([sd.pop(prefix + n + suffix) for n in names])
-
-
 def _bert_like_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> TextEncoderConfig:
     arch = _architecture(c, family)
     classify = arch.endswith("ForSequenceClassification")
@@ -156,6 +277,7 @@ def _bert_like_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> 
         raise InputError(f"config.json: position_embedding_type {c['position_embedding_type']!r} is not supported "
                          f"(absolute positions only)")
     head = {"bert": "classifier.weight", "roberta": "classifier.out_proj.weight", "distilbert": "classifier.weight"}
+    sd = {k.removeprefix(family + "."): v for k, v in sd.items()}
     num_classes = int(sd[head[family]].shape[0]) if classify and head[family] in sd else 0
     if family == "distilbert":
         return TextEncoderConfig(vocab_size=c["vocab_size"], num_classes=num_classes, embed_dim=c["dim"],
@@ -176,34 +298,34 @@ def _bert_like_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> 
                              pooler="tanh" if pooled else "none")
 
 
-def _bert_like_weights(sd: dict[str, Tensor], cfg: TextEncoderConfig,
-                       family: str) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    base = {"bert": "bert.", "roberta": "roberta.", "distilbert": "distilbert."}[family]
-    sd = {k.removeprefix(base): v for k, v in sd.items()}
-    out: dict[str, Tensor] = {}
-    _take(sd, out, {"embeddings.word_embeddings": "embed", "embeddings.position_embeddings": "pos_embed",
-                    "embeddings.token_type_embeddings": "type_embed", "embeddings.LayerNorm": "embed_norm"})
-    sd.pop("embeddings.position_ids", None), sd.pop("embeddings.token_type_ids", None)  # buffers of index ranges
-    for i in range(cfg.depth):
-        q = f"encoder.layers.{i}."
-        if family == "distilbert":
-            p = f"transformer.layer.{i}."
-            _packed_attention(sd, out, p + "attention.", ("q_lin", "k_lin", "v_lin"), q + "self_attn.")
-            _take(sd, out, {p + "attention.out_lin": q + "self_attn.out_proj", p + "sa_layer_norm": q + "norm1",
-                            p + "ffn.lin1": q + "ff.fc1", p + "ffn.lin2": q + "ff.fc2",
-                            p + "output_layer_norm": q + "norm2"})
-        else:
-            p = f"encoder.layer.{i}."
-            _packed_attention(sd, out, p + "attention.self.", ("query", "key", "value"), q + "self_attn.")
-            _take(sd, out, {p + "attention.output.dense": q + "self_attn.out_proj",
-                            p + "attention.output.LayerNorm": q + "norm1", p + "intermediate.dense": q + "ff.fc1",
-                            p + "output.dense": q + "ff.fc2", p + "output.LayerNorm": q + "norm2"})
-    if family == "roberta" and cfg.num_classes:
-        _take(sd, out, {"classifier.dense": "pooler", "classifier.out_proj": "head"})
-        sd = {k: v for k, v in sd.items() if not k.startswith("pooler.")}  # RobertaModel's pooler, unused then
-    else:
-        _take(sd, out, {"pooler.dense": "pooler", "pre_classifier": "pooler", "classifier": "head"})
-    return out, sd
+def _bert_weights(cfg: TextEncoderConfig) -> list[Rule]:
+    L, B = "encoder.layer.{i}.", "encoder.layers.{i}."
+    return [*_encoder_embeddings(), ("pooler.dense", "pooler", ""), ("classifier", "head", ""),
+            (tuple(L + f"attention.self.{n}" for n in ("query", "key", "value")), B + "self_attn.in_proj", "join"),
+            (L + "attention.output.dense", B + "self_attn.out_proj", ""),
+            (L + "attention.output.LayerNorm", B + "norm1", ""), (L + "intermediate.dense", B + "ff.fc1", ""),
+            (L + "output.dense", B + "ff.fc2", ""), (L + "output.LayerNorm", B + "norm2", "")]
+
+
+def _roberta_weights(cfg: TextEncoderConfig) -> list[Rule]:
+    rules = [r for r in _bert_weights(cfg) if r[0] not in ("pooler.dense", "classifier")]
+    if cfg.num_classes:  # the classification head's dense layer takes the pooler's place
+        return [*rules, ("classifier.dense", "pooler", ""), ("classifier.out_proj", "head", "")]
+    return [*rules, ("pooler.dense", "pooler", "")]
+
+
+def _distilbert_weights(cfg: TextEncoderConfig) -> list[Rule]:
+    L, B = "transformer.layer.{i}.", "encoder.layers.{i}."
+    return [*_encoder_embeddings(), ("pre_classifier", "pooler", ""), ("classifier", "head", ""),
+            (tuple(L + f"attention.{n}_lin" for n in "qkv"), B + "self_attn.in_proj", "join"),
+            (L + "attention.out_lin", B + "self_attn.out_proj", ""), (L + "sa_layer_norm", B + "norm1", ""),
+            (L + "ffn.lin1", B + "ff.fc1", ""), (L + "ffn.lin2", B + "ff.fc2", ""),
+            (L + "output_layer_norm", B + "norm2", "")]
+
+
+def _encoder_embeddings() -> list[Rule]:
+    return [("embeddings.word_embeddings", "embed", ""), ("embeddings.position_embeddings", "pos_embed", ""),
+            ("embeddings.token_type_embeddings", "type_embed", ""), ("embeddings.LayerNorm", "embed_norm", "")]
 
 
 def _vit_config(c: dict[str, Any], sd: dict[str, Tensor]) -> ViTConfig:
@@ -224,34 +346,64 @@ def _vit_config(c: dict[str, Any], sd: dict[str, Tensor]) -> ViTConfig:
                      attn_drop_rate=c.get("attention_probs_dropout_prob", 0.0))
 
 
-def _vit_weights(sd: dict[str, Tensor], cfg: ViTConfig) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    sd = {k.removeprefix("vit."): v for k, v in sd.items()}
-    out = {"cls_token": sd.pop("embeddings.cls_token"), "pos_embed": sd.pop("embeddings.position_embeddings")}
-    _take(sd, out, {"embeddings.patch_embeddings.projection": "patch_embed.proj", "layernorm": "norm",
-                    "pooler.dense": "pre_logits.fc", "classifier": "head"})
-    for i in range(cfg.depth):
-        p, q = f"encoder.layer.{i}.", f"blocks.{i}."
-        _packed_attention(sd, out, p + "attention.attention.", ("query", "key", "value"), q + "attn.")
-        _take(sd, out, {p + "attention.output.dense": q + "attn.out_proj", p + "layernorm_before": q + "norm1",
-                        p + "layernorm_after": q + "norm2", p + "intermediate.dense": q + "mlp.fc1",
-                        p + "output.dense": q + "mlp.fc2"})
-    return out, sd
+def _vit_weights(cfg: ViTConfig) -> list[Rule]:
+    L, B = "encoder.layer.{i}.", "blocks.{i}."
+    return [("embeddings.cls_token", "cls_token", ""), ("embeddings.position_embeddings", "pos_embed", ""),
+            ("embeddings.patch_embeddings.projection", "patch_embed.proj", ""), ("layernorm", "norm", ""),
+            ("pooler.dense", "pre_logits.fc", ""), ("classifier", "head", ""),
+            (tuple(L + f"attention.attention.{n}" for n in ("query", "key", "value")), B + "attn.in_proj", "join"),
+            (L + "attention.output.dense", B + "attn.out_proj", ""), (L + "layernorm_before", B + "norm1", ""),
+            (L + "layernorm_after", B + "norm2", ""), (L + "intermediate.dense", B + "mlp.fc1", ""),
+            (L + "output.dense", B + "mlp.fc2", "")]
 
 
-def _family(name: str) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
-    return (lambda c, sd: _bert_like_config(c, sd, name), TextEncoder,
-            lambda sd, cfg: _bert_like_weights(sd, cfg, name))
+@dataclass(frozen=True)
+class HFFamily:
+    """How one ``model_type`` of Hugging Face becomes an attnlab model: its config (from
+    config.json and the weights' shapes), the model class, the table of weight names (for
+    that config), the prefix its checkpoints put before the names (taken off first), the
+    checkpoint entries that are buffers rather than weights, and the registered model its
+    folders build on (what fine-tuning records)."""
+
+    config: Callable[[dict[str, Any], dict[str, Tensor]], Any]
+    model: Callable[[Any], nn.Module]
+    weights: Callable[[Any], list[Rule]]
+    registered: str
+    prefix: str = ""
+    buffers: str = r"$^"  # a regular expression
+
+    def convert(self, sd: dict[str, Tensor], cfg: Any, expected: dict[str, Tensor],
+                ) -> tuple[dict[str, Tensor], dict[str, str], dict[str, Tensor]]:
+        sd = {k.removeprefix(self.prefix) if self.prefix else k: v for k, v in sd.items()
+              if not re.search(self.buffers, k)}
+        return _apply_map(sd, _expand(self.weights(cfg), getattr(cfg, "depth", 0)), expected)
 
 
-# model_type -> (config from config.json and the weights, the model class, the weights in attnlab's names)
-HF_FAMILIES: dict[str, tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]] = {
-    "gpt2": (lambda c, sd: _gpt2_config(c), GPT, _gpt2_weights),
-    "llama": (lambda c, sd: _llama_config(c), GPT, _llama_weights),
-    "mistral": (lambda c, sd: _llama_config(c), GPT, _llama_weights),
-    "bert": _family("bert"),
-    "roberta": _family("roberta"),
-    "distilbert": _family("distilbert"),
-    "vit": (_vit_config, VisionTransformer, _vit_weights),
+def _decoder(family: str, **kw: Any) -> HFFamily:
+    return HFFamily(lambda c, sd: _decoder_config(c, family), GPT, lambda cfg: _decoder_weights(cfg, **kw),
+                    "llama_tiny", buffers=r"rotary_emb\.inv_freq$")
+
+
+def _encoder(family: str, weights: Callable[[Any], list[Rule]], registered: str) -> HFFamily:
+    return HFFamily(lambda c, sd: _bert_like_config(c, sd, family), TextEncoder, weights, registered,
+                    prefix=family + ".", buffers=r"embeddings\.(position_ids|token_type_ids)$")
+
+
+HF_FAMILIES: dict[str, HFFamily] = {
+    "gpt2": HFFamily(_gpt2_config, GPT, _gpt2_weights, "gpt_small", prefix="transformer.",
+                     buffers=r"\.attn\.(bias|masked_bias)$"),
+    "llama": _decoder("llama"),
+    "mistral": _decoder("mistral"),
+    "qwen2": _decoder("qwen2"),
+    "qwen3": _decoder("qwen3"),
+    "smollm3": _decoder("smollm3"),
+    "gemma2": _decoder("gemma2", gemma=True),
+    "gemma3_text": _decoder("gemma3_text", gemma=True),
+    "phi3": _decoder("phi3", packed=True),
+    "bert": _encoder("bert", _bert_weights, "bert_base"),
+    "roberta": _encoder("roberta", _roberta_weights, "roberta_base"),
+    "distilbert": _encoder("distilbert", _distilbert_weights, "distilbert_base"),
+    "vit": HFFamily(_vit_config, VisionTransformer, _vit_weights, "vit_base_patch16_224", prefix="vit."),
 }
 
 
@@ -315,32 +467,24 @@ def _read_weights(folder: Path) -> dict[str, Tensor]:
     return weights
 
 
-# the registered model each family's folders build on (fine-tuning records it in config.yaml)
-REGISTERED = {"bert": "bert_base", "roberta": "roberta_base", "distilbert": "distilbert_base",
-              "vit": "vit_base_patch16_224", "gpt2": "gpt_small", "llama": "llama_tiny", "mistral": "llama_tiny"}
-
-
 def is_hf_folder(path: str | Path) -> bool:
     """Whether ``path`` is a folder in Hugging Face's layout (it holds ``config.json``)."""
     path = Path(path).expanduser()
     return path.is_dir() and (path / "config.json").is_file()
 
 
-def _convert(folder: Path, family: str, cfg: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """``state`` (the checkpoint's tensors, real or meta) in attnlab's names, by the family's
-    one conversion; a tensor the conversion misses or leaves over is an error."""
+def _convert(folder: Path, family: str, cfg: Any, state: dict[str, Tensor],
+             expected: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """``state`` (the checkpoint's tensors, real or meta) in attnlab's names by the family's
+    table, and where each came from; a tensor the table leaves over is an error."""
     try:
-        weights, left = HF_FAMILIES[family][2](dict(state), cfg)
-    except KeyError as exc:
-        raise InputError(f"{folder}: the checkpoint lacks {exc.args[0]}, which a {family} model of this config "
-                         f"has") from None
-    except RuntimeError as exc:  # query, key and value projections of different shapes, packed together
-        raise InputError(f"{folder}: the checkpoint's weights do not fit together: "
-                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        weights, source, left = HF_FAMILIES[family].convert(state, cfg, expected)
+    except InputError as exc:
+        raise InputError(f"{folder}: {exc}") from None
     if left:
         raise InputError(f"{folder}: weights that a {family} model of this config does not have: "
                          f"{', '.join(sorted(left)[:5])}{' ...' if len(left) > 5 else ''}")
-    return weights
+    return weights, source
 
 
 # A layer's index in a checkpoint's names: gpt2's h.3., llama's layers.3., BERT's and ViT's layer.3.
@@ -368,9 +512,9 @@ def _disagreement(config_file: Path, config: dict[str, Any], ours: str, theirs: 
     return f"{config_file.parent}: {said}"
 
 
-def _inspect_hf(folder: Path) -> tuple[str, Any, nn.Module, dict[str, Tensor]]:
+def _inspect_hf(folder: Path) -> tuple[str, Any, nn.Module, dict[str, Tensor], dict[str, Tensor]]:
     """``(model_type, attnlab config, its model on the meta device, the checkpoint's tensors
-    as meta tensors)`` of a Hugging Face folder: ``config.json`` checked against the weight
+    as meta tensors, the model's tensors to load)`` of a Hugging Face folder: ``config.json`` checked against the weight
     files' headers, each converted weight's shape against the model's, before a weight is read
     or anything of the model's size allocated (a ``vocab_size`` of 10^10 beside a 300-row
     embedding is one line naming both)."""
@@ -382,44 +526,48 @@ def _inspect_hf(folder: Path) -> tuple[str, Any, nn.Module, dict[str, Tensor]]:
     if family not in HF_FAMILIES:
         raise InputError(f"{config_file}: model_type {family!r} is not supported; from_hf reads "
                          f"{', '.join(HF_FAMILIES)}")
-    make_config, model_class, _ = HF_FAMILIES[family]
+    spec = HF_FAMILIES[family]
     headers = _read_headers(folder)
     try:
-        cfg = make_config(config, headers)
+        cfg = spec.config(config, headers)
     except KeyError as exc:
         raise InputError(f"{config_file} lacks the key {exc.args[0]!r} of a {family} config") from None
     except (TypeError, ValueError) as exc:  # a size that is not a number
         raise InputError(f"{config_file}: a {family} config's value is of the wrong type: {exc}") from None
+    except InputError as exc:
+        raise InputError(f"{config_file.parent}/{exc}" if str(exc).startswith("config.json") else
+                         f"{config_file}: {exc}") from None
     # The layers first: a depth of 10^6 is refused here, not a million layers converted and built below.
     depth, stored = getattr(cfg, "depth", 0), len({m.group(1) for k in headers if (m := _LAYER.search(k))})
     if isinstance(depth, int) and depth > stored:
         raise InputError(f"{config_file}: {_config_key(config, depth, 'depth')} {depth} disagrees with the weights: "
                          f"they hold {stored} layer{'s' * (stored != 1)}")
-    weights = _convert(folder, family, cfg, headers)
     try:
         with torch.device("meta"):  # the shapes alone: no memory, whatever config.json says
-            model = model_class(cfg)
+            model = spec.model(cfg)
     except InputError as exc:
         raise InputError(f"{config_file}: {exc}") from None
     except (TypeError, ValueError) as exc:  # a size that is not a number
         raise InputError(f"{config_file}: a {family} config's value is of the wrong type: {exc}") from None
     tied = bool(getattr(cfg, "tie_embeddings", False))
+    expected = {k: v for k, v in model.state_dict().items() if not (tied and k == "head.weight")}
+    weights, source = _convert(folder, family, cfg, headers, expected)
     if tied:
         weights.pop("head.weight", None)
-    expected = {k: v for k, v in model.state_dict().items() if not (tied and k == "head.weight")}
     missing = [k for k in expected if k not in weights]
     if missing:
-        raise InputError(f"{folder}: the checkpoint lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        said = [f"{source[k]} ({k})" if k in source else k for k in missing[:5]]
+        raise InputError(f"{folder}: the checkpoint lacks {', '.join(said)}{' ...' if len(missing) > 5 else ''}")
     extra = sorted(k for k in weights if k not in expected)
     if extra:
         raise InputError(f"{folder}: weights that a {family} model of this config does not have: "
-                         f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
+                         f"{', '.join(source.get(k, k) for k in extra[:5])}{' ...' if len(extra) > 5 else ''}")
     theirs = {id(t): k for k, t in headers.items()}  # a weight only renamed is the header's own tensor
     for k, wanted in expected.items():  # the model's order: the embeddings first
         stored = weights[k]
         if tuple(stored.shape) != tuple(wanted.shape):
             raise InputError(_disagreement(config_file, config, k, theirs.get(id(stored)), stored, wanted))
-    return family, cfg, model, headers
+    return family, cfg, model, headers, expected
 
 
 def _nbytes(tensors: Any) -> int:
@@ -432,9 +580,9 @@ def read_hf(folder: str | Path) -> tuple[str, Any, dict[str, Tensor]]:
     against the weight files' headers first, and their size against the memory available,
     before a weight is read."""
     folder = Path(folder).expanduser()
-    family, cfg, _, headers = _inspect_hf(folder)
+    family, cfg, _, headers, expected = _inspect_hf(folder)
     require_memory(_nbytes(headers.values()), f"{folder}: reading its weights")
-    return family, cfg, _convert(folder, family, cfg, _read_weights(folder))
+    return family, cfg, _convert(folder, family, cfg, _read_weights(folder), expected)[0]
 
 
 def hf_model_spec(folder: str | Path) -> tuple[str, dict[str, Any]]:
@@ -442,11 +590,11 @@ def hf_model_spec(folder: str | Path) -> tuple[str, dict[str, Any]]:
     :func:`~attnlab.models.create_model`, without what the task decides (its classifier's
     size; an image model's input size and channels, the data's): what a fine-tuning recipe
     records, so that its run rebuilds the model without the folder."""
-    family, cfg, _, _ = _inspect_hf(Path(folder).expanduser())  # no weight read: the run loads them
+    family, cfg, _, _, _ = _inspect_hf(Path(folder).expanduser())  # no weight read: the run loads them
     # The task's: the classes, and an image model's input (the data's size and channels; a learned position
     # grid of another size is resampled when the weights load).
     task_owned = ("num_classes", "attention", "attention_options", "img_size", "in_chans")
-    return REGISTERED[family], {k: v for k, v in asdict(cfg).items() if k not in task_owned}
+    return HF_FAMILIES[family].registered, {k: v for k, v in asdict(cfg).items() if k not in task_owned}
 
 
 def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | TextEncoder | VisionTransformer:
@@ -463,12 +611,12 @@ def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | 
       (``ViTModel``: its pooler's ``tanh(dense(cls))``); ``model.forward_features(images)``
       the last hidden states, after the final norm."""
     folder = Path(folder).expanduser()
-    family, cfg, meta, headers = _inspect_hf(folder)  # every shape checked: what follows only reads and copies
+    family, cfg, meta, headers, expected = _inspect_hf(folder)  # every shape checked: what follows only reads and copies
     stored, built = _nbytes(headers.values()), _nbytes([*meta.parameters(), *meta.buffers()])
     require_memory(stored + built, f"{folder}: reading its weights ({gib(stored)}) and building its model "
                                    f"({sum(p.numel() for p in meta.parameters()):,} parameters, float32)")
-    weights = _convert(folder, family, cfg, _read_weights(folder))
-    model = HF_FAMILIES[family][1](cfg)
+    weights = _convert(folder, family, cfg, _read_weights(folder), expected)[0]
+    model = HF_FAMILIES[family].model(cfg)
     tied = bool(getattr(cfg, "tie_embeddings", False))
     if tied:
         weights.pop("head.weight", None)
