@@ -96,6 +96,15 @@ def test_cached_greedy_generation_equals_recomputing_every_step(name, options):
     ("gpt_tiny", {}), ("gpt_tiny", {"pos_embed": "sinusoidal"}), ("gpt_tiny", {"mlp": "gelu_tanh", "bias": True}),
     ("llama_tiny", {}), ("llama_tiny", {"window": 3}), ("llama_tiny", {"num_kv_heads": 1, "qk_norm": True}),
     ("llama_tiny", {"num_kv_heads": 8}),
+    # the families' knobs, as a recipe sets them (model.options.*): Gemma-, Qwen3-, Phi- and SmolLM3-like blocks
+    ("llama_tiny", {"head_dim": 48, "qk_norm": True, "window": 3, "window_pattern": 2, "rope_local_theta": 1e4,
+                    "rope_theta": 1e6, "attn_softcap": 20.0, "logit_softcap": 15.0, "query_pre_attn_scalar": 40,
+                    "post_norms": True, "embed_scale": 16.0, "mlp": "geglu"}),
+    ("llama_tiny", {"layer_types": ["full", "sliding", "sliding", "full"], "window": 4, "nope_layers": [3],
+                    "partial_rotary": 0.5, "attention_bias": True, "attention_out_bias": False,
+                    "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}}),
+    ("llama_tiny", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [3.0] * 8,
+                                     "original_max_position_embeddings": 8}, "partial_rotary": 0.5}),
 ])
 @pytest.mark.parametrize("padded", [False, True])
 def test_the_decoding_step_gives_the_logits_of_the_forward_pass(name, options, padded):
@@ -214,3 +223,37 @@ def test_a_compiled_decoding_step_generates_the_same_tokens():
     model = create_model("llama_tiny", depth=2).eval()
     ids = torch.randint(0, 256, (2, 5))
     assert torch.equal(model.generate(ids, 12, compile=True), model.generate(ids, 12))
+
+
+def test_the_families_knobs_reach_each_layer():
+    model = create_model("llama_tiny", head_dim=48, window=3, window_pattern=2, rope_local_theta=1e4, rope_theta=1e6,
+                         nope_layers=[3], attention_bias=True, attention_out_bias=False, mlp_bias=True,
+                         post_norms=True, mlp="geglu")
+    attn = [b.attn for b in model.blocks]
+    assert [a.window for a in attn] == [3, None, 3, None]  # every second layer full
+    assert [a.rotary.theta if a.rotary else None for a in attn] == [1e4, 1e6, 1e4, None]
+    assert attn[0].q_proj.weight.shape == (8 * 48, 256) and attn[0].q_proj.bias is not None
+    assert attn[0].o_proj.bias is None and model.blocks[0].mlp.up_proj.bias is not None
+    assert model.blocks[0].post_attn_norm is not None and model.blocks[0].mlp.act == "gelu_tanh"
+    loss = model(torch.randint(0, 256, (2, 9))).logsumexp(-1).mean()
+    loss.backward()  # trains: every knob has a gradient path
+    assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"layer_types": ["full", "sliding"]}, "layer_types must name one type per layer, 4; got 2"),
+    ({"layer_types": ["full", "local", "full", "full"]}, "layer_types must be a list of 'full' or 'sliding'"),
+    ({"layer_types": ["full", "sliding", "full", "full"]}, "sliding layers, which need window"),
+    ({"window": 4, "window_pattern": 0}, "window_pattern must be a positive integer"),
+    ({"nope_layers": [4]}, r"nope_layers must be a list of layer indices in \[0, 4\)"),
+    ({"rope_local_theta": 1e4}, "rope_local_theta is the rotary base of sliding layers"),
+    ({"attn_softcap": -1.0}, "attn_softcap must be a positive number; got -1.0"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 0}}, r"rope_scaling.factor must be"),
+    ({"rope_scaling": {"rope_type": "ntk"}}, r"rope_scaling.rope_type"),
+    ({"partial_rotary": 0.3}, "partial_rotary"),
+    ({"embed_dim": 250}, "embed_dim must be divisible by num_heads unless head_dim is given"),
+])
+def test_a_knob_set_wrong_is_one_line_naming_it(options, message):
+    with pytest.raises(InputError, match=message) as caught:
+        create_model("llama_tiny", **options)
+    assert len(str(caught.value).splitlines()) == 1
