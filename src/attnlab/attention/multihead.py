@@ -286,6 +286,14 @@ class MultiHeadAttention(nn.Module):
         new.load_state_dict(sd)
         return new.train(module.training)
 
+    def new_cache(self, batch: int | None = None, capacity: int | None = None, *, static: bool = False,
+                  dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> KVCache:
+        """A cache of this module's projected keys and values (the decoder contract of
+        :mod:`~attnlab.attention.registry`): growing as steps are decoded, or ``static``
+        (cross-attention: the encoder memory projected once and reused). Its storage grows by
+        doubling, so ``batch`` and ``capacity`` size nothing ahead."""
+        return KVCache(static=static)
+
     def extra_repr(self) -> str:
         s = f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}"
         if not self.packed:

@@ -141,6 +141,8 @@ class DecoderCache:
 
     @classmethod
     def empty(cls, num_layers: int) -> "DecoderCache":
+        """Caches made here rather than by the layers' attention: for code written before
+        :meth:`TransformerDecoder.new_cache`, which asks each layer's modules."""
         return cls([KVCache() for _ in range(num_layers)], [KVCache(static=True) for _ in range(num_layers)])
 
     @property
@@ -256,6 +258,12 @@ class TransformerDecoder(_Stack):
     ``None`` once the cache is filled.
     """
 
+    def new_cache(self, batch: int | None = None, capacity: int | None = None) -> DecoderCache:
+        """Each layer's caches, made by its attention modules (``new_cache``): its
+        self-attention's growing one and its cross-attention's static one."""
+        return DecoderCache([layer.self_attn.new_cache(batch, capacity) for layer in self.layers],
+                            [layer.cross_attn.new_cache(batch, capacity, static=True) for layer in self.layers])
+
     def forward(
         self, tgt: Tensor, memory: Tensor | None, *, tgt_key_padding_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None, tgt_is_causal: bool = True,
@@ -265,7 +273,7 @@ class TransformerDecoder(_Stack):
         if cache is not None and len(cache.self_attn) != len(self.layers):
             raise InputError(
                 f"cache has {len(cache.self_attn)} layers but the decoder has {len(self.layers)}; "
-                "make it with DecoderCache.empty(num_layers)"
+                "make it with the decoder's new_cache()"
             )
         x = tgt
         for i, layer in enumerate(self.layers):

@@ -9,7 +9,8 @@ and ``decode_step(ids (B, 1), cache, positions=, padding_mask=) -> (B, V)``. The
 each token (:mod:`attnlab.models.sampling`) is the same for every model.
 
 An encoder-decoder is usable here when it has ``encode(src) -> (memory, memory_pad)``,
-``decode(tgt, memory, memory_pad, cache=..., last_only=...) -> logits``, ``new_cache()`` and a
+``decode(tgt, memory, memory_pad, cache=..., last_only=...) -> logits``, ``new_cache(batch,
+capacity)`` (the same protocol: the decoder's caches, made by its layers) and a
 ``config`` with ``pad_id``, ``bos_id`` and ``eos_id``.
 """
 
@@ -121,7 +122,7 @@ class EncoderDecoder(Protocol):
     def decode(
         self, tgt: Tensor, memory: Tensor, memory_pad: Tensor | None, *, cache: Any = None, last_only: bool = False
     ) -> Tensor: ...
-    def new_cache(self) -> Any: ...
+    def new_cache(self, batch: int, capacity: int) -> Any: ...
 
 
 def _encode(model: EncoderDecoder, src: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -154,7 +155,7 @@ def greedy_search(
     tokens = src.new_full((batch, 1), cfg.bos_id)
     scores = memory.new_zeros(batch, dtype=torch.float32)
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
-    cache = model.new_cache() if use_cache else None
+    cache = model.new_cache(batch, max_new_tokens + 1) if use_cache else None
     for _ in range(max_new_tokens):
         inp = tokens[:, -1:] if use_cache else tokens
         logp = _next_log_probs(model.decode(inp, memory, memory_pad, cache=cache, last_only=True)[:, -1], cfg)
@@ -195,7 +196,7 @@ def beam_search(
     rows = torch.arange(batch, device=device).repeat_interleave(k)
     memory = memory.index_select(0, rows)
     memory_pad = None if memory_pad is None else memory_pad.index_select(0, rows)
-    cache = model.new_cache() if use_cache else None
+    cache = model.new_cache(batch * k, max_new_tokens + 1) if use_cache else None
 
     tokens = src.new_full((batch * k, 1), cfg.bos_id)  # active hypotheses, BOS first
     scores = torch.full((batch, k), -math.inf, device=device)

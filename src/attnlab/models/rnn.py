@@ -167,7 +167,9 @@ class RNNSeq2Seq(nn.Module):
         memory, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])
         return memory, pad
 
-    def new_cache(self) -> RNNCache:
+    def new_cache(self, batch: int | None = None, capacity: int | None = None) -> RNNCache:
+        """The decoder's state between steps (the protocol of :mod:`attnlab.models.generation`;
+        a recurrent state has no positions to size)."""
         return RNNCache()
 
     def decode(self, tgt: Tensor, memory: Tensor, memory_pad: Tensor | None, *, cache: RNNCache | None = None,

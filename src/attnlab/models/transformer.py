@@ -303,8 +303,10 @@ class Seq2SeqTransformer(nn.Module):
         )
         return self.generator(h[:, -1:] if last_only else h)
 
-    def new_cache(self) -> DecoderCache:
-        return DecoderCache.empty(len(self.transformer.decoder.layers))
+    def new_cache(self, batch: int | None = None, capacity: int | None = None) -> DecoderCache:
+        """The decoder's caches, each made by its attention module (the protocol of
+        :mod:`attnlab.models.generation`)."""
+        return self.transformer.decoder.new_cache(batch, capacity)
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         memory, pad = self.encode(src)
