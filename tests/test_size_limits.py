@@ -304,9 +304,13 @@ def test_a_lora_rank_above_the_smaller_side_of_a_layer_is_refused_naming_it():
 
 
 def test_the_recipe_names_model_lora_rank(tmp_path, capsys):
+    from tokenizers import Tokenizer, models
+
     folder, txt = llama_folder(tmp_path / "f"), text_file(tmp_path)
+    words = {f"w{i}": i for i in range(VOCAB - 2)} | {"[UNK]": VOCAB - 2, "</s>": VOCAB - 1}
+    Tokenizer(models.WordLevel(words, unk_token="[UNK]")).save(str(folder / "tokenizer.json"))  # lm-text reads it
     assert main(["recipes", "lm-text", f"data.path={txt}", "model.name=", f"model.checkpoint={folder}",
-                 "model.lora.rank=100000"]) == 2
+                 "text.context=32", "model.lora.rank=100000"]) == 2  # the folder holds 64 positions
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert ("model.lora.rank must be at most 32, the smaller side of layer blocks.0.attn.q_proj (32 inputs, "

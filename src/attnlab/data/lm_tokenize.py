@@ -33,6 +33,13 @@ Kinds:
   ``<eos>``, ``[EOS]`` that it has, else ``None``. Special tokens written in a text are
   encoded as the text they are, never as the special token.
 
+:class:`HFTokenizer` is a pretrained model's tokenizer, read from its Hugging Face folder with
+what generation needs of it: prompts encoded as ``transformers``' tokenizer encodes them
+(:meth:`~LMTokenizer.encode_prompt`: the post-processor's ``<s>``, special tokens written in the
+prompt read as those tokens), the tokens that end a generation (:attr:`~LMTokenizer.stop_ids`,
+from ``generation_config.json``) and the chat template (:meth:`~LMTokenizer.chat_prompt`).
+:func:`load_run_tokenizer` reads whichever kind a run wrote.
+
 ``vocab_size`` of :meth:`BPETokenizer.train` is an upper bound: a text too small to give
 that many merges gives a smaller vocabulary (with one warning saying so), and the
 tokenizer's :attr:`~LMTokenizer.vocab_size` is what it has.
@@ -54,11 +61,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch import Tensor
 
 from ..errors import InputError
-from ..io import atomic_write_bytes
+from ..io import atomic_write_bytes, read_json_mapping
+from .chat import SPECIAL_TOKEN_NAMES, render_chat
 from .tokenize import check_texts, check_vocab_size, parse_tokenizer, tokenizer_file
 
-__all__ = ["LM_TOKENIZER_KINDS", "LMTokenizer", "CharTokenizer", "ByteTokenizer", "BPETokenizer", "load_tokenizer",
-           "train_tokenizer", "RUN_ADVICE"]
+__all__ = ["LM_TOKENIZER_KINDS", "LMTokenizer", "CharTokenizer", "ByteTokenizer", "BPETokenizer", "HFTokenizer",
+           "load_tokenizer", "load_run_tokenizer", "train_tokenizer", "RUN_ADVICE"]
 
 LM_TOKENIZER_KINDS = ("char", "byte", "bpe")
 _MARK = "attnlab_tokenizer"  # the key that tells a char or byte tokenizer's file from a Hugging Face tokenizer.json
@@ -106,6 +114,31 @@ class LMTokenizer:
     def decode(self, ids: Sequence[int] | Tensor) -> str:
         """The text of ids ``(L,)``; the end-of-document token is dropped."""
         raise NotImplementedError
+
+    # What generation asks of a tokenizer: a pretrained model's (HFTokenizer) answers as its folder says.
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The tokens that end a generation: the end-of-document token, when there is one."""
+        return () if self.eos_id is None else (self.eos_id,)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The Jinja template that renders a conversation as a prompt (:meth:`chat_prompt`), or ``None``."""
+        return None
+
+    def encode_prompt(self, text: str, *, special_tokens: bool = True) -> list[int]:
+        """The ids a model is prompted with: :meth:`encode`'s (a pretrained model's tokenizer
+        also reads the special tokens written in ``text`` and adds its own, as its folder says)."""
+        return self.encode(text)
+
+    def decode_after(self, prefix: Sequence[int], ids: Sequence[int]) -> str:
+        """The text that ``ids`` add after the ids ``prefix`` (a prompt): :meth:`decode` of ``ids``."""
+        return self.decode(ids)
+
+    def chat_prompt(self, messages: Sequence[dict[str, Any]]) -> str:
+        """The conversation ``messages`` as the prompt of the assistant's reply (:mod:`attnlab.data.chat`)."""
+        raise InputError(f"a {self.kind} tokenizer has no chat template: a conversation is rendered by the template "
+                         f"of a pretrained model's tokenizer (HFTokenizer)")
 
     def to_json(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -347,6 +380,226 @@ class BPETokenizer(LMTokenizer):
     def __repr__(self) -> str:
         model = type(self.tokenizer.model).__name__
         return f"BPETokenizer(model={model}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
+
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+GENERATION_CONFIG = "generation_config.json"
+CHAT_TEMPLATE = "chat_template.jinja"
+
+
+def _special_token(value: Any, file: Path, key: str) -> str | None:
+    """A named special token of ``tokenizer_config.json``: text, or an ``AddedToken`` object's ``content``."""
+    if value is None:
+        return None
+    token = value.get("content") if isinstance(value, dict) else value
+    if not isinstance(token, str) or not token:
+        raise InputError(f"{file}: {key} must be a token (its text, or an AddedToken object with a \"content\"); "
+                         f"got {value!r}"[:300])
+    return token
+
+
+def _token_ids(data: dict[str, Any], key: str, file: Path, vocab_size: int) -> list[int] | None:
+    """``data[key]``, a token id or a list of them (``generation_config.json``'s ``eos_token_id``),
+    as a list of ids of the vocabulary; ``None`` when it is absent or null."""
+    value = data.get(key)
+    if value is None:
+        return None
+    ids = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise InputError(f"{file}: {key} must be a token id or a list of token ids; got {value!r}"[:300])
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise InputError(f"{file}: {key} {bad[0]} is not a token of the tokenizer (ids 0 to {vocab_size - 1})")
+    return ids
+
+
+def _read_optional(file: Path) -> dict[str, Any]:
+    return read_json_mapping(file) if file.is_file() else {}
+
+
+class HFTokenizer(BPETokenizer):
+    """A pretrained model's tokenizer, read from its Hugging Face folder as ``transformers``
+    reads it (``AutoTokenizer.from_pretrained(folder)``, a fast tokenizer), with what
+    generation needs of the folder:
+
+    * ``tokenizer.json``. A prompt (:meth:`encode_prompt`) gets the special tokens of its
+      post-processor (a Llama tokenizer's ``<s>`` or ``<|begin_of_text|>`` first). As in
+      transformers 5, ``add_bos_token`` and ``add_eos_token`` of ``tokenizer_config.json``
+      do not change a tokenizer read from ``tokenizer.json`` (``from_pretrained`` drops them:
+      they build the post-processor of a tokenizer made without one). Special tokens written
+      in a prompt are those tokens, as transformers reads them; in training text
+      (:meth:`encode`) they stay the text they are.
+    * The named special tokens of ``tokenizer_config.json`` (or of the older
+      ``special_tokens_map.json``), which a chat template reads as text. ``eos_token`` ends
+      the documents a run trains on (:attr:`eos_id`; without it, the first
+      ``eos_token_id`` of ``generation_config.json`` or ``config.json``, else one of the
+      usual names).
+    * :attr:`stop_ids`, the tokens a generation stops at, as ``model.generate`` stops:
+      ``eos_token_id`` of ``generation_config.json`` (a token or a list of them), else of
+      ``config.json``, else :attr:`eos_id`.
+    * The chat template (:meth:`chat_prompt`): ``chat_template.jinja`` (transformers 5), else
+      ``chat_template`` of ``tokenizer_config.json`` (its ``default``, when it holds several
+      by name).
+
+    :meth:`save` writes ``tokenizer.json`` and, beside it,
+    a ``tokenizer_config.json`` and a ``generation_config.json`` that give the same special
+    tokens, stop ids and chat template back: a run directory holds all of it, without the
+    folder. Attribute ``folder``: where it was read from."""
+
+    def __init__(self, tokenizer: Tokenizer, *, special: dict[str, str] | None = None, eos_id: int | None = None,
+                 stop_ids: Sequence[int] = (), chat_template: str | dict[str, str] | None = None,
+                 chat_source: str = "the chat template", folder: str | Path = ".") -> None:
+        super().__init__(tokenizer)
+        self.special = dict(special or {})
+        self.eos_id = eos_id
+        self._stop_ids = tuple(stop_ids)
+        self._chat = chat_template
+        self.chat_source = chat_source
+        self.folder = Path(folder)
+        self._prompts = Tokenizer.from_str(tokenizer.to_str())  # a copy that reads special tokens in a text
+        self._prompts.no_truncation()
+        self._prompts.no_padding()
+        self._prompts.encode_special_tokens = False
+
+    @classmethod
+    def load(cls, path: str | Path) -> "HFTokenizer":
+        """The tokenizer of the Hugging Face folder ``path`` (or of the folder of the
+        ``tokenizer.json`` it names): see the class docstring for the files it reads. A file
+        that is missing (``tokenizer.json``) or holds a value that cannot be read is an
+        :class:`~attnlab.errors.InputError` naming the file and its key."""
+        folder = Path(path).expanduser()
+        if folder.suffix == ".json":
+            folder = folder.parent
+        file = folder / "tokenizer.json"
+        if not file.is_file():
+            raise InputError(f"{file} is missing: a pretrained model reads text with its own tokenizer; save the "
+                             f"folder with it (tokenizer.save_pretrained(folder))")
+        try:
+            data = file.read_bytes()
+        except OSError as exc:
+            raise InputError(f"could not read {file}: {exc.strerror or exc}") from None
+        tokenizer = parse_tokenizer(data, file)
+        config_file, legacy_file = folder / TOKENIZER_CONFIG, folder / "special_tokens_map.json"
+        config, legacy = _read_optional(config_file), _read_optional(legacy_file)
+        special = {}
+        for name in SPECIAL_TOKEN_NAMES:
+            where, value = (config_file, config[name]) if config.get(name) is not None else (legacy_file,
+                                                                                            legacy.get(name))
+            token = _special_token(value, where, name)
+            if token is not None:
+                special[name] = token
+        ids = {}
+        for name in ("bos_token", "eos_token"):
+            if name in special:
+                ids[name] = tokenizer.token_to_id(special[name])
+                if ids[name] is None:
+                    raise InputError(f"{config_file}: {name} {special[name]!r} is not a token of {file}")
+        vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+        stops = None
+        for source in (folder / GENERATION_CONFIG, folder / "config.json"):
+            stops = _token_ids(_read_optional(source), "eos_token_id", source, vocab)
+            if stops is not None:
+                break
+        eos = ids.get("eos_token", stops[0] if stops else None)
+        if eos is None:
+            eos = next((i for name in _EOS_NAMES if (i := tokenizer.token_to_id(name)) is not None), None)
+        chat: str | dict[str, str] | None = None
+        chat_source = f"{folder / CHAT_TEMPLATE}"
+        if (folder / CHAT_TEMPLATE).is_file():
+            try:
+                chat = (folder / CHAT_TEMPLATE).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise InputError(f"could not read {folder / CHAT_TEMPLATE} as UTF-8 text: {exc}") from None
+        elif config.get("chat_template") is not None:
+            chat, chat_source = config["chat_template"], f"the chat_template of {config_file}"
+            if isinstance(chat, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                              and isinstance(t.get("template"), str) for t in chat):
+                chat = {t["name"]: t["template"] for t in chat}  # several, by name (transformers' older form)
+            elif not isinstance(chat, str):
+                raise InputError(f"{config_file}: chat_template must be a Jinja template (text) or a list of "
+                                 f"{{\"name\", \"template\"}} objects; got {type(chat).__name__}")
+        return cls(tokenizer, special=special, eos_id=eos,
+                   stop_ids=stops if stops is not None else [] if eos is None else [eos], chat_template=chat,
+                   chat_source=chat_source, folder=folder)
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        return self._stop_ids
+
+    @property
+    def chat_template(self) -> str | None:
+        if isinstance(self._chat, dict):
+            if "default" not in self._chat:
+                raise InputError(f"{self.chat_source} holds chat templates named {', '.join(sorted(self._chat))} "
+                                 f"and none named 'default', the one a chat is rendered with")
+            return self._chat["default"]
+        return self._chat
+
+    def encode_prompt(self, text: str, *, special_tokens: bool = True) -> list[int]:
+        """The ids of ``text`` as ``transformers``' tokenizer gives them (``tokenizer(text)``):
+        the special tokens written in it are those tokens, and with ``special_tokens`` the
+        post-processor adds its own (the ``bos_token`` of a Llama tokenizer). A rendered chat
+        (:meth:`chat_prompt`) holds its special tokens already: ``special_tokens=False``, as
+        ``apply_chat_template`` tokenizes it."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str; got {type(text).__name__}")
+        return self._prompts.encode(text, add_special_tokens=special_tokens).ids
+
+    def decode_after(self, prefix: Sequence[int], ids: Sequence[int]) -> str:
+        """The text ``ids`` add after ``prefix``, decoded together: a SentencePiece-style
+        decoder drops the space before the first word of a text, so ``ids`` decoded alone
+        would lose the space between a prompt and its continuation (transformers'
+        ``TextStreamer`` does the same)."""
+        prefix = list(prefix)
+        head, whole = self.decode(prefix), self.decode(prefix + list(ids))
+        return whole[len(head):] if whole.startswith(head) else self.decode(ids)
+
+    def chat_prompt(self, messages: Sequence[dict[str, Any]]) -> str:
+        """``messages`` rendered by the folder's chat template with the header of the
+        assistant's reply at the end (``add_generation_prompt=True``), equal to
+        ``tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)``;
+        :meth:`encode_prompt` with ``special_tokens=False`` gives its ids."""
+        template = self.chat_template
+        if template is None:
+            raise InputError(f"{self.folder} has no chat template to render a chat with: neither "
+                             f"{self.folder / CHAT_TEMPLATE} nor a chat_template in {self.folder / TOKENIZER_CONFIG}")
+        return render_chat(template, messages, add_generation_prompt=True, special_tokens=self.special,
+                           source=self.chat_source)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``tokenizer.json`` into the folder ``path``
+        (or as ``path``, which must then be named ``tokenizer.json``), with a
+        ``tokenizer_config.json`` (the special tokens, the chat template) and a
+        ``generation_config.json`` (``eos_token_id``: :attr:`stop_ids`) beside it, each
+        atomically, ``tokenizer.json`` last. Returns the ``tokenizer.json`` written;
+        :meth:`load` of its folder reads the same tokenizer back."""
+        file = tokenizer_file(path)
+        if file.name != "tokenizer.json":
+            raise InputError(f"path must be a folder or a file named tokenizer.json for {type(self).__name__}.save "
+                             f"(its tokenizer_config.json goes beside it); got {file}")
+        file.parent.mkdir(parents=True, exist_ok=True)
+        config: dict[str, Any] = dict(self.special)
+        if isinstance(self._chat, dict):
+            config["chat_template"] = [{"name": k, "template": v} for k, v in self._chat.items()]
+        elif self._chat is not None:
+            config["chat_template"] = self._chat
+        atomic_write_bytes(file.parent / TOKENIZER_CONFIG, json.dumps(config, indent=1, ensure_ascii=False).encode())
+        atomic_write_bytes(file.parent / GENERATION_CONFIG, json.dumps({"eos_token_id": list(self.stop_ids)}).encode())
+        return super().save(file)
+
+    def __repr__(self) -> str:
+        return (f"HFTokenizer(folder={str(self.folder)!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id}, "
+                f"stop_ids={list(self.stop_ids)}, chat_template={self._chat is not None})")
+
+
+def load_run_tokenizer(run_dir: str | Path) -> LMTokenizer:
+    """The tokenizer a language-model run wrote beside its weights: an :class:`HFTokenizer`
+    when the run started from a pretrained model's folder (its ``tokenizer_config.json`` is
+    there too), else whatever :func:`load_tokenizer` reads."""
+    run_dir = Path(run_dir)
+    if (run_dir / TOKENIZER_CONFIG).is_file():
+        return HFTokenizer.load(run_dir)
+    return load_tokenizer(run_dir / "tokenizer.json")
 
 
 def _unk_id(tokenizer: Tokenizer) -> int | None:

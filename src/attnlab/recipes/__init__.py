@@ -22,7 +22,8 @@ from typing import Any
 import torch
 import yaml
 
-from ..engine.config import ConfigError, apply_overrides
+from ..engine.config import ConfigError, apply_overrides, parse_override
+from ..models.hf import is_hf_folder
 from ..suggest import did_you_mean
 from ..tasks import Recipe, get_task, recipe_from_dict
 
@@ -77,7 +78,61 @@ def load_recipe(name_or_path: str, overrides: typing.Sequence[str] = ()) -> Reci
     """A shipped recipe by name, or a YAML file by path, with ``key.sub=value`` overrides,
     as its task's recipe class; checked before it is returned."""
     data, source = read_recipe_file(name_or_path)
-    return recipe_from_dict(apply_overrides(data, overrides), source)
+    return recipe_from_dict(_yield_to_folder(data, overrides, source), source)
+
+
+def _yield_to_folder(data: dict[str, Any], overrides: typing.Sequence[str], source: str) -> dict[str, Any]:
+    """``data`` with ``overrides`` applied. When the overrides make ``model.checkpoint`` a
+    Hugging Face folder that the file does not name itself (``attnlab train lm-text
+    model.checkpoint=gpt2/``), the file's values of the keys that the folder decides (its
+    task's ``folder_keys``: a shipped recipe's model and tokenizer, for training from
+    scratch) are left out, and an override of one of them is refused, naming it (but
+    ``model.name`` and ``model.options``, which the task checks against the folder's)."""
+    merged = apply_overrides(data, overrides)
+    model = merged.get("model")
+    checkpoint = model.get("checkpoint") if isinstance(model, dict) else None
+    name = merged.get("task", "image_classification")
+    if not isinstance(checkpoint, str) or not isinstance(name, str) or not is_hf_folder(checkpoint):
+        return merged
+    try:
+        task = get_task(name)
+    except ConfigError:
+        return merged  # recipe_from_dict says what is wrong with it
+    own = data.get("model")
+    if not task.folder_keys or (isinstance(own, dict) and own.get("checkpoint") is not None):
+        return merged
+    for text in overrides:
+        path, value = parse_override(text)
+        for key in task.folder_keys:
+            parts = key.split(".")
+            if parts[0] == "model":
+                continue
+            inside = path[: len(parts)] == parts
+            holds = parts[: len(path)] == path and _holds(value, parts[len(path):])  # text={tokenizer: bpe}
+            if inside or holds:
+                raise ConfigError(f"{source}: {key} must be left out with model.checkpoint={checkpoint}: a Hugging "
+                                  f"Face folder decides it (its own model and tokenizer are the run's); got {text!r}")
+    own_data = yaml.safe_load(yaml.safe_dump(data))
+    for key in task.folder_keys:
+        *path, last = key.split(".")
+        node: Any = own_data
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and last in node:
+            if key in ("model.name", "model.options"):
+                node[last] = "" if last == "name" else {}
+            else:
+                del node[last]
+    return apply_overrides(own_data, overrides)
+
+
+def _holds(value: Any, path: list[str]) -> bool:
+    """Whether the mapping ``value`` has the nested key ``path``."""
+    for part in path:
+        if not isinstance(value, dict) or part not in value:
+            return False
+        value = value[part]
+    return True
 
 
 def _comments(cls: type) -> dict[str, str]:

@@ -244,6 +244,10 @@ class Task:
     fixed_on_resume: ClassVar[tuple[str, ...]] = ("task", "model", "train.optimizer")
     # Keys of an older attnlab's config.yaml that this task does not have (dotted): dropped on reading.
     legacy_keys: ClassVar[tuple[str, ...]] = ()
+    # Keys (dotted) whose values a Hugging Face folder decides when model.checkpoint names one: a recipe
+    # file's values yield to the folder's (attnlab.recipes.load_recipe), and overrides of them are refused
+    # (model.name and model.options: checked against the folder's by pretrained_model and check).
+    folder_keys: ClassVar[tuple[str, ...]] = ()
 
     # ------------------------------------------------------------------ recipe
     def model_options(self, recipe: Recipe, info: Any = None) -> dict[str, Any]:
@@ -284,6 +288,11 @@ class Task:
                 text = str(exc)
                 raise InputError(f"model.lora.{text}" if text.startswith("rank ") else f"model.lora: {text}") from None
         return model
+
+    def check_folder(self, folder: Path) -> None:
+        """Refuse the Hugging Face folder ``folder`` (``model.checkpoint``) when this task
+        cannot start from its kind of model, before it is read (:func:`pretrained_model`); by
+        default any folder that :func:`~attnlab.models.from_hf` reads is taken."""
 
     def check(self, recipe: Recipe) -> None:
         """Checks that the dataclasses cannot make: ``model.options`` against the model's
@@ -517,15 +526,18 @@ def list_tasks() -> list[Task]:
     return [_TASKS[n] for n in sorted(_TASKS)]
 
 
-def pretrained_model(recipe: Recipe) -> None:
+def pretrained_model(recipe: Recipe, task: Task | None = None) -> None:
     """When ``model.checkpoint`` is a Hugging Face folder, its model becomes the recipe's:
     ``model.name`` the registered model of its family (``bert_base``, ``roberta_base``,
     ``distilbert_base``, ``vit_base_patch16_224``) and ``model.options`` its configuration,
     under the recipe's own options, so that the run's ``config.yaml`` rebuilds it without the
-    folder. ``model.name`` must then be empty or that family's model."""
+    folder. ``model.name`` must then be empty or that family's model. ``task`` first refuses a
+    folder it cannot start from (:meth:`Task.check_folder`)."""
     source = recipe.model.checkpoint
     if source is None or not is_hf_folder(source):
         return
+    if task is not None:
+        task.check_folder(Path(source).expanduser())
     name, options = hf_model_spec(source)
     if recipe.model.name not in ("", name):
         raise ConfigError(f"model.name must be empty or {name!r} with model.checkpoint={source} (a Hugging Face "
@@ -557,7 +569,7 @@ def recipe_from_dict(data: dict[str, Any], source: str = "", *, legacy: bool = F
     try:
         recipe = from_dict(task.recipe_class, data)
         if not legacy:  # a run's own recipe was checked when it trained; loading it builds its model once
-            pretrained_model(recipe)
+            pretrained_model(recipe, task)
             task.check(recipe)
     except InputError as exc:
         raise ConfigError(f"{source}: {exc}" if source else str(exc)) from None

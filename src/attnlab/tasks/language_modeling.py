@@ -16,6 +16,15 @@ test part is evaluated once, at the end:
 A run also writes a few samples (``samples.txt``) from the ``generate`` section's prompts.
 ``attnlab predict RUN "prompt"`` continues prompts; ``run.predict([...], max_new_tokens=...,
 temperature=..., top_k=..., top_p=..., seed=...)`` in Python.
+
+A pretrained decoder's Hugging Face folder (GPT-2, Llama, Mistral, ...) fine-tunes on one's
+own text with ``model.checkpoint=FOLDER``: the folder decides the model (its registered name
+and options, recorded in ``config.yaml``) and the tokenizer (its ``tokenizer.json`` with its
+special tokens, copied into the run directory as an
+:class:`~attnlab.data.lm_tokenize.HFTokenizer`); the recipe decides the training (steps, rate,
+context, data). :func:`load_folder` reads such a folder as a finished run, which
+``attnlab generate FOLDER "prompt"`` (``--chat``: through its chat template) continues with
+the defaults of its ``generation_config.json``.
 """
 
 from __future__ import annotations
@@ -30,21 +39,27 @@ from torch import nn
 
 from ..attention.capture import capture_attention
 from ..data.lm_dataset import LMDataset
-from ..data.lm_tokenize import LMTokenizer, load_tokenizer, train_tokenizer
+from ..data.lm_tokenize import GENERATION_CONFIG, HFTokenizer, LMTokenizer, load_run_tokenizer, load_tokenizer, \
+    train_tokenizer
 from ..data.source import Splits, source_of
 from ..data.text_corpus import CorpusSourceConfig
 from ..data.tokenize import MAX_VOCAB, shorten
 from ..engine import distributed
 from ..engine.config import ConfigError
+from ..engine.device import select_device
 from ..engine.trainer import evaluate_model
 from ..errors import InputError
-from ..io import atomic_write_bytes
+from ..io import atomic_write_bytes, read_json_mapping
+from ..models.gpt import GPT
+from ..models.hf import HF_FAMILIES, from_hf, hf_model_spec, is_hf_folder
 from ..models.sampling import GENERATION_OPTIONS, check_generation
-from .base import ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_texts, register_task
+from .base import (ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_texts, get_task,
+                   register_task)
 from .run_files import train_config
 from .views import SampleTable, TextAttention, TextPrediction
 
-__all__ = ["LMTextConfig", "SampleConfig", "LanguageModelingRecipe", "LanguageModeling", "lm_figures"]
+__all__ = ["LMTextConfig", "SampleConfig", "LanguageModelingRecipe", "LanguageModeling", "lm_figures", "load_folder",
+           "folder_sampling", "DECODER_TYPES"]
 
 TOKENIZER = "tokenizer.json"
 SAMPLES = "samples.txt"
@@ -125,7 +140,7 @@ def _shown_prompt(prompt: str) -> str:
 
 def _encode_prompt(tokenizer: LMTokenizer, prompt: str, key: str = "prompt") -> list[int]:
     try:
-        ids = tokenizer.encode(prompt)
+        ids = tokenizer.encode_prompt(prompt)
     except InputError as exc:
         raise InputError(f"{key} {_shown_prompt(prompt)}: {exc}") from None
     if not ids:
@@ -134,11 +149,106 @@ def _encode_prompt(tokenizer: LMTokenizer, prompt: str, key: str = "prompt") -> 
     return ids
 
 
+def _stream_eos(tokenizer: LMTokenizer) -> int | None:
+    """The ``eos_id`` that :meth:`GPT.stream` continues a finished row with (and stops at, once
+    every row has it): the first stop id; the callers end a row at any of them."""
+    return tokenizer.stop_ids[0] if tokenizer.stop_ids else None
+
+
 def unknown_share(data: LMDataset, tokenizer: LMTokenizer) -> float:
     """The share of ``data``'s tokens that are ``tokenizer``'s unknown token (0 without one)."""
     if tokenizer.unk_id is None or data.num_tokens == 0:
         return 0.0
     return int((data.tokens == tokenizer.unk_id).sum()) / data.num_tokens
+
+
+DECODER_TYPES = tuple(kind for kind, family in HF_FAMILIES.items() if family.model is GPT)
+"""The ``model_type`` values of ``config.json`` whose folders a language model starts from
+(those that :func:`~attnlab.models.from_hf` reads as a :class:`~attnlab.models.gpt.GPT`)."""
+
+# model.options that a run from a pretrained folder may set: how it trains, not what its weights compute
+TRAINING_OPTIONS = ("drop_rate", "attn_drop_rate", "grad_checkpointing")
+# the text keys whose values the folder's tokenizer.json decides
+FOLDER_TEXT_KEYS = ("tokenizer", "vocab_size", "min_frequency", "tokenizer_file")
+DEFAULT_MAX_NEW_TOKENS = SampleConfig.__dataclass_fields__["max_new_tokens"].default
+
+
+def _folder(recipe: Recipe) -> Path | None:
+    """``model.checkpoint`` when it is a Hugging Face folder, else ``None``."""
+    source = recipe.model.checkpoint
+    return Path(source).expanduser() if source is not None and is_hf_folder(source) else None
+
+
+def _check_decoder(folder: Path, key: str) -> None:
+    """Refuse a folder whose ``config.json`` is not of a decoder that attnlab reads, naming ``key``."""
+    file = folder / "config.json"
+    kind = read_json_mapping(file).get("model_type")
+    if kind not in DECODER_TYPES:
+        what = {"vit": "an image model"}.get(kind, "an encoder" if kind in HF_FAMILIES else "a model attnlab does not "
+                                             "read")
+        raise InputError(f"{key}: {file} has model_type {kind!r} ({what}); a language model (lm-text, the "
+                         f"language_modeling task) starts from a decoder folder: model_type "
+                         f"{', '.join(DECODER_TYPES)}")
+
+
+def _check_vocabulary(tokenizer: LMTokenizer, options: dict[str, Any], folder: Path) -> None:
+    """The folder's tokenizer gives no id past its model's embedding."""
+    if tokenizer.vocab_size > options["vocab_size"]:
+        raise InputError(f"{folder / 'tokenizer.json'} has {tokenizer.vocab_size:,} tokens but the model of "
+                         f"{folder / 'config.json'} embeds {options['vocab_size']:,} (vocab_size): ids past it have no "
+                         f"embedding")
+
+
+def folder_sampling(folder: str | Path) -> SampleConfig:
+    """The sampling defaults of a Hugging Face folder, read from its ``generation_config.json``
+    as ``model.generate`` reads them: ``do_sample`` false (its default) decodes greedily,
+    true samples at ``temperature`` (default 1.0) within ``top_k`` (50), ``top_p`` (1.0) and
+    ``min_p``; ``repetition_penalty`` (1.0) applies either way; ``max_new_tokens`` (absent:
+    attnlab's 200, which a model with learned positions cuts where they end); ``stop_strings``
+    end a continuation. ``max_length`` (prompt and continuation together) is not read. A
+    value out of its range is one error naming the file and its key."""
+    file = Path(folder).expanduser() / GENERATION_CONFIG
+    config = read_json_mapping(file) if file.is_file() else {}
+    sample = config.get("do_sample")
+    if sample is not None and not isinstance(sample, bool):
+        raise InputError(f"{file}: do_sample must be true or false; got {sample!r}")
+
+    def given(key: str, default: Any) -> Any:
+        return default if config.get(key) is None else config[key]
+
+    options = {"max_new_tokens": given("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
+               "temperature": given("temperature", 1.0) if sample else 0.0, "top_k": given("top_k", 50),
+               "top_p": given("top_p", 1.0), "min_p": config.get("min_p"),
+               "repetition_penalty": given("repetition_penalty", 1.0)}
+    if config.get("stop_strings") is not None:
+        options["stop"] = config["stop_strings"]
+    keys = {"stop": "stop_strings"}
+    options = check_generation(names=lambda key: f"{file}: {keys.get(key, key)}", **options)
+    return SampleConfig(**options)
+
+
+def load_folder(folder: str | Path, *, device: str = "cpu") -> TrainedRun:
+    """A Hugging Face decoder folder (GPT-2, Llama, Mistral: ``config.json``, its weights,
+    ``tokenizer.json``) as a finished language-model run, whose ``task.stream`` and
+    ``predict`` continue prompts as a run's do (``attnlab generate FOLDER "prompt"``): its
+    model (:func:`~attnlab.models.from_hf`, float32, eval mode, on ``device``), its tokenizer
+    with the folder's special tokens, stop ids and chat template
+    (:class:`~attnlab.data.lm_tokenize.HFTokenizer`), and a recipe whose ``generate`` section
+    holds the defaults of its ``generation_config.json`` (:func:`folder_sampling`). A folder
+    that is not a decoder's, or lacks ``tokenizer.json``, is refused naming the file."""
+    path = Path(folder).expanduser()
+    if not is_hf_folder(path):
+        raise InputError(f"folder must be a Hugging Face checkpoint folder (config.json, model.safetensors, "
+                         f"tokenizer.json); {path} {'has no config.json' if path.is_dir() else 'is not a folder'}")
+    _check_decoder(path, str(path))
+    tokenizer = HFTokenizer.load(path)
+    name, options = hf_model_spec(path)
+    _check_vocabulary(tokenizer, options, path)
+    recipe = LanguageModelingRecipe(model=ModelConfig(name, options, checkpoint=str(path)),
+                                    text=LMTextConfig(context=options["max_len"]), generate=folder_sampling(path))
+    model = from_hf(path).to(select_device(device))
+    return TrainedRun(get_task(LanguageModeling.name), path, recipe, model, path,
+                      tokenizer=tokenizer)  # type: ignore[arg-type]  # an LMTokenizer
 
 
 @register_task
@@ -150,6 +260,8 @@ class LanguageModeling(Task):
     outputs = "text"
     sample_unit = "windows"
     fixed_on_resume = ("task", "model", "text", "train.optimizer")
+    # model.checkpoint=FOLDER (a Hugging Face decoder): the folder's model and tokenizer are the run's
+    folder_keys = ("model.name", "model.options", *(f"text.{key}" for key in FOLDER_TEXT_KEYS))
 
     def model_options(self, recipe: Recipe, info: LMTokenizer | None = None) -> dict[str, Any]:
         """``vocab_size`` of the tokenizer (``None``, for checking a recipe: BPE's asked size, or
@@ -162,15 +274,27 @@ class LanguageModeling(Task):
         return {"vocab_size": vocab, "max_len": text.context}
 
     def describe(self, recipe: Recipe) -> str:
-        return (f"{source_of(recipe.data).describe(recipe.data)}, {recipe.text.tokenizer} tokens, context "
-                f"{recipe.text.context}")
+        folder = _folder(recipe)
+        tokens = f"the tokens of {folder}" if folder is not None else f"{recipe.text.tokenizer} tokens"
+        return f"{source_of(recipe.data).describe(recipe.data)}, {tokens}, context {recipe.text.context}"
+
+    def check_folder(self, folder: Path) -> None:
+        """A language model starts from a decoder's folder (:data:`DECODER_TYPES`)."""
+        _check_decoder(folder, f"model.checkpoint={folder}")
 
     def check(self, recipe: Recipe) -> None:
         """Also: a model with absolute positions (learned or sinusoidal) cannot continue a
         prompt past its context, so the samples a finished run writes must fit in it; said
-        before training, not after it."""
+        before training, not after it. A run from a Hugging Face folder
+        (``model.checkpoint=FOLDER``) takes the folder's model and tokenizer: ``model.options``
+        that contradict its ``config.json`` (any but :data:`TRAINING_OPTIONS`), a tokenizer of
+        the recipe's (``text.tokenizer``, ``text.vocab_size``, ``text.min_frequency``,
+        ``text.tokenizer_file``), a ``text.context`` past its positions and a folder without
+        ``tokenizer.json`` are refused, naming the key."""
+        folder = _folder(recipe)
+        tokenizer = self._check_folder_recipe(recipe, folder) if folder is not None else None
         super().check(recipe)
-        if not recipe.model.name or recipe.model.checkpoint is not None:
+        if not recipe.model.name or (recipe.model.checkpoint is not None and folder is None):
             return
         with torch.device("meta"):
             cfg = getattr(self.build_model(recipe), "config", None)
@@ -178,14 +302,46 @@ class LanguageModeling(Task):
         if pos not in ("learned", "sinusoidal") or not isinstance(max_len, int):
             return
         sample = recipe.generate
-        prompt = max(len(p.encode()) if recipe.text.tokenizer == "byte" else len(p) if recipe.text.tokenizer == "char"
-                     else 1 for p in sample.prompts)  # its tokens (BPE: at least one)
+        if tokenizer is not None:
+            prompt = max(len(tokenizer.encode_prompt(p)) for p in sample.prompts)
+        else:
+            prompt = max(len(p.encode()) if recipe.text.tokenizer == "byte" else len(p)
+                         if recipe.text.tokenizer == "char" else 1 for p in sample.prompts)  # its tokens (BPE: >= 1)
         if prompt + sample.max_new_tokens > max_len:
             raise ConfigError(f"generate.max_new_tokens must leave the prompts room in the context: a model with "
                               f"pos_embed={pos!r} holds text.context={max_len} positions, and the longest of "
                               f"generate.prompts takes {prompt}; got generate.max_new_tokens={sample.max_new_tokens} "
                               f"(at most {max(max_len - prompt, 0)}, or use pos_embed rope or alibi, which have no "
                               f"such limit)")
+
+    @staticmethod
+    def _check_folder_recipe(recipe: Recipe, folder: Path) -> HFTokenizer:
+        """What a recipe that starts from the Hugging Face folder ``folder`` may not say (see
+        :meth:`check`); returns the folder's tokenizer."""
+        key = f"model.checkpoint={recipe.model.checkpoint}"
+        _, spec = hf_model_spec(folder)
+        for name, value in recipe.model.options.items():  # pretrained_model put the recipe's over the folder's
+            if name in TRAINING_OPTIONS or (name in spec and spec[name] == value):
+                continue
+            theirs = f"its {name} is {spec[name]!r}" if name in spec else f"its model has no option {name!r}"
+            raise ConfigError(f"model.options.{name} must be left out with {key}: the folder's config.json decides "
+                              f"the model ({theirs}); got {value!r} (a run from a folder may set "
+                              f"{', '.join(TRAINING_OPTIONS)})")
+        defaults = LMTextConfig()
+        for name in FOLDER_TEXT_KEYS:
+            value = getattr(recipe.text, name)
+            if value != getattr(defaults, name):
+                raise ConfigError(f"text.{name} must be left out with {key}: the run reads text with the folder's "
+                                  f"own tokenizer.json, which its model was trained with; got {value!r}")
+        if recipe.text.context > spec["max_len"]:
+            raise ConfigError(f"text.context must be at most {spec['max_len']}, the positions of the model of {key} "
+                              f"({folder / 'config.json'}); got {recipe.text.context}")
+        try:
+            tokenizer = HFTokenizer.load(folder)
+            _check_vocabulary(tokenizer, spec, folder)
+        except InputError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+        return tokenizer
 
     def metric_rows(self, metrics: dict[str, Any]) -> list[tuple[str, str]]:
         rows = []
@@ -200,15 +356,18 @@ class LanguageModeling(Task):
 
     # ------------------------------------------------------------------ training
     def prepare(self, recipe: Recipe, run_dir: Path, data: Splits, log: Callable[[str], None]) -> Prepared:
-        path = run_dir / TOKENIZER
+        path, folder = run_dir / TOKENIZER, _folder(recipe)
         if path.is_file():  # a resumed run: its weights belong to this vocabulary
-            tokenizer = load_tokenizer(path)
+            tokenizer = load_run_tokenizer(run_dir)
         else:
             t = recipe.text
-            tokenizer = load_tokenizer(t.tokenizer_file) if t.tokenizer_file else train_tokenizer(
-                t.tokenizer, data.train, vocab_size=t.vocab_size, min_frequency=t.min_frequency)
+            if folder is not None:  # a pretrained model reads text with its own tokenizer
+                tokenizer = HFTokenizer.load(folder)
+            else:
+                tokenizer = load_tokenizer(t.tokenizer_file) if t.tokenizer_file else train_tokenizer(
+                    t.tokenizer, data.train, vocab_size=t.vocab_size, min_frequency=t.min_frequency)
             if distributed.is_main():
-                tokenizer.save(path)
+                tokenizer.save(path)  # (a folder's: with its tokenizer_config.json and generation_config.json)
         n = recipe.text.context
         train, test = LMDataset(data.train, tokenizer, n), LMDataset(data.test, tokenizer, n)
         val = None if data.val is None else LMDataset(data.val, tokenizer, n)  # a source may give none (text: data.val_size=0)
@@ -276,6 +435,7 @@ class LanguageModeling(Task):
         stops = list(settings.pop("stop"))
         device = next(model.parameters()).device
         prompts = list(prompts if prompts is not None else sample.prompts)
+        ends = set(tokenizer.stop_ids)
         out = []
         for first in range(0, len(prompts), batch_size):
             chunk = prompts[first : first + batch_size]
@@ -285,27 +445,27 @@ class LanguageModeling(Task):
             pad = torch.tensor([[True] * (width - len(e)) + [False] * len(e) for e in encoded], device=device)
             new: list[list[int]] = [[] for _ in chunk]
             ended = [False] * len(chunk)
-            for token in model.stream(ids, eos_id=tokenizer.eos_id, padding_mask=pad if pad.any() else None,
+            for token in model.stream(ids, eos_id=_stream_eos(tokenizer), padding_mask=pad if pad.any() else None,
                                       **settings):
                 for row, t in enumerate(token.tolist()):
                     if ended[row]:
                         continue
-                    if t == tokenizer.eos_id:
+                    if t in ends:
                         ended[row] = True
                         continue
                     new[row].append(t)
-                    if stops and cut_at_stop(tokenizer.decode(new[row]), stops)[1]:
+                    if stops and cut_at_stop(tokenizer.decode_after(encoded[row], new[row]), stops)[1]:
                         ended[row] = True
                 if all(ended):
                     break  # every row is done: no more steps
-            out += [(p, cut_at_stop(tokenizer.decode(n), stops)[0]) for p, n in zip(chunk, new)]
+            out += [(p, cut_at_stop(tokenizer.decode_after(e, n), stops)[0]) for p, e, n in zip(chunk, encoded, new)]
         return out
 
     # ------------------------------------------------------------------ a finished run
     def preprocessing(self, run_dir: Path, recipe: Recipe) -> Preprocessing:
         if not (run_dir / TOKENIZER).is_file():
             raise InputError(f"run_dir must hold the run's {TOKENIZER}; {run_dir} has none")
-        tokenizer = load_tokenizer(run_dir / TOKENIZER)
+        tokenizer = load_run_tokenizer(run_dir)
         return Preprocessing(tokenizer, tokenizer=tokenizer)  # type: ignore[arg-type]  # an LMTokenizer
 
     def _tokenizer(self, run: TrainedRun) -> LMTokenizer:
@@ -350,10 +510,17 @@ class LanguageModeling(Task):
     def stream(self, run: TrainedRun, prompt: str, *, max_new_tokens: int | None = None,
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                min_p: float | None = None, repetition_penalty: float | None = None, seed: int | None = None,
-               stop: str | Sequence[str] | None = None) -> Iterator[str]:
+               stop: str | Sequence[str] | None = None, chat: bool = False,
+               system: str | None = None) -> Iterator[str]:
         """The continuation of ``prompt``, as each token comes: the new text since the last
         piece (a byte-level tokenizer may need several tokens for one character; text that
-        could begin a stop string waits until it is clear that it does not)."""
+        could begin a stop string waits until it is clear that it does not). It ends at any
+        of the tokenizer's stop ids (a folder's ``generation_config.json`` may name several).
+        A model with absolute positions stops where they end unless ``max_new_tokens`` is
+        given. ``chat``: ``prompt`` is a user's message, rendered with ``system`` (a system message
+        before it, when given) by the tokenizer's chat template
+        (:meth:`~attnlab.data.lm_tokenize.LMTokenizer.chat_prompt`), and the continuation is
+        the assistant's reply."""
         given = check_generation(**{k: v for k, v in {
             "max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
             "min_p": min_p, "repetition_penalty": repetition_penalty, "seed": seed,
@@ -361,14 +528,23 @@ class LanguageModeling(Task):
         settings = {**run.recipe.generate.options(), **given}
         stops = list(settings.pop("stop"))
         tokenizer = self._tokenizer(run)
-        ids = _encode_prompt(tokenizer, check_texts([prompt], self.name)[0])
+        text = check_texts([prompt], self.name)[0]
+        if system is not None and not chat:
+            raise InputError("system is the system message of a chat: give it with chat=True")
+        ids = self._chat_ids(run, tokenizer, text, system) if chat else _encode_prompt(tokenizer, text)
+        cfg = getattr(run.model, "config", None)
+        if max_new_tokens is None and getattr(cfg, "pos_embed", None) in ("learned", "sinusoidal"):
+            # a default (the recipe's, a folder's) stops where the positions end; a given number is checked whole
+            settings["max_new_tokens"] = max(min(settings["max_new_tokens"], cfg.max_len - len(ids)), 0)
+        ends = set(tokenizer.stop_ids)
         new: list[int] = []
         shown = ""
-        for token in run.model.stream(torch.tensor([ids], device=run.device), eos_id=tokenizer.eos_id, **settings):
-            if tokenizer.eos_id is not None and int(token[0]) == tokenizer.eos_id:
+        for token in run.model.stream(torch.tensor([ids], device=run.device), eos_id=_stream_eos(tokenizer),
+                                      **settings):
+            if int(token[0]) in ends:
                 break
             new.append(int(token[0]))
-            text, stopped = cut_at_stop(tokenizer.decode(new), stops)
+            text, stopped = cut_at_stop(tokenizer.decode_after(ids, new), stops)
             if stopped:
                 yield text[len(shown):]
                 return
@@ -377,9 +553,25 @@ class LanguageModeling(Task):
                 if len(ready) > len(shown):
                     yield ready[len(shown):]
                     shown = ready
-        rest = cut_at_stop(tokenizer.decode(new), stops)[0]
+        rest = cut_at_stop(tokenizer.decode_after(ids, new), stops)[0]
         if len(shown) < len(rest):
             yield rest[len(shown):]
+
+    @staticmethod
+    def _chat_ids(run: TrainedRun, tokenizer: LMTokenizer, message: str, system: str | None) -> list[int]:
+        """The ids of a chat of ``system`` (when given) and the user's ``message``, rendered by
+        the tokenizer's chat template, which writes its special tokens itself."""
+        if system is not None and not isinstance(system, str):
+            raise InputError(f"system must be a text; got {type(system).__name__}")
+        if not isinstance(tokenizer, HFTokenizer):
+            raise InputError(f"{run.run_dir} has no chat template: its tokenizer was learnt by the run (a run "
+                             f"fine-tuned from a Hugging Face folder keeps the folder's, in its tokenizer_config.json)")
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + \
+            [{"role": "user", "content": message}]
+        ids = tokenizer.encode_prompt(tokenizer.chat_prompt(messages), special_tokens=False)
+        if not ids:
+            raise InputError(f"the chat template of {tokenizer.folder} rendered the message as no tokens")
+        return ids
 
     def report_items(self, runs: Sequence[TrainedRun], *, device: str = "auto") -> list[Any]:
         [run] = runs

@@ -39,7 +39,10 @@ def init_weights(model: nn.Module, source: str | Path, classes: Sequence[str] | 
     directory with ``classes.json``) their names do, given ``classes``."""
     path = Path(source).expanduser()
     if is_hf_folder(path):  # a Hugging Face folder: its weights in attnlab's names
-        return load_pretrained(model, read_hf(path)[2], path)
+        _, cfg, weights = read_hf(path)
+        if getattr(cfg, "tie_embeddings", False) and "head.weight" not in weights and "tok_embed.weight" in weights:
+            weights["head.weight"] = weights["tok_embed.weight"]  # a tied output layer is the embedding, not a new head
+        return load_pretrained(model, weights, path)
     if path.is_dir():
         folder = resolve_checkpoint(path / "checkpoints", resolve_weights(path))
         weights, state = load_checkpoint(folder)
