@@ -159,7 +159,28 @@ def test_an_option_attnlab_does_not_implement_is_refused_by_name(folders, tmp_pa
     folder = _edited(folders[family][1], tmp_path, **changes)
     with pytest.raises(InputError, match=message) as caught:
         from_hf(folder)
-    assert len(str(caught.value).splitlines()) == 1
+    said = str(caught.value)
+    assert len(said.splitlines()) == 1 and said.startswith(f"{folder}/config.json: ") and "wrong type" not in said
+
+
+OLD_KEYS = {  # how folders written by transformers 4.x say the same, without layer_types and rope_parameters
+    "gemma3_text": dict(layer_types=None, rope_parameters=None, sliding_window_pattern=6, rope_theta=1e6,
+                        rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 8.0}),
+    "gemma2": dict(layer_types=None, rope_parameters=None, rope_theta=10000.0),
+    "qwen2": dict(layer_types=None, rope_parameters=None, rope_theta=10000.0),
+    "smollm3": dict(layer_types=None, rope_parameters=None, rope_theta=2000000.0),
+}
+
+
+@pytest.mark.parametrize("family", list(OLD_KEYS))
+def test_a_folder_in_the_older_keys_loads_as_transformers_reads_it(folders, tmp_path, family):
+    folder = _edited(folders[family][1], tmp_path, **OLD_KEYS[family])
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    ours = from_hf(folder)
+    assert ours.config.layer_kinds() == [t.removesuffix("_attention") for t in theirs.config.layer_types]
+    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (ours(ids) - theirs(ids).logits).abs().max().item() < 1e-5
 
 
 def test_weights_of_the_wrong_shape_name_the_key_and_both_shapes(folders, tmp_path):

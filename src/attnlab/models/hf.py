@@ -31,70 +31,12 @@ from torch import Tensor, nn
 from ..errors import InputError, shape_str
 from ..io import read_json_mapping, read_state_dict, torch_load_safely
 from ..memory import gib, require_memory
+from .convert import Rule, apply_map, expand
 from .encoder import TextEncoder, TextEncoderConfig
 from .gpt import GPT, GPTConfig
 from .vit import VisionTransformer, ViTConfig
 
 __all__ = ["from_hf", "read_hf", "hf_model_spec", "is_hf_folder", "weight_files", "HF_FAMILIES"]
-
-
-# --------------------------------------------------------------------------- the weight maps
-# A family's weights are one table of rules ``(theirs, ours, how)``: ``{i}`` stands for each layer;
-# a name without ``.weight``/``.bias`` moves both (those the checkpoint has); ``how`` is "" (as it
-# is), "T" (transposed: GPT-2's Conv1D stores (in, out)), "+1" (Gemma stores a norm's weight
-# minus one), "split" (one packed tensor cut into ``ours``, sized as the model's), "T split", or
-# "join" (``theirs`` packed into one, BERT's query/key/value into ``in_proj``).
-Rule = tuple[Any, Any, str]
-
-
-def _expand(rules: list[Rule], depth: int) -> list[Rule]:
-    out: list[Rule] = []
-    for theirs, ours, how in rules:
-        text = theirs if isinstance(theirs, str) else theirs[0]
-        layers = range(depth) if "{i}" in text else (None,)
-        for i in layers:
-            f = (lambda n: n.replace("{i}", str(i))) if i is not None else (lambda n: n)  # noqa: E731
-            out.append((f(theirs) if isinstance(theirs, str) else tuple(map(f, theirs)),
-                        f(ours) if isinstance(ours, str) else tuple(map(f, ours)), how))
-    return out
-
-
-def _apply_map(sd: dict[str, Tensor], rules: list[Rule], expected: dict[str, Tensor],
-               ) -> tuple[dict[str, Tensor], dict[str, str], dict[str, Tensor]]:
-    """``(weights in attnlab's names, attnlab's name -> the checkpoint's, what no rule took)``."""
-    sd, out, source = dict(sd), {}, {}
-    for theirs, ours, how in rules:
-        names = (theirs,) if isinstance(theirs, str) else theirs
-        exact = all(n in sd for n in names) and not any(n + ".weight" in sd for n in names)
-        for suffix in ("",) if exact else (".weight", ".bias"):
-            keys = [n + suffix for n in names]
-            targets = [ours + suffix] if isinstance(ours, str) else [o + suffix for o in ours]
-            for target in targets:
-                source[target] = keys[0] if len(keys) == 1 else " + ".join(keys)
-            if not all(k in sd for k in keys):
-                absent = [k for k in keys if k not in sd]
-                if len(absent) < len(keys):  # a part of a packed tensor
-                    raise InputError(f"the checkpoint lacks {absent[0]}, which {ours}{suffix} packs with "
-                                     f"{', '.join(k for k in keys if k in sd)}")
-                continue
-            tensors = [sd.pop(k) for k in keys]
-            t = torch.cat(tensors) if how == "join" else tensors[0]
-            if how.startswith("T") and suffix != ".bias":
-                t = t.t()
-            if how == "+1":
-                t = t + 1
-            if how.endswith("split"):
-                sizes = [expected[o].shape[0] if o in expected else -1 for o in targets]
-                if (-1 in sizes or sum(sizes) != t.shape[0]) and t.shape[0] % len(targets) == 0:
-                    sizes = [t.shape[0] // len(targets)] * len(targets)  # the shapes' check names the config key
-                if -1 in sizes or sum(sizes) != t.shape[0]:
-                    raise InputError(f"{keys[0]} has shape {shape_str(t)}, which does not split into "
-                                     f"{', '.join(targets)} of {sizes} rows")
-                for target, part in zip(targets, t.split(sizes)):
-                    out[target] = part
-            else:
-                out[targets[0]] = t
-    return out, source, sd
 
 
 def _gpt2_weights(cfg: GPTConfig) -> list[Rule]:
@@ -130,6 +72,15 @@ def _decoder_weights(cfg: GPTConfig, *, gemma: bool = False, packed: bool = Fals
     return rules
 
 
+# A layer's index in a checkpoint's names: gpt2's h.3., llama's layers.3., BERT's and ViT's layer.3.
+_LAYER = re.compile(r"(?:^|\.)(?:h|layers?)\.(\d+)\.")
+
+
+def _stored_layers(sd: dict[str, Tensor]) -> set[str]:
+    """The layer indices the checkpoint's names hold."""
+    return {m.group(1) for k in sd if (m := _LAYER.search(k))}
+
+
 # --------------------------------------------------------------------------- decoder configs
 # Options of config.json that change what a model computes and that attnlab does not implement:
 # refused by name, never loaded approximately.
@@ -147,7 +98,7 @@ def _refuse_unsupported(c: dict[str, Any]) -> None:
                              f"it, and loading without it would compute something else)")
 
 
-def _rope(c: dict[str, Any], rotary_dim: int) -> tuple[float, dict | None, float | None, float]:
+def _rope(c: dict[str, Any], rotary_dim: int, family: str = "") -> tuple[float, dict | None, float | None, float]:
     """``(rope_theta, rope_scaling, the sliding layers' plain base or None, partial_rotary)`` of
     config.json's ``rope_parameters`` (transformers 5; per layer type for Gemma 3) or
     ``rope_theta``/``rope_scaling`` (older folders)."""
@@ -156,6 +107,9 @@ def _rope(c: dict[str, Any], rotary_dim: int) -> tuple[float, dict | None, float
         raise InputError(f"config.json: rope_parameters must be a mapping; got {params!r}")
     local = None
     key = "rope_parameters" if c.get("rope_parameters") else "rope_scaling"
+    if family == "gemma3_text" and not c.get("rope_parameters"):  # before transformers 5: flat keys
+        params = {"sliding_attention": {"rope_type": "default", "rope_theta": c.get("rope_local_base_freq", 10000.0)},
+                  "full_attention": {**(c.get("rope_scaling") or {}), "rope_theta": c.get("rope_theta", 1e6)}}
     if "full_attention" in params or "sliding_attention" in params:  # one set per layer type
         sliding = params.get("sliding_attention") or {}
         if sliding.get("rope_type", sliding.get("type", "default")) != "default":
@@ -177,9 +131,33 @@ def _rope(c: dict[str, Any], rotary_dim: int) -> tuple[float, dict | None, float
     return theta, scaling, local, fraction
 
 
-def _decoder_config(c: dict[str, Any], family: str) -> GPTConfig:
+def _layer_types(c: dict[str, Any], family: str, depth: int) -> list[str]:
+    """Each layer's type when config.json has no ``layer_types`` (folders written before
+    transformers 5), as each family's config derives it: Gemma 2 alternates sliding and full
+    layers, Gemma 3 has ``sliding_window_pattern - 1`` sliding layers to one full one, Qwen2
+    and Qwen3 slide from ``max_window_layers`` on when ``use_sliding_window``, SmolLM3 slides
+    in its layers without positions when ``use_sliding_window``; Mistral and Phi-3 slide in
+    every layer when they have a window."""
+    if family == "gemma2":
+        return ["sliding" if (i + 1) % 2 else "full" for i in range(depth)]
+    if family == "gemma3_text":
+        pattern = c.get("sliding_window_pattern", c.get("_sliding_window_pattern", 6))
+        return ["sliding" if (i + 1) % pattern else "full" for i in range(depth)]
+    window = c.get("sliding_window")
+    if family in ("qwen2", "qwen3"):
+        start = c.get("max_window_layers", 28)
+        return ["sliding" if window and c.get("use_sliding_window") and i >= start else "full" for i in range(depth)]
+    if family == "smollm3":
+        rope = c.get("no_rope_layers") or [int((i + 1) % c.get("no_rope_layer_interval", 4) != 0) for i in range(depth)]
+        return ["sliding" if window and c.get("use_sliding_window") and not rope[i] else "full" for i in range(depth)]
+    return ["sliding" if window and c.get("use_sliding_window", True) else "full"] * depth
+
+
+def _decoder_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GPTConfig:
     """A GPTConfig of a Llama-shaped decoder's config.json (Llama, Mistral, Qwen2/3, SmolLM3,
-    Gemma 2/3, Phi-3); ``family``'s own fixed choices (Gemma's norms, Qwen3's QK-norm) added."""
+    Gemma 2/3, Phi-3); ``family``'s own fixed choices (Gemma's norms, Qwen3's QK-norm) added.
+    Keys of folders written before transformers 5 (no ``layer_types``; Gemma 3's
+    ``sliding_window_pattern`` and ``rope_local_base_freq``) are read as transformers reads them."""
     _refuse_unsupported(c)
     gemma = family in ("gemma2", "gemma3_text")
     act_key = "hidden_activation" if gemma and "hidden_activation" in c else "hidden_act"
@@ -200,12 +178,14 @@ def _decoder_config(c: dict[str, Any], family: str) -> GPTConfig:
                              f"{' and '.join(_LAYER_TYPES)}")
         types = [_LAYER_TYPES[t] for t in c["layer_types"]]
         window = c.get("sliding_window") if "sliding" in types else None
-    else:  # Mistral, Phi-3: every layer slides when there is a window
-        window = c.get("sliding_window") if c.get("use_sliding_window", True) else None
-        types = ["sliding" if window else "full"]  # the same for every layer
-    if "sliding" in types and not window:
-        raise InputError("config.json: layer_types has sliding layers but sliding_window is not set")
-    theta, scaling, local, fraction = _rope(c, head_dim or hidden // heads)
+    elif isinstance(depth, int) and 0 < depth <= len(_stored_layers(sd)):  # else refused below, by the weights
+        types = _layer_types(c, family, depth)
+        window = c.get("sliding_window") if "sliding" in types else None
+    else:
+        types, window = ["full"], None
+    if not window:  # Qwen2's sliding layers without a window (use_sliding_window false) attend to everything
+        types = ["full"] * len(types)
+    theta, scaling, local, fraction = _rope(c, head_dim or hidden // heads, family)
     nope = None
     if c.get("no_rope_layers") is not None:  # SmolLM3: 1 = rotary positions, 0 = none
         nope = [i for i, use in enumerate(c["no_rope_layers"]) if not use] or None
@@ -376,11 +356,11 @@ class HFFamily:
                 ) -> tuple[dict[str, Tensor], dict[str, str], dict[str, Tensor]]:
         sd = {k.removeprefix(self.prefix) if self.prefix else k: v for k, v in sd.items()
               if not re.search(self.buffers, k)}
-        return _apply_map(sd, _expand(self.weights(cfg), getattr(cfg, "depth", 0)), expected)
+        return apply_map(sd, expand(self.weights(cfg), getattr(cfg, "depth", 0)), expected)
 
 
 def _decoder(family: str, **kw: Any) -> HFFamily:
-    return HFFamily(lambda c, sd: _decoder_config(c, family), GPT, lambda cfg: _decoder_weights(cfg, **kw),
+    return HFFamily(lambda c, sd: _decoder_config(c, sd, family), GPT, lambda cfg: _decoder_weights(cfg, **kw),
                     "llama_tiny", buffers=r"rotary_emb\.inv_freq$")
 
 
@@ -487,8 +467,6 @@ def _convert(folder: Path, family: str, cfg: Any, state: dict[str, Tensor],
     return weights, source
 
 
-# A layer's index in a checkpoint's names: gpt2's h.3., llama's layers.3., BERT's and ViT's layer.3.
-_LAYER = re.compile(r"(?:^|\.)(?:h|layers?)\.(\d+)\.")
 
 
 def _config_key(config: dict[str, Any], value: int, fallback: str) -> str:
@@ -532,13 +510,13 @@ def _inspect_hf(folder: Path) -> tuple[str, Any, nn.Module, dict[str, Tensor], d
         cfg = spec.config(config, headers)
     except KeyError as exc:
         raise InputError(f"{config_file} lacks the key {exc.args[0]!r} of a {family} config") from None
-    except (TypeError, ValueError) as exc:  # a size that is not a number
-        raise InputError(f"{config_file}: a {family} config's value is of the wrong type: {exc}") from None
-    except InputError as exc:
+    except InputError as exc:  # (an InputError is a ValueError: first)
         raise InputError(f"{config_file.parent}/{exc}" if str(exc).startswith("config.json") else
                          f"{config_file}: {exc}") from None
+    except (TypeError, ValueError) as exc:  # a size that is not a number
+        raise InputError(f"{config_file}: a {family} config's value is of the wrong type: {exc}") from None
     # The layers first: a depth of 10^6 is refused here, not a million layers converted and built below.
-    depth, stored = getattr(cfg, "depth", 0), len({m.group(1) for k in headers if (m := _LAYER.search(k))})
+    depth, stored = getattr(cfg, "depth", 0), len(_stored_layers(headers))
     if isinstance(depth, int) and depth > stored:
         raise InputError(f"{config_file}: {_config_key(config, depth, 'depth')} {depth} disagrees with the weights: "
                          f"they hold {stored} layer{'s' * (stored != 1)}")
