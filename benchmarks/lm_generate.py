@@ -1,9 +1,11 @@
 """Cached generation speed of attnlab's decoder against transformers' ``generate``, with
 the same weights (a Llama-style model: 4 layers of width 256, 8 query and 2 key/value
-heads), greedy, the tokens checked identical; and attnlab with its cache against
-recomputing the whole sequence at each step.
+heads; or, ``--family qwen3``, a Qwen3-style one of the same size with QK-norm and an
+explicit head size of 48), greedy, the tokens checked identical; and attnlab with its cache
+against recomputing the whole sequence at each step.
 
-    .venv/bin/python benchmarks/lm_generate.py [--new 256] [--batches 1 8] [--repeats 5] [--profile] [--no-compile]
+    .venv/bin/python benchmarks/lm_generate.py [--family llama|qwen3] [--new 256] [--batches 1 8] [--repeats 5]
+        [--profile] [--no-compile]
 
 Prints a table (tokens per second: new tokens of all rows over wall time; best of the
 interleaved rounds). ``--profile``: the operators of 64 decoding steps at batch 1 (torch.profiler),
@@ -23,6 +25,8 @@ import torch
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=("llama", "qwen3"), default="llama",
+                        help="llama (default) or qwen3 (QK-norm, head_dim 48)")
     parser.add_argument("--new", type=int, default=256, help="new tokens per row (default 256)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds (default 5)")
@@ -38,16 +42,21 @@ def main() -> None:
     from attnlab.models import from_hf
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
-                                      eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    theirs = transformers.LlamaForCausalLM(config).eval()
+    shape = dict(vocab_size=256, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
+                 num_key_value_heads=2, max_position_embeddings=2048, eos_token_id=None, bos_token_id=None,
+                 pad_token_id=None)
+    if args.family == "qwen3":
+        theirs = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**shape, head_dim=48)).eval()
+        described = "Qwen3-style model, 4 layers of width 256, 8 query / 2 key-value heads of 48, QK-norm"
+    else:
+        theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).eval()
+        described = "Llama-style model, 4 layers of width 256, 8 query / 2 key-value heads"
     with tempfile.TemporaryDirectory() as folder:
         theirs.save_pretrained(folder)
         ours = from_hf(folder)
     print(f"machine: {machine_label(machine_info())}; torch {torch.__version__}, transformers {transformers.__version__}, "
           f"{torch.get_num_threads()} threads")
-    print(f"Llama-style model, 4 layers of width 256, 8 query / 2 key-value heads; prompt {args.prompt}, "
+    print(f"{args.family}: {described}; prompt {args.prompt}, "
           f"{args.new} new tokens, greedy, best of {args.repeats} interleaved rounds\n")
     print("| batch | transformers generate | attnlab generate | ratio | attnlab, compiled step | ratio "
           "| attnlab without cache | cache speed-up |")

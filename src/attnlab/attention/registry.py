@@ -42,7 +42,10 @@ A kind registered with ``keeps_cache=True`` promises:
   per row in eval mode, ``x`` ``(B, E)`` -> ``(B, E)``, equal to ``forward(x[:, None],
   cache=cache, is_causal=True)``, without its checks and masks (the decoder uses it for the
   steps after the prompt when every layer has it). Per-generation values (weights joined
-  once, a table) may be kept in the cache.
+  once, a table) may be kept in the cache. A cache with a ``scratch`` dict gets from the
+  decoder ``scratch["shared"]``, one dict for all its layers: values a step computes once for
+  every layer alike (the rotary angles of its position), under a key that says what they
+  depend on.
 
 A kind without ``keeps_cache`` is decoded by running the whole sequence again at each step.
 """
@@ -58,8 +61,9 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..suggest import did_you_mean
 
-__all__ = ["register_attention", "build_attention", "list_attention", "attention_family", "attention_forms_weights",
-           "attention_keeps_cache", "attention_accepts", "attention_takes", "kinds_taking", "attention_position_options", "attend_grid"]
+__all__ = ["register_attention", "register_alias", "build_attention", "list_attention", "attention_family",
+           "attention_forms_weights", "attention_keeps_cache", "attention_accepts", "attention_takes", "kinds_taking",
+           "attention_position_options", "attend_grid"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class AttentionEntry:
 
 
 _KINDS: dict[str, AttentionEntry] = {}
+_ALIASES: dict[str, str] = {}  # an older name -> the kind's name (recipes and runs that say it still work)
 
 
 def register_attention(name: str, family: str = "tokens", *, forms_weights: bool = False,
@@ -101,7 +106,16 @@ def register_attention(name: str, family: str = "tokens", *, forms_weights: bool
     return deco
 
 
+def register_alias(alias: str, name: str) -> None:
+    """Let ``alias`` name the kind ``name`` (not listed by :func:`list_attention`)."""
+    if alias in _KINDS or alias in _ALIASES:
+        raise InputError(f"attention kind {alias!r} is already registered")
+    _entry(name)
+    _ALIASES[alias] = name
+
+
 def _entry(name: str) -> AttentionEntry:
+    name = _ALIASES.get(name, name) if isinstance(name, str) else name
     if name not in _KINDS:
         raise InputError(f"unknown attention {name!r}" + did_you_mean(name, _KINDS))
     return _KINDS[name]
