@@ -176,8 +176,8 @@ def build_pairs(window: int) -> list[Pair]:
         peer = na.NystromAttention(dim=EMBED, dim_head=HEAD_DIM, heads=HEADS, num_landmarks=LANDMARKS,
                                    pinv_iterations=PINV_ITERS, residual=False)
         with torch.no_grad():  # shared weights (the same layout: q, k, v blocks of (head, dim) rows)
-            peer.to_qkv.weight.copy_(ours.in_proj.weight)
-            peer.to_out[0].weight.copy_(ours.out_proj.weight)
+            peer.to_qkv.weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+            peer.to_out[0].weight.copy_(ours.o_proj.weight)
             peer.to_out[0].bias.zero_()
         x = torch.randn(1, n, EMBED, generator=torch.Generator().manual_seed(seed))
         return ({"attnlab": lambda: ours(x)[0], "peer": lambda: peer(x)}, [x], [ours, peer])

@@ -82,7 +82,7 @@ def test_padding_invariance(conv_kernel):
     b, _ = nys(y, key_padding_mask=pad)
     assert torch.isfinite(a).all()
     torch.testing.assert_close(a[~pad], b[~pad], atol=1e-5, rtol=1e-5)
-    assert (a[pad] == nys.out_proj.bias).all()  # padded queries: zero before out_proj
+    assert (a[pad] == nys.o_proj.bias).all()  # padded queries: zero before out_proj
 
 
 def test_empty_landmarks_contribute_nothing():

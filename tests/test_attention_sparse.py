@@ -116,7 +116,7 @@ def test_build_and_forward():
     out, w = mod(x, key_padding_mask=kpm, is_causal=True)
     assert out.shape == x.shape and w is None
     out.sum().backward()
-    assert mod.in_proj.weight.grad is not None
+    assert all(p.weight.grad is not None for p in (mod.q_proj, mod.k_proj, mod.v_proj, mod.o_proj))
 
 
 def test_fully_padded_row_is_zero():

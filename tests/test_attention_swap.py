@@ -11,12 +11,22 @@ from attnlab.models import create_model
 
 TOKEN_OPTIONS = {"exact": {}, "local": {"window": 8}, "sparse": {"block": 8}, "linear": {}, "performer": {},
                  "linformer": {"seq_len": 64, "k": 16}, "nystrom": {"num_landmarks": 8}, "lsa": {},
-                 "gqa": {"num_kv_heads": 2}, "topk": {"top_k": 4}, "lsh": {"bucket_size": 8, "n_buckets": 4}}  # rotary positions: the models' pos_embed="rope" (test_inner_positions.py)
+                 "topk": {"top_k": 4}, "lsh": {"bucket_size": 8, "n_buckets": 4}}  # rotary positions: the models' pos_embed="rope" (test_inner_positions.py)
 GRID_OPTIONS = {"relpos2d": {}, "axial": {}, "standalone2d": {"kernel_size": 3}}
 
 
 def test_the_option_tables_cover_the_registry():
     assert sorted(TOKEN_OPTIONS) == list_attention("tokens") and sorted(GRID_OPTIONS) == list_attention("grid")
+
+
+def test_gqa_is_the_older_name_of_exact_attention_with_any_number_of_key_value_heads():
+    from attnlab.attention import GroupedQueryAttention, build_attention
+
+    grouped = build_attention("gqa", 32, 4, num_kv_heads=2)
+    assert type(grouped) is GroupedQueryAttention and type(build_attention("exact", 32, 4)) is GroupedQueryAttention
+    assert "gqa" not in list_attention() and grouped.num_kv_heads == 2
+    m = create_model("sentiment_transformer_tiny", vocab_size=100, attention="gqa", attention_options={"num_kv_heads": 2})
+    assert m(torch.randint(0, 100, (2, 9)), torch.ones(2, 9, dtype=torch.long)).shape == (2, 2)
 
 
 @pytest.mark.parametrize("kind", sorted(TOKEN_OPTIONS))

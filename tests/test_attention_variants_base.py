@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnlab.attention.functional import scaled_dot_product_attention
-from attnlab.attention.multihead import SelfAttention
+from attnlab.attention import build_attention
 from attnlab.attention.variants.base import TokenAttention
 
 
@@ -27,7 +27,7 @@ class NoCausal(Dense):
 @pytest.mark.parametrize("causal", [False, True])
 def test_same_parameters_and_result_as_exact_attention(causal):
     torch.manual_seed(0)
-    ours, exact = Dense(32, 4).eval(), SelfAttention(32, 4).eval()
+    ours, exact = Dense(32, 4).eval(), build_attention("exact", 32, 4).eval()
     assert sorted(ours.state_dict()) == sorted(exact.state_dict())
     ours.load_state_dict(exact.state_dict())
     x = torch.randn(3, 9, 32)

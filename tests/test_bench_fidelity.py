@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.attention.multihead import SelfAttention
+from attnlab.attention.grouped import GroupedQueryAttention
 from attnlab.bench.attention import run_bench
 from attnlab.bench.fidelity import FIDELITY_SETTINGS, attention_inputs, relative_errors
 from attnlab.bench.report import markdown
@@ -28,7 +28,7 @@ def _model_and_batches():
 
 def test_recorded_queries_keys_values_give_the_layers_own_output():
     model, batches = _model_and_batches()
-    layers = [m for m in model.modules() if isinstance(m, SelfAttention)]
+    layers = [m for m in model.modules() if isinstance(m, GroupedQueryAttention)]
     outputs = []
     handle = layers[0].register_forward_hook(lambda m, a, out: outputs.append(out[0]))
     inputs = attention_inputs(model, batches)
@@ -38,7 +38,7 @@ def test_recorded_queries_keys_values_give_the_layers_own_output():
     assert q.shape == (3, layers[0].num_heads, 12, layers[0].head_dim) and pad.dtype == torch.bool
     assert pad[1, 7:].all() and not pad[1, :7].any() and not pad[0].any()
     attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=~pad[:, None, None, :])
-    again = layers[0].out_proj(attended.transpose(1, 2).reshape(3, 12, -1))
+    again = layers[0].o_proj(attended.transpose(1, 2).reshape(3, 12, -1))
     real = ~pad
     torch.testing.assert_close(again[real], outputs[0][real], atol=1e-5, rtol=1e-5)
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
-from attnlab.attention import (CrossAttention, KVCache, MultiHeadAttention, RelPosSelfAttention2d, SelfAttention,
+from attnlab.attention import (CrossAttention, GroupedQueryAttention, KVCache, MultiHeadAttention, RelPosSelfAttention2d, SelfAttention,
                                capture_attention)
 from attnlab.models import create_model
 
@@ -33,7 +33,7 @@ def _call_args(model, module, *inputs, **kw):
 
 def _cleared(model) -> bool:
     return all(m._attn_capture is None and "_attn_capture" not in m.__dict__ for m in model.modules()
-               if isinstance(m, (MultiHeadAttention, RelPosSelfAttention2d)))
+               if isinstance(m, (MultiHeadAttention, GroupedQueryAttention, RelPosSelfAttention2d)))
 
 
 # ----------------------------------------------------------------------------- modules

@@ -18,8 +18,8 @@ def test_vit_decays_only_weight_matrices():
     m = create_model("vit_cifar_patch4", depth=1, pos_embed="relative")
     decay, no_decay = param_groups(m, 0.05)
     d, nd = names_in(m, decay["params"]), names_in(m, no_decay["params"])
-    assert {"blocks.0.attn.in_proj.weight", "blocks.0.mlp.fc1.weight", "head.weight", "patch_embed.proj.weight"} <= d
-    assert {"cls_token", "blocks.0.norm1.weight", "blocks.0.attn.in_proj.bias", "blocks.0.rel_pos.table"} <= nd
+    assert {"blocks.0.attn.q_proj.weight", "blocks.0.mlp.fc1.weight", "head.weight", "patch_embed.proj.weight"} <= d
+    assert {"cls_token", "blocks.0.norm1.weight", "blocks.0.attn.q_proj.bias", "blocks.0.rel_pos.table"} <= nd
     assert not d & nd and len(d) + len(nd) == len(list(m.parameters()))
     assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
     learned = create_model("vit_cifar_patch4", depth=1)

@@ -27,10 +27,10 @@ def test_attention_block_matches_a_hand_written_residual():
     block = MapSelfAttention(16, 2).eval()
     x = torch.randn(2, 16, 3, 5)
     tokens = x.flatten(2).transpose(1, 2)
-    q, k, v = (block.norm(tokens) @ block.attn.in_proj.weight.T + block.attn.in_proj.bias).chunk(3, -1)
+    q, k, v = (p(block.norm(tokens)) for p in (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj))
     split = lambda t: t.view(2, 15, 2, 8).transpose(1, 2)  # noqa: E731
     w = (split(q) @ split(k).transpose(-1, -2) / 8 ** 0.5).softmax(-1)
-    out = (w @ split(v)).transpose(1, 2).reshape(2, 15, 16) @ block.attn.out_proj.weight.T + block.attn.out_proj.bias
+    out = block.attn.o_proj((w @ split(v)).transpose(1, 2).reshape(2, 15, 16))
     expected = x + out.transpose(1, 2).reshape(2, 16, 3, 5)
     torch.testing.assert_close(block(x), expected, atol=1e-5, rtol=1e-5)
 

@@ -64,7 +64,7 @@ def test_exact_attention_decodes_with_a_cache_as_in_one_call(options):
     attn = build_attention("exact", 32, 4, dropout=0.0, **options).eval()
     x = torch.randn(2, 9, 32)
     whole, _ = attn(x, is_causal=True)
-    cache = KVCache()
+    cache = attn.new_cache(2, 9)  # the module makes its own
     steps = [attn(x[:, :4], is_causal=True, cache=cache)[0]]
     steps += [attn(x[:, t : t + 1], is_causal=True, cache=cache)[0] for t in range(4, 9)]
     torch.testing.assert_close(torch.cat(steps, dim=1), whole, atol=1e-5, rtol=0)
@@ -108,7 +108,7 @@ def test_classifier_rope_reaches_every_layer_and_trains():
 
 def test_inner_positions_need_a_kind_that_takes_them():
     with pytest.raises(InputError, match=r"pos_embed='rope' is given inside the attention, and "
-                                         r"attention='linear' does not take it; kinds that do: exact, gqa"):
+                                         r"attention='linear' does not take it; kinds that do: exact, linformer, local, lsh"):
         tiny_classifier(pos_embed="rope", attention="linear")
     with pytest.raises(InputError, match="attention_options must not set 'rope': the model sets it from pos_embed"):
         tiny_classifier(attention_options={"rope": True})

@@ -50,12 +50,12 @@ def test_packed_layer_has_one_adapter_per_part_and_rows_match():
 def test_roles_select_attention_and_mlp_layers():
     model = create_model("vit_digits_patch2", num_classes=3)
     attn = apply_lora(copy.deepcopy(model), rank=2, targets=["attention"])
-    assert attn and all(n.endswith(("attn.in_proj", "attn.out_proj")) for n in attn)
+    assert attn and all(n.endswith(tuple(f"attn.{p}_proj" for p in "qkvo")) for n in attn)
     mlp = apply_lora(copy.deepcopy(model), rank=2, targets=["mlp"])
     assert mlp and all(n.endswith(("mlp.fc1", "mlp.fc2")) for n in mlp)
     named = apply_lora(copy.deepcopy(model), rank=2, targets=["blocks.0.*"])
-    assert named == ["blocks.0.attn.in_proj", "blocks.0.attn.out_proj", "blocks.0.mlp.fc1", "blocks.0.mlp.fc2"]
-    assert apply_lora(copy.deepcopy(model), rank=2, targets=["out_proj"]) == [n for n in attn if "out_proj" in n]
+    assert named == [*(f"blocks.0.attn.{p}_proj" for p in "qkvo"), "blocks.0.mlp.fc1", "blocks.0.mlp.fc2"]
+    assert apply_lora(copy.deepcopy(model), rank=2, targets=["o_proj"]) == [n for n in attn if "o_proj" in n]
     with pytest.raises(InputError, match="did you mean attention"):
         apply_lora(copy.deepcopy(model), rank=2, targets=["atention"])
     with pytest.raises(InputError, match="rank"):

@@ -15,9 +15,9 @@ peft = pytest.importorskip("peft", reason="peft is a test-only dependency (the d
 # peft's target_modules for each attnlab role, on BERT's module names
 PEFT_TARGETS = {"attention": r".*encoder\.layer\.\d+\.attention\.(self\.(query|key|value)|output\.dense)",
                 "mlp": r".*encoder\.layer\.\d+\.(intermediate\.dense|output\.dense)"}
-# BERT's layer i -> attnlab's: (theirs, ours, which third of a packed in_proj or None)
-LAYERS = [("attention.self.query", "self_attn.in_proj", 0), ("attention.self.key", "self_attn.in_proj", 1),
-          ("attention.self.value", "self_attn.in_proj", 2), ("attention.output.dense", "self_attn.out_proj", None),
+# BERT's layer i -> attnlab's: (theirs, ours, which part of a packed projection or None: none is packed now)
+LAYERS = [("attention.self.query", "self_attn.q_proj", None), ("attention.self.key", "self_attn.k_proj", None),
+          ("attention.self.value", "self_attn.v_proj", None), ("attention.output.dense", "self_attn.o_proj", None),
           ("intermediate.dense", "ff.fc1", None), ("output.dense", "ff.fc2", None)]
 
 
@@ -45,7 +45,7 @@ def test_lora_forward_and_gradients_equal_peft(tmp_path, roles):
     ours = from_hf(tmp_path)
     apply_lora(ours, rank=4, alpha=8, targets=list(roles))
     pairs = list(_pairs(theirs, ours, 2, roles))
-    assert len(pairs) == (6 if "mlp" in roles else 4) * 2 and len(lora_layers(ours)) == len(pairs) - 2 * 2
+    assert len(pairs) == (6 if "mlp" in roles else 4) * 2 and len(lora_layers(ours)) == len(pairs)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():  # B left zero by both would hide the update: random B, copied over
         for layer, mine, part in pairs:

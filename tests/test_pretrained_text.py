@@ -119,7 +119,7 @@ def test_lora_run_keeps_adapters_alone_resumes_exactly_and_exports_merged(bert_f
     step = run_dir / "checkpoints" / "step_000000006"
     saved = load_file(step / "model.safetensors")
     assert saved and all(k.endswith(("lora_A", "lora_B")) or k.startswith("head.") for k in saved)
-    assert any(k.endswith("in_proj.lora_A") for k in saved) and any(k.endswith("ff.fc1.lora_B") for k in saved)
+    assert any(k.endswith("q_proj.lora_A") for k in saved) and any(k.endswith("ff.fc1.lora_B") for k in saved)
     base = checkpoint_base(step)
     [(file, digest)] = base["files"].items()
     assert base["source"] == str(folder.resolve()) and file.endswith("model.safetensors") and len(digest) == 64

@@ -242,7 +242,8 @@ def test_a_registered_tokens_kind_is_used_with_its_options(monkeypatch):
             out, w = super().forward(x, **kw)
             return out * self.gain, w
 
-    entry = attention_registry.AttentionEntry("scaled_test", "tokens", ScaledSelfAttention, forms_weights=True)
+    entry = attention_registry.AttentionEntry("scaled_test", "tokens", ScaledSelfAttention, forms_weights=True,
+                                              keeps_cache=False)
     monkeypatch.setitem(attention_registry._KINDS, "scaled_test", entry)
     model = tiny(attention="scaled_test", attention_options={"gain": 0.0}).eval()
     assert all(isinstance(layer.self_attn, ScaledSelfAttention) for layer in model.encoder.layers)

@@ -212,10 +212,10 @@ def test_shifted_patch_tokenization_and_locality_self_attention():
     assert m.patch_embed.proj.weight.shape[1] == 5 and m(torch.randn(2, 1, 8, 8)).shape == (2, 10)
     lsa = build_attention("lsa", 16, 2).eval()
     tokens = torch.randn(2, 5, 16)
-    q, k, v = lsa.in_proj(tokens).view(2, 5, 3, 2, 8).permute(2, 0, 3, 1, 4)
+    q, k, v = (p(tokens).view(2, 5, 2, 8).transpose(1, 2) for p in (lsa.q_proj, lsa.k_proj, lsa.v_proj))
     logits = (q @ k.transpose(-1, -2)) * lsa.log_scale.exp()
     logits = logits.masked_fill(torch.eye(5, dtype=torch.bool), float("-inf"))  # no attention to oneself
-    expected = lsa.out_proj((logits.softmax(-1) @ v).transpose(1, 2).reshape(2, 5, 16))
+    expected = lsa.o_proj((logits.softmax(-1) @ v).transpose(1, 2).reshape(2, 5, 16))
     torch.testing.assert_close(lsa(tokens)[0], expected)
     assert torch.isclose(lsa.log_scale.exp(), torch.tensor(8**-0.5))  # starts at the usual scale
     assert torch.isfinite(lsa(torch.randn(1, 1, 16))[0]).all()  # one token: it keeps itself
@@ -281,7 +281,8 @@ def test_vit_attn_init_option():
     torch.manual_seed(0)
     mimetic = create_model("vit_cifar_patch4", embed_dim=64, depth=2, num_heads=4, attn_init="mimetic")
     for model, sign in ((plain, 0), (mimetic, -1)):
-        w_in, w_out = model.blocks[1].attn.in_proj.weight, model.blocks[1].attn.out_proj.weight
+        attn = model.blocks[1].attn
+        w_in, w_out = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), attn.o_proj.weight
         vo_diag = (w_in[128:].T @ w_out.T).diag().mean().item()
         assert (vo_diag < -0.3) if sign else abs(vo_diag) < 0.05
     assert mimetic(torch.randn(2, 3, 32, 32)).shape == (2, 10)
@@ -332,13 +333,13 @@ def test_vit_block_is_the_transformer_encoder_layer_under_timms_names(norm_first
     layer = TransformerEncoderLayer(32, 4, activation="gelu", norm_eps=1e-6, **rates)
     assert isinstance(vit_block, EncoderBlock) and isinstance(layer, EncoderBlock)
     assert list(vit_block.state_dict()) == [
-        "norm1.weight", "norm1.bias", "attn.in_proj.weight", "attn.in_proj.bias", "attn.out_proj.weight",
-        "attn.out_proj.bias", "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight",
-        "mlp.fc2.bias"]  # timm's
+        "norm1.weight", "norm1.bias", *(f"attn.{p}_proj.{w}" for p in "qkvo" for w in ("weight", "bias")),
+        "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight",
+        "mlp.fc2.bias"]  # timm's, with the attention's projections apart (Llama's names)
     assert list(layer.state_dict()) == [
-        "self_attn.in_proj.weight", "self_attn.in_proj.bias", "self_attn.out_proj.weight", "self_attn.out_proj.bias",
+        *(f"self_attn.{p}_proj.{w}" for p in "qkvo" for w in ("weight", "bias")),
         "ff.fc1.weight", "ff.fc1.bias", "ff.fc2.weight", "ff.fc2.bias", "norm1.weight", "norm1.bias",
-        "norm2.weight", "norm2.bias"]  # torch's, with attnlab's in_proj and ff
+        "norm2.weight", "norm2.bias"]  # torch's, with attnlab's projections and ff
     layer.load_state_dict({k.replace("attn.", "self_attn.").replace("mlp.", "ff."): v
                            for k, v in vit_block.state_dict().items()})
     x = torch.randn(3, 5, 32)

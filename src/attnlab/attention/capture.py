@@ -23,9 +23,10 @@ modules both record (the inner hook calls the outer one).
 
 What one call records:
 
-* exact attention (:class:`~attnlab.attention.MultiHeadAttention`, ``"exact"``, cross-attention):
-  ``(B, H, Lq, Lk)``. With a :class:`KVCache`, ``Lk`` counts the cached positions; one
-  decoding step records ``Lq = 1``.
+* exact attention (``"exact"``, :class:`~attnlab.attention.GroupedQueryAttention`, with any
+  number of key/value heads; :class:`~attnlab.attention.MultiHeadAttention`, cross-attention):
+  ``(B, H, Lq, Lk)``. With a cache, ``Lk`` counts the cached positions; one decoding step
+  through ``forward`` records ``Lq = 1``.
 * ``"relpos2d"`` (BoTNet's MHSA) and ``AttentionBlock``: ``(B, heads, H*W, H*W)``, pixels
   in row-major order.
 

@@ -1,11 +1,15 @@
-"""Grouped-query self-attention, the attention of today's decoder-only language models:
-``num_kv_heads`` key/value heads shared by groups of query heads (1: multi-query; equal
-to ``num_heads``: ordinary multi-head), rotary positions or ALiBi, a sliding window,
-QK-norm, and a key/value cache (:class:`~attnlab.attention.cache.DecodingCache`)
-that stores only the key/value heads.
+"""Exact self-attention, one module for every number of key/value heads: ``num_kv_heads``
+key/value heads shared by groups of query heads (equal to ``num_heads``: multi-head
+attention; fewer: grouped-query; 1: multi-query), rotary positions or ALiBi, a sliding
+window, QK-norm, soft-capping, and a cache of its own
+(:class:`~attnlab.attention.cache.DecodingCache`, the key/value heads only).
 
-Registered as the ``"gqa"`` tokens kind, so every token model can use it; with none of
-its options it is exact multi-head self-attention.
+Registered as the ``"exact"`` tokens kind (``"gqa"``, its older name, still names it), which
+every token model uses by default: ViT's and BERT's attention as Llama's. The kernel is not
+the module's choice: :func:`~attnlab.attention.functional.scaled_dot_product_attention`
+takes torch's fused kernel unless the weights, soft-capping or dropout on the CPU ask for the
+explicit path. Checkpoints of earlier versions, which packed exact attention's query, key and
+value projections in ``in_proj``, load as they are (:mod:`~attnlab.attention.projections`).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from .alibi import alibi_bias
 from .cache import DecodingCache
 from .functional import check_heads, combine_masks, scaled_dot_product_attention
 from .positions import init_inner_positions, inner_positions_repr
-from .registry import register_attention
+from .projections import UpgradesPackedProjections, init_torch_style
+from .registry import register_alias, register_attention
 from .rotary import apply_rotary
 
-__all__ = ["GroupedQueryAttention", "RMSNorm", "band_mask", "fused_linear", "joined_weight", "product"]
+__all__ = ["GroupedQueryAttention", "KeepsJoinedWeights", "RMSNorm", "band_mask", "fused_linear", "joined_weight", "product"]
 
 _RMS_NORM = getattr(F, "rms_norm", None)  # torch >= 2.4
 
@@ -97,23 +102,55 @@ def product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
+class KeepsJoinedWeights:
+    """Mixin of the modules that keep joined weights (:func:`joined_weight`): they drop them
+    whenever their mode is set (``train()``/``eval()``). The weights' version counters say
+    when a weight changed, except after an optimizer that writes without counting: torch's
+    fused AdamW (``fused=True``, attnlab's default) leaves ``_version`` as it was, so a model
+    evaluated, trained a step and evaluated again would have kept its first weights. Every
+    evaluation and generation sets eval mode after training, so dropping them there is enough."""
+
+    def train(self, mode: bool = True):  # type: ignore[no-untyped-def]
+        for key in [k for k in vars(self) if k.startswith("_fused_")]:
+            del self.__dict__[key]
+        return super().train(mode)  # type: ignore[misc]
+
+
+_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+
+
+def _tracing() -> bool:
+    """Under ``torch.compile`` or ``torch.export`` (ONNX): the weights are fake tensors there,
+    with no data to key a cache by."""
+    return _is_compiling()
+
+
 def fused_linear(owner: nn.Module, name: str, layers: tuple[nn.Linear, ...], x: Tensor) -> tuple[Tensor, ...]:
     """``tuple(layer(x) for layer in layers)``; when no gradient is wanted (decoding), as one
     product ``x @ W`` with the layers' weights joined and kept transposed
     (:func:`joined_weight`). On the CPU a product with one or a few rows costs 20 µs against
     ``F.linear``'s 30 µs for a width-256 layer (AVX2 EPYC, ``benchmarks/lm_generate.py``),
     and joining the query, key and value projections makes three such products one."""
-    if torch.is_grad_enabled() or owner.training:
-        return tuple(layer(x) for layer in layers)
+    if torch.is_grad_enabled() or owner.training or _tracing():  # a trace keeps no weights of its own: no cache
+        if len(layers) == 1 or not all(type(layer) is nn.Linear for layer in layers):  # LoRA's train their own way
+            return tuple(layer(x) for layer in layers)
+        # Training: one product with the weights joined (autograd splits the gradient back), as the packed
+        # in_proj of exact attention always computed it, so a run trains bit for bit as it did, and a layer
+        # whose output a kind leaves unused (LSH's keys) still takes part, as a packed projection's rows did.
+        bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])  # type: ignore[misc]
+        out = F.linear(x, torch.cat([layer.weight for layer in layers]), bias)
+        return tuple(out.split([layer.out_features for layer in layers], dim=-1))
     out = product(x, *joined_weight(owner, name, layers))
     if len(layers) == 1:
         return (out,)
     return tuple(out.split([layer.out_features for layer in layers], dim=-1))
 
 
-@register_attention("gqa", forms_weights=True, keeps_cache=True)
-class GroupedQueryAttention(nn.Module):
-    r"""Self-attention with grouped key/value heads, batch-first, that keeps its own cache.
+@register_attention("exact", forms_weights=True, keeps_cache=True)
+class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Module):
+    r"""Exact self-attention with any number of key/value heads (multi-head, grouped-query,
+    multi-query), batch-first, that keeps its own cache: the ``"exact"`` kind (``"gqa"`` is
+    its older name).
 
     Args:
         embed_dim: ``E``.
@@ -190,6 +227,8 @@ class GroupedQueryAttention(nn.Module):
         self.k_proj = nn.Linear(embed_dim, kv * head_dim, bias=bias)
         self.v_proj = nn.Linear(embed_dim, kv * head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=bias if out_bias is None else out_bias)
+        init_torch_style(self.q_proj, self.k_proj, self.v_proj, self.o_proj)  # torch's, as exact attention's always
+        self.register_upgrade()  # checkpoints with the packed in_proj/out_proj of earlier versions
         init_inner_positions(self, head_dim, num_heads, rope=rope, rope_theta=rope_theta, alibi=alibi,
                              rope_scaling=rope_scaling, partial_rotary=partial_rotary, max_len=max_len)
         self.q_norm = RMSNorm(head_dim) if qk_norm else None
@@ -222,6 +261,11 @@ class GroupedQueryAttention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise InputError(f"x must have shape (B, L, {self.embed_dim}); got {shape_str(x)}")
         batch, n, _ = x.shape
+        if attn_mask is not None and attn_mask.dim() == 3:  # torch's (B*H, Lq, Lk) -> (B, H, Lq, Lk)
+            if attn_mask.shape[0] != batch * self.num_heads:
+                raise InputError(f"a 3-D attn_mask must have shape (B*H, Lq, Lk) with B*H = "
+                                 f"{batch * self.num_heads}; got {shape_str(attn_mask)}")
+            attn_mask = attn_mask.view(batch, self.num_heads, *attn_mask.shape[1:])
         past = cache.seq_len if cache is not None else 0
         q, k, v = fused_linear(self, "qkv", (self.q_proj, self.k_proj, self.v_proj), x)
         q, k, v = self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
@@ -391,3 +435,6 @@ class GroupedQueryAttention(nn.Module):
             if getattr(self, name) is not None:
                 parts.append(f"{name}={getattr(self, name):g}")
         return ", ".join(parts)
+
+
+register_alias("gqa", "exact")  # recipes and runs of earlier versions name it so

@@ -1,4 +1,9 @@
-"""Multi-head attention: self-, cross-attention, masks and a key/value cache."""
+"""Multi-head attention with torch's parameters: self-, cross-attention, masks and a key/value
+cache. :class:`MultiHeadAttention` is the module of cross-attention (an encoder-decoder's)
+and the one equal to ``torch.nn.MultiheadAttention`` (:meth:`MultiHeadAttention.from_torch`);
+the ``"exact"`` self-attention kind that models build is
+:class:`~attnlab.attention.grouped.GroupedQueryAttention`, the same computation with any
+number of key/value heads and a cache of its own."""
 
 from __future__ import annotations
 
@@ -13,7 +18,6 @@ from .alibi import alibi_bias
 from .cache import KVCache
 from .functional import check_heads, combine_masks, scaled_dot_product_attention
 from .positions import init_inner_positions, inner_positions_repr
-from .registry import register_attention
 
 __all__ = ["MultiHeadAttention", "SelfAttention", "CrossAttention"]
 
@@ -301,9 +305,9 @@ class MultiHeadAttention(nn.Module):
         return ", ".join([s, *inner_positions_repr(self)])
 
 
-@register_attention("exact", forms_weights=True)
 class SelfAttention(MultiHeadAttention):
-    """Multi-head self-attention: queries, keys and values all come from ``x``."""
+    """Multi-head self-attention with torch's parameters: queries, keys and values all come
+    from ``x`` (the ``"exact"`` kind is :class:`~attnlab.attention.grouped.GroupedQueryAttention`)."""
 
     def forward(  # type: ignore[override]
         self,

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ..attention import build_attention
 from ..attention.functional import scaled_dot_product_attention
-from ..attention.multihead import SelfAttention
+from ..attention.grouped import GroupedQueryAttention
 from ..data.source import source_of
 from ..data.text import SentimentDataset
 from ..errors import InputError
@@ -64,24 +64,26 @@ def attention_inputs(model: torch.nn.Module, batches: list[dict[str, Tensor]]) -
     in order, the list over batches of ``(q, k, v, key_padding_mask)`` with ``q, k, v``
     ``(B, H, L, D)`` from the layer's own projection and the mask ``(B, L)`` bool
     (``True`` = padding)."""
-    layers = [m for m in model.modules() if isinstance(m, SelfAttention)]
+    layers = [m for m in model.modules() if isinstance(m, GroupedQueryAttention)]
     if not layers:
         raise InputError("model has no exact self-attention layer ('exact' kind) to take queries and keys from")
     for m in layers:
-        if not m.packed or m.rotary is not None or m.alibi_slopes is not None:
-            raise InputError("the model's attention must be plain packed self-attention (no rope, no alibi): "
-                             "its projection alone gives the queries and keys")
+        if m.rotary is not None or m.alibi_slopes is not None or m.num_kv_heads != m.num_heads or \
+                m.q_norm is not None or m.window is not None:
+            raise InputError("the model's attention must be plain multi-head self-attention (no rope, alibi, "
+                             "grouped heads, QK-norm or window): its projections alone give the queries and keys")
     seen: list[list[tuple[Tensor, ...]]] = [[] for _ in layers]
 
     def hook(i: int) -> Callable[..., None]:
-        def record(module: SelfAttention, args: tuple, kwargs: dict[str, Any]) -> None:
+        def record(module: GroupedQueryAttention, args: tuple, kwargs: dict[str, Any]) -> None:
             if kwargs.get("attn_mask") is not None:
                 raise InputError("the model adds an attention bias (attn_mask), which the other kinds cannot take")
             x, pad = args[0], kwargs.get("key_padding_mask")
             b, n, _ = x.shape
             if pad is None:
                 pad = torch.zeros(b, n, dtype=torch.bool, device=x.device)
-            q, k, v = module.in_proj(x).view(b, n, 3, module.num_heads, module.head_dim).permute(2, 0, 3, 1, 4)
+            q, k, v = (proj(x).view(b, n, module.num_heads, module.head_dim).transpose(1, 2)
+                       for proj in (module.q_proj, module.k_proj, module.v_proj))
             seen[i].append((q, k, v, pad))
         return record
 

@@ -274,7 +274,7 @@ def nonfinite_tensors(weights: dict[str, Tensor]) -> list[str]:
 
 
 def nonfinite_summary(weights: dict[str, Tensor]) -> tuple[str, str] | None:
-    """``("40 of 56", "blocks.0.attn.in_proj.weight, ... and 37 more")``: how many floating
+    """``("40 of 56", "blocks.0.attn.q_proj.weight, ... and 37 more")``: how many floating
     tensors of ``weights`` hold NaN or infinity, and which; ``None`` when all are finite."""
     bad = nonfinite_tensors(weights)
     if not bad:
@@ -301,6 +301,11 @@ def load_weights_into(model: torch.nn.Module, weights: dict[str, Tensor], source
     (torch's own error is a wall of text that reads like a crash), or when they are not
     finite (:func:`check_finite`). ``base_keys``: keys ``weights`` may leave out, whose
     values the model holds already (the frozen weights under LoRA adapters)."""
+    weights = dict(weights)
+    for name, module in model.named_modules():  # weights of earlier versions, as each module reads them now
+        upgrade = getattr(module, "upgrade_state_dict", None)
+        if callable(upgrade):
+            upgrade(weights, f"{name}." if name else "")
     own = model.state_dict()
     missing = [k for k in own if k not in weights and k not in base_keys]
     unexpected = [k for k in weights if k not in own]

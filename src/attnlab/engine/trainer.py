@@ -25,8 +25,8 @@ from torch import Tensor, nn
 from . import distributed
 from ..errors import InputError
 from .config import check_bounds
-from .checkpoint import (capture_rng_state, latest_checkpoint, load_checkpoint, load_weights_into, nonfinite_summary,
-                         restore_rng_state, save_checkpoint, save_named_checkpoint)
+from .checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_checkpoint, load_weights_into,
+                         nonfinite_summary, restore_rng_state, save_checkpoint, save_named_checkpoint)
 from .device import autocast, make_grad_scaler, resolve_precision, seed_everything, select_device
 from .metrics import MetricsLog, TensorBoardLog
 from .progress import Progress
@@ -392,7 +392,14 @@ class Trainer:
                 raise InputError(f"no checkpoint to resume from in {self.run_dir}")
         weights, state = load_checkpoint(folder, map_location=self.device)
         load_weights_into(self.model, weights, folder, base_keys=self._frozen())
-        self.optimizer.load_state_dict(state["optimizer"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except ValueError as exc:  # torch: "... doesn't match the size of optimizer's group"
+            raise CheckpointError(f"{folder}: its optimizer state does not fit this model's parameters ({exc}): "
+                                  f"it was written by an earlier attnlab whose model held its weights in other "
+                                  f"parameters (exact attention packed its query, key and value projections in "
+                                  f"one); the weights load (eval, predict, and model.checkpoint={self.run_dir} to "
+                                  f"start a new run from them), the training cannot resume") from None
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         if self.ema is not None and "ema" in state:

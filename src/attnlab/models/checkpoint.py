@@ -7,39 +7,47 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
+from ..attention.projections import upgrade_weights
 from ..errors import InputError
 from ..io import read_state_dict
 from ..layers.lora import is_adapter_key
 from ..layers.pos_embed_2d import resample_pos_embed
+from .convert import Rule, apply_map, expand
 
 __all__ = ["read_state_dict", "timm_vit_to_attnlab", "attnlab_vit_to_timm", "load_checkpoint", "load_pretrained",
            "classifier_name", "CLASSIFIER_NAMES"]
 
 
-# timm's ViT names -> ours. Everything else (blocks.i.norm1, mlp.fc1, ...) is named alike.
-_TIMM_VIT_RENAMES = (
-    (".attn.qkv.", ".attn.in_proj."),
-    (".attn.proj.", ".attn.out_proj."),
-)
+# timm's ViT names -> ours (attnlab.models.convert's table). Everything else (blocks.i.norm1,
+# mlp.fc1, ...) is named alike.
+_TIMM_VIT: list[Rule] = [("blocks.{i}.attn.qkv", tuple(f"blocks.{{i}}.attn.{n}_proj" for n in "qkv"), "split"),
+                         ("blocks.{i}.attn.proj", "blocks.{i}.attn.o_proj", "")]
+_TIMM_VIT_BACK: list[Rule] = [(ours, theirs, "join" if how == "split" else how) for theirs, ours, how in _TIMM_VIT]
+
+
+def _depth(state: dict[str, Tensor]) -> int:
+    layers = [int(k.split(".")[1]) for k in state if k.startswith("blocks.") and k.split(".")[1].isdigit()]
+    return max(layers) + 1 if layers else 0
 
 
 def timm_vit_to_attnlab(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    out = {}
-    for key, value in state.items():
-        for old, new in _TIMM_VIT_RENAMES:
-            key = key.replace(old, new)
-        out[key] = value
-    return out
+    """A timm ViT's state dict in attnlab's names (its packed ``qkv`` cut into the query, key
+    and value projections); an attnlab state dict passes unchanged."""
+    converted, _, rest = apply_map(state, expand(_TIMM_VIT, _depth(state)))
+    return {**rest, **converted}
 
 
 def attnlab_vit_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """The inverse map: export an attnlab ViT in timm's layout."""
-    out = {}
-    for key, value in state.items():
-        for old, new in _TIMM_VIT_RENAMES:
-            key = key.replace(new, old)
-        out[key] = value
-    return out
+    converted, _, rest = apply_map(state, expand(_TIMM_VIT_BACK, _depth(state)))
+    return {**rest, **converted}
+
+
+def _timm_name(key: str) -> str:
+    """The timm name of attnlab's ``key`` (for messages)."""
+    for part in ("q_proj", "k_proj", "v_proj"):
+        key = key.replace(f".attn.{part}.", ".attn.qkv.")
+    return key.replace(".attn.o_proj.", ".attn.proj.")
 
 
 CLASSIFIER_NAMES = ("head", "fc")  # where attnlab's (and timm's) classifiers keep their final linear layer
@@ -72,7 +80,7 @@ def load_pretrained(model: nn.Module, state: dict[str, Tensor], source: str | Pa
     * Any other missing, unexpected or mis-shaped key is an error that lists them, in
       the checkpoint's own (timm) names.
     """
-    state = timm_vit_to_attnlab(dict(state))
+    state = upgrade_weights(model, timm_vit_to_attnlab(dict(state)))
     own = {k: v for k, v in model.state_dict().items() if not is_adapter_key(k)}  # LoRA's adapters keep theirs
     dropped_head = _drop_foreign_head(state, own, classifier_name(model) or "head", always=new_head)
     pos = state.get("pos_embed")
@@ -86,7 +94,7 @@ def load_pretrained(model: nn.Module, state: dict[str, Tensor], source: str | Pa
     missing = sorted(set(own) - set(state) - set(dropped_head))
     unexpected = sorted(set(state) - set(own))
     if bad_shapes or missing or unexpected:
-        timm_name = lambda k: next(iter(attnlab_vit_to_timm({k: None})))  # noqa: E731
+        timm_name = _timm_name
 
         def few(keys: list[str]) -> str:
             return ", ".join(keys[:40]) + (f" and {len(keys) - 40} more" if len(keys) > 40 else "")

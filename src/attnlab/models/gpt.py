@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention.grouped import _RMS_NORM, RMSNorm, fused_linear, joined_weight, product
+from ..attention.grouped import _RMS_NORM, KeepsJoinedWeights, RMSNorm, fused_linear, joined_weight, product
 from ..attention.registry import (attention_accepts, attention_family, attention_keeps_cache, attention_takes,
                                   build_attention, kinds_taking, list_attention)
 from ..dropout import Dropout
@@ -95,7 +95,7 @@ class GPTConfig:
     tie_embeddings: bool = True
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
-    attention: str = "gqa"
+    attention: str = "exact"  # any "tokens" kind; "exact" (older name "gqa") keeps a cache
     attention_options: dict = field(default_factory=dict)
     grad_checkpointing: bool = False
 
@@ -235,7 +235,7 @@ class GPTConfig:
         return self.mlp_hidden_dim if self.mlp_hidden_dim is not None else round(self.embed_dim * self.mlp_ratio)
 
 
-class GeluMlp(nn.Module):
+class GeluMlp(KeepsJoinedWeights, nn.Module):
     """``c_proj(gelu(c_fc(x)))``, GPT-2's MLP (``gelu_tanh``: its tanh approximation)."""
 
     lora_role = "mlp"  # LoRA (attnlab.layers.lora): c_fc and c_proj are feed-forward layers
@@ -259,7 +259,7 @@ class GeluMlp(nn.Module):
         return product(F.gelu(product(x, w[0], w[1]), approximate=self.approximate), w[2], w[3])  # type: ignore[arg-type]
 
 
-class SwiGLU(nn.Module):
+class SwiGLU(KeepsJoinedWeights, nn.Module):
     """``down_proj(act(gate_proj(x)) * up_proj(x))`` (Shazeer, 2020): SwiGLU with ``act="silu"``
     (Llama's MLP), GeGLU with ``act="gelu_tanh"`` (Gemma's)."""
 
@@ -382,7 +382,7 @@ def document_positions(doc_ids: Tensor) -> Tensor:
     return index - first
 
 
-class GPT(nn.Module):
+class GPT(KeepsJoinedWeights, nn.Module):
     """A decoder-only language model (see the module docstring)."""
 
     def __init__(self, config: GPTConfig | None = None, **overrides: Any) -> None:

@@ -15,7 +15,7 @@ downloaded) becomes an attnlab model in eval mode:
 
 Each family is one configuration map and one readable list of key renames (GPT-2 stores
 its projections as ``Conv1D``, the transpose of a linear layer, and packs query, key and
-value in ``c_attn``; BERT keeps them apart where attnlab packs them in ``in_proj``).
+value in ``c_attn``; Phi-3 packs them in ``qkv_proj``).
 """
 
 from __future__ import annotations
@@ -278,11 +278,14 @@ def _bert_like_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> 
                              pooler="tanh" if pooled else "none")
 
 
+_QKV = (("query", "q"), ("key", "k"), ("value", "v"))  # BERT's and ViT's names of the projections
+
+
 def _bert_weights(cfg: TextEncoderConfig) -> list[Rule]:
     L, B = "encoder.layer.{i}.", "encoder.layers.{i}."
     return [*_encoder_embeddings(), ("pooler.dense", "pooler", ""), ("classifier", "head", ""),
-            (tuple(L + f"attention.self.{n}" for n in ("query", "key", "value")), B + "self_attn.in_proj", "join"),
-            (L + "attention.output.dense", B + "self_attn.out_proj", ""),
+            *((L + f"attention.self.{theirs}", B + f"self_attn.{n}_proj", "") for theirs, n in _QKV),
+            (L + "attention.output.dense", B + "self_attn.o_proj", ""),
             (L + "attention.output.LayerNorm", B + "norm1", ""), (L + "intermediate.dense", B + "ff.fc1", ""),
             (L + "output.dense", B + "ff.fc2", ""), (L + "output.LayerNorm", B + "norm2", "")]
 
@@ -297,8 +300,8 @@ def _roberta_weights(cfg: TextEncoderConfig) -> list[Rule]:
 def _distilbert_weights(cfg: TextEncoderConfig) -> list[Rule]:
     L, B = "transformer.layer.{i}.", "encoder.layers.{i}."
     return [*_encoder_embeddings(), ("pre_classifier", "pooler", ""), ("classifier", "head", ""),
-            (tuple(L + f"attention.{n}_lin" for n in "qkv"), B + "self_attn.in_proj", "join"),
-            (L + "attention.out_lin", B + "self_attn.out_proj", ""), (L + "sa_layer_norm", B + "norm1", ""),
+            *((L + f"attention.{n}_lin", B + f"self_attn.{n}_proj", "") for n in "qkv"),
+            (L + "attention.out_lin", B + "self_attn.o_proj", ""), (L + "sa_layer_norm", B + "norm1", ""),
             (L + "ffn.lin1", B + "ff.fc1", ""), (L + "ffn.lin2", B + "ff.fc2", ""),
             (L + "output_layer_norm", B + "norm2", "")]
 
@@ -331,8 +334,8 @@ def _vit_weights(cfg: ViTConfig) -> list[Rule]:
     return [("embeddings.cls_token", "cls_token", ""), ("embeddings.position_embeddings", "pos_embed", ""),
             ("embeddings.patch_embeddings.projection", "patch_embed.proj", ""), ("layernorm", "norm", ""),
             ("pooler.dense", "pre_logits.fc", ""), ("classifier", "head", ""),
-            (tuple(L + f"attention.attention.{n}" for n in ("query", "key", "value")), B + "attn.in_proj", "join"),
-            (L + "attention.output.dense", B + "attn.out_proj", ""), (L + "layernorm_before", B + "norm1", ""),
+            *((L + f"attention.attention.{theirs}", B + f"attn.{n}_proj", "") for theirs, n in _QKV),
+            (L + "attention.output.dense", B + "attn.o_proj", ""), (L + "layernorm_before", B + "norm1", ""),
             (L + "layernorm_after", B + "norm2", ""), (L + "intermediate.dense", B + "mlp.fc1", ""),
             (L + "output.dense", B + "mlp.fc2", "")]
 

@@ -217,11 +217,16 @@ class VisionTransformer(nn.Module):
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))
         if self.config.attn_init == "mimetic":
             for block in self.blocks:
-                in_proj, out_proj = getattr(block.attn, "in_proj", None), getattr(block.attn, "out_proj", None)
-                if not isinstance(in_proj, nn.Linear) or not isinstance(out_proj, nn.Linear):
-                    raise InputError(f"attn_init='mimetic' needs attention with packed query, key and value "
-                                     f"projections; attention={self.config.attention!r} has none")
-                mimetic_init_(in_proj.weight, out_proj.weight, self.config.num_heads)
+                projs = [getattr(block.attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+                width = self.config.embed_dim
+                if not all(isinstance(p, nn.Linear) and p.weight.shape == (width, width) for p in projs):
+                    raise InputError(f"attn_init='mimetic' needs attention with query, key, value and output "
+                                     f"projections of the width; attention={self.config.attention!r} has none")
+                with torch.no_grad():
+                    packed = torch.cat([p.weight for p in projs[:3]])  # (3d, d): [W_q; W_k; W_v]
+                    mimetic_init_(packed, projs[3].weight, self.config.num_heads)
+                    for p, part in zip(projs[:3], packed.chunk(3)):
+                        p.weight.copy_(part)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable

@@ -4,12 +4,12 @@ the call signature of exact attention, and the checks of what a kind can honour.
 A kind subclasses :class:`TokenAttention` and writes one method,
 :meth:`TokenAttention.attend`, on per-head tensors; this class does the rest::
 
-    x (B, L, E) --in_proj--> q, k, v (B, H, L, D) --attend--> (B, H, L, D) --out_proj--> (B, L, E)
+    x (B, L, E) --q_proj, k_proj, v_proj--> q, k, v (B, H, L, D) --attend--> (B, H, L, D) --o_proj--> (B, L, E)
 
-Parameter names (``in_proj``, ``out_proj``) and initialisation are those of
-:class:`~attnlab.attention.multihead.SelfAttention` (``"exact"``), so a model's
-checkpoint keys do not change when its attention kind does (a kind may add its own
-parameters, such as Linformer's projections).
+Parameter names (:mod:`~attnlab.attention.projections`) and initialisation are those of exact
+attention (``"exact"``), so a model's checkpoint keys do not change when its attention kind
+does (a kind may add its own parameters, such as Linformer's projections); checkpoints with
+the packed ``in_proj`` of earlier versions load as they are.
 
 Rotary positions (``rope=True``, base ``rope_theta``): the kinds that score queries against
 keys with a softmax (local, sparse, top-k, LSH, Nyström, Linformer) take them; queries
@@ -31,6 +31,8 @@ from torch import Tensor, nn
 
 from ...errors import InputError, shape_str
 from ..functional import check_heads
+from ..grouped import KeepsJoinedWeights, fused_linear
+from ..projections import UpgradesPackedProjections, init_torch_style
 from ..rotary import RotaryEmbedding, apply_rotary
 
 __all__ = ["TokenAttention", "MAX_POSITIONS"]
@@ -42,7 +44,7 @@ __all__ = ["TokenAttention", "MAX_POSITIONS"]
 MAX_POSITIONS = 1 << 20
 
 
-class TokenAttention(nn.Module):
+class TokenAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Module):
     """Base of the efficient ``"tokens"`` kinds; see the module docstring.
 
     Class attributes a kind sets: ``kind`` (its registry name, for messages),
@@ -52,8 +54,7 @@ class TokenAttention(nn.Module):
     kind = "tokens"
     # The options that count positions: more than the sequence holds means nothing (see MAX_POSITIONS)
     position_options: tuple[str, ...] = ()
-    lora_role = "attention"  # LoRA (attnlab.layers.lora): the projections; in_proj packs query, key and value
-    lora_parts = {"in_proj": 3}
+    lora_role = "attention"  # LoRA (attnlab.layers.lora): the query, key, value and output projections
     supports_causal = True
     supports_padding = True
 
@@ -70,12 +71,12 @@ class TokenAttention(nn.Module):
             self.rotary = RotaryEmbedding(self.head_dim, rope_theta) if rope else None
         except InputError as exc:
             raise InputError(f"{self.kind}: {exc}") from None
-        self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        nn.init.xavier_uniform_(self.in_proj.weight)  # as SelfAttention (torch's initialisation)
-        for lin in (self.in_proj, self.out_proj):
-            if lin.bias is not None:
-                nn.init.zeros_(lin.bias)
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.o_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        init_torch_style(self.q_proj, self.k_proj, self.v_proj, self.o_proj)  # as exact attention
+        self.register_upgrade()  # checkpoints with in_proj/out_proj (attnlab.attention.projections)
 
     def check_positions(self, **options: int) -> None:
         """Refuse an option of :attr:`position_options` above :data:`MAX_POSITIONS` (a kind
@@ -120,7 +121,8 @@ class TokenAttention(nn.Module):
                 raise InputError(f"{self.kind} attention cannot mask padding; pass key_padding_mask=None")
         if cache is not None:
             raise InputError(f"{self.kind} attention keeps no key/value cache; pass cache=None")
-        q, k, v = self.in_proj(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = (t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+                   for t in fused_linear(self, "qkv", (self.q_proj, self.k_proj, self.v_proj), x))
         if self.rotary is not None:
             if positions is None:
                 cos, sin = self.rotary.cos_sin_from(0, n, q.dtype, q.device)
@@ -129,7 +131,7 @@ class TokenAttention(nn.Module):
                 cos, sin = self.rotary.cos_sin(positions, q.dtype)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = self.attend(q, k, v, key_padding_mask=key_padding_mask, is_causal=is_causal)
-        return self.out_proj(out.transpose(1, 2).reshape(b, n, self.embed_dim)), None
+        return fused_linear(self, "o", (self.o_proj,), out.transpose(1, 2).reshape(b, n, self.embed_dim))[0], None
 
     def extra_repr(self) -> str:
         rope = "" if self.rotary is None else f", rope_theta={self.rotary.theta:g}"

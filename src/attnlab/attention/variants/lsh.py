@@ -3,7 +3,7 @@
 A query attends to the keys that hash into its bucket, a sparsity chosen by content: the
 positions that would score high are found by hashing instead of by scoring all of them.
 As in the Reformer, queries and keys are shared (``k`` is ``q`` normalised to unit
-length: the key projection of ``in_proj`` is not used), so that a query and the keys close
+length: the key projection ``k_proj`` is not used), so that a query and the keys close
 to it in direction land in the same bucket:
 
 1. each vector is hashed by a random rotation ``R`` (``D x n_buckets/2``, fixed at
