@@ -279,9 +279,10 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         if cache is not None:
             k, v, start = cache.update(k, v)
         lk = k.shape[2]
-        q_slots = torch.arange(past, past + n, device=x.device)
-        k_slots = torch.arange(start, start + lk, device=x.device)
         mask = attn_mask
+        if self.alibi_slopes is not None or self.window is not None:  # the slots of the queries and the keys
+            q_slots = torch.arange(past, past + n, device=x.device)
+            k_slots = torch.arange(start, start + lk, device=x.device)
         if self.alibi_slopes is not None:
             mask = combine_masks(mask, alibi_bias(self.alibi_slopes, q_slots, k_slots).to(q.dtype))
         if self.window is not None:

@@ -467,12 +467,17 @@ class GPT(KeepsJoinedWeights, nn.Module):
         check_token_ids(input_ids, cfg.vocab_size)
         b, n = input_ids.shape
         past = cache.seq_len if cache else 0
+        last = None  # the largest position, when known without reading the tensor (no host sync)
         if positions is None:
-            positions = document_positions(doc_ids) if doc_ids is not None else \
-                torch.arange(past, past + n, device=input_ids.device)
-        if int(positions.max()) >= cfg.max_len and cfg.pos_embed in ("learned", "sinusoidal"):
-            raise InputError(f"positions reach {int(positions.max())}; the model's {cfg.pos_embed} positions hold "
-                             f"max_len={cfg.max_len}")
+            if doc_ids is not None:
+                positions = document_positions(doc_ids)
+            else:
+                positions, last = torch.arange(past, past + n, device=input_ids.device), past + n - 1
+        if cfg.pos_embed in ("learned", "sinusoidal"):
+            last = int(positions.max()) if last is None else last
+            if last >= cfg.max_len:
+                raise InputError(f"positions reach {last}; the model's {cfg.pos_embed} positions hold "
+                                 f"max_len={cfg.max_len}")
         x = self.drop(self._embed(input_ids, positions))
         attn_mask = None
         if doc_ids is not None:  # packing: a token sees its own document only
