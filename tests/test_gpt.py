@@ -279,3 +279,30 @@ def test_weights_joined_for_evaluation_follow_a_fused_optimizer_step():
         plain = model(ids)  # every layer's own product, no joined weight
     assert not torch.allclose(before, after, atol=1e-3)
     torch.testing.assert_close(after, plain.detach(), atol=1e-5, rtol=0)
+
+
+def test_joined_weights_survive_eval_in_eval_mode_and_follow_every_optimizer_step():
+    """generate() sets eval mode at every call: a model already in eval mode keeps the weights it
+    joined (joining them again cost 3% of a 256-token generation), and an optimizer step taken
+    in eval mode, fused or not, still makes them joined again."""
+    torch.manual_seed(0)
+    model = create_model("llama_tiny", depth=1).eval()
+    ids = torch.randint(0, 256, (2, 7))
+    with torch.no_grad():
+        model(ids)
+    kept = model.blocks[0].attn.__dict__["_fused_qkv"]
+    model.eval()
+    assert model.blocks[0].attn.__dict__["_fused_qkv"] is kept
+    for fused in (True, False):
+        with torch.no_grad():
+            before = model(ids)
+        with torch.enable_grad():
+            model(ids).logsumexp(-1).mean().backward()
+        torch.optim.AdamW(model.parameters(), lr=0.05, fused=fused).step()
+        model.zero_grad()
+        with torch.no_grad():
+            after = model(ids)
+        with torch.enable_grad():
+            plain = model(ids)
+        assert not torch.allclose(before, after, atol=1e-3)
+        torch.testing.assert_close(after, plain.detach(), atol=1e-5, rtol=0)
