@@ -85,7 +85,8 @@ def _models(args: argparse.Namespace) -> dict[str, torch.nn.Module]:
             dim=args.width, depth=args.depth, heads=args.heads, attn_dim_head=args.width // args.heads))
     except ImportError:
         print("x-transformers is not installed here: its row is left out (make bench-peers builds .venv-peers)")
-    models["attnlab GPT (GPT-2 block)"] = GPT(**shape, bias=False, pos_embed="learned", norm="layernorm", mlp="gelu")
+    models["attnlab GPT (GPT-2 block)"] = GPT(**shape, bias=False, norm_bias=False, pos_embed="learned",
+                                             norm="layernorm", mlp="gelu")
     models["attnlab GPT (Llama block)"] = GPT(**shape, bias=False, pos_embed="rope", norm="rmsnorm", mlp="swiglu",
                                              mlp_hidden_dim=round(8 * args.width / 3))
     return models

@@ -306,3 +306,13 @@ def test_joined_weights_survive_eval_in_eval_mode_and_follow_every_optimizer_ste
             plain = model(ids)
         assert not torch.allclose(before, after, atol=1e-3)
         torch.testing.assert_close(after, plain.detach(), atol=1e-5, rtol=0)
+
+
+def test_norm_bias_false_leaves_the_layernorm_biases_out_as_nanogpt_does():
+    from attnlab.models.gpt import GPT
+    kept = GPT(vocab_size=32, max_len=16, embed_dim=16, depth=2, num_heads=2, norm="layernorm", bias=False)
+    plain = GPT(vocab_size=32, max_len=16, embed_dim=16, depth=2, num_heads=2, norm="layernorm", bias=False,
+                norm_bias=False)
+    assert {n for n, _ in kept.named_parameters() if "norm" in n and n.endswith(".bias")}  # the default keeps them
+    assert not [n for n, _ in plain.named_parameters() if n.endswith(".bias")]
+    assert plain(torch.randint(0, 32, (2, 5))).shape == (2, 5, 32)

@@ -61,11 +61,14 @@ NORMS: dict[str, Callable[..., nn.Module]] = {
 _ALIASES = {"layer": "layernorm", "ln": "layernorm", "batch": "batchnorm", "bn": "batchnorm"}
 
 
-def build_norm(name: str, dim: int, eps: float = 1e-5) -> nn.Module:
-    """A norm by name: ``"layernorm"`` (``"ln"``), ``"batchnorm"`` (``"bn"``) or ``"rmsnorm"``."""
+def build_norm(name: str, dim: int, eps: float = 1e-5, *, bias: bool = True) -> nn.Module:
+    """A norm by name: ``"layernorm"`` (``"ln"``), ``"batchnorm"`` (``"bn"``) or ``"rmsnorm"``;
+    ``bias=False``: a layernorm without its bias (the others have none, or keep BatchNorm's)."""
     key = _ALIASES.get(name.lower(), name.lower()) if isinstance(name, str) else name
     if key not in NORMS:
         raise InputError(f"norm must be one of {sorted(NORMS)}; got {name!r}")
+    if key == "layernorm" and not bias:
+        return NORMS[key](dim, eps=eps, bias=False)
     return NORMS[key](dim, eps=eps)
 
 

@@ -88,10 +88,11 @@ class GPTConfig:
     logit_softcap: float | None = None  # the output logits alike (Gemma 2: 30)
     post_norms: bool = False  # norms after the attention and the MLP too, before the residual sum (Gemma 2, 3)
     embed_scale: float | None = None  # token embeddings times this (Gemma: sqrt(embed_dim))
-    bias: bool = True  # biases of the attention projections, the MLP and the norms' (layernorm)
+    bias: bool = True  # biases of the attention projections and the MLP (each set apart below)
     attention_bias: bool | None = None  # biases of the query, key and value projections (None: bias)
     attention_out_bias: bool | None = None  # of the attention's output projection (None: attention_bias)
     mlp_bias: bool | None = None  # of the MLP's layers (None: bias)
+    norm_bias: bool = True  # the layernorms' biases (nanoGPT's bias=False leaves them out as well)
     tie_embeddings: bool = True
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
@@ -302,12 +303,12 @@ class DecoderBlock(nn.Module):
 
     def __init__(self, cfg: GPTConfig, index: int) -> None:
         super().__init__()
-        self.norm1 = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps)
+        self.norm1 = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps, bias=cfg.norm_bias)
         bias = cfg.bias if cfg.attention_bias is None else cfg.attention_bias
         self.attn = build_attention(cfg.attention, cfg.embed_dim, cfg.num_heads, dropout=cfg.attn_drop_rate,
                                     bias=bias, **cfg.attention_options_of(index))
-        self.post_attn_norm = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps) if cfg.post_norms else None
-        self.norm2 = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps)
+        self.post_attn_norm = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps, bias=cfg.norm_bias) if cfg.post_norms else None
+        self.norm2 = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps, bias=cfg.norm_bias)
         mlp_bias = cfg.bias if cfg.mlp_bias is None else cfg.mlp_bias
         if cfg.mlp in ("swiglu", "geglu"):
             self.mlp: nn.Module = SwiGLU(cfg.embed_dim, cfg.hidden_dim, bias=mlp_bias, drop_rate=cfg.drop_rate,
@@ -315,7 +316,7 @@ class DecoderBlock(nn.Module):
         else:
             self.mlp = GeluMlp(cfg.embed_dim, cfg.hidden_dim, tanh=cfg.mlp == "gelu_tanh", bias=mlp_bias,
                                drop_rate=cfg.drop_rate)
-        self.post_mlp_norm = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps) if cfg.post_norms else None
+        self.post_mlp_norm = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps, bias=cfg.norm_bias) if cfg.post_norms else None
         self.drop = Dropout(cfg.drop_rate)
 
     def forward(self, x: Tensor, *, attn_mask: Tensor | None, key_padding_mask: Tensor | None,
@@ -422,7 +423,7 @@ class GPT(KeepsJoinedWeights, nn.Module):
             self.sinusoid_scale = nn.Parameter(torch.tensor(cfg.embed_dim ** -0.5))
         self.drop = Dropout(cfg.drop_rate)
         self.blocks = nn.ModuleList(DecoderBlock(cfg, i) for i in range(cfg.depth))
-        self.norm = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps)
+        self.norm = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps, bias=cfg.norm_bias)
         self.head = nn.Linear(cfg.embed_dim, cfg.vocab_size, bias=False)
         self.apply(normal_init_)  # GPT-2's initialisation
         if cfg.tie_embeddings:
