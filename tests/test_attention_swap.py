@@ -11,7 +11,7 @@ from attnlab.models import create_model
 
 TOKEN_OPTIONS = {"exact": {}, "local": {"window": 8}, "sparse": {"block": 8}, "linear": {}, "performer": {},
                  "linformer": {"seq_len": 64, "k": 16}, "nystrom": {"num_landmarks": 8}, "lsa": {},
-                 "topk": {"top_k": 4}, "lsh": {"bucket_size": 8, "n_buckets": 4}}  # rotary positions: the models' pos_embed="rope" (test_inner_positions.py)
+                 "topk": {"top_k": 4}, "lsh": {"bucket_size": 8, "n_buckets": 4}, "differential": {}, "sinks": {}}  # rotary positions: the models' pos_embed="rope" (test_inner_positions.py)
 GRID_OPTIONS = {"relpos2d": {}, "axial": {}, "standalone2d": {"kernel_size": 3}}
 
 

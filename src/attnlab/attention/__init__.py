@@ -5,6 +5,7 @@ from .alibi import alibi_bias, alibi_slopes
 from .cache import DecodingCache, KVCache
 from .functional import causal_mask, merge_masks, scaled_dot_product_attention
 from .grouped import GroupedQueryAttention, RMSNorm
+from .differential import DifferentialAttention, SinkAttention
 from .multihead import CrossAttention, MultiHeadAttention, SelfAttention
 from .rotary import RotaryEmbedding, apply_rotary, rotate_half
 from .variants import axial, linear, linformer, local, lsa, nystrom, performer, relpos2d, sparse, standalone2d, topk, lsh  # noqa: F401  (register)
@@ -36,6 +37,8 @@ __all__ = [
     "KVCache",
     "DecodingCache",
     "GroupedQueryAttention",
+    "DifferentialAttention",
+    "SinkAttention",
     "RMSNorm",
     "RotaryEmbedding",
     "apply_rotary",

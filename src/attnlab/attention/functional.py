@@ -183,6 +183,7 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     softcap: float | None = None,
+    sinks: Tensor | None = None,
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(q kᵀ · scale + mask) v, through torch's fused kernel unless weights are wanted.
@@ -200,6 +201,10 @@ def scaled_dot_product_attention(
         softcap: squash the scaled logits into ``(-softcap, softcap)`` as
             ``softcap * tanh(logits / softcap)`` before the mask (Gemma 2's attention-logit
             soft-capping); torch's fused kernel has no such step, so it takes the explicit path.
+        sinks: a learned logit per head, ``(H,)`` (gpt-oss's attention sinks): a key that every
+            query sees, with no value, so that a query can give part of its weight to nothing;
+            the weights returned are those of the real keys (they sum to less than 1). The
+            explicit path computes them (torch's fused kernel has no such column).
         need_weights: also return the attention weights (disables the fused kernel).
 
     Returns:
@@ -222,7 +227,9 @@ def scaled_dot_product_attention(
     # is faster there.
     if softcap is not None and not softcap > 0:
         raise InputError(f"softcap must be a positive number; got {softcap}")
-    explicit = need_weights or softcap is not None or (dropout_p > 0 and q.device.type == "cpu") \
+    if sinks is not None and (sinks.dim() != 1 or sinks.shape[0] != heads):
+        raise InputError(f"sinks must have shape (H,) = ({heads},); got {shape_str(sinks)}")
+    explicit = need_weights or softcap is not None or sinks is not None or (dropout_p > 0 and q.device.type == "cpu") \
         or _short_half_on_cpu(q, lk)
     # Fast path for the most common causal case: let the kernel build the triangle.
     fused_causal = is_causal and lq == lk and attn_mask is None and key_padding_mask is None and not explicit
@@ -263,7 +270,11 @@ def scaled_dot_product_attention(
         # 6.7) but not below them (24 keys: 24 ms vs 9.5), where torch's bfloat16 kernel is not vectorized.
         bf16_soft = q.dtype == torch.bfloat16 and (lk >= 32 or q.device.type != "cpu")
         soft_dtype = q.dtype if bf16_soft else torch.promote_types(q.dtype, torch.float32)
-        weights = torch.softmax(logits, dim=-1, dtype=soft_dtype).to(q.dtype)
+        if sinks is None:
+            weights = torch.softmax(logits, dim=-1, dtype=soft_dtype).to(q.dtype)
+        else:  # one more column, the sink's, in the softmax; then left out
+            column = sinks.to(logits.dtype).view(1, heads, 1, 1).expand(*logits.shape[:-1], 1)
+            weights = torch.softmax(torch.cat([logits, column], dim=-1), dim=-1, dtype=soft_dtype)[..., :-1].to(q.dtype)
         if dead is not None:
             weights = weights.masked_fill(dead, 0.0)
         dropped = dropout(weights, p=dropout_p) if dropout_p > 0 else weights

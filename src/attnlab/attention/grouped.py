@@ -193,6 +193,8 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         qk_norm: RMSNorm on each head's queries and keys before the product (Qwen3, Gemma 3).
         scale: the logit scale (default ``D ** -0.5``; Gemma's ``query_pre_attn_scalar ** -0.5``).
         softcap: logits squashed to ``softcap * tanh(logits / softcap)`` (Gemma 2).
+        sinks: a learned logit per query head, a key with no value that takes part of each
+            query's weight (gpt-oss's attention sinks; the ``"sinks"`` kind has it on).
 
     ``forward(x, *, key_padding_mask, attn_mask, is_causal, need_weights,
     average_attn_weights, positions, cache)``: ``x`` ``(B, L, E)``; ``positions`` ``(L,)``
@@ -217,7 +219,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
                  rope: bool = False, rope_theta: float = 10000.0, rope_scaling: dict | None = None,
                  partial_rotary: float = 1.0, max_len: int | None = None, alibi: bool = False,
                  window: int | None = None, qk_norm: bool = False, scale: float | None = None,
-                 softcap: float | None = None) -> None:
+                 softcap: float | None = None, sinks: bool = False) -> None:
         super().__init__()
         if head_dim is None:
             check_heads(embed_dim, num_heads, dropout)
@@ -250,6 +252,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
                              rope_scaling=rope_scaling, partial_rotary=partial_rotary, max_len=max_len)
         self.q_norm = RMSNorm(head_dim) if qk_norm else None
         self.k_norm = RMSNorm(head_dim) if qk_norm else None
+        self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None
 
     # ------------------------------------------------------------------ the cache (the decoder contract)
     def new_cache(self, batch: int, capacity: int, *, dtype: torch.dtype | None = None,
@@ -315,10 +318,8 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
             group = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         capture = self._attn_capture
-        out, weights = scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=self.scale,
-            softcap=self.softcap, dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights or capture is not None)
+        out, weights = self._attend(q, k, v, mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
+                                    need_weights=need_weights or capture is not None)
         if capture is not None:
             capture(weights)
             if not need_weights:
@@ -328,6 +329,41 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)
         return out, weights
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, key_padding_mask: Tensor | None,
+                is_causal: bool, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """The attention of :meth:`forward` on heads made ready, ``q``, ``k``, ``v`` ``(B, H, L, D)``
+        (the key/value heads repeated per query head): ``(out (B, H', Lq, D'), weights (B, H', Lq, Lk)
+        or None)`` with ``H' * D' = H * D``; a kind built on this module changes this step."""
+        return scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=self.scale,
+            softcap=self.softcap, sinks=self.sinks, dropout_p=self.dropout if self.training else 0.0,
+            need_weights=need_weights)
+
+    def _attend_step(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
+        """The attention of :meth:`decode_step`: ``q`` ``(B, Hkv, group, D)`` (query head ``i`` is
+        row ``i % group`` of key/value head ``i // group``), ``k``, ``v`` ``(B, Hkv, Lk, D)`` as
+        cached, ``keep`` ``(B, 1, 1, Lk)`` (``True`` = may attend) or None; returns ``(B, H * D)``."""
+        batch = q.shape[0]
+        if self.softcap is None and self.sinks is None:
+            # torch's kernel against matmul, softmax, matmul for the 4 queries of a group and L keys of 32: 8.6 /
+            # 7.0 / 14 µs against 18 / 19 / 35 (bmm: 13 / 22 / 27) at L = 16 / 64 / 272, batch 1; 17 / 24 / 54
+            # against 33 / 47 / 102 (25 / 30 / 56) at batch 8 (AMD EPYC AVX-512, torch 2.13, 2 threads).
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=self.scale)  # (B, Hkv, group, D)
+        else:
+            d = q.shape[-1]
+            logits = (q @ k.transpose(-2, -1)) * (d ** -0.5 if self.scale is None else self.scale)
+            if self.softcap is not None:
+                logits = torch.tanh(logits / self.softcap) * self.softcap
+            if keep is not None:
+                logits = logits.masked_fill(~keep, float("-inf"))
+            if self.sinks is None:
+                weights = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            else:
+                column = self.sinks.to(logits.dtype).view(1, *q.shape[1:3], 1).expand(*logits.shape[:-1], 1)
+                weights = torch.softmax(torch.cat([logits, column], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
+            out = weights.to(q.dtype) @ v
+        return out.reshape(batch, -1)
 
     # ------------------------------------------------------------------ one token per row
     def decode_step(self, x: Tensor, cache: DecodingCache, *, positions: Tensor | None = None,
@@ -382,18 +418,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         keep = None
         if key_padding_mask is not None:
             keep = ~key_padding_mask[:, -k.shape[2]:][:, None, None, :]  # True = may attend (torch's)
-        if self.softcap is None:
-            # torch's kernel against matmul, softmax, matmul for the 4 queries of a group and L keys of 32: 8.6 /
-            # 7.0 / 14 µs against 18 / 19 / 35 (bmm: 13 / 22 / 27) at L = 16 / 64 / 272, batch 1; 17 / 24 / 54
-            # against 33 / 47 / 102 (25 / 30 / 56) at batch 8 (AMD EPYC AVX-512, torch 2.13, 2 threads).
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=self.scale)  # (B, Hkv, group, D)
-        else:
-            logits = (q @ k.transpose(-2, -1)) * (d ** -0.5 if self.scale is None else self.scale)
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-            if keep is not None:
-                logits = logits.masked_fill(~keep, float("-inf"))
-            out = torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype) @ v
-        out = out.reshape(batch, h * d)
+        out = self._attend_step(q, k, v, keep)
         return torch.mm(out, w_o) if b_o is None else torch.addmm(b_o, out, w_o)
 
     def _decode_plan(self, dtype: torch.dtype) -> tuple:
@@ -453,6 +478,8 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         for name in ("window", "scale", "softcap"):
             if getattr(self, name) is not None:
                 parts.append(f"{name}={getattr(self, name):g}")
+        if self.sinks is not None:
+            parts.append("sinks=True")
         return ", ".join(parts)
 
 

@@ -62,8 +62,8 @@ from ..errors import InputError
 from ..suggest import did_you_mean
 
 __all__ = ["register_attention", "register_alias", "build_attention", "list_attention", "attention_family",
-           "attention_forms_weights", "attention_keeps_cache", "attention_accepts", "attention_takes", "kinds_taking",
-           "attention_position_options", "attend_grid"]
+           "attention_forms_weights", "attention_keeps_cache", "attention_accepts", "attention_options_named",
+           "attention_takes", "kinds_taking", "attention_position_options", "attend_grid"]
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,11 @@ def attention_takes(name: str, option: str) -> bool:
     """Whether kind ``name`` takes the build option ``option`` (``"rope"``, ``"alibi"``, ...)."""
     known = _options(name)
     return known is None or option in known
+
+
+def attention_options_named(name: str) -> tuple[str, ...]:
+    """The build options kind ``name`` names (none for a kind that takes ``**options``)."""
+    return tuple(_options(name) or ())
 
 
 def attention_accepts(name: str, argument: str) -> bool:

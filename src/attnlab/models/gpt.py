@@ -40,8 +40,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.grouped import KeepsJoinedWeights, RMSNorm, fused_linear, joined_weight
-from ..attention.registry import (attention_accepts, attention_family, attention_keeps_cache, attention_takes,
-                                  build_attention, kinds_taking, list_attention)
+from ..attention.registry import (attention_accepts, attention_family, attention_keeps_cache, attention_options_named,
+                                  attention_takes, build_attention, kinds_taking, list_attention)
 from ..dropout import Dropout
 from ..errors import InputError, shape_str
 from ..layers.init import normal_init_
@@ -224,6 +224,11 @@ class GPTConfig:
             options["scale"] = float(self.query_pre_attn_scalar) ** -0.5
         if self.attn_softcap is not None:
             options["softcap"] = self.attn_softcap
+        taken = attention_options_named(self.attention)  # what a kind needs of its place in the decoder
+        if "layer_index" in taken:
+            options.setdefault("layer_index", layer)
+        if "norm_eps" in taken:
+            options.setdefault("norm_eps", self.norm_eps)
         return options
 
     @property

@@ -49,8 +49,9 @@ def _gpt2_weights(cfg: GPTConfig) -> list[Rule]:
 
 
 def _decoder_weights(cfg: GPTConfig, *, gemma: bool = False, packed: bool = False) -> list[Rule]:
-    """Llama's names, which Mistral, Qwen2/3, SmolLM3, Gemma 2/3 and Phi-3 share; ``gemma``:
-    four norms a block, each stored minus one; ``packed``: Phi-3's joined projections."""
+    """Llama's names, which Mistral, Qwen2/3, SmolLM3, Gemma 2/3, Phi-3 and DiffLlama share;
+    ``gemma``: four norms a block, each stored minus one; ``packed``: Phi-3's joined projections;
+    DiffLlama's four lambda vectors a layer."""
     L, B = "model.layers.{i}.", "blocks.{i}."
     norm = "+1" if gemma else ""
     rules: list[Rule] = [("model.embed_tokens", "tok_embed", ""), ("model.norm", "norm", norm),
@@ -69,6 +70,7 @@ def _decoder_weights(cfg: GPTConfig, *, gemma: bool = False, packed: bool = Fals
         rules += [(L + f"mlp.{n}_proj", B + f"mlp.{n}_proj", "") for n in ("gate", "up")]
     rules += [(L + "self_attn.o_proj", B + "attn.o_proj", ""), (L + "mlp.down_proj", B + "mlp.down_proj", ""),
               (L + "self_attn.q_norm", B + "attn.q_norm", norm), (L + "self_attn.k_norm", B + "attn.k_norm", norm)]
+    rules += [(L + f"self_attn.lambda_{n}", B + f"attn.lambda_{n}", "") for n in ("q1", "k1", "q2", "k2")]
     return rules
 
 
@@ -208,7 +210,8 @@ def _decoder_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GP
         logit_softcap=c.get("final_logit_softcapping") if gemma else None,
         post_norms=gemma, embed_scale=float(hidden) ** 0.5 if gemma else None,
         bias=False, attention_bias=bias, attention_out_bias=out_bias, mlp_bias=bool(c.get("mlp_bias", False)),
-        tie_embeddings=bool(c.get("tie_word_embeddings", gemma or family == "smollm3")))
+        tie_embeddings=bool(c.get("tie_word_embeddings", gemma or family == "smollm3")),
+        attention="differential" if family == "diffllama" else "exact")
 
 
 def _gpt2_config(c: dict[str, Any], sd: dict[str, Tensor]) -> GPTConfig:
@@ -383,6 +386,7 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "gemma2": _decoder("gemma2", gemma=True),
     "gemma3_text": _decoder("gemma3_text", gemma=True),
     "phi3": _decoder("phi3", packed=True),
+    "diffllama": _decoder("diffllama"),
     "bert": _encoder("bert", _bert_weights, "bert_base"),
     "roberta": _encoder("roberta", _roberta_weights, "roberta_base"),
     "distilbert": _encoder("distilbert", _distilbert_weights, "distilbert_base"),
