@@ -6,6 +6,7 @@ from .cache import DecodingCache, KVCache
 from .functional import causal_mask, merge_masks, scaled_dot_product_attention
 from .grouped import GroupedQueryAttention, RMSNorm
 from .differential import DifferentialAttention, SinkAttention
+from .latent import LatentAttention
 from .multihead import CrossAttention, MultiHeadAttention, SelfAttention
 from .rotary import RotaryEmbedding, apply_rotary, rotate_half
 from .variants import axial, linear, linformer, local, lsa, nystrom, performer, relpos2d, sparse, standalone2d, topk, lsh  # noqa: F401  (register)
@@ -39,6 +40,7 @@ __all__ = [
     "GroupedQueryAttention",
     "DifferentialAttention",
     "SinkAttention",
+    "LatentAttention",
     "RMSNorm",
     "RotaryEmbedding",
     "apply_rotary",

@@ -128,18 +128,21 @@ class DecodingCache:
         """Positions held now."""
         return self.seq_len - self.start
 
-    def _buffers(self, k: Tensor, v: Tensor, size: int, keep: int) -> None:
+    def _buffers(self, k: Tensor, v: Tensor | None, size: int, keep: int) -> None:
         """New buffers of ``size`` positions that begin with the last ``keep`` stored ones."""
         b, h, _, d = k.shape
-        new_k, new_v = k.new_empty(b, h, size, d), v.new_empty(b, h, size, v.shape[3])
+        new_k = k.new_empty(b, h, size, d)
+        new_v = None if v is None else v.new_empty(b, h, size, v.shape[3])
         if keep:
             new_k[:, :, :keep] = self._k[:, :, self._end - keep : self._end]  # type: ignore[index]
-            new_v[:, :, :keep] = self._v[:, :, self._end - keep : self._end]  # type: ignore[index]
+            if new_v is not None:
+                new_v[:, :, :keep] = self._v[:, :, self._end - keep : self._end]  # type: ignore[index]
         self._k, self._v, self._end = new_k, new_v, keep
 
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, int]:
+    def update(self, k: Tensor, v: Tensor | None) -> tuple[Tensor, Tensor | None, int]:
         """Add this step's ``k``, ``v`` ``(B, Hkv, L_new, D)``; returns ``(keys, values,
-        start)`` of everything the step attends to."""
+        start)`` of everything the step attends to. ``v`` None: a cache of one tensor a
+        position (latent attention keeps its latent there, the values being part of it)."""
         n = k.shape[2]
         keep = self.stored if self.window is None else min(self.window - 1, self.stored)  # seen besides this step
         if self.window is None:
@@ -153,12 +156,14 @@ class DecodingCache:
             self._buffers(k, v, self.window - 1 + max(n, self.slide_room), keep)
         first, start = self._end - keep, self.seq_len - keep
         self._k[:, :, self._end : self._end + n] = k  # type: ignore[index]
-        self._v[:, :, self._end : self._end + n] = v  # type: ignore[index]
+        if v is not None:
+            self._v[:, :, self._end : self._end + n] = v  # type: ignore[index]
         self._end += n
         self.seq_len += n
         if self.window is not None:
             self.start = self.seq_len - min(self.window - 1, self.seq_len)
-        return self._k[:, :, first : self._end], self._v[:, :, first : self._end], start  # type: ignore[index]
+        values = None if v is None else self._v[:, :, first : self._end]  # type: ignore[index]
+        return self._k[:, :, first : self._end], values, start  # type: ignore[index]
 
     def nbytes(self) -> int:
         """Bytes of the buffers held now."""

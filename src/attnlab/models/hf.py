@@ -20,6 +20,7 @@ value in ``c_attn``; Phi-3 packs them in ``qkv_proj``).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -214,6 +215,57 @@ def _decoder_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GP
         attention="differential" if family == "diffllama" else "exact")
 
 
+def _deepseek_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GPTConfig:
+    """DeepSeek-V3's config.json with every layer dense (``first_k_dense_replace`` at least the
+    number of layers): multi-head latent attention (``kv_lora_rank``, ``q_lora_rank``, heads
+    of ``qk_nope_head_dim`` + ``qk_rope_head_dim`` and values of ``v_head_dim``), Llama's MLP.
+    With yarn rotary positions and ``mscale_all_dim``, the logits are scaled by ``mscale**2``
+    as DeepSeek's attention does."""
+    _refuse_unsupported(c)
+    depth = c["num_hidden_layers"]
+    dense = c.get("first_k_dense_replace", 3)
+    if dense is None or (isinstance(depth, int) and dense < depth):
+        raise InputError(f"config.json: first_k_dense_replace {dense!r} is below num_hidden_layers {depth}: layers "
+                         f"from {dense} on have a mixture-of-experts MLP, which attnlab does not implement")
+    heads = c["num_attention_heads"]
+    if c.get("num_key_value_heads") not in (None, heads):
+        raise InputError(f"config.json: num_key_value_heads {c['num_key_value_heads']!r} differs from "
+                         f"num_attention_heads {heads}: latent attention makes every head's key and value")
+    act = c.get("hidden_act", "silu")
+    if act not in _ACTIVATIONS:
+        raise InputError(f"config.json: hidden_act {act!r} is not supported; gated MLPs take {', '.join(_ACTIVATIONS)}")
+    nope, rope_dim = int(c.get("qk_nope_head_dim", 128)), int(c.get("qk_rope_head_dim", 64))
+    theta, scaling, _, fraction = _rope(c, rope_dim, family)
+    if fraction != 1.0:
+        raise InputError(f"config.json: partial_rotary_factor {fraction} is not supported with latent attention")
+    scalar = None  # the logits' scale as query_pre_attn_scalar ** -0.5: (nope + rope_dim) / mscale ** 4
+    if scaling is not None and scaling.get("mscale_all_dim"):
+        factor = float(scaling["factor"])
+        mscale = 0.1 * float(scaling["mscale_all_dim"]) * math.log(factor) + 1.0 if factor > 1 else 1.0
+        scalar = (nope + rope_dim) / mscale ** 4
+    options = {"kv_rank": int(c.get("kv_lora_rank", 512)), "q_rank": c.get("q_lora_rank"), "rope_dim": rope_dim,
+               "v_head_dim": int(c.get("v_head_dim") or nope), "rope_interleave": bool(c.get("rope_interleave", True))}
+    return GPTConfig(
+        vocab_size=c["vocab_size"], max_len=c.get("max_position_embeddings", 4096), embed_dim=c["hidden_size"],
+        depth=depth, num_heads=heads, head_dim=nope, mlp_hidden_dim=c["intermediate_size"], mlp=_ACTIVATIONS[act],
+        norm="rmsnorm", norm_eps=c.get("rms_norm_eps", 1e-6), pos_embed="rope", rope_theta=theta,
+        rope_scaling=scaling, bias=False, attention_bias=bool(c.get("attention_bias", False)), mlp_bias=False,
+        tie_embeddings=bool(c.get("tie_word_embeddings", False)), query_pre_attn_scalar=scalar, attention="latent",
+        attention_options=options)
+
+
+def _deepseek_weights(cfg: GPTConfig) -> list[Rule]:
+    """DeepSeek's names: Llama's norms and MLP, the latent attention's own projections."""
+    L, B = "model.layers.{i}.", "blocks.{i}."
+    rules: list[Rule] = [("model.embed_tokens", "tok_embed", ""), ("model.norm", "norm", ""), ("lm_head", "head", ""),
+                         (L + "input_layernorm", B + "norm1", ""), (L + "post_attention_layernorm", B + "norm2", "")]
+    rules += [(L + f"mlp.{n}_proj", B + f"mlp.{n}_proj", "") for n in ("gate", "up", "down")]
+    rules += [(L + f"self_attn.{n}", B + f"attn.{n}", "") for n in (
+        "q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj",
+        "o_proj")]
+    return rules
+
+
 def _gpt2_config(c: dict[str, Any], sd: dict[str, Tensor]) -> GPTConfig:
     _refuse_unsupported(c)
     activation = c.get("activation_function", "gelu_new")
@@ -387,6 +439,8 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "gemma3_text": _decoder("gemma3_text", gemma=True),
     "phi3": _decoder("phi3", packed=True),
     "diffllama": _decoder("diffllama"),
+    "deepseek_v3": HFFamily(lambda c, sd: _deepseek_config(c, sd, "deepseek_v3"), GPT, _deepseek_weights,
+                            "llama_tiny", buffers=r"rotary_emb\.inv_freq$"),
     "bert": _encoder("bert", _bert_weights, "bert_base"),
     "roberta": _encoder("roberta", _roberta_weights, "roberta_base"),
     "distilbert": _encoder("distilbert", _distilbert_weights, "distilbert_base"),
