@@ -348,3 +348,135 @@ def test_latent_refuses_impossible_sizes_in_one_line(options, message):
     with pytest.raises(InputError, match=message) as caught:
         build_attention("latent", 32, 4, **options)
     assert len(str(caught.value).splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- the gated delta rule
+def _delta_inputs(b=2, h=3, n=37, dk=8, dv=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(b, h, n, dk, generator=gen), dim=-1) * dk ** -0.5
+    k = torch.nn.functional.normalize(torch.randn(b, h, n, dk, generator=gen), dim=-1)
+    v = torch.randn(b, h, n, dv, generator=gen)
+    g, beta = -torch.rand(b, h, n, generator=gen) * 2, torch.rand(b, h, n, generator=gen)
+    return q, k, v, g, beta, torch.randn(b, h, dk, dv, generator=gen)
+
+
+@pytest.mark.parametrize("n,chunk", [(37, 8), (37, 64), (64, 16), (1, 4), (0, 8)])
+def test_the_chunked_gated_delta_rule_equals_the_recurrent_one(n, chunk):
+    from attnlab.attention.delta import chunked, recurrent
+
+    q, k, v, g, beta, s0 = _delta_inputs(n=n)
+    out, state = recurrent(q, k, v, g, beta, s0)
+    out_c, state_c = chunked(q, k, v, g, beta, s0, chunk_size=chunk)
+    assert out_c.shape == out.shape
+    torch.testing.assert_close(out_c, out, atol=1e-5, rtol=0)
+    torch.testing.assert_close(state_c, state, atol=1e-5, rtol=0)
+
+
+def test_the_delta_rule_overwrites_a_key_it_already_holds():
+    """Written twice under one key with beta = 1 and no decay, the state gives the second value
+    (plain linear attention would give their sum)."""
+    from attnlab.attention.delta import recurrent
+
+    k = torch.nn.functional.normalize(torch.randn(1, 1, 1, 8), dim=-1).expand(1, 1, 2, 8)
+    v = torch.randn(1, 1, 2, 4)
+    _, state = recurrent(k, k, v, torch.zeros(1, 1, 2), torch.ones(1, 1, 2))
+    torch.testing.assert_close(state[0, 0].T @ k[0, 0, 0], v[0, 0, 1], atol=1e-5, rtol=0)
+
+
+def _qwen35_linear_layer():
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+
+    from attnlab.attention import GatedDeltaNet
+
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=12, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=6, linear_conv_kernel_dim=4)
+    torch.manual_seed(6)
+    theirs = Qwen3_5GatedDeltaNet(config, 0).eval()
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            p.uniform_(-1, 1) if name == "A_log" else p.normal_(0, 0.3)
+    ours = GatedDeltaNet(48, 4, num_key_heads=2, head_dim=8, v_head_dim=6, chunk_size=16).eval()
+    state = dict(theirs.state_dict())
+    state["norm_weight"] = state.pop("norm.weight")
+    ours.load_state_dict(state)
+    return theirs, ours
+
+
+def test_gated_delta_layer_equals_qwen3_5s_linear_attention_to_1e_5():
+    theirs, ours = _qwen35_linear_layer()
+    x = torch.randn(2, 70, 48, generator=torch.Generator().manual_seed(7))  # several chunks and a part
+    with torch.no_grad():
+        expected = theirs(x)
+        got, weights = ours(x, is_causal=True)
+    assert weights is None
+    assert (got - expected).abs().max().item() < 1e-5
+
+
+def test_gated_delta_left_padding_leaves_the_state_untouched():
+    _, ours = _qwen35_linear_layer()
+    x = torch.randn(1, 20, 48, generator=torch.Generator().manual_seed(8))
+    padded = torch.cat([torch.randn(1, 5, 48), x], dim=1)
+    pad = torch.zeros(1, 25, dtype=torch.bool)
+    pad[:, :5] = True
+    with torch.no_grad():
+        alone, _ = ours(x, is_causal=True)
+        got, _ = ours(padded, is_causal=True, key_padding_mask=pad)
+    torch.testing.assert_close(got[:, 5:], alone, atol=1e-5, rtol=0)
+
+
+def test_gated_delta_cache_is_constant_in_size_and_continues_the_sequence():
+    _, ours = _qwen35_linear_layer()
+    x = torch.randn(2, 60, 48, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        whole, _ = ours(x, is_causal=True)
+        cache = ours.new_cache(2, 60)
+        first, _ = ours(x[:, :40], is_causal=True, cache=cache)
+        size = cache.nbytes()
+        steps = [ours(x[:, i:i + 1], is_causal=True, cache=cache)[0] for i in range(40, 60)]
+    assert cache.nbytes() == size == ours.cache_bytes(2, 10 ** 6, torch.float32)
+    torch.testing.assert_close(torch.cat([first, *steps], 1), whole, atol=1e-5, rtol=0)
+
+
+def test_a_decoder_of_gated_delta_layers_generates_with_its_state_and_trains():
+    torch.manual_seed(0)
+    model = GPT(vocab_size=50, max_len=64, embed_dim=32, depth=2, num_heads=4, pos_embed="none", norm="rmsnorm",
+                mlp="swiglu", attention="gated_delta", attention_options={"chunk_size": 4}).eval()
+    ids = torch.randint(0, 50, (2, 6))
+    out = model.generate(ids, 12)
+    assert torch.equal(out, model.generate(ids, 12, use_cache=False))
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.randint(0, 50, (4, 16))
+    losses = []
+    for _ in range(15):
+        logits = model(data[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 50), data[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.5
+
+
+@pytest.mark.parametrize("call,message", [
+    ({}, "causal only"),
+    ({"is_causal": True, "attn_mask": torch.zeros(5, 5, dtype=torch.bool)}, "takes no attn_mask"),
+    ({"is_causal": True, "need_weights": True}, "forms no attention weights"),
+])
+def test_gated_delta_refuses_what_a_state_cannot_do_in_one_line(call, message):
+    layer = build_attention("gated_delta", 32, 4)
+    with pytest.raises(InputError, match=message) as caught:
+        layer(torch.randn(1, 5, 32), **call)
+    assert len(str(caught.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"num_key_heads": 3}, "num_key_heads must divide num_heads=4"),
+    ({"conv_size": 0}, "conv_size must be a positive integer"),
+    ({"chunk_size": 0}, "chunk_size must be a positive integer"),
+])
+def test_gated_delta_refuses_impossible_sizes_in_one_line(options, message):
+    with pytest.raises(InputError, match=message):
+        build_attention("gated_delta", 32, 4, **options)

@@ -7,6 +7,7 @@ from .functional import causal_mask, merge_masks, scaled_dot_product_attention
 from .grouped import GroupedQueryAttention, RMSNorm
 from .differential import DifferentialAttention, SinkAttention
 from .latent import LatentAttention
+from .delta import GatedDeltaNet
 from .multihead import CrossAttention, MultiHeadAttention, SelfAttention
 from .rotary import RotaryEmbedding, apply_rotary, rotate_half
 from .variants import axial, linear, linformer, local, lsa, nystrom, performer, relpos2d, sparse, standalone2d, topk, lsh  # noqa: F401  (register)
@@ -41,6 +42,7 @@ __all__ = [
     "DifferentialAttention",
     "SinkAttention",
     "LatentAttention",
+    "GatedDeltaNet",
     "RMSNorm",
     "RotaryEmbedding",
     "apply_rotary",

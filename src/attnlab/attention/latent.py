@@ -63,11 +63,15 @@ class LatentAttention(nn.Module):
         rope_dim: the rotary part of each query and key (default ``head_dim / 2`` with ``rope``,
             else 0: then positions must come from outside, e.g. learned embeddings).
         v_head_dim: each head's value size (default ``head_dim``).
-        rope, rope_theta, rope_scaling, max_len: rotary positions on the rotary part.
+        rope: rotary positions on the rotary part of each query and key.
+        rope_theta: their base.
+        rope_scaling: their scaling (as the exact kind's), which needs ``max_len``.
+        max_len: the longest context the model was made for.
         rope_interleave: DeepSeek's layout of the rotary part (pairs of neighbours).
         scale: the logit scale (default ``(head_dim + rope_dim) ** -0.5``).
         latent_norm_eps: the eps of the two latents' RMSNorms (DeepSeek: 1e-6).
-        dropout, bias: attention dropout; biases of ``x``'s projections and the output.
+        dropout: on the attention weights, in training mode.
+        bias: biases of the projections of ``x`` and of the output.
     """
 
     lora_role = "attention"

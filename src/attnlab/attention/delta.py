@@ -1,0 +1,261 @@
+"""The gated delta rule (Yang, Kautz and Hatamizadeh, 2024, "Gated Delta Networks"), the
+linear-attention layer of Qwen3.5 and Qwen3-Next: attention as a recurrent state that is
+corrected, not only added to.
+
+Each value head keeps a state ``S`` (``Dk x Dv``), a memory from keys to values. At each token,
+with ``q``, ``k`` L2-normalized, a decay ``a = exp(g)`` in (0, 1) and a write strength
+``beta`` in (0, 1)::
+
+    S = a S                                   forget a little
+    S = S + beta k (v - S^T k)^T              write the part of v that S does not yet give for k
+    o = S^T q / sqrt(Dk)
+
+The delta rule's write moves ``S^T k`` a step ``beta`` towards ``v`` (one step of gradient
+descent on ``|S^T k - v|^2``), so a key already stored is overwritten rather than piled up;
+the gate ``a`` lets the state forget. The state has a fixed size whatever the length: the cache
+of a decoder is ``S`` and the last ``conv_size - 1`` inputs of the short causal convolution
+that precedes the projections, constant memory.
+
+Training runs the same recurrence a chunk of ``chunk_size`` tokens at a time (:func:`chunked`):
+within a chunk the writes ``delta_i = beta_i (v_i - ...)`` depend on each other through a
+unit lower-triangular system ``(I + A) Delta = beta (V - Gamma K S0)`` with
+``A_ij = beta_i (Gamma_i / Gamma_j) k_i . k_j`` (``j < i``, ``Gamma`` the chunk's cumulative
+decay), solved at once; then ``O = Gamma Q S0 + (M o Q K^T) Delta`` and the state moves to the
+chunk's end. :func:`recurrent` is the token-by-token form; the two are equal (tested).
+
+The layer (:class:`GatedDeltaNet`) has Qwen3.5's parameter names and computation: one
+projection to ``q, k, v``, a depthwise causal convolution with SiLU, the decay from
+``A_log``, ``dt_bias`` and a projection ``a``, ``beta`` from a projection ``b``, and the output
+normalized per head and gated by SiLU of a projection ``z`` before ``out_proj``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import InputError, shape_str
+from .registry import register_attention
+
+__all__ = ["GatedDeltaNet", "RecurrentCache", "chunked", "recurrent"]
+
+
+def _l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None = None,
+              ) -> tuple[Tensor, Tensor]:
+    """The gated delta rule token by token. ``q``, ``k`` ``(B, H, L, Dk)`` (normalized, ``q``
+    scaled), ``v`` ``(B, H, L, Dv)``, ``g`` (log decay) and ``beta`` ``(B, H, L)``, ``state``
+    ``(B, H, Dk, Dv)`` or None (zeros). Returns ``(out (B, H, L, Dv), final state)``, float32."""
+    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
+    b, h, n, dk = k.shape
+    s = q.new_zeros(b, h, dk, v.shape[-1]) if state is None else state.float()
+    out = []
+    for t in range(n):
+        s = s * g[:, :, t, None, None].exp()
+        kt = k[:, :, t]
+        delta = (v[:, :, t] - (s * kt[..., None]).sum(-2)) * beta[:, :, t, None]
+        s = s + kt[..., None] * delta[..., None, :]
+        out.append((s * q[:, :, t, :, None]).sum(-2))
+    return torch.stack(out, 2) if out else v.new_zeros(b, h, 0, v.shape[-1]), s
+
+
+def chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None = None,
+            chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+    """The gated delta rule a chunk at a time (see the module docstring); the arguments and the
+    result as :func:`recurrent`'s."""
+    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
+    b, h, n, dk = k.shape
+    dv = v.shape[-1]
+    s = q.new_zeros(b, h, dk, dv) if state is None else state.float()
+    if n == 0:
+        return v.new_zeros(b, h, 0, dv), s
+    c = min(chunk_size, n)
+    pad = (-n) % c
+    if pad:  # zero keys, values and decays after the end change neither the outputs nor the state
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
+    m = (n + pad) // c
+    q, k, v = (t.reshape(b, h, m, c, t.shape[-1]) for t in (q, k, v))
+    g, beta = g.reshape(b, h, m, c), beta.reshape(b, h, m, c)
+    gamma = g.cumsum(-1)  # log of the decay from the chunk's start to each position
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()  # j <= i
+    ratio = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~lower, float("-inf")).exp()  # Gamma_i / Gamma_j
+    kb = k * beta[..., None]
+    system = (kb @ k.transpose(-1, -2)) * ratio  # beta_i (Gamma_i / Gamma_j) k_i . k_j, j <= i
+    system = system.masked_fill(lower.logical_not().logical_or(torch.eye(c, dtype=torch.bool, device=q.device)), 0.0)
+    eye = torch.eye(c, device=q.device, dtype=system.dtype)
+    u = torch.linalg.solve_triangular(eye + system, v * beta[..., None], upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(eye + system, kb * gamma.exp()[..., None], upper=False, unitriangular=True)
+    scores = (q @ k.transpose(-1, -2)) * ratio  # (q_i . k_j) Gamma_i / Gamma_j, j <= i
+    q_decayed = q * gamma.exp()[..., None]
+    k_to_end = k * (gamma[..., -1:] - gamma).exp()[..., None]
+    end_decay = gamma[..., -1].exp()[..., None, None]
+    out = []
+    for i in range(m):
+        delta = u[:, :, i] - w[:, :, i] @ s
+        out.append(q_decayed[:, :, i] @ s + scores[:, :, i] @ delta)
+        s = s * end_decay[:, :, i] + k_to_end[:, :, i].transpose(-1, -2) @ delta
+    return torch.cat(out, 2)[:, :, :n], s
+
+
+class RecurrentCache:
+    """A gated delta layer's cache while a decoder generates: the recurrent ``state`` ``(B, H, Dk,
+    Dv)`` (float32) and ``conv``, the last ``conv_size - 1`` inputs of the convolution ``(B, C,
+    conv_size - 1)``. Its size does not grow with the positions."""
+
+    def __init__(self) -> None:
+        self.state: Tensor | None = None
+        self.conv: Tensor | None = None
+        self.seq_len = 0
+        self.scratch: dict = {}
+
+    def nbytes(self) -> int:
+        return sum(t.untyped_storage().nbytes() for t in (self.state, self.conv) if t is not None)
+
+    def reorder(self, index: Tensor) -> None:
+        self.state = None if self.state is None else self.state.index_select(0, index)
+        self.conv = None if self.conv is None else self.conv.index_select(0, index)
+
+    def __repr__(self) -> str:
+        return f"RecurrentCache(seen={self.seq_len}, bytes={self.nbytes()})"
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{name} must be a positive integer; got {value!r}")
+    return value
+
+
+@register_attention("gated_delta", forms_weights=False, keeps_cache=True)
+class GatedDeltaNet(nn.Module):
+    """The gated delta rule layer (see the module docstring).
+
+    Args:
+        embed_dim: ``E``.
+        num_heads: value heads ``H`` (each keeps a state).
+        num_key_heads: query/key heads (default ``H``; each serves ``H / num_key_heads`` value
+            heads, Qwen3.5's grouping).
+        head_dim: the query/key size ``Dk`` (default ``E / H``).
+        v_head_dim: the value size ``Dv`` (default ``head_dim``).
+        conv_size: the causal convolution's width (4; 1 leaves it a per-channel scale).
+        chunk_size: tokens a chunk in training and on prompts (64).
+        norm_eps: the output norm's eps.
+        bias: biases of the projections (Qwen3.5 has none).
+        dropout: taken for the registry's common signature; the layer forms no attention
+            weights to drop.
+
+    Causal only: a state sees the past. ``key_padding_mask`` zeroes the padded inputs (a
+    left-padded prompt leaves the state at zero until its first token); ``attn_mask`` is
+    refused.
+    """
+
+    lora_role = "attention"
+    supports_bidirectional = False
+    position_options = ()
+
+    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = False,
+                 num_key_heads: int | None = None, head_dim: int | None = None, v_head_dim: int | None = None,
+                 conv_size: int = 4, chunk_size: int = 64, norm_eps: float = 1e-6) -> None:
+        super().__init__()
+        _positive("embed_dim", embed_dim)
+        _positive("num_heads", num_heads)
+        if head_dim is None:
+            if embed_dim % num_heads:
+                raise InputError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads}), or head_dim "
+                                 f"given")
+            head_dim = embed_dim // num_heads
+        kh = _positive("num_key_heads", num_heads if num_key_heads is None else num_key_heads)
+        if num_heads % kh:
+            raise InputError(f"num_key_heads must divide num_heads={num_heads}; got {num_key_heads!r}")
+        self.embed_dim, self.num_heads, self.num_key_heads = embed_dim, num_heads, kh
+        self.head_dim = _positive("head_dim", head_dim)
+        self.v_head_dim = _positive("v_head_dim", head_dim if v_head_dim is None else v_head_dim)
+        self.conv_size, self.chunk_size = _positive("conv_size", conv_size), _positive("chunk_size", chunk_size)
+        key_dim, value_dim = kh * self.head_dim, num_heads * self.v_head_dim
+        self.conv_dim = 2 * key_dim + value_dim
+        self.in_proj_qkv = nn.Linear(embed_dim, self.conv_dim, bias=bias)
+        self.in_proj_z = nn.Linear(embed_dim, value_dim, bias=bias)
+        self.in_proj_b = nn.Linear(embed_dim, num_heads, bias=bias)
+        self.in_proj_a = nn.Linear(embed_dim, num_heads, bias=bias)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv_size, groups=self.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(num_heads))
+        self.A_log = nn.Parameter(torch.log(torch.empty(num_heads).uniform_(1.0, 16.0)))  # decay rates, as Mamba2's
+        self.norm_weight = nn.Parameter(torch.ones(self.v_head_dim))
+        self.norm_eps = float(norm_eps)
+        self.out_proj = nn.Linear(value_dim, embed_dim, bias=bias)
+
+    # ------------------------------------------------------------------ the cache (the decoder contract)
+    def new_cache(self, batch: int, capacity: int, *, dtype: torch.dtype | None = None,
+                  device: torch.device | str | None = None) -> RecurrentCache:
+        return RecurrentCache()
+
+    def cache_bytes(self, batch: int, positions: int, dtype: torch.dtype) -> int:
+        """The state (float32) and the convolution's last inputs, whatever ``positions``."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return batch * (self.num_heads * self.head_dim * self.v_head_dim * 4
+                        + self.conv_dim * (self.conv_size - 1) * itemsize)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: Tensor, *, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
+                is_causal: bool = False, need_weights: bool = False, average_attn_weights: bool = True,
+                positions: Tensor | None = None, cache: RecurrentCache | None = None,
+                ) -> tuple[Tensor, Tensor | None]:
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
+            raise InputError(f"x must have shape (B, L, {self.embed_dim}); got {shape_str(x)}")
+        if not is_causal:
+            raise InputError("gated_delta attention is causal only (its state holds the past): use it in a decoder "
+                             "(is_causal=True)")
+        if attn_mask is not None:
+            raise InputError("gated_delta attention takes no attn_mask (a state has no pairs of positions to mask); "
+                             "pad with key_padding_mask")
+        if need_weights:
+            raise InputError("gated_delta attention forms no attention weights (it keeps a state, not a map)")
+        batch, n, _ = x.shape
+        if n == 0 or batch == 0:
+            return self.out_proj(self.in_proj_z(x)), None  # empty: nothing to attend (still a function of x)
+        if key_padding_mask is not None:
+            if key_padding_mask.dim() != 2 or key_padding_mask.shape[0] != batch or key_padding_mask.shape[1] < n:
+                raise InputError(f"key_padding_mask must have shape (B, L) = ({batch}, {n}) or cover the cached "
+                                 f"positions too; got {shape_str(key_padding_mask)}")
+            x = x.masked_fill(key_padding_mask[:, -n:, None], 0.0)
+        h, kh, dk, dv = self.num_heads, self.num_key_heads, self.head_dim, self.v_head_dim
+        mixed = self.in_proj_qkv(x).transpose(1, 2)  # (B, C, L)
+        past = None if cache is None else cache.conv
+        if past is None:
+            past = mixed.new_zeros(batch, self.conv_dim, self.conv_size - 1)
+        joined = torch.cat([past, mixed], dim=-1)
+        if cache is not None:  # a copy: a view would hold the whole of joined
+            cache.conv = joined[:, :, joined.shape[-1] - (self.conv_size - 1):].detach().clone()
+        mixed = F.silu(F.conv1d(joined, self.conv1d.weight, groups=self.conv_dim)).transpose(1, 2)  # (B, L, C)
+        q, k, v = mixed.split([kh * dk, kh * dk, h * dv], dim=-1)
+        q, k = _l2norm(q.reshape(batch, n, kh, dk)), _l2norm(k.reshape(batch, n, kh, dk))
+        if kh != h:  # each query/key head serves h / kh value heads
+            q, k = q.repeat_interleave(h // kh, dim=2), k.repeat_interleave(h // kh, dim=2)
+        q = q * dk ** -0.5
+        v = v.reshape(batch, n, h, dv)
+        beta = torch.sigmoid(self.in_proj_b(x))
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        args = [t.transpose(1, 2) for t in (q, k, v, g, beta)]
+        state = None if cache is None else cache.state
+        if n == 1 and state is not None:
+            out, state = recurrent(*args, state)
+        else:
+            out, state = chunked(*args, state, chunk_size=self.chunk_size)
+        if cache is not None:
+            cache.state, cache.seq_len = state.detach(), cache.seq_len + n
+        out = out.transpose(1, 2)  # (B, L, H, Dv), float32
+        z = self.in_proj_z(x).reshape(batch, n, h, dv)
+        normed = F.rms_norm(out, (dv,), None, self.norm_eps) if hasattr(F, "rms_norm") else \
+            out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.norm_eps)
+        out = (self.norm_weight * normed.to(x.dtype)) * F.silu(z.float())
+        return self.out_proj(out.to(x.dtype).reshape(batch, n, h * dv)), None
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_key_heads={self.num_key_heads}, "
+                f"head_dim={self.head_dim}, v_head_dim={self.v_head_dim}, conv_size={self.conv_size}")
