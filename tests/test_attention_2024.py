@@ -1,8 +1,9 @@
 """The attention of 2024-2026 against its references: differential attention (DiffLlama, whole
 models through ``from_hf``), learned attention sinks (gpt-oss's attention module; gpt-oss needs
 a mixture of experts that attnlab does not implement, so the comparison is the module's) and
-multi-head latent attention (DeepSeek-V3 with dense layers, whole models). Tiny random
-configurations built with ``transformers``, eager attention, float32."""
+multi-head latent attention (DeepSeek-V3 with dense layers, whole models) and the gated delta
+rule with its 3:1 hybrid (Qwen3.5's linear-attention layer, and whole Qwen3.5 text models). Tiny
+random configurations built with ``transformers``, eager attention, float32."""
 
 import math
 
@@ -480,3 +481,83 @@ def test_gated_delta_refuses_what_a_state_cannot_do_in_one_line(call, message):
 def test_gated_delta_refuses_impossible_sizes_in_one_line(options, message):
     with pytest.raises(InputError, match=message):
         build_attention("gated_delta", 32, 4, **options)
+
+
+# --------------------------------------------------------------------------- Qwen3.5: the 3:1 hybrid
+@pytest.fixture(scope="module")
+def qwen35(tmp_path_factory):
+    torch.manual_seed(0)
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=6, linear_conv_kernel_dim=4, max_position_embeddings=128, eos_token_id=None,
+        bos_token_id=None, pad_token_id=None, attn_implementation="eager")
+    model = transformers.Qwen3_5ForCausalLM(config).eval()
+    with torch.no_grad():  # zero-centred norms: without noise, the +1 of the conversion would not be tested
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and "A_log" not in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    folder = tmp_path_factory.mktemp("qwen3_5")
+    model.save_pretrained(folder)
+    return model, folder
+
+
+def test_qwen3_5_folder_loads_as_a_hybrid_of_gated_delta_and_gated_full_attention(qwen35):
+    from attnlab.attention import GatedDeltaNet, GroupedQueryAttention
+
+    _, folder = qwen35
+    ours = from_hf(folder)
+    assert [type(b.attn) for b in ours.blocks] == [GatedDeltaNet] * 3 + [GroupedQueryAttention]
+    full = ours.blocks[3].attn
+    assert full.output_gate and full.q_norm is not None and full.rotary.rotary_dim == 4  # a quarter of 16
+    assert ours.blocks[0].attn.num_heads == 4 and ours.blocks[0].attn.num_key_heads == 2
+
+
+def test_qwen3_5_logits_of_a_padded_batch_equal_transformers_to_1e_5(qwen35):
+    theirs, folder = qwen35
+    ours = from_hf(folder)
+    ids = torch.randint(0, VOCAB, (2, 90), generator=torch.Generator().manual_seed(1))  # past a 64-token chunk
+    mask = torch.ones(2, 90, dtype=torch.long)
+    mask[1, 70:] = 0
+    with torch.no_grad():
+        expected = theirs(ids, attention_mask=mask).logits
+        got = ours(ids, padding_mask=mask == 0)
+    real = mask.bool()
+    assert (got[real] - expected[real]).abs().max().item() < 1e-5
+
+
+def test_qwen3_5_greedy_generation_gives_transformers_tokens(qwen35):
+    theirs, folder = qwen35
+    ours = from_hf(folder)
+    ids = torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[0, :3] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    expected = theirs.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours.generate(ids, 14, padding_mask=mask == 0), expected)
+
+
+def test_a_recipe_builds_the_3_to_1_hybrid_and_its_cache_has_both_kinds():
+    torch.manual_seed(0)
+    model = GPT(vocab_size=50, max_len=64, embed_dim=32, depth=4, num_heads=4, num_kv_heads=2, pos_embed="rope",
+                norm="rmsnorm", mlp="swiglu", layer_types=["linear"] * 3 + ["full"], attention_output_gate=True,
+                linear_attention_options={"num_heads": 2, "chunk_size": 4}).eval()
+    assert [b.attn.num_heads for b in model.blocks] == [2, 2, 2, 4]
+    ids = torch.randint(0, 50, (2, 6))
+    out = model.generate(ids, 10)
+    assert torch.equal(out, model.generate(ids, 10, use_cache=False))
+    cache = model.new_cache(2, 16)
+    assert [type(c).__name__ for c in cache] == ["RecurrentCache"] * 3 + ["DecodingCache"]
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"layer_types": ["linear", "full"], "linear_attention": "relpos2d"}, "linear_attention must be a 'tokens' kind"),
+    ({"layer_types": ["linear", "full"], "linear_attention_options": {"dropout": 0.1}},
+     "attention_options must not set 'dropout'"),
+    ({"layer_types": ["linear", "lstm"]}, "layer_types must be a list of 'full' or 'sliding' or 'linear'"),
+    ({"attention": "linear", "attention_output_gate": True}, "attention_output_gate is not an option of attention"),
+])
+def test_hybrid_settings_that_cannot_work_are_one_line(options, message):
+    with pytest.raises(InputError, match=message) as caught:
+        GPT(vocab_size=50, max_len=64, embed_dim=32, depth=2, num_heads=4, pos_embed="none", **options)
+    assert len(str(caught.value).splitlines()) == 1

@@ -195,6 +195,8 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         softcap: logits squashed to ``softcap * tanh(logits / softcap)`` (Gemma 2).
         sinks: a learned logit per query head, a key with no value that takes part of each
             query's weight (gpt-oss's attention sinks; the ``"sinks"`` kind has it on).
+        output_gate: each head's output times ``sigmoid`` of a gate that the query projection
+            also gives (its rows per head: the query's ``D``, then the gate's; Qwen3.5, Qwen3-Next).
 
     ``forward(x, *, key_padding_mask, attn_mask, is_causal, need_weights,
     average_attn_weights, positions, cache)``: ``x`` ``(B, L, E)``; ``positions`` ``(L,)``
@@ -219,7 +221,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
                  rope: bool = False, rope_theta: float = 10000.0, rope_scaling: dict | None = None,
                  partial_rotary: float = 1.0, max_len: int | None = None, alibi: bool = False,
                  window: int | None = None, qk_norm: bool = False, scale: float | None = None,
-                 softcap: float | None = None, sinks: bool = False) -> None:
+                 softcap: float | None = None, sinks: bool = False, output_gate: bool = False) -> None:
         super().__init__()
         if head_dim is None:
             check_heads(embed_dim, num_heads, dropout)
@@ -242,7 +244,8 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         self.dropout, self.window = dropout, window
         self.scale = None if scale is None else float(scale)
         self.softcap = None if softcap is None else float(softcap)
-        self.q_proj = nn.Linear(embed_dim, num_heads * head_dim, bias=bias)
+        self.output_gate = bool(output_gate)
+        self.q_proj = nn.Linear(embed_dim, num_heads * head_dim * (2 if output_gate else 1), bias=bias)
         self.k_proj = nn.Linear(embed_dim, kv * head_dim, bias=bias)
         self.v_proj = nn.Linear(embed_dim, kv * head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=bias if out_bias is None else out_bias)
@@ -288,6 +291,10 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
             attn_mask = attn_mask.view(batch, self.num_heads, *attn_mask.shape[1:])
         past = cache.seq_len if cache is not None else 0
         q, k, v = fused_linear(self, "qkv", (self.q_proj, self.k_proj, self.v_proj), x)
+        gate = None
+        if self.output_gate:  # per head: the query's D rows, then the gate's
+            q, gate = q.view(batch, n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            q, gate = q.reshape(batch, n, -1), gate.reshape(batch, n, -1)
         q, k, v = self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
@@ -325,6 +332,8 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
             if not need_weights:
                 weights = None
         out = out.transpose(1, 2).reshape(batch, n, self.num_heads * self.head_dim)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
         out = fused_linear(self, "o", (self.o_proj,), out)[0]
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)
@@ -384,8 +393,8 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         plan = cache.scratch.get("plan")
         if plan is None:
             plan = cache.scratch["plan"] = self._decode_plan(x.dtype)
-        alibi, w_qkv, b_qkv, w_o, b_o, qk_weight, qk_eps, rotary_key = plan
-        if alibi:
+        through_forward, w_qkv, b_qkv, w_o, b_o, qk_weight, qk_eps, rotary_key = plan
+        if through_forward:
             return self(x[:, None], key_padding_mask=key_padding_mask, is_causal=True, positions=positions,
                         cache=cache)[0][:, 0]
         batch = x.shape[0]
@@ -423,7 +432,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
 
     def _decode_plan(self, dtype: torch.dtype) -> tuple:
         """What :meth:`decode_step` fetches once per generation (kept in the cache's scratch):
-        whether it uses ALiBi (then the step goes through :meth:`forward`), the joined
+        whether it uses ALiBi or an output gate (then the step goes through :meth:`forward`), the joined
         query/key/value weight and bias, the output projection's, the QK-norm weights of every
         head joined ``(H + Hkv, D)`` with their eps (``None`` unless both norms are RMSNorms of
         one eps and the input float32: then one ``F.rms_norm`` without a weight and one product
@@ -443,7 +452,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         if rot is not None:
             rotary_key = (type(rot), rot.head_dim, rot.rotary_dim, rot.theta, rot.attention_factor,
                           repr(rot.scaling), rot.max_len)
-        return (self.alibi_slopes is not None, *joined_weight(self, "qkv", (self.q_proj, self.k_proj, self.v_proj)),
+        return (self.alibi_slopes is not None or self.output_gate, *joined_weight(self, "qkv", (self.q_proj, self.k_proj, self.v_proj)),
                 *joined_weight(self, "o", (self.o_proj,)), qk_weight, qk_eps, rotary_key)
 
     def _step_angles(self, cache: DecodingCache, rotary_key: tuple, positions: Tensor | None,
@@ -480,6 +489,8 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
                 parts.append(f"{name}={getattr(self, name):g}")
         if self.sinks is not None:
             parts.append("sinks=True")
+        if self.output_gate:
+            parts.append("output_gate=True")
         return ", ".join(parts)
 
 

@@ -56,7 +56,7 @@ __all__ = ["GPTConfig", "GPT", "SwiGLU", "GeluMlp", "LayerCaches", "document_pos
 
 POS_EMBEDS = ("learned", "sinusoidal", "rope", "alibi", "none")
 MLPS = ("gelu", "gelu_tanh", "swiglu", "geglu")
-LAYER_TYPES = ("full", "sliding")
+LAYER_TYPES = ("full", "sliding", "linear")
 
 
 @dataclass
@@ -78,7 +78,9 @@ class GPTConfig:
     rope_scaling: dict | None = None  # {"rope_type": "linear"|"dynamic"|"yarn"|"llama3"|"longrope", ...} (full layers)
     partial_rotary: float = 1.0  # the share of each head that rotary positions rotate (Phi-4-mini: 0.75)
     window: int | None = None  # sliding-window attention: each token sees the last `window` tokens
-    layer_types: list | None = None  # per layer "sliding" (sees `window`) or "full"; None: all sliding if window
+    layer_types: list | None = None  # per layer "sliding" (sees `window`), "full" or "linear" (linear_attention)
+    linear_attention: str = "gated_delta"  # the kind of the "linear" layers of layer_types (Qwen3.5's 3 in 4)
+    linear_attention_options: dict = field(default_factory=dict)  # its options
     window_pattern: int | None = None  # instead of layer_types: every window_pattern-th layer full, others sliding
     rope_local_theta: float | None = None  # the plain rotary base of the sliding layers (Gemma 3: 10,000)
     nope_layers: list | None = None  # indices of layers without positions (SmolLM3: every fourth)
@@ -92,6 +94,7 @@ class GPTConfig:
     attention_bias: bool | None = None  # biases of the query, key and value projections (None: bias)
     attention_out_bias: bool | None = None  # of the attention's output projection (None: attention_bias)
     mlp_bias: bool | None = None  # of the MLP's layers (None: bias)
+    attention_output_gate: bool = False  # each head's output gated by a sigmoid the query projection gives (Qwen3.5)
     norm_bias: bool = True  # the layernorms' biases (nanoGPT's bias=False leaves them out as well)
     tie_embeddings: bool = True
     drop_rate: float = 0.0
@@ -125,7 +128,14 @@ class GPTConfig:
             "num_kv_heads": "num_kv_heads", "head_dim": "head_dim", "window": "window", "rope": "pos_embed",
             "alibi": "pos_embed", "rope_theta": "rope_theta", "rope_scaling": "rope_scaling",
             "partial_rotary": "partial_rotary", "max_len": "max_len", "qk_norm": "qk_norm",
-            "scale": "query_pre_attn_scalar", "softcap": "attn_softcap"})
+            "scale": "query_pre_attn_scalar", "softcap": "attn_softcap", "output_gate": "attention_output_gate"})
+        if self.layer_types is not None and "linear" in self.layer_types:
+            if attention_family(self.linear_attention) != "tokens":
+                raise InputError(f"linear_attention must be a 'tokens' kind; {self.linear_attention!r} is a grid kind")
+            if not isinstance(self.linear_attention_options, dict):
+                raise InputError(f"linear_attention_options must be a mapping; got {self.linear_attention_options!r}")
+            check_attention_options(self.linear_attention_options, {"dropout": "attn_drop_rate",
+                                                                    "bias": "attention_bias"})
         if isinstance(self.max_len, int):
             check_attention_positions(GPTConfig, self.attention, self.attention_options, self.max_len)
 
@@ -196,12 +206,32 @@ class GPTConfig:
                  "qk_norm": self.qk_norm or None, "rope_scaling": self.rope_scaling,
                  "partial_rotary": None if self.partial_rotary == 1.0 else self.partial_rotary,
                  "scale": self.query_pre_attn_scalar, "softcap": self.attn_softcap,
-                 "out_bias": self.attention_out_bias}
-        names = {"scale": "query_pre_attn_scalar", "softcap": "attn_softcap", "out_bias": "attention_out_bias"}
+                 "out_bias": self.attention_out_bias, "output_gate": self.attention_output_gate or None}
+        names = {"scale": "query_pre_attn_scalar", "softcap": "attn_softcap", "out_bias": "attention_out_bias",
+                 "output_gate": "attention_output_gate"}
         return {k: names.get(k, k) for k, v in asked.items() if v is not None}
+
+    def attention_of(self, layer: int) -> str:
+        """The attention kind of layer ``layer``: ``linear_attention`` in the "linear" layers, else ``attention``."""
+        return self.linear_attention if self.layer_kinds()[layer] == "linear" else self.attention
+
+    def heads_of(self, layer: int) -> int:
+        """The heads of layer ``layer``'s attention: ``linear_attention_options["num_heads"]`` in the
+        "linear" layers when given (Qwen3.5's linear layers have heads of their own), else ``num_heads``."""
+        if self.layer_kinds()[layer] == "linear":
+            return self.linear_attention_options.get("num_heads", self.num_heads)
+        return self.num_heads
 
     def attention_options_of(self, layer: int) -> dict[str, Any]:
         """The options the attention of layer ``layer`` is built with (besides width and heads)."""
+        if self.layer_kinds()[layer] == "linear":  # its own options; no positions (a recurrent state has its order)
+            options = {k: v for k, v in self.linear_attention_options.items() if k != "num_heads"}
+            named = attention_options_named(self.linear_attention)
+            if "layer_index" in named:
+                options.setdefault("layer_index", layer)
+            if "norm_eps" in named:
+                options.setdefault("norm_eps", self.norm_eps)
+            return options
         options: dict[str, Any] = dict(self.attention_options)
         sliding = self.layer_kinds()[layer] == "sliding"
         rope = self.pos_embed == "rope" and layer not in (self.nope_layers or ())
@@ -217,9 +247,10 @@ class GPTConfig:
         kind = self._kind_options()
         if "window" in kind and sliding:
             options["window"] = self.window
-        for key in ("num_kv_heads", "head_dim", "qk_norm", "out_bias"):
+        for key in ("num_kv_heads", "head_dim", "qk_norm", "out_bias", "output_gate"):
             if key in kind:
-                options[key] = {"out_bias": self.attention_out_bias}.get(key, getattr(self, key, None))
+                options[key] = {"out_bias": self.attention_out_bias,
+                                "output_gate": self.attention_output_gate}.get(key, getattr(self, key, None))
         if self.query_pre_attn_scalar is not None:
             options["scale"] = float(self.query_pre_attn_scalar) ** -0.5
         if self.attn_softcap is not None:
@@ -310,7 +341,7 @@ class DecoderBlock(nn.Module):
         super().__init__()
         self.norm1 = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps, bias=cfg.norm_bias)
         bias = cfg.bias if cfg.attention_bias is None else cfg.attention_bias
-        self.attn = build_attention(cfg.attention, cfg.embed_dim, cfg.num_heads, dropout=cfg.attn_drop_rate,
+        self.attn = build_attention(cfg.attention_of(index), cfg.embed_dim, cfg.heads_of(index), dropout=cfg.attn_drop_rate,
                                     bias=bias, **cfg.attention_options_of(index))
         self.post_attn_norm = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps, bias=cfg.norm_bias) if cfg.post_norms else None
         self.norm2 = build_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps, bias=cfg.norm_bias)
@@ -438,7 +469,7 @@ class GPT(KeepsJoinedWeights, nn.Module):
     @property
     def keeps_cache(self) -> bool:
         """Whether every layer's attention decodes with a cache of its own."""
-        return attention_keeps_cache(self.config.attention)
+        return all(attention_keeps_cache(k) for k in {self.config.attention_of(i) for i in range(self.config.depth)})
 
     def new_cache(self, batch: int, capacity: int) -> LayerCaches:
         """Each layer's cache, made by its attention, for ``batch`` rows and at most ``capacity`` positions."""

@@ -254,6 +254,51 @@ def _deepseek_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> G
         attention_options=options)
 
 
+def _qwen35_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GPTConfig:
+    """Qwen3.5's text decoder: ``layer_types`` of gated delta layers (``linear_attention``, with
+    heads and sizes of their own) and full attention with QK-norm, an output gate and partial
+    rotary positions."""
+    _refuse_unsupported(c)
+    types = c.get("layer_types")
+    known = {"linear_attention": "linear", "full_attention": "full"}
+    if not isinstance(types, list) or any(t not in known for t in types):
+        raise InputError(f"config.json: layer_types must list 'linear_attention' or 'full_attention' per layer; "
+                         f"got {types!r}")
+    act = c.get("hidden_act", "silu")
+    if act != "silu":
+        raise InputError(f"config.json: hidden_act {act!r} is not supported (Qwen3.5's MLP and convolution use silu)")
+    heads, hidden = c["num_attention_heads"], c["hidden_size"]
+    head_dim = c.get("head_dim") or hidden // heads
+    theta, scaling, _, fraction = _rope(c, head_dim, family)
+    linear = {"num_heads": c["linear_num_value_heads"], "num_key_heads": c["linear_num_key_heads"],
+              "head_dim": c["linear_key_head_dim"], "v_head_dim": c["linear_value_head_dim"],
+              "conv_size": c.get("linear_conv_kernel_dim", 4), "norm_eps": c.get("rms_norm_eps", 1e-6)}
+    return GPTConfig(
+        vocab_size=c["vocab_size"], max_len=c.get("max_position_embeddings", 4096), embed_dim=hidden,
+        depth=c["num_hidden_layers"], num_heads=heads, num_kv_heads=c.get("num_key_value_heads") or heads,
+        head_dim=head_dim if head_dim != hidden // heads or hidden % heads else None,
+        mlp_hidden_dim=c["intermediate_size"], mlp="swiglu", norm="rmsnorm", norm_eps=c.get("rms_norm_eps", 1e-6),
+        pos_embed="rope", rope_theta=theta, rope_scaling=scaling, partial_rotary=fraction, qk_norm=True,
+        attention_output_gate=True, bias=False, attention_bias=bool(c.get("attention_bias", False)), mlp_bias=False,
+        layer_types=[known[t] for t in types], linear_attention="gated_delta", linear_attention_options=linear,
+        tie_embeddings=bool(c.get("tie_word_embeddings", False)))
+
+
+def _qwen35_weights(cfg: GPTConfig) -> list[Rule]:
+    """Qwen3.5's names: norms stored minus one (the gated delta layer's own norm is not), the full
+    attention's Llama names, the linear layers' own."""
+    L, B = "model.layers.{i}.", "blocks.{i}."
+    rules: list[Rule] = [("model.embed_tokens", "tok_embed", ""), ("model.norm", "norm", "+1"), ("lm_head", "head", ""),
+                         (L + "input_layernorm", B + "norm1", "+1"), (L + "post_attention_layernorm", B + "norm2", "+1"),
+                         (L + "self_attn.q_norm", B + "attn.q_norm", "+1"), (L + "self_attn.k_norm", B + "attn.k_norm", "+1"),
+                         (L + "linear_attn.norm.weight", B + "attn.norm_weight", "")]
+    rules += [(L + f"mlp.{n}_proj", B + f"mlp.{n}_proj", "") for n in ("gate", "up", "down")]
+    rules += [(L + f"self_attn.{n}_proj", B + f"attn.{n}_proj", "") for n in "qkvo"]
+    rules += [(L + f"linear_attn.{n}", B + f"attn.{n}", "") for n in (
+        "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "out_proj", "dt_bias", "A_log")]
+    return rules
+
+
 def _deepseek_weights(cfg: GPTConfig) -> list[Rule]:
     """DeepSeek's names: Llama's norms and MLP, the latent attention's own projections."""
     L, B = "model.layers.{i}.", "blocks.{i}."
@@ -439,6 +484,8 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "gemma3_text": _decoder("gemma3_text", gemma=True),
     "phi3": _decoder("phi3", packed=True),
     "diffllama": _decoder("diffllama"),
+    "qwen3_5_text": HFFamily(lambda c, sd: _qwen35_config(c, sd, "qwen3_5_text"), GPT, _qwen35_weights,
+                             "llama_tiny", buffers=r"rotary_emb\.inv_freq$"),
     "deepseek_v3": HFFamily(lambda c, sd: _deepseek_config(c, sd, "deepseek_v3"), GPT, _deepseek_weights,
                             "llama_tiny", buffers=r"rotary_emb\.inv_freq$"),
     "bert": _encoder("bert", _bert_weights, "bert_base"),
