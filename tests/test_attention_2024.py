@@ -561,3 +561,94 @@ def test_hybrid_settings_that_cannot_work_are_one_line(options, message):
     with pytest.raises(InputError, match=message) as caught:
         GPT(vocab_size=50, max_len=64, embed_dim=32, depth=2, num_heads=4, pos_embed="none", **options)
     assert len(str(caught.value).splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- DeepSeek-V3.2's sparse attention
+def _deepseek_v32(topk):
+    torch.manual_seed(0)
+    config = transformers.DeepseekV32Config(
+        vocab_size=VOCAB, hidden_size=48, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+        n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=12,
+        v_head_dim=10, first_k_dense_replace=2, max_position_embeddings=64, index_topk=topk, index_head_dim=16,
+        index_n_heads=3, eos_token_id=None, bos_token_id=None, pad_token_id=None, attn_implementation="eager")
+    model = transformers.DeepseekV32ForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+@pytest.fixture(scope="module")
+def deepseek_v32(tmp_path_factory):
+    model = _deepseek_v32(topk=5)  # each query keeps 5 of up to 24 keys
+    folder = tmp_path_factory.mktemp("deepseek_v32")
+    model.save_pretrained(folder)
+    return model, folder
+
+
+def test_deepseek_v32_logits_of_a_padded_batch_equal_transformers_to_1e_5(deepseek_v32):
+    theirs, folder = deepseek_v32
+    ours = from_hf(folder)
+    assert ours.config.attention == "dsa" and ours.blocks[0].attn.index_topk == 5
+    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 24, dtype=torch.long)
+    mask[1, 17:] = 0
+    with torch.no_grad():
+        expected = theirs(ids, attention_mask=mask).logits
+        got = ours(ids, padding_mask=mask == 0)
+        dense = theirs.model.layers[0].self_attn.indexer.index_topk
+    real = mask.bool()
+    assert dense == 5 and (got[real] - expected[real]).abs().max().item() < 1e-5
+
+
+def test_deepseek_v32_greedy_generation_gives_transformers_tokens(deepseek_v32):
+    theirs, folder = deepseek_v32
+    ours = from_hf(folder)
+    ids = torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[0, :3] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    expected = theirs.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours.generate(ids, 14, padding_mask=mask == 0), expected)
+
+
+def test_the_selection_matters_and_keeping_every_key_is_latent_attention():
+    from attnlab.attention import IndexedSparseAttention
+
+    torch.manual_seed(0)
+    options = dict(kv_rank=16, q_rank=24, rope_dim=4, rope=True, index_heads=2)
+    sparse = IndexedSparseAttention(32, 4, index_topk=3, **options).eval()
+    every = IndexedSparseAttention(32, 4, index_topk=64, **options).eval()
+    every.load_state_dict(sparse.state_dict())
+    latent = LatentAttention(32, 4, **{k: v for k, v in options.items() if k != "index_heads"}).eval()
+    latent.load_state_dict({k: v for k, v in sparse.state_dict().items() if not k.startswith("indexer.")})
+    x = torch.randn(2, 12, 32)
+    with torch.no_grad():
+        dense, _ = latent(x, is_causal=True)
+        kept, _ = every(x, is_causal=True)
+        few, weights = sparse(x, is_causal=True, need_weights=True, average_attn_weights=False)
+    torch.testing.assert_close(kept, dense, atol=1e-6, rtol=0)
+    assert (few - dense).abs().max() > 1e-3
+    assert ((weights > 0).sum(-1) <= 3).all() and ((weights > 0).sum(-1)[..., 3:] == 3).all()
+
+
+def test_dsa_cached_decoding_equals_recomputation():
+    torch.manual_seed(0)
+    model = GPT(vocab_size=50, max_len=64, embed_dim=32, depth=2, num_heads=4, pos_embed="rope", norm="rmsnorm",
+                mlp="swiglu", attention="dsa",
+                attention_options={"kv_rank": 16, "q_rank": 24, "rope_dim": 4, "index_topk": 4}).eval()
+    ids = torch.randint(0, 50, (2, 6))
+    out = model.generate(ids, 12)
+    assert torch.equal(out, model.generate(ids, 12, use_cache=False))
+    assert model.blocks[0].attn.cache_bytes(1, 10, torch.float32) == (16 + 4 + 8) * 10 * 4
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"rope": True, "rope_dim": 8, "index_head_dim": 4}, "index_head_dim .4. must hold the rotary part"),
+    ({"index_topk": 0}, "index_topk must be a positive integer"),
+])
+def test_dsa_refuses_impossible_sizes_in_one_line(options, message):
+    with pytest.raises(InputError, match=message):
+        build_attention("dsa", 32, 4, **options)

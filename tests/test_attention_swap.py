@@ -11,7 +11,7 @@ from attnlab.models import create_model
 
 TOKEN_OPTIONS = {"exact": {}, "local": {"window": 8}, "sparse": {"block": 8}, "linear": {}, "performer": {},
                  "linformer": {"seq_len": 64, "k": 16}, "nystrom": {"num_landmarks": 8}, "lsa": {},
-                 "topk": {"top_k": 4}, "lsh": {"bucket_size": 8, "n_buckets": 4}, "differential": {}, "sinks": {}, "latent": {}, "gated_delta": {}}  # rotary positions: the models' pos_embed="rope" (test_inner_positions.py)
+                 "topk": {"top_k": 4}, "lsh": {"bucket_size": 8, "n_buckets": 4}, "differential": {}, "sinks": {}, "latent": {}, "gated_delta": {}, "dsa": {"index_topk": 4}}  # rotary positions: the models' pos_embed="rope" (test_inner_positions.py)
 ENCODER_KINDS = [k for k in sorted(TOKEN_OPTIONS) if k != "gated_delta"]  # a recurrent state is causal only
 GRID_OPTIONS = {"relpos2d": {}, "axial": {}, "standalone2d": {"kernel_size": 3}}
 
@@ -85,9 +85,9 @@ def test_translator_encoder_with_each_kind(kind):
                      attention_options=TOKEN_OPTIONS[kind])
     exact = create_model("transformer_tiny", src_vocab_size=50, tgt_vocab_size=50)
     kept = set(exact.state_dict())
-    if kind == "latent":  # its projections are DeepSeek's: q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj
+    if kind in ("latent", "dsa"):  # DeepSeek's projections: q_proj or q_a/q_b, kv_a_proj_with_mqa, kv_b_proj, o_proj
         kept = {k for k in kept if ".encoder.layers." not in k or ".self_attn." not in k or "o_proj" in k
-                or "q_proj.weight" in k}  # (its query projection has no bias)
+                or kind == "latent" and "q_proj.weight" in k}  # (latent's query projection has no bias)
     assert kept <= set(m.state_dict())  # a kind may add its own (Linformer's E, F, ...)
     src = torch.randint(3, 50, (2, 12))
     src[1, 9:] = 0  # padding

@@ -108,7 +108,7 @@ def test_classifier_rope_reaches_every_layer_and_trains():
 
 def test_inner_positions_need_a_kind_that_takes_them():
     with pytest.raises(InputError, match=r"pos_embed='rope' is given inside the attention, and "
-                                         r"attention='linear' does not take it; kinds that do: differential, exact, latent, linformer, local, lsh"):
+                                         r"attention='linear' does not take it; kinds that do: differential, dsa, exact, latent, linformer, local, lsh"):
         tiny_classifier(pos_embed="rope", attention="linear")
     with pytest.raises(InputError, match="attention_options must not set 'rope': the model sets it from pos_embed"):
         tiny_classifier(attention_options={"rope": True})

@@ -6,7 +6,7 @@ from .cache import DecodingCache, KVCache
 from .functional import causal_mask, merge_masks, scaled_dot_product_attention
 from .grouped import GroupedQueryAttention, RMSNorm
 from .differential import DifferentialAttention, SinkAttention
-from .latent import LatentAttention
+from .latent import IndexedSparseAttention, LatentAttention
 from .delta import GatedDeltaNet
 from .multihead import CrossAttention, MultiHeadAttention, SelfAttention
 from .rotary import RotaryEmbedding, apply_rotary, rotate_half
@@ -42,6 +42,7 @@ __all__ = [
     "DifferentialAttention",
     "SinkAttention",
     "LatentAttention",
+    "IndexedSparseAttention",
     "GatedDeltaNet",
     "RMSNorm",
     "RotaryEmbedding",

@@ -41,7 +41,7 @@ from .grouped import RMSNorm, _weight_of
 from .positions import init_inner_positions
 from .registry import register_attention
 
-__all__ = ["LatentAttention"]
+__all__ = ["IndexedSparseAttention", "LatentAttention"]
 
 
 def _positive(name: str, value: Any) -> int:
@@ -238,3 +238,129 @@ class LatentAttention(nn.Module):
         if self.rope_interleave:
             parts.append("rope_interleave=True")
         return ", ".join(parts)
+
+
+@register_attention("dsa", forms_weights=True, keeps_cache=True)
+class IndexedSparseAttention(LatentAttention):
+    """DeepSeek's sparse attention (DeepSeek-V3.2, 2025): latent attention in which each query
+    attends only to the ``index_topk`` keys that a light indexer scores highest.
+
+    The indexer has heads of its own (``index_heads`` of ``index_head_dim``): queries from the
+    compressed query (so ``q_rank`` is needed), one key a position from ``x`` (layer-normed), the
+    first ``rope_dim`` of both rotated (in halves, not DeepSeek's pairs), and a weight per head
+    and token. A key's score for a query is ``sum_h w_h relu(q_h . k / sqrt(index_head_dim)) /
+    sqrt(index_heads)``; causal and padding masks apply before the top-k, and the attention
+    then sees the selected keys only. With ``index_topk`` at least the sequence's length it is
+    latent attention exactly (tested). The cache holds each position's indexer key beside its
+    latent. The selection is not differentiable: the indexer learns only through its own loss
+    (DeepSeek distils it from the dense attention's weights), which attnlab does not add.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = False,
+                 kv_rank: int | None = None, q_rank: int | None = None, head_dim: int | None = None,
+                 rope_dim: int | None = None, v_head_dim: int | None = None, rope: bool = False,
+                 rope_theta: float = 10000.0, rope_scaling: dict | None = None, max_len: int | None = None,
+                 rope_interleave: bool = False, scale: float | None = None, latent_norm_eps: float = 1e-6,
+                 index_topk: int = 64, index_heads: int = 4, index_head_dim: int | None = None) -> None:
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, kv_rank=kv_rank,
+                         q_rank=embed_dim // 2 if q_rank is None else q_rank, head_dim=head_dim, rope_dim=rope_dim,
+                         v_head_dim=v_head_dim, rope=rope, rope_theta=rope_theta, rope_scaling=rope_scaling,
+                         max_len=max_len, rope_interleave=rope_interleave, scale=scale,
+                         latent_norm_eps=latent_norm_eps)
+        self.index_topk = _positive("index_topk", index_topk)
+        self.index_heads = _positive("index_heads", index_heads)
+        self.index_head_dim = _positive("index_head_dim", self.head_dim if index_head_dim is None else index_head_dim)
+        if self.index_head_dim < self.rope_dim:
+            raise InputError(f"index_head_dim ({self.index_head_dim}) must hold the rotary part, rope_dim "
+                             f"({self.rope_dim})")
+        self.indexer = nn.Module()
+        self.indexer.wq_b = nn.Linear(self.q_rank, self.index_heads * self.index_head_dim, bias=False)
+        self.indexer.wk = nn.Linear(embed_dim, self.index_head_dim, bias=False)
+        self.indexer.k_norm = nn.LayerNorm(self.index_head_dim, eps=1e-6)
+        self.indexer.weights_proj = nn.Linear(embed_dim, self.index_heads, bias=False)
+
+    def cache_bytes(self, batch: int, positions: int, dtype: torch.dtype) -> int:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return batch * (self.kv_rank + self.rope_dim + self.index_head_dim) * positions * itemsize
+
+    def _latents(self, x: Tensor, positions: Tensor, q_rot: Tensor) -> tuple[Tensor, Tensor]:
+        latent, q_rot = super()._latents(x, positions, q_rot)
+        k = self.indexer.k_norm(self.indexer.wk(x))[:, None]  # (B, 1, L, index_head_dim)
+        if self.rotary is not None:
+            r = self.rope_dim
+            k_rot, _ = self.rotary(k[..., :r], k[..., :r], positions)
+            k = torch.cat([k_rot, k[..., r:]], dim=-1)
+        return torch.cat([latent, k], dim=-1), q_rot
+
+    def _selected(self, x: Tensor, positions: Tensor, index_keys: Tensor, blocked: Tensor) -> Tensor:
+        """Bool ``(B, 1, Lq, Lk)``, ``True`` at the keys each query does not attend to: those outside
+        its top ``index_topk`` by the indexer's score, and ``blocked`` ``(B, 1, Lq, Lk)``."""
+        batch, n, _ = x.shape
+        hi, di, r = self.index_heads, self.index_head_dim, self.rope_dim
+        q = self.indexer.wq_b(self.q_a_layernorm(self.q_a_proj(x))).view(batch, n, hi, di).transpose(1, 2)
+        if self.rotary is not None:
+            q_rot, _ = self.rotary(q[..., :r], q[..., :r], positions)
+            q = torch.cat([q_rot, q[..., r:]], dim=-1)
+        scores = F.relu(torch.matmul(q.float(), index_keys.float().transpose(-1, -2)) * di ** -0.5)  # (B, Hi, Lq, Lk)
+        weights = self.indexer.weights_proj(x).float() * hi ** -0.5  # (B, Lq, Hi)
+        index = torch.matmul(weights.unsqueeze(-2), scores.transpose(1, 2)).squeeze(-2)  # (B, Lq, Lk)
+        index = index.masked_fill(blocked[:, 0], float("-inf"))
+        top = index.topk(min(self.index_topk, index.shape[-1]), dim=-1).indices
+        outside = torch.ones_like(index, dtype=torch.bool).scatter(-1, top, False)
+        return (outside | blocked[:, 0])[:, None]
+
+    def forward(self, x: Tensor, *, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
+                is_causal: bool = False, need_weights: bool = False, average_attn_weights: bool = True,
+                positions: Tensor | None = None, cache: DecodingCache | None = None,
+                ) -> tuple[Tensor, Tensor | None]:
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
+            raise InputError(f"x must have shape (B, L, {self.embed_dim}); got {shape_str(x)}")
+        if attn_mask is not None:
+            raise InputError("dsa attention takes no attn_mask (it builds its own from the indexer); use is_causal "
+                             "and key_padding_mask")
+        batch, n, _ = x.shape
+        h, d, r = self.num_heads, self.head_dim, self.rope_dim
+        past = cache.seq_len if cache is not None else 0
+        if positions is None:
+            positions = torch.arange(past, past + n, device=x.device)
+        q = self._queries(x).view(batch, n, h, d + r).transpose(1, 2)
+        q_nope, q_rot = q.split([d, r], dim=-1)
+        stored, q_rot = self._latents(x, positions, q_rot)
+        if cache is not None:
+            stored, _, _ = cache.update(stored, None)
+        c, k_rot, index_keys = stored.split([self.kv_rank, r, self.index_head_dim], dim=-1)
+        lk = c.shape[2]
+        if key_padding_mask is not None and key_padding_mask.shape != (batch, lk):
+            raise InputError(f"key_padding_mask must have shape (B, Lk) = ({batch}, {lk}); got "
+                             f"{shape_str(key_padding_mask)}")
+        blocked = torch.zeros(batch, 1, n, lk, dtype=torch.bool, device=x.device)
+        if is_causal:  # aligned bottom-right, as the mask convention says
+            blocked |= torch.ones(n, lk, dtype=torch.bool, device=x.device).triu(lk - n + 1)
+        if key_padding_mask is not None:
+            blocked |= key_padding_mask[:, None, None, :]
+        mask = self._selected(x, positions, index_keys, blocked)
+        kv = self.kv_b_proj(c[:, 0]).view(batch, lk, h, d + self.v_head_dim).transpose(1, 2)
+        k_nope, v = kv.split([d, self.v_head_dim], dim=-1)
+        k = torch.cat([k_nope, k_rot.expand(-1, h, -1, -1)], dim=-1)
+        capture = self._attn_capture
+        out, weights = scaled_dot_product_attention(
+            torch.cat([q_nope, q_rot], dim=-1), k, v, attn_mask=mask, scale=self.scale,
+            dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights or capture is not None)
+        if capture is not None:
+            capture(weights)
+            if not need_weights:
+                weights = None
+        out = self.o_proj(out.transpose(1, 2).reshape(batch, n, h * self.v_head_dim))
+        if weights is not None and average_attn_weights:
+            weights = weights.mean(dim=1)
+        return out, weights
+
+    def decode_step(self, x: Tensor, cache: DecodingCache, *, positions: Tensor | None = None,
+                    key_padding_mask: Tensor | None = None) -> Tensor:
+        """One token per row through :meth:`forward` (the selection needs the indexer's scores)."""
+        return self(x[:, None], key_padding_mask=key_padding_mask, is_causal=True, positions=positions,
+                    cache=cache)[0][:, 0]
+
+    def extra_repr(self) -> str:
+        return (f"{super().extra_repr()}, index_topk={self.index_topk}, index_heads={self.index_heads}, "
+                f"index_head_dim={self.index_head_dim}")

@@ -245,12 +245,19 @@ def _deepseek_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> G
         scalar = (nope + rope_dim) / mscale ** 4
     options = {"kv_rank": int(c.get("kv_lora_rank", 512)), "q_rank": c.get("q_lora_rank"), "rope_dim": rope_dim,
                "v_head_dim": int(c.get("v_head_dim") or nope), "rope_interleave": bool(c.get("rope_interleave", True))}
+    kind = "latent"
+    if family == "deepseek_v32":  # DeepSeek's sparse attention: an indexer picks each query's keys
+        if c.get("q_lora_rank") is None:
+            raise InputError("config.json: q_lora_rank is null; DeepSeek-V3.2's indexer reads the compressed query")
+        kind = "dsa"
+        options.update(rope_interleave=True, index_topk=int(c.get("index_topk", 2048)),
+                       index_heads=int(c.get("index_n_heads", 64)), index_head_dim=int(c.get("index_head_dim", 128)))
     return GPTConfig(
         vocab_size=c["vocab_size"], max_len=c.get("max_position_embeddings", 4096), embed_dim=c["hidden_size"],
         depth=depth, num_heads=heads, head_dim=nope, mlp_hidden_dim=c["intermediate_size"], mlp=_ACTIVATIONS[act],
         norm="rmsnorm", norm_eps=c.get("rms_norm_eps", 1e-6), pos_embed="rope", rope_theta=theta,
         rope_scaling=scaling, bias=False, attention_bias=bool(c.get("attention_bias", False)), mlp_bias=False,
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)), query_pre_attn_scalar=scalar, attention="latent",
+        tie_embeddings=bool(c.get("tie_word_embeddings", False)), query_pre_attn_scalar=scalar, attention=kind,
         attention_options=options)
 
 
@@ -300,7 +307,8 @@ def _qwen35_weights(cfg: GPTConfig) -> list[Rule]:
 
 
 def _deepseek_weights(cfg: GPTConfig) -> list[Rule]:
-    """DeepSeek's names: Llama's norms and MLP, the latent attention's own projections."""
+    """DeepSeek's names: Llama's norms and MLP, the latent attention's own projections (and
+    DeepSeek-V3.2's indexer)."""
     L, B = "model.layers.{i}.", "blocks.{i}."
     rules: list[Rule] = [("model.embed_tokens", "tok_embed", ""), ("model.norm", "norm", ""), ("lm_head", "head", ""),
                          (L + "input_layernorm", B + "norm1", ""), (L + "post_attention_layernorm", B + "norm2", "")]
@@ -308,6 +316,8 @@ def _deepseek_weights(cfg: GPTConfig) -> list[Rule]:
     rules += [(L + f"self_attn.{n}", B + f"attn.{n}", "") for n in (
         "q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj",
         "o_proj")]
+    rules += [(L + f"self_attn.indexer.{n}", B + f"attn.indexer.{n}", "") for n in (
+        "wq_b", "wk", "k_norm", "weights_proj")]
     return rules
 
 
@@ -488,6 +498,8 @@ HF_FAMILIES: dict[str, HFFamily] = {
                              "llama_tiny", buffers=r"rotary_emb\.inv_freq$"),
     "deepseek_v3": HFFamily(lambda c, sd: _deepseek_config(c, sd, "deepseek_v3"), GPT, _deepseek_weights,
                             "llama_tiny", buffers=r"rotary_emb\.inv_freq$"),
+    "deepseek_v32": HFFamily(lambda c, sd: _deepseek_config(c, sd, "deepseek_v32"), GPT, _deepseek_weights,
+                             "llama_tiny", buffers=r"rotary_emb\.inv_freq$"),
     "bert": _encoder("bert", _bert_weights, "bert_base"),
     "roberta": _encoder("roberta", _roberta_weights, "roberta_base"),
     "distilbert": _encoder("distilbert", _distilbert_weights, "distilbert_base"),
