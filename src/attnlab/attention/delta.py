@@ -256,6 +256,12 @@ class GatedDeltaNet(nn.Module):
         out = (self.norm_weight * normed.to(x.dtype)) * F.silu(z.float())
         return self.out_proj(out.to(x.dtype).reshape(batch, n, h * dv)), None
 
+    def decode_step(self, x: Tensor, cache: RecurrentCache, *, positions: Tensor | None = None,
+                    key_padding_mask: Tensor | None = None) -> Tensor:
+        """One token per row, ``x`` ``(B, E)`` -> ``(B, E)``: :meth:`forward` of ``x[:, None]`` with the
+        cache (its recurrent form), so that a decoder whose other layers have lean steps uses them."""
+        return self(x[:, None], key_padding_mask=key_padding_mask, is_causal=True, cache=cache)[0][:, 0]
+
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_key_heads={self.num_key_heads}, "
                 f"head_dim={self.head_dim}, v_head_dim={self.v_head_dim}, conv_size={self.conv_size}")
