@@ -36,7 +36,7 @@ def test_cli_bench_lm_generation_and_cache_quick_and_resumed(tmp_path, capsys):
     assert main(["bench", "lm", "--parts", "cache", "--out", str(out)]) == 2  # quick results are not full ones
     assert "holds quick results" in capsys.readouterr().err
     assert main(["bench", "lm", "--parts", "speed", "--out", str(out)]) == 2
-    assert "--parts takes a comma-separated list of generation, cache, extrapolation" in capsys.readouterr().err
+    assert "--parts takes a comma-separated list of generation, cache, extrapolation, kinds" in capsys.readouterr().err
 
 
 def test_extrapolation_point_trains_once_and_scores_every_window(tmp_path):
@@ -50,3 +50,28 @@ def test_extrapolation_point_trains_once_and_scores_every_window(tmp_path):
     mtime = os.path.getmtime(tmp_path / "alibi" / "results.json")
     assert extrapolation_point("alibi", tmp_path / "alibi", **settings) == first  # scored again, not retrained
     assert os.path.getmtime(tmp_path / "alibi" / "results.json") == mtime
+
+
+def test_kind_point_trains_each_kind_for_the_budget_and_measures_its_cache(tmp_path):
+    """The hybrid and plain multi-head attention with a budget of two calibrated steps: the steps
+    follow the budget, the cache of the hybrid is its full layer's per token plus its gated
+    delta layers' fixed states, and the decoding speed is measured at each length."""
+    from attnlab.bench.lm import _seconds_per_step, kind_point, lm_markdown
+
+    data_dir = os.environ.get("ATTNLAB_DATA_DIR")
+    train = ("train.batch_size=2", "text.context=16", "model.options.embed_dim=32", "model.options.mlp_hidden_dim=64")
+    step = _seconds_per_step("multi-head", tmp_path / "calibration", 2, data_dir, train)
+    assert step > 0 and not (tmp_path / "calibration").exists()
+    rows = {}
+    for name in ("multi-head", "3:1 hybrid"):
+        rows[name] = kind_point(name, tmp_path / name.replace(":", "to").replace(" ", "-"), budget=3 * step,
+                                seconds_per_step=step, lengths=(8, 12), prompt=4, data_dir=data_dir, train=train)
+    mha, hybrid = rows["multi-head"], rows["3:1 hybrid"]
+    assert mha["steps"] == hybrid["steps"] == 3 and math.isfinite(mha["val_loss"])
+    assert mha["cache_bytes_per_token"] == 2 * 4 * 32 * 4 and mha["cache_bytes_fixed"] == 0  # 4 layers of k and v
+    assert hybrid["cache_bytes_per_token"] == 2 * 32 * 4 and hybrid["cache_bytes_fixed"] > 0  # one full layer
+    assert [p["new_tokens"] for p in hybrid["decoding"]] == [8, 12]
+    from attnlab.bench.machine import machine_info
+
+    table = lm_markdown({"machine": machine_info("cpu"), "quick": True, "threads": 1, "kinds": rows})
+    assert "| 3:1 hybrid | 3 |" in table and "B/token +" in table

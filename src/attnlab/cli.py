@@ -739,7 +739,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_bench_vision)
     q = bench_sub.add_parser("lm", help="language models: generation with and without the cache, cache memory of "
                                        "grouped-query and sliding-window attention, length extrapolation of the "
-                                       "position kinds (resumable; about 25 minutes on 2 CPU cores)")
+                                       "position kinds (about 25 minutes on 2 CPU cores), and the attention kinds "
+                                       "side by side, each trained for the shipped lm-shakespeare-char's time "
+                                       "(kinds: about 10 x that time); resumable")
     q.add_argument("--out", default="runs/bench-lm", help="output folder (default runs/bench-lm)")
     q.add_argument("--parts", default=None, help=f"comma-separated: {', '.join(LM_PARTS)} (default: all)")
     q.add_argument("--data-dir", default=None, help="default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab")

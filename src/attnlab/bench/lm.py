@@ -16,6 +16,12 @@ measured again):
 * ``extrapolation``: ``lm-shakespeare-char`` trained with a context of 256 for each kind
   of position (learned, sinusoidal, rotary, ALiBi), its validation part scored in windows
   of 256, 512 and 1,024 characters (the ALiBi paper's claim).
+* ``kinds``: each attention kind of :data:`KINDS` in the same decoder (``lm-shakespeare-char``'s
+  4 layers of width 128), trained on Tiny Shakespeare for the wall-clock the shipped recipe
+  takes (each kind's steps from a calibration of its step time, so a slower kind trains fewer
+  steps): validation and test loss, training tokens per second, the cache's bytes a token
+  (per position for a growing cache; the whole for a state of fixed size) and greedy decoding
+  speed with the cache after 1k, 4k and 16k generated tokens.
 
 Every figure is one process's, on the CPU, float32; time it alone on the machine.
 ``quick``: tiny sizes and budgets, to see that everything runs; its figures mean nothing.
@@ -36,10 +42,10 @@ from ..errors import InputError
 from ..io import atomic_write_bytes
 from .machine import machine_info, machine_label
 
-__all__ = ["PARTS", "LLAMA_STYLE", "CACHE_VARIANTS", "POSITION_KINDS", "best_of", "generation_point", "cache_point",
-           "extrapolation_point", "run_lm", "lm_markdown"]
+__all__ = ["PARTS", "LLAMA_STYLE", "CACHE_VARIANTS", "POSITION_KINDS", "KINDS", "best_of", "generation_point",
+           "cache_point", "extrapolation_point", "kind_point", "run_lm", "lm_markdown"]
 
-PARTS = ("generation", "cache", "extrapolation")
+PARTS = ("generation", "cache", "extrapolation", "kinds")
 # The model of the generation and cache parts (Llama's block at a size a CPU decodes quickly).
 LLAMA_STYLE = dict(vocab_size=256, embed_dim=256, depth=4, num_heads=8, mlp="swiglu", mlp_hidden_dim=688,
                    norm="rmsnorm", norm_eps=1e-6, pos_embed="rope", bias=False, tie_embeddings=False)
@@ -47,12 +53,27 @@ LLAMA_STYLE = dict(vocab_size=256, embed_dim=256, depth=4, num_heads=8, mlp="swi
 CACHE_VARIANTS = {"multi-head": (8, False), "grouped-query": (2, False), "multi-query": (1, False),
                   "sliding window": (8, True), "sliding window, 2 kv heads": (2, True)}
 POSITION_KINDS = ("learned", "sinusoidal", "rope", "alibi")
+# The attention kinds side by side: overrides of lm-shakespeare-char (4 layers, 4 heads of 32, context 128).
+KINDS = {
+    "multi-head": (),
+    "grouped-query (2 kv heads)": ("model.options.num_kv_heads=2",),
+    "multi-query": ("model.options.num_kv_heads=1",),
+    "latent (kv_rank 64)": ("model.options.attention=latent", "model.options.attention_options={kv_rank: 64, rope_dim: 16}"),
+    "sinks": ("model.options.attention=sinks",),
+    "differential": ("model.options.attention=differential",),
+    "gated delta": ("model.options.layer_types=[linear, linear, linear, linear]",),
+    "3:1 hybrid": ("model.options.layer_types=[linear, linear, linear, full]",),
+    "sparse selection (dsa, 32 keys)": ("model.options.attention=dsa",
+                                        "model.options.attention_options={kv_rank: 64, rope_dim: 16, index_topk: 32}"),
+    "sliding window (32)": ("model.options.window=32",),
+}
 
 FULL = dict(new=256, batches=(1, 8), prompt=16, lengths=(1024, 4096, 16384), window=256, steps=300, batch_size=16,
-            context=256, windows=(256, 512, 1024), model=())
+            context=256, windows=(256, 512, 1024), model=(), calibration=20, kinds_train=())
 QUICK = dict(new=8, batches=(1, 2), prompt=4, lengths=(48, 96), window=16, steps=2, batch_size=4, context=32,
              windows=(32, 64), model=("model.options.depth=1", "model.options.embed_dim=16",
-                                       "model.options.num_heads=2", "model.options.mlp_hidden_dim=32"))
+                                       "model.options.num_heads=2", "model.options.mlp_hidden_dim=32"),
+             calibration=2, kinds_train=("train.steps=4", "train.batch_size=4", "text.context=32"))
 
 
 def best_of(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -156,6 +177,75 @@ def extrapolation_point(kind: str, run_dir: str | Path, *, steps: int, batch_siz
     return {"kind": kind, "context": context, "steps": steps, "windows": list(windows), "val_loss": losses}
 
 
+def _kind_recipe(name: str, run_steps: Sequence[str], data_dir: str | None, train: Sequence[str]) -> Any:
+    from ..recipes import load_recipe
+
+    return load_recipe("lm-shakespeare-char", [
+        *KINDS[name], *train, *run_steps, "train.progress=false", "train.tensorboard=false", "train.precision=fp32",
+        "generate.max_new_tokens=1", *([f"data.data_dir={data_dir}"] if data_dir else [])])
+
+
+def _seconds_per_step(name: str, folder: Path, steps: int, data_dir: str | None, train: Sequence[str]) -> float:
+    """The training time a step of kind ``name`` takes: ``steps`` steps after ``steps`` of warm-up."""
+    from ..tasks import train as train_run
+
+    if folder.exists():
+        shutil.rmtree(folder)
+    recipe = _kind_recipe(name, [f"train.steps={2 * steps}", f"train.eval_every={2 * steps}",
+                                 f"train.log_every={steps}", "train.warmup_steps=1"], data_dir, train)
+    times: list[float] = []
+    train_run(recipe, folder, log=lambda line: times.append(time.perf_counter())
+              if line.startswith("step ") and "samples/s" in line else None)  # the log of every `steps` steps
+    shutil.rmtree(folder)
+    if len(times) >= 2:
+        return (times[-1] - times[0]) / steps
+    raise RuntimeError(f"{name}: the calibration's log gave no step times")
+
+
+def kind_point(name: str, folder: Path, *, budget: float, seconds_per_step: float, lengths: Sequence[int],
+               prompt: int, data_dir: str | None = None, train: Sequence[str] = ()) -> dict[str, Any]:
+    """Kind ``name`` of :data:`KINDS` trained for ``budget`` seconds (``budget / seconds_per_step``
+    steps) in ``folder``, then measured: losses, training speed, cache bytes, decoding speed."""
+    from ..tasks import load_run
+    from ..tasks import train as train_run
+
+    steps = max(1, round(budget / seconds_per_step))
+    if not (folder / "results.json").is_file():
+        recipe = _kind_recipe(name, [f"train.steps={steps}", f"train.eval_every={steps}",
+                                     f"train.checkpoint_every={steps}"], data_dir, train)
+        train_run(recipe, folder, log=lambda line: None)
+    results = json.loads((folder / "results.json").read_text())
+    run = load_run(folder)
+    model = run.model.eval()
+    def cache_bytes(positions: int) -> int:
+        return sum(block.attn.cache_bytes(1, positions, torch.float32) for block in model.blocks)
+
+    far = 10 ** 6  # what the cache still adds a token there, and what it holds besides (a state, a window)
+    per_token = (cache_bytes(far) - cache_bytes(far - 1000)) // 1000
+    fixed = cache_bytes(far) - per_token * far
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(1))
+    speeds = []
+    with torch.no_grad():
+        for n in lengths:
+            cache = model.new_cache(1, prompt + n)
+            token = model(ids, cache=cache)[:, -1].argmax(-1)
+            tenth, times = max(1, n // 10), []
+            for _ in range(n - 1):
+                start = time.perf_counter()
+                token = model.decode_step(token[:, None], cache).argmax(-1) if model.has_decode_step else \
+                    model(token[:, None], cache=cache)[:, -1].argmax(-1)
+                times.append(time.perf_counter() - start)
+            speeds.append({"new_tokens": n, "tokens_per_s": len(times) / sum(times),
+                           "ms_last_tenth": 1000 * sum(times[-tenth:]) / tenth, "cache_bytes": cache.nbytes()})
+    recipe = run.recipe
+    tokens = results["steps"] * recipe.train.batch_size * recipe.text.context
+    return {"kind": name, "overrides": list(KINDS[name]), "steps": results["steps"], "budget_s": budget,
+            "train_seconds": results["train_seconds"], "train_tokens_per_s": tokens / results["train_seconds"],
+            "val_loss": results["val_loss"], "test_loss": results["test_loss"], "params": results["params"],
+            "cache_bytes_per_token": per_token, "cache_bytes_fixed": fixed,
+            "decoding": speeds}
+
+
 def run_lm(out: str | Path, *, parts: Sequence[str] = PARTS, quick: bool = False, fresh: bool = False,
            data_dir: str | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the chosen ``parts`` into ``out``; returns ``results.json``'s content."""
@@ -193,6 +283,23 @@ def run_lm(out: str | Path, *, parts: Sequence[str] = PARTS, quick: bool = False
             done("extrapolation", kind, lambda: extrapolation_point(
                 kind, out / "extrapolation" / kind, steps=s["steps"], batch_size=s["batch_size"],
                 context=s["context"], windows=s["windows"], data_dir=data_dir, model=s["model"]))
+    if "kinds" in parts:
+        calibration = data.setdefault("kinds_calibration", {})
+        for name in KINDS:
+            if name not in calibration:
+                calibration[name] = _seconds_per_step(name, out / "kinds" / "calibration", s["calibration"], data_dir,
+                                                      s["kinds_train"])
+                atomic_write_bytes(path, json.dumps(data, indent=1).encode())
+                log(f"kinds calibration {name}: {calibration[name]:.3f} s a step")
+        from ..recipes import load_recipe
+
+        shipped = load_recipe("lm-shakespeare-char", list(s["kinds_train"])).train.steps
+        budget = shipped * calibration["multi-head"]  # the shipped recipe's training time, on this machine
+        folders = {name: out / "kinds" / name.split(" (")[0].replace(" ", "-").replace(":", "to") for name in KINDS}
+        for name in KINDS:
+            done("kinds", name, lambda: kind_point(name, folders[name], budget=budget,
+                                                   seconds_per_step=calibration[name], lengths=s["lengths"],
+                                                   prompt=s["prompt"], data_dir=data_dir, train=s["kinds_train"]))
     atomic_write_bytes(path, json.dumps(data, indent=1).encode())
     atomic_write_bytes(out / "table.md", lm_markdown(data).encode())
     return data
@@ -246,5 +353,21 @@ def lm_markdown(data: dict[str, Any]) -> str:
                                                 for n in first["windows"]) + " |",
                   "| --- |" + " ---: |" * len(first["windows"])]
         lines += [f"| {r['kind']} | " + " | ".join(f"{v:.3f}" for v in r["val_loss"]) + " |" for r in rows]
+        lines.append("")
+    if data.get("kinds"):
+        rows = list(data["kinds"].values())
+        labels = [_length(p["new_tokens"]) for p in rows[0]["decoding"]]
+        lines += [f"Attention kinds in the same decoder, lm-shakespeare-char for {rows[0]['budget_s']:.0f} s of "
+                  f"training each (the shipped recipe's time here):", "",
+                  "| kind | steps | val loss | test loss | training tokens/s | cache (float32, batch 1) | "
+                  + " | ".join(f"decoding tokens/s at {x}" for x in labels) + " |",
+                  "| --- |" + " ---: |" * (5 + len(labels))]
+        for r in rows:
+            parts = [f"{r['cache_bytes_per_token']:,} B/token"] if r["cache_bytes_per_token"] else []
+            parts += [f"{_size(r['cache_bytes_fixed'])} fixed"] if r["cache_bytes_fixed"] else []
+            cache = " + ".join(parts) or "none"
+            lines.append(f"| {r['kind']} | {r['steps']:,} | {r['val_loss']:.4f} | {r['test_loss']:.4f} | "
+                         f"{r['train_tokens_per_s']:,.0f} | {cache} | "
+                         + " | ".join(f"{p['tokens_per_s']:,.0f}" for p in r["decoding"]) + " |")
         lines.append("")
     return "\n".join(lines)
