@@ -76,6 +76,17 @@ VARIANTS: dict[str, Variant] = {
     # the Reformer's setting: chunks of 64 and about n / 64 buckets
     "lsh": Variant("lsh", lambda n: dict(bucket_size=64, n_buckets=max(2, n // 128 * 2)),
                    note="chunks of 64, n / 64 buckets, one hashing round"),
+    # The attention of 2024-2026, causal as decoders use it (the gated delta rule is causal only).
+    "latent": Variant("latent", lambda n: dict(kv_rank=256), call=dict(is_causal=True),
+                      note="a latent of 256 expanded to every head's keys and values; causal"),
+    "sinks": Variant("sinks", call=dict(is_causal=True),
+                     note="a sink logit a head: the explicit path, n x n logits formed; causal"),
+    "differential": Variant("differential", call=dict(is_causal=True),
+                            note="pairs of heads, values of 2 x 64, fused kernel; causal"),
+    "gated_delta": Variant("gated_delta", call=dict(is_causal=True),
+                           note="chunks of 64, a state of 64 x 64 a head; causal"),
+    "dsa": Variant("dsa", lambda n: dict(kv_rank=256, index_topk=256), call=dict(is_causal=True),
+                   note="latent attention on the 256 keys an indexer of 4 heads picks; n x n scores; causal"),
 }
 
 
@@ -87,6 +98,10 @@ def predicted_bytes(variant: str, n: int, pass_: str, batch: int, heads: int) ->
         return (2 if pass_ == "fwd" else 4) * square  # logits + weights; and their gradients
     if variant == "topk":  # scores, the kept mask, the masked scores, the weights; and the gradients
         return (4 if pass_ == "fwd" else 7) * square
+    if variant == "sinks":  # logits, with the sink's column, the weights; and their gradients
+        return (3 if pass_ == "fwd" else 6) * square
+    if variant == "dsa":  # the indexer's scores (4 heads), the selection, the masked logits and weights
+        return (2 if pass_ == "fwd" else 4) * square + 4 * batch * n * n * 4
     return 0
 
 
