@@ -36,7 +36,7 @@ def test_cli_bench_lm_generation_and_cache_quick_and_resumed(tmp_path, capsys):
     assert main(["bench", "lm", "--parts", "cache", "--out", str(out)]) == 2  # quick results are not full ones
     assert "holds quick results" in capsys.readouterr().err
     assert main(["bench", "lm", "--parts", "speed", "--out", str(out)]) == 2
-    assert "--parts takes a comma-separated list of generation, cache, extrapolation, kinds" in capsys.readouterr().err
+    assert "--parts takes a comma-separated list of generation, cache, extrapolation, kinds, streaming" in capsys.readouterr().err
 
 
 def test_extrapolation_point_trains_once_and_scores_every_window(tmp_path):
@@ -73,5 +73,13 @@ def test_kind_point_trains_each_kind_for_the_budget_and_measures_its_cache(tmp_p
     assert [p["new_tokens"] for p in hybrid["decoding"]] == [8, 12]
     from attnlab.bench.machine import machine_info
 
-    table = lm_markdown({"machine": machine_info("cpu"), "quick": True, "threads": 1, "kinds": rows})
-    assert "| 3:1 hybrid | 3 |" in table and "B/token +" in table
+    from attnlab.bench.lm import streaming_point
+
+    streamed = streaming_point(tmp_path / "multi-head", factor=3, sinks=2)  # context 16: 48 tokens read
+    whole, window, sinks = streamed["rows"].values()
+    assert streamed["tokens"] == 48 and sinks["cache_bytes"] > window["cache_bytes"]  # the sinks kept besides
+    assert whole["loss_within"] == pytest.approx(window["loss_within"], abs=1e-5)  # alike until the window slides
+    assert window["loss_past"] != sinks["loss_past"]
+    table = lm_markdown({"machine": machine_info("cpu"), "quick": True, "threads": 1, "kinds": rows,
+                         "streaming": {"multi-head": streamed}})
+    assert "| 3:1 hybrid | 3 |" in table and "B/token +" in table and "| window of 16 + 2 sink tokens |" in table

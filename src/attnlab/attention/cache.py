@@ -110,12 +110,18 @@ class DecodingCache:
     slide_room = 64  # positions a windowed cache writes before it moves its window to the front
     grow_room = 256  # positions past the first step that a cache without a window holds before it grows
 
-    def __init__(self, capacity: int, *, window: int | None = None) -> None:
+    def __init__(self, capacity: int, *, window: int | None = None, sinks: int = 0) -> None:
         if capacity < 1:
             raise InputError(f"capacity must be a positive number of positions; got {capacity}")
         if window is not None and window < 1:
             raise InputError(f"window must be a positive number of positions; got {window}")
-        self.capacity, self.window = capacity, window
+        if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0 or sinks and window is None:
+            raise InputError(f"sinks must be a number of first positions, 0 or more, kept beside a window; got "
+                             f"sinks={sinks!r} with window={window!r}")
+        self.capacity, self.window, self.sinks = capacity, window, sinks
+        self._sink_k: Tensor | None = None  # the first `sinks` positions, kept for good (StreamingLLM)
+        self._sink_v: Tensor | None = None
+        self.sinks_in_last = 0  # how many of the keys the last update returned are those, at their front
         self._k: Tensor | None = None
         self._v: Tensor | None = None
         self._end = 0  # positions written into the buffers
@@ -163,11 +169,28 @@ class DecodingCache:
         if self.window is not None:
             self.start = self.seq_len - min(self.window - 1, self.seq_len)
         values = None if v is None else self._v[:, :, first : self._end]  # type: ignore[index]
-        return self._k[:, :, first : self._end], values, start  # type: ignore[index]
+        keys = self._k[:, :, first : self._end]  # type: ignore[index]
+        self.sinks_in_last = 0
+        if self.sinks:
+            seen_before = self.seq_len - n
+            if seen_before < self.sinks:  # this step holds some of the first positions: keep them
+                take = min(self.sinks - seen_before, n)
+                part_k, part_v = k[:, :, :take], None if v is None else v[:, :, :take]
+                self._sink_k = part_k if self._sink_k is None else torch.cat([self._sink_k, part_k], dim=2)
+                if part_v is not None:
+                    self._sink_v = part_v if self._sink_v is None else torch.cat([self._sink_v, part_v], dim=2)
+            if start > 0:  # the window has moved past some of the first positions: they come first
+                m = min(self._sink_k.shape[2], start)  # type: ignore[union-attr]
+                keys = torch.cat([self._sink_k[:, :, :m], keys], dim=2)  # type: ignore[index]
+                if values is not None:
+                    values = torch.cat([self._sink_v[:, :, :m], values], dim=2)  # type: ignore[index]
+                self.sinks_in_last = m
+        return keys, values, start
 
     def nbytes(self) -> int:
         """Bytes of the buffers held now."""
-        return sum(t.untyped_storage().nbytes() for t in (self._k, self._v) if t is not None)
+        return sum(t.untyped_storage().nbytes() for t in (self._k, self._v, self._sink_k, self._sink_v)
+                   if t is not None)
 
     def __repr__(self) -> str:
         return (f"DecodingCache(capacity={self.capacity}, window={self.window}, seen={self.seq_len}, "

@@ -259,10 +259,20 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
 
     # ------------------------------------------------------------------ the cache (the decoder contract)
     def new_cache(self, batch: int, capacity: int, *, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None) -> DecodingCache:
+                  device: torch.device | str | None = None, window: int | None = None,
+                  sink_tokens: int = 0) -> DecodingCache:
         """A cache of this layer's keys and values for at most ``capacity`` positions (its
-        buffers are made, in the keys' dtype and device, by the first step that fills them)."""
-        return DecodingCache(capacity, window=self.window)
+        buffers are made, in the keys' dtype and device, by the first step that fills them).
+
+        ``window`` (default: the layer's own) and ``sink_tokens`` make it a streaming cache, a
+        policy of generation whatever the layer was trained with (StreamingLLM, Xiao et al.,
+        2023): each token attends to the first ``sink_tokens`` positions and the last ``window``,
+        and memory stays flat however long it runs. With sink tokens, rotary positions are
+        those of the cache's slots (the sinks just before the window), as StreamingLLM places them."""
+        if sink_tokens and self.alibi_slopes is not None:
+            raise InputError("sink_tokens place the first positions beside the window with rotary positions; ALiBi "
+                             "layers are not supported")
+        return DecodingCache(capacity, window=self.window if window is None else window, sinks=sink_tokens)
 
     def cache_bytes(self, batch: int, positions: int, dtype: torch.dtype) -> int:
         """The bytes :meth:`new_cache`'s cache holds after ``positions`` positions (a sliding
@@ -290,6 +300,13 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
                                  f"{batch * self.num_heads}; got {shape_str(attn_mask)}")
             attn_mask = attn_mask.view(batch, self.num_heads, *attn_mask.shape[1:])
         past = cache.seq_len if cache is not None else 0
+        if cache is not None and cache.sinks and n > 1 and past + n > cache.sinks + cache.window:  # type: ignore[operator]
+            # A prompt longer than the sinks and the window: each of its tokens sees the sinks at other slots,
+            # so they go one by one, as they would have been generated.
+            steps = [self(x[:, i : i + 1], key_padding_mask=None if key_padding_mask is None else
+                          key_padding_mask[:, : key_padding_mask.shape[1] - n + i + 1], is_causal=is_causal,
+                          cache=cache)[0] for i in range(n)]
+            return torch.cat(steps, dim=1), None
         q, k, v = fused_linear(self, "qkv", (self.q_proj, self.k_proj, self.v_proj), x)
         gate = None
         if self.output_gate:  # per head: the query's D rows, then the gate's
@@ -298,7 +315,9 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         q, k, v = self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
-        if self.rotary is not None:
+        window = self.window if cache is None or cache.window is None else cache.window
+        streaming = cache is not None and cache.sinks > 0  # rotary positions are the cache's slots
+        if self.rotary is not None and not streaming:
             if positions is None:
                 positions = torch.arange(past, past + n, device=x.device)
             q, k = self.rotary(q, k, positions)
@@ -307,16 +326,32 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
             k, v, start = cache.update(k, v)
         lk = k.shape[2]
         mask = attn_mask
-        if self.alibi_slopes is not None or self.window is not None:  # the slots of the queries and the keys
+        if streaming:
+            if key_padding_mask is not None and bool(key_padding_mask.any()):
+                raise InputError("sink_tokens take a row's first positions as its sinks: padded rows are not "
+                                 "supported (generate each prompt on its own)")
+            key_padding_mask = None
+            q_slots = torch.arange(lk - n, lk, device=x.device)
+            k_slots = torch.arange(lk, device=x.device)
+            if self.rotary is not None:
+                q = self.rotary(q, q, q_slots)[0]
+                k = self.rotary(k, k, k_slots)[0]
+            band = band_mask(q_slots, k_slots, causal=True, window=window)
+            # the first positions: behind the window once it has moved past them, else in their own places
+            sinks = cache.sinks_in_last if start > 0 else min(cache.sinks, lk)  # type: ignore[union-attr]
+            band[:, :sinks] = q_slots[:, None] < k_slots[None, :sinks]  # the sinks: seen by every later query
+            mask = combine_masks(mask, band)
+            is_causal = False
+        elif self.alibi_slopes is not None or window is not None:  # the slots of the queries and the keys
             q_slots = torch.arange(past, past + n, device=x.device)
             k_slots = torch.arange(start, start + lk, device=x.device)
         if self.alibi_slopes is not None:
             mask = combine_masks(mask, alibi_bias(self.alibi_slopes, q_slots, k_slots).to(q.dtype))
-        if self.window is not None:
-            mask = combine_masks(mask, band_mask(q_slots, k_slots, causal=is_causal, window=self.window))
+        if window is not None and not streaming:
+            mask = combine_masks(mask, band_mask(q_slots, k_slots, causal=is_causal, window=window))
             is_causal = False  # the band holds the causal part too
         if key_padding_mask is not None and key_padding_mask.shape[-1] != lk:
-            if cache is not None and self.window is not None and key_padding_mask.shape[-1] > lk:
+            if cache is not None and window is not None and key_padding_mask.shape[-1] > lk:
                 key_padding_mask = key_padding_mask[:, -lk:]  # the keys a sliding window still holds
             else:
                 raise InputError(f"key_padding_mask must cover the {lk} keys of this step; got "
@@ -394,7 +429,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         if plan is None:
             plan = cache.scratch["plan"] = self._decode_plan(x.dtype)
         through_forward, w_qkv, b_qkv, w_o, b_o, qk_weight, qk_eps, rotary_key = plan
-        if through_forward:
+        if through_forward or cache.sinks:
             return self(x[:, None], key_padding_mask=key_padding_mask, is_causal=True, positions=positions,
                         cache=cache)[0][:, 0]
         batch = x.shape[0]

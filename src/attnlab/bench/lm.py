@@ -16,6 +16,10 @@ measured again):
 * ``extrapolation``: ``lm-shakespeare-char`` trained with a context of 256 for each kind
   of position (learned, sinusoidal, rotary, ALiBi), its validation part scored in windows
   of 256, 512 and 1,024 characters (the ALiBi paper's claim).
+* ``streaming``: the ``kinds`` part's multi-head model (trained at a context of 128) reading
+  4x its context of the validation text token by token, its loss past the context with the
+  whole cache, with a window of the context alone, and with the window and 4 sink tokens
+  (StreamingLLM's claim: flat memory, and a loss that stays bounded only with the sinks).
 * ``kinds``: each attention kind of :data:`KINDS` in the same decoder (``lm-shakespeare-char``'s
   4 layers of width 128), trained on Tiny Shakespeare for the wall-clock the shipped recipe
   takes (each kind's steps from a calibration of its step time, so a slower kind trains fewer
@@ -43,9 +47,9 @@ from ..io import atomic_write_bytes
 from .machine import machine_info, machine_label
 
 __all__ = ["PARTS", "LLAMA_STYLE", "CACHE_VARIANTS", "POSITION_KINDS", "KINDS", "best_of", "generation_point",
-           "cache_point", "extrapolation_point", "kind_point", "run_lm", "lm_markdown"]
+           "cache_point", "extrapolation_point", "kind_point", "streaming_point", "run_lm", "lm_markdown"]
 
-PARTS = ("generation", "cache", "extrapolation", "kinds")
+PARTS = ("generation", "cache", "extrapolation", "kinds", "streaming")
 # The model of the generation and cache parts (Llama's block at a size a CPU decodes quickly).
 LLAMA_STYLE = dict(vocab_size=256, embed_dim=256, depth=4, num_heads=8, mlp="swiglu", mlp_hidden_dim=688,
                    norm="rmsnorm", norm_eps=1e-6, pos_embed="rope", bias=False, tie_embeddings=False)
@@ -246,6 +250,35 @@ def kind_point(name: str, folder: Path, *, budget: float, seconds_per_step: floa
             "decoding": speeds}
 
 
+def streaming_point(run_dir: str | Path, *, factor: int = 4, sinks: int = 4) -> dict[str, Any]:
+    """The run's model reading ``factor`` times its context of the validation text one token at a
+    time: mean loss (nats/token) over the tokens within the context and past it, and the cache's
+    bytes at the end, with the whole cache, a window of the context, and the window with
+    ``sinks`` sink tokens."""
+    from ..data.source import source_of
+    from ..tasks import load_run
+
+    run = load_run(run_dir)
+    model, context = run.model.eval(), run.recipe.text.context
+    val = source_of(run.recipe.data).load(run.recipe.data).val
+    text = val if isinstance(val, str) else "".join(val)
+    ids = torch.tensor(run.tokenizer.encode(text)[: factor * context + 1])[None]
+    rows = {}
+    for name, policy in (("whole cache", {}), (f"window of {context}", {"window": context}),
+                         (f"window of {context} + {sinks} sink tokens", {"window": context, "sink_tokens": sinks})):
+        losses = []
+        with torch.no_grad():
+            cache = model.new_cache(1, ids.shape[1], **policy)
+            for t in range(ids.shape[1] - 1):
+                logits = model.decode_step(ids[:, t:t + 1], cache) if model.has_decode_step else \
+                    model(ids[:, t:t + 1], cache=cache)[:, -1]
+                losses.append(torch.nn.functional.cross_entropy(logits.float(), ids[:, t + 1]).item())
+        rows[name] = {"loss_within": sum(losses[:context]) / context,
+                      "loss_past": sum(losses[context:]) / len(losses[context:]),
+                      "loss_last_context": sum(losses[-context:]) / context, "cache_bytes": cache.nbytes()}
+    return {"context": context, "tokens": ids.shape[1] - 1, "sinks": sinks, "rows": rows}
+
+
 def run_lm(out: str | Path, *, parts: Sequence[str] = PARTS, quick: bool = False, fresh: bool = False,
            data_dir: str | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the chosen ``parts`` into ``out``; returns ``results.json``'s content."""
@@ -300,6 +333,12 @@ def run_lm(out: str | Path, *, parts: Sequence[str] = PARTS, quick: bool = False
             done("kinds", name, lambda: kind_point(name, folders[name], budget=budget,
                                                    seconds_per_step=calibration[name], lengths=s["lengths"],
                                                    prompt=s["prompt"], data_dir=data_dir, train=s["kinds_train"]))
+    if "streaming" in parts:
+        trained = out / "kinds" / "multi-head"
+        if not (trained / "results.json").is_file():
+            raise InputError(f"the streaming part reads the kinds part's multi-head run ({trained}): run --parts "
+                             f"kinds first")
+        done("streaming", "multi-head", lambda: streaming_point(trained))
     atomic_write_bytes(path, json.dumps(data, indent=1).encode())
     atomic_write_bytes(out / "table.md", lm_markdown(data).encode())
     return data
@@ -370,4 +409,13 @@ def lm_markdown(data: dict[str, Any]) -> str:
                          f"{r['train_tokens_per_s']:,.0f} | {cache} | "
                          + " | ".join(f"{p['tokens_per_s']:,.0f}" for p in r["decoding"]) + " |")
         lines.append("")
+    if data.get("streaming"):
+        for r in data["streaming"].values():
+            lines += [f"Reading {r['tokens']:,} tokens of the validation text one at a time, 4x the trained context "
+                      f"of {r['context']} (loss in nats/token):", "",
+                      "| cache | within the context | past it | the last context's worth | cache bytes at the end |",
+                      "| --- | ---: | ---: | ---: | ---: |"]
+            lines += [f"| {name} | {v['loss_within']:.4f} | {v['loss_past']:.4f} | {v['loss_last_context']:.4f} | "
+                      f"{_size(v['cache_bytes'])} |" for name, v in r["rows"].items()]
+            lines.append("")
     return "\n".join(lines)

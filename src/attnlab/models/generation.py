@@ -22,6 +22,7 @@ from typing import Any, Iterator, Protocol
 import torch
 from torch import Tensor
 
+from ..errors import InputError
 from .sampling import check_generation, choose_next, penalize_repeats
 
 __all__ = ["generate", "stream", "greedy_search", "beam_search"]
@@ -40,7 +41,8 @@ def generate(model: Any, input_ids: Tensor, max_new_tokens: int, **options: Any)
 def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: float = 0.0,
            top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
            repetition_penalty: float = 1.0, seed: int | None = None, eos_id: int | None = None,
-           padding_mask: Tensor | None = None, compile: bool = False, use_cache: bool = True) -> Iterator[Tensor]:
+           padding_mask: Tensor | None = None, compile: bool = False, use_cache: bool = True,
+           window: int | None = None, sink_tokens: int = 0) -> Iterator[Tensor]:
     """The next token of every row, ``(B,)``, one step after the other; it stops early once
     every row has emitted ``eos_id`` (a row that has is continued with ``eos_id``).
 
@@ -62,6 +64,9 @@ def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: f
     4-layer width-256 model, AVX2 EPYC, ``benchmarks/lm_generate.py``), which pays for long
     or repeated generations. ``use_cache=False``, or a model whose attention keeps no cache,
     runs the whole sequence through the model at every step (the same tokens, slower).
+    ``window`` and ``sink_tokens`` stream: the cache holds the first ``sink_tokens`` positions
+    and the last ``window`` (StreamingLLM), so memory stays flat past the model's context
+    (``model.new_cache``'s policy; not with padded prompts).
     """
     check_generation(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                      min_p=min_p, repetition_penalty=repetition_penalty, seed=seed)
@@ -72,7 +77,11 @@ def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: f
     gen = None if seed is None else torch.Generator(device=device).manual_seed(seed)
     pad = padding_mask
     positions = None if pad is None else (~pad).long().cumsum(1).sub(1).clamp(min=0)
-    cache = model.new_cache(batch, prompt + max_new_tokens) if use_cache and model.keeps_cache else None
+    streaming = {"window": window, "sink_tokens": sink_tokens} if window is not None or sink_tokens else {}
+    if streaming and (not use_cache or not model.keeps_cache):
+        raise InputError("window and sink_tokens are a policy of the cache: they need use_cache and a model whose "
+                         "attention keeps one")
+    cache = model.new_cache(batch, prompt + max_new_tokens, **streaming) if use_cache and model.keeps_cache else None
     seen = None  # (B, V): the tokens each row holds, for the repetition penalty
     if repetition_penalty != 1:
         real = input_ids if pad is None else input_ids.masked_fill(pad, 0)

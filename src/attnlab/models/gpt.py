@@ -32,6 +32,7 @@ sample through :mod:`attnlab.models.generation`, with the cache.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -471,13 +472,27 @@ class GPT(KeepsJoinedWeights, nn.Module):
         """Whether every layer's attention decodes with a cache of its own."""
         return all(attention_keeps_cache(k) for k in {self.config.attention_of(i) for i in range(self.config.depth)})
 
-    def new_cache(self, batch: int, capacity: int) -> LayerCaches:
-        """Each layer's cache, made by its attention, for ``batch`` rows and at most ``capacity`` positions."""
+    def new_cache(self, batch: int, capacity: int, *, window: int | None = None, sink_tokens: int = 0) -> LayerCaches:
+        """Each layer's cache, made by its attention, for ``batch`` rows and at most ``capacity``
+        positions. ``window`` and ``sink_tokens``: a streaming cache in the layers whose attention
+        keeps keys (``exact`` and the kinds built on it; a recurrent state is flat already): each
+        token sees the first ``sink_tokens`` positions and the last ``window`` (StreamingLLM)."""
         if not self.keeps_cache:
             raise InputError(f"attention {self.config.attention!r} decodes without a cache; kinds that keep one: "
                              f"{', '.join(k for k in list_attention('tokens') if attention_keeps_cache(k))}")
         weight = self.tok_embed.weight
-        return LayerCaches(block.attn.new_cache(batch, capacity, dtype=weight.dtype, device=weight.device)
+        policy: dict[str, Any] = {}
+        if window is not None or sink_tokens:
+            if window is None or isinstance(window, bool) or not isinstance(window, int) or window < 1:
+                raise InputError(f"window must be a positive number of positions when streaming; got {window!r}")
+            policy = {"window": window, "sink_tokens": sink_tokens}
+            takes = [block for block in self.blocks if "window" in inspect.signature(block.attn.new_cache).parameters]
+            if not takes:
+                raise InputError(f"attention {self.config.attention!r} keeps no keys to stream: window and "
+                                 f"sink_tokens are for the exact kind and the kinds built on it")
+        return LayerCaches(block.attn.new_cache(batch, capacity, dtype=weight.dtype, device=weight.device,
+                                                **(policy if "window" in inspect.signature(
+                                                    block.attn.new_cache).parameters else {}))
                            for block in self.blocks)
 
     def check_generation_size(self, batch: int, prompt: int, max_new_tokens: int, *, use_cache: bool = True) -> None:
