@@ -21,6 +21,31 @@ transformers = pytest.importorskip("transformers", reason="transformers is a tes
 VOCAB = 97
 
 
+def _logits_equal_theirs(theirs, folder, length=20, pad_from=13):
+    """attnlab's logits of a batch whose second row is right-padded equal transformers' to 1e-5."""
+    ours = from_hf(folder)
+    ids = torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, length, dtype=torch.long)
+    mask[1, pad_from:] = 0
+    with torch.no_grad():
+        expected = theirs(ids, attention_mask=mask).logits
+        got = ours(ids, padding_mask=mask == 0)
+    real = mask.bool()
+    assert (got[real] - expected[real]).abs().max().item() < 1e-5
+    return ours
+
+
+def _greedy_equals_theirs(theirs, folder, new=12):
+    """Greedy generation over a left-padded prompt gives transformers' tokens."""
+    ours = from_hf(folder)
+    ids = torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[0, :3] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    expected = theirs.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours.generate(ids, new, padding_mask=mask == 0), expected)
+
+
 # --------------------------------------------------------------------------- DiffLlama
 @pytest.fixture(scope="module")
 def diffllama(tmp_path_factory):
@@ -48,27 +73,11 @@ def test_diffllama_folder_loads_as_differential_attention(diffllama):
 
 
 def test_diffllama_logits_of_a_padded_batch_equal_transformers_to_1e_5(diffllama):
-    theirs, folder = diffllama
-    ours = from_hf(folder)
-    ids = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(2, 20, dtype=torch.long)
-    mask[1, 13:] = 0
-    with torch.no_grad():
-        expected = theirs(ids, attention_mask=mask).logits
-        got = ours(ids, padding_mask=mask == 0)
-    real = mask.bool()
-    assert (got[real] - expected[real]).abs().max().item() < 1e-5
+    _logits_equal_theirs(*diffllama)
 
 
 def test_diffllama_greedy_generation_gives_transformers_tokens(diffllama):
-    theirs, folder = diffllama
-    ours = from_hf(folder)
-    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
-    mask = torch.ones(2, 9, dtype=torch.long)
-    mask[0, :3] = 0
-    ids = ids.masked_fill(mask == 0, 0)
-    expected = theirs.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
-    assert torch.equal(ours.generate(ids, 12, padding_mask=mask == 0), expected)
+    _greedy_equals_theirs(*diffllama)
 
 
 # --------------------------------------------------------------------------- gpt-oss's sinks
@@ -250,29 +259,13 @@ def deepseek(tmp_path_factory):
 
 @pytest.mark.parametrize("variant", list(DEEPSEEK))
 def test_deepseek_v3_logits_of_a_padded_batch_equal_transformers_to_1e_5(deepseek, variant):
-    theirs, folder = deepseek[variant]
-    ours = from_hf(folder)
+    ours = _logits_equal_theirs(*deepseek[variant], length=24, pad_from=17)  # past the original 16 positions
     assert ours.config.attention == "latent"
-    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))  # past the original 16
-    mask = torch.ones(2, 24, dtype=torch.long)
-    mask[1, 17:] = 0
-    with torch.no_grad():
-        expected = theirs(ids, attention_mask=mask).logits
-        got = ours(ids, padding_mask=mask == 0)
-    real = mask.bool()
-    assert (got[real] - expected[real]).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize("variant", list(DEEPSEEK))
 def test_deepseek_v3_greedy_generation_gives_transformers_tokens(deepseek, variant):
-    theirs, folder = deepseek[variant]
-    ours = from_hf(folder)
-    ids = torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(2))
-    mask = torch.ones(2, 10, dtype=torch.long)
-    mask[0, :3] = 0
-    ids = ids.masked_fill(mask == 0, 0)
-    expected = theirs.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, pad_token_id=0)
-    assert torch.equal(ours.generate(ids, 14, padding_mask=mask == 0), expected)
+    _greedy_equals_theirs(*deepseek[variant], new=14)
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -514,27 +507,11 @@ def test_qwen3_5_folder_loads_as_a_hybrid_of_gated_delta_and_gated_full_attentio
 
 
 def test_qwen3_5_logits_of_a_padded_batch_equal_transformers_to_1e_5(qwen35):
-    theirs, folder = qwen35
-    ours = from_hf(folder)
-    ids = torch.randint(0, VOCAB, (2, 90), generator=torch.Generator().manual_seed(1))  # past a 64-token chunk
-    mask = torch.ones(2, 90, dtype=torch.long)
-    mask[1, 70:] = 0
-    with torch.no_grad():
-        expected = theirs(ids, attention_mask=mask).logits
-        got = ours(ids, padding_mask=mask == 0)
-    real = mask.bool()
-    assert (got[real] - expected[real]).abs().max().item() < 1e-5
+    _logits_equal_theirs(*qwen35, length=90, pad_from=70)  # past a 64-token chunk
 
 
 def test_qwen3_5_greedy_generation_gives_transformers_tokens(qwen35):
-    theirs, folder = qwen35
-    ours = from_hf(folder)
-    ids = torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(2))
-    mask = torch.ones(2, 10, dtype=torch.long)
-    mask[0, :3] = 0
-    ids = ids.masked_fill(mask == 0, 0)
-    expected = theirs.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, pad_token_id=0)
-    assert torch.equal(ours.generate(ids, 14, padding_mask=mask == 0), expected)
+    _greedy_equals_theirs(*qwen35, new=14)
 
 
 def test_a_recipe_builds_the_3_to_1_hybrid_and_its_cache_has_both_kinds():
@@ -589,29 +566,12 @@ def deepseek_v32(tmp_path_factory):
 
 
 def test_deepseek_v32_logits_of_a_padded_batch_equal_transformers_to_1e_5(deepseek_v32):
-    theirs, folder = deepseek_v32
-    ours = from_hf(folder)
+    ours = _logits_equal_theirs(*deepseek_v32, length=24, pad_from=17)  # 5 keys kept of up to 24
     assert ours.config.attention == "dsa" and ours.blocks[0].attn.index_topk == 5
-    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(2, 24, dtype=torch.long)
-    mask[1, 17:] = 0
-    with torch.no_grad():
-        expected = theirs(ids, attention_mask=mask).logits
-        got = ours(ids, padding_mask=mask == 0)
-        dense = theirs.model.layers[0].self_attn.indexer.index_topk
-    real = mask.bool()
-    assert dense == 5 and (got[real] - expected[real]).abs().max().item() < 1e-5
 
 
 def test_deepseek_v32_greedy_generation_gives_transformers_tokens(deepseek_v32):
-    theirs, folder = deepseek_v32
-    ours = from_hf(folder)
-    ids = torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(2))
-    mask = torch.ones(2, 10, dtype=torch.long)
-    mask[0, :3] = 0
-    ids = ids.masked_fill(mask == 0, 0)
-    expected = theirs.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, pad_token_id=0)
-    assert torch.equal(ours.generate(ids, 14, padding_mask=mask == 0), expected)
+    _greedy_equals_theirs(*deepseek_v32, new=14)
 
 
 def test_the_selection_matters_and_keeping_every_key_is_latent_attention():

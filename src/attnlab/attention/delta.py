@@ -31,13 +31,12 @@ normalized per head and gated by SiLU of a projection ``z`` before ``out_proj``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError, shape_str
+from .functional import check_positive_int
 from .registry import register_attention
 
 __all__ = ["GatedDeltaNet", "RecurrentCache", "chunked", "recurrent"]
@@ -126,11 +125,6 @@ class RecurrentCache:
         return f"RecurrentCache(seen={self.seq_len}, bytes={self.nbytes()})"
 
 
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"{name} must be a positive integer; got {value!r}")
-    return value
-
 
 @register_attention("gated_delta", forms_weights=False, keeps_cache=True)
 class GatedDeltaNet(nn.Module):
@@ -163,20 +157,20 @@ class GatedDeltaNet(nn.Module):
                  num_key_heads: int | None = None, head_dim: int | None = None, v_head_dim: int | None = None,
                  conv_size: int = 4, chunk_size: int = 64, norm_eps: float = 1e-6) -> None:
         super().__init__()
-        _positive("embed_dim", embed_dim)
-        _positive("num_heads", num_heads)
+        check_positive_int("embed_dim", embed_dim)
+        check_positive_int("num_heads", num_heads)
         if head_dim is None:
             if embed_dim % num_heads:
                 raise InputError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads}), or head_dim "
                                  f"given")
             head_dim = embed_dim // num_heads
-        kh = _positive("num_key_heads", num_heads if num_key_heads is None else num_key_heads)
+        kh = check_positive_int("num_key_heads", num_heads if num_key_heads is None else num_key_heads)
         if num_heads % kh:
             raise InputError(f"num_key_heads must divide num_heads={num_heads}; got {num_key_heads!r}")
         self.embed_dim, self.num_heads, self.num_key_heads = embed_dim, num_heads, kh
-        self.head_dim = _positive("head_dim", head_dim)
-        self.v_head_dim = _positive("v_head_dim", head_dim if v_head_dim is None else v_head_dim)
-        self.conv_size, self.chunk_size = _positive("conv_size", conv_size), _positive("chunk_size", chunk_size)
+        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.v_head_dim = check_positive_int("v_head_dim", head_dim if v_head_dim is None else v_head_dim)
+        self.conv_size, self.chunk_size = check_positive_int("conv_size", conv_size), check_positive_int("chunk_size", chunk_size)
         key_dim, value_dim = kh * self.head_dim, num_heads * self.v_head_dim
         self.conv_dim = 2 * key_dim + value_dim
         self.in_proj_qkv = nn.Linear(embed_dim, self.conv_dim, bias=bias)

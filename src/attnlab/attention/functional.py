@@ -35,6 +35,13 @@ __all__ = ["check_heads", "scaled_dot_product_attention", "merge_masks", "combin
            "masked_softmax"]
 
 
+def check_positive_int(name: str, value: object) -> int:
+    """``value``, refused in one line naming ``name`` unless it is a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{name} must be a positive integer; got {value!r}")
+    return value
+
+
 def check_heads(embed_dim: int, num_heads: int, dropout: float = 0.0) -> None:
     """The arguments every attention module shares, checked once for all of them:
     ``embed_dim`` and ``num_heads`` positive integers, ``num_heads`` dividing ``embed_dim``,

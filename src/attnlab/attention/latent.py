@@ -28,7 +28,7 @@ The parameters have DeepSeek's names (``q_a_proj``, ``q_a_layernorm``, ``q_b_pro
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,18 +36,13 @@ from torch import Tensor, nn
 
 from ..errors import InputError, shape_str
 from .cache import DecodingCache
-from .functional import check_heads, scaled_dot_product_attention
+from .functional import check_heads, check_positive_int, scaled_dot_product_attention
 from .grouped import RMSNorm, _weight_of
 from .positions import init_inner_positions
 from .registry import register_attention
 
 __all__ = ["IndexedSparseAttention", "LatentAttention"]
 
-
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"{name} must be a positive integer; got {value!r}")
-    return value
 
 
 @register_attention("latent", forms_weights=True, keeps_cache=True)
@@ -89,11 +84,11 @@ class LatentAttention(nn.Module):
             head_dim = embed_dim // num_heads
         else:
             check_heads(embed_dim, 1, dropout)
-            _positive("num_heads", num_heads)
-            _positive("head_dim", head_dim)
-        kv_rank = _positive("kv_rank", 4 * head_dim if kv_rank is None else kv_rank)
+            check_positive_int("num_heads", num_heads)
+            check_positive_int("head_dim", head_dim)
+        kv_rank = check_positive_int("kv_rank", 4 * head_dim if kv_rank is None else kv_rank)
         if q_rank is not None:
-            _positive("q_rank", q_rank)
+            check_positive_int("q_rank", q_rank)
         if rope_dim is None:
             rope_dim = max(2, head_dim // 2) if rope else 0
         if isinstance(rope_dim, bool) or not isinstance(rope_dim, int) or rope_dim < 0 or rope_dim % 2:
@@ -102,7 +97,7 @@ class LatentAttention(nn.Module):
             raise InputError("rope needs a rotary part: rope_dim must be positive")
         if rope_dim and not rope:
             raise InputError(f"rope_dim={rope_dim} is the rotary part of each head, and rope is off")
-        v_head_dim = _positive("v_head_dim", head_dim if v_head_dim is None else v_head_dim)
+        v_head_dim = check_positive_int("v_head_dim", head_dim if v_head_dim is None else v_head_dim)
         if scale is not None and not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
             raise InputError(f"scale must be a positive number; got {scale!r}")
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, head_dim
@@ -158,10 +153,10 @@ class LatentAttention(nn.Module):
             k_rot = k_rot[:, None]
         return torch.cat([c, k_rot], dim=-1), q_rot
 
-    def forward(self, x: Tensor, *, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
-                is_causal: bool = False, need_weights: bool = False, average_attn_weights: bool = True,
-                positions: Tensor | None = None, cache: DecodingCache | None = None,
-                ) -> tuple[Tensor, Tensor | None]:
+    def _stored(self, x: Tensor, positions: Tensor | None, cache: DecodingCache | None,
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(queries (B, H, L, head_dim + rope_dim) rotated, what the step attends to (B, 1, Lk, kv_rank +
+        rope_dim + ...), the positions, the latents (B, Lk, kv_rank))``, this step's added to the cache."""
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise InputError(f"x must have shape (B, L, {self.embed_dim}); got {shape_str(x)}")
         batch, n, _ = x.shape
@@ -171,29 +166,48 @@ class LatentAttention(nn.Module):
             positions = torch.arange(past, past + n, device=x.device)
         q = self._queries(x).view(batch, n, h, d + r).transpose(1, 2)
         q_nope, q_rot = q.split([d, r], dim=-1)
-        latent, q_rot = self._latents(x, positions, q_rot)
+        stored, q_rot = self._latents(x, positions, q_rot)
         if cache is not None:
-            latent, _, _ = cache.update(latent, None)
-        c, k_rot = latent[:, 0].split([self.kv_rank, r], dim=-1)  # (B, Lk, kv_rank), (B, Lk, rope_dim)
-        lk = c.shape[1]
+            stored, _, _ = cache.update(stored, None)
+        return torch.cat([q_nope, q_rot], dim=-1), stored, positions, stored[:, 0, :, : self.kv_rank]
+
+    def _keys_values(self, c: Tensor, k_rot: Tensor) -> tuple[Tensor, Tensor]:
+        """Every head's keys and values ``(B, H, Lk, .)`` from the latents ``c`` ``(B, Lk, kv_rank)``
+        and the shared rotary keys ``k_rot`` ``(B, 1, Lk, rope_dim)``."""
+        batch, lk, _ = c.shape
+        h, d = self.num_heads, self.head_dim
         kv = self.kv_b_proj(c).view(batch, lk, h, d + self.v_head_dim).transpose(1, 2)
         k_nope, v = kv.split([d, self.v_head_dim], dim=-1)
-        k = torch.cat([k_nope, k_rot[:, None].expand(-1, h, -1, -1)], dim=-1)
-        q = torch.cat([q_nope, q_rot], dim=-1)
-        if key_padding_mask is not None and key_padding_mask.shape[-1] != lk:
-            raise InputError(f"key_padding_mask must cover the {lk} keys of this step; got {shape_str(key_padding_mask)}")
+        return torch.cat([k_nope, k_rot.expand(-1, h, -1, -1)], dim=-1), v
+
+    def _attend_heads(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, key_padding_mask: Tensor | None,
+                      is_causal: bool, need_weights: bool, average_attn_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """The attention of the heads, the weights recorded when captured, and the output projection."""
+        batch, _, n, _ = q.shape
         capture = self._attn_capture
         out, weights = scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=self.scale,
+            q, k, v, attn_mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights or capture is not None)
         if capture is not None:
             capture(weights)
             if not need_weights:
                 weights = None
-        out = self.o_proj(out.transpose(1, 2).reshape(batch, n, h * self.v_head_dim))
+        out = self.o_proj(out.transpose(1, 2).reshape(batch, n, self.num_heads * self.v_head_dim))
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)
         return out, weights
+
+    def forward(self, x: Tensor, *, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
+                is_causal: bool = False, need_weights: bool = False, average_attn_weights: bool = True,
+                positions: Tensor | None = None, cache: DecodingCache | None = None,
+                ) -> tuple[Tensor, Tensor | None]:
+        q, stored, _, c = self._stored(x, positions, cache)
+        lk = c.shape[1]
+        if key_padding_mask is not None and key_padding_mask.shape[-1] != lk:
+            raise InputError(f"key_padding_mask must cover the {lk} keys of this step; got {shape_str(key_padding_mask)}")
+        k, v = self._keys_values(c, stored[..., self.kv_rank: self.kv_rank + self.rope_dim])
+        return self._attend_heads(q, k, v, mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
+                                  need_weights=need_weights, average_attn_weights=average_attn_weights)
 
     # ------------------------------------------------------------------ one token per row
     def _decode_plan(self) -> tuple:
@@ -267,9 +281,9 @@ class IndexedSparseAttention(LatentAttention):
                          v_head_dim=v_head_dim, rope=rope, rope_theta=rope_theta, rope_scaling=rope_scaling,
                          max_len=max_len, rope_interleave=rope_interleave, scale=scale,
                          latent_norm_eps=latent_norm_eps)
-        self.index_topk = _positive("index_topk", index_topk)
-        self.index_heads = _positive("index_heads", index_heads)
-        self.index_head_dim = _positive("index_head_dim", self.head_dim if index_head_dim is None else index_head_dim)
+        self.index_topk = check_positive_int("index_topk", index_topk)
+        self.index_heads = check_positive_int("index_heads", index_heads)
+        self.index_head_dim = check_positive_int("index_head_dim", self.head_dim if index_head_dim is None else index_head_dim)
         if self.index_head_dim < self.rope_dim:
             raise InputError(f"index_head_dim ({self.index_head_dim}) must hold the rotary part, rope_dim "
                              f"({self.rope_dim})")
@@ -313,23 +327,11 @@ class IndexedSparseAttention(LatentAttention):
                 is_causal: bool = False, need_weights: bool = False, average_attn_weights: bool = True,
                 positions: Tensor | None = None, cache: DecodingCache | None = None,
                 ) -> tuple[Tensor, Tensor | None]:
-        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
-            raise InputError(f"x must have shape (B, L, {self.embed_dim}); got {shape_str(x)}")
         if attn_mask is not None:
             raise InputError("dsa attention takes no attn_mask (it builds its own from the indexer); use is_causal "
                              "and key_padding_mask")
-        batch, n, _ = x.shape
-        h, d, r = self.num_heads, self.head_dim, self.rope_dim
-        past = cache.seq_len if cache is not None else 0
-        if positions is None:
-            positions = torch.arange(past, past + n, device=x.device)
-        q = self._queries(x).view(batch, n, h, d + r).transpose(1, 2)
-        q_nope, q_rot = q.split([d, r], dim=-1)
-        stored, q_rot = self._latents(x, positions, q_rot)
-        if cache is not None:
-            stored, _, _ = cache.update(stored, None)
-        c, k_rot, index_keys = stored.split([self.kv_rank, r, self.index_head_dim], dim=-1)
-        lk = c.shape[2]
+        q, stored, positions, c = self._stored(x, positions, cache)
+        batch, n, lk = x.shape[0], x.shape[1], c.shape[1]
         if key_padding_mask is not None and key_padding_mask.shape != (batch, lk):
             raise InputError(f"key_padding_mask must have shape (B, Lk) = ({batch}, {lk}); got "
                              f"{shape_str(key_padding_mask)}")
@@ -338,22 +340,11 @@ class IndexedSparseAttention(LatentAttention):
             blocked |= torch.ones(n, lk, dtype=torch.bool, device=x.device).triu(lk - n + 1)
         if key_padding_mask is not None:
             blocked |= key_padding_mask[:, None, None, :]
-        mask = self._selected(x, positions, index_keys, blocked)
-        kv = self.kv_b_proj(c[:, 0]).view(batch, lk, h, d + self.v_head_dim).transpose(1, 2)
-        k_nope, v = kv.split([d, self.v_head_dim], dim=-1)
-        k = torch.cat([k_nope, k_rot.expand(-1, h, -1, -1)], dim=-1)
-        capture = self._attn_capture
-        out, weights = scaled_dot_product_attention(
-            torch.cat([q_nope, q_rot], dim=-1), k, v, attn_mask=mask, scale=self.scale,
-            dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights or capture is not None)
-        if capture is not None:
-            capture(weights)
-            if not need_weights:
-                weights = None
-        out = self.o_proj(out.transpose(1, 2).reshape(batch, n, h * self.v_head_dim))
-        if weights is not None and average_attn_weights:
-            weights = weights.mean(dim=1)
-        return out, weights
+        r = self.kv_rank + self.rope_dim
+        mask = self._selected(x, positions, stored[..., r:], blocked)
+        k, v = self._keys_values(c, stored[..., self.kv_rank: r])
+        return self._attend_heads(q, k, v, mask=mask, key_padding_mask=None, is_causal=False,
+                                  need_weights=need_weights, average_attn_weights=average_attn_weights)
 
     def decode_step(self, x: Tensor, cache: DecodingCache, *, positions: Tensor | None = None,
                     key_padding_mask: Tensor | None = None) -> Tensor:
