@@ -605,6 +605,109 @@ def test_dsa_cached_decoding_equals_recomputation():
     assert model.blocks[0].attn.cache_bytes(1, 10, torch.float32) == (16 + 4 + 8) * 10 * 4
 
 
+def _index_kl_by_hand(attn, x):
+    """DeepSeek-V3.2's indexer loss written out for one unbatched causal sequence: for each query,
+    the heads' attention over its selected keys summed and renormalised, and the KL divergence
+    from it to the softmax of the indexer's scores over the same keys."""
+    q, stored, positions, c = attn._stored(x, None, None)
+    n = x.shape[1]
+    blocked = torch.ones(n, n, dtype=torch.bool).triu(1)[None, None]
+    r = attn.kv_rank + attn.rope_dim
+    mask, index = attn._selected(x, positions, stored[..., r:], blocked)
+    k, _ = attn._keys_values(c, stored[..., attn.kv_rank: r])
+    total = 0.0
+    for t in range(n):
+        keep = ~mask[0, 0, t]
+        logits = (q[0, :, t, None] @ k[0, :, keep].transpose(-1, -2))[:, 0] * attn.scale  # (H, kept)
+        p = logits.softmax(-1).sum(0)
+        p = p / p.sum()
+        log_q = index[0, t, keep].log_softmax(-1)
+        total = total + (p * (p.log() - log_q)).sum()
+    return total / n
+
+
+def test_dsa_indexer_loss_is_deepseeks_kl_and_trains_the_indexer_alone():
+    """The loss kept for the trainer equals the KL written out by hand; the forward's output does
+    not depend on it; its gradient reaches the indexer's weights and nothing else (the indexer
+    reads detached inputs), so the other weights' gradients are those of the task's loss alone;
+    index_loss=0 keeps none, and evaluation keeps none."""
+    from attnlab.attention import IndexedSparseAttention
+
+    torch.manual_seed(0)
+    options = dict(kv_rank=16, q_rank=24, rope_dim=4, rope=True, index_heads=2, index_topk=4)
+    attn = IndexedSparseAttention(32, 4, **options, index_loss=0.5).train()
+    plain = IndexedSparseAttention(32, 4, **options, index_loss=0.0).train()
+    plain.load_state_dict(attn.state_dict())
+    x = torch.randn(1, 10, 32)
+    out, _ = attn(x, is_causal=True)
+    aux = attn.take_aux_loss()
+    assert attn.take_aux_loss() is None  # taken once
+    torch.testing.assert_close(aux, 0.5 * _index_kl_by_hand(attn, x), atol=1e-6, rtol=1e-5)
+    (out.square().sum() + aux).backward()
+    out_plain, _ = plain(x, is_causal=True)
+    assert plain.take_aux_loss() is None
+    torch.testing.assert_close(out, out_plain, atol=0, rtol=0)
+    out_plain.square().sum().backward()
+    for (name, p), q in zip(attn.named_parameters(), plain.parameters()):
+        if name.startswith("indexer."):
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+            assert q.grad is None or not q.grad.any(), name  # (zeros: the cache's slice beside the latent)
+        else:
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-5, msg=name)
+    attn.eval()
+    with torch.no_grad():
+        attn(x, is_causal=True)
+    assert attn.take_aux_loss() is None
+
+
+def test_dsa_indexer_learns_the_attentions_choice_through_the_trainer():
+    """A decoder with sparse attention trained by the engine: the trainer adds the indexer's loss,
+    the indexer's weights move (with index_loss=0 they stay as drawn), and the indexer's KL on a
+    fixed batch ends well below that of an indexer left as drawn beside the same kind of training."""
+    from attnlab.engine.trainer import TrainConfig, Trainer
+
+    class Windows:
+        def __init__(self, ids):
+            self.ids = ids
+
+        def __len__(self):
+            return len(self.ids)
+
+        def get_batch(self, idx):
+            rows = self.ids[torch.as_tensor(idx)]
+            return rows[:, :-1], rows[:, 1:]
+
+    torch.manual_seed(0)
+    pattern = torch.arange(40) % 7  # text that repeats: attention has something to find
+    ids = torch.stack([(pattern + i) % 7 for i in range(16)])
+
+    def trained(weight):
+        torch.manual_seed(0)
+        model = GPT(vocab_size=8, max_len=64, embed_dim=32, depth=1, num_heads=4, pos_embed="rope", norm="rmsnorm",
+                    mlp="swiglu", attention="dsa", attention_options={"kv_rank": 16, "q_rank": 24, "rope_dim": 4,
+                                                                      "index_topk": 6, "index_loss": weight})
+        start = {k: v.clone() for k, v in model.state_dict().items() if ".indexer." in k}
+        attn = model.blocks[0].attn
+
+        Trainer(model, Windows(ids), TrainConfig(steps=60, batch_size=8, lr=3e-3, weight_decay=0.0, warmup_steps=0, progress=False,
+                                                 tensorboard=False, log_every=1000), log=lambda line: None).fit()
+        moved = max((model.state_dict()[k] - v).abs().max().item() for k, v in start.items())
+        attn.index_loss = 1.0  # to read the KL of the indexer as it ended
+        model(ids[:4, :-1])
+        return moved, attn.take_aux_loss().item()
+
+    moved, kl = trained(1.0)
+    moved_untrained, kl_untrained = trained(0.0)
+    assert moved > 1e-3 and moved_untrained == 0.0
+    assert kl < 0.5 * kl_untrained, (kl, kl_untrained)
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan"), "much"])
+def test_dsa_index_loss_refuses_what_is_not_a_weight(value):
+    with pytest.raises(InputError, match="index_loss must be a finite number >= 0"):
+        build_attention("dsa", 32, 4, index_loss=value)
+
+
 @pytest.mark.parametrize("options,message", [
     ({"rope": True, "rope_dim": 8, "index_head_dim": 4}, "index_head_dim .4. must hold the rotary part"),
     ({"index_topk": 0}, "index_topk must be a positive integer"),

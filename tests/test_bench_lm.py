@@ -64,8 +64,8 @@ def test_kind_point_trains_each_kind_for_the_budget_and_measures_its_cache(tmp_p
     assert step > 0 and not (tmp_path / "calibration").exists()
     rows = {}
     for name in ("multi-head", "3:1 hybrid"):
-        rows[name] = kind_point(name, tmp_path / name.replace(":", "to").replace(" ", "-"), budget=3 * step,
-                                seconds_per_step=step, lengths=(8, 12), prompt=4, data_dir=data_dir, train=train)
+        rows[name] = kind_point(name, tmp_path / name.replace(":", "to").replace(" ", "-"), steps=3, budget=3 * step,
+                                lengths=(8, 12), prompt=4, data_dir=data_dir, train=train)
     mha, hybrid = rows["multi-head"], rows["3:1 hybrid"]
     assert mha["steps"] == hybrid["steps"] == 3 and math.isfinite(mha["val_loss"])
     assert mha["cache_bytes_per_token"] == 2 * 4 * 32 * 4 and mha["cache_bytes_fixed"] == 0  # 4 layers of k and v
@@ -82,4 +82,46 @@ def test_kind_point_trains_each_kind_for_the_budget_and_measures_its_cache(tmp_p
     assert window["loss_past"] != sinks["loss_past"]
     table = lm_markdown({"machine": machine_info("cpu"), "quick": True, "threads": 1, "kinds": rows,
                          "streaming": {"multi-head": streamed}})
+    again = kind_point("multi-head", tmp_path / "multi-head-seed1", steps=3, budget=3 * step, lengths=(), prompt=4,
+                       data_dir=data_dir, train=train, seed=1)
+    assert again["decoding"] == [] and again["val_loss"] != mha["val_loss"]  # other weights, no decoding timed
+    table_seeds = lm_markdown({"machine": machine_info("cpu"), "quick": True, "threads": 1, "kinds": rows,
+                               "kinds_seed": {"multi-head": again}})
+    assert f"| {mha['val_loss']:.4f} / {again['val_loss']:.4f} |" in table_seeds
     assert "| 3:1 hybrid | 3 |" in table and "B/token +" in table and "| window of 16 + 2 sink tokens |" in table
+
+
+def test_kinds_part_retrains_a_kind_whose_time_missed_the_budget_and_seeds_close_kinds(tmp_path, monkeypatch):
+    """The decisions of the kinds part, with training replaced by a stand-in whose step times
+    differ from the calibration's: multi-head sets the budget by its measured time; a kind
+    that took 50% longer is trained once more at its own measured rate; kinds ending closer
+    than SEED_GAP to another get a second seed with the same steps, and only they."""
+    import attnlab.bench.lm as lm
+
+    calibrated = {name: 0.1 for name in lm.KINDS}
+    true_rate = {**calibrated, "multi-head": 0.12, "sinks": 0.15}  # sinks: 50% slower than calibrated
+    val = {name: 1.5 + 0.1 * i for i, name in enumerate(lm.KINDS)}  # 0.1 apart...
+    val["multi-query"] = val["multi-head"] + 0.01  # ...but these two
+    calls = []
+
+    def fake_point(name, folder, *, steps, budget, lengths, prompt, data_dir=None, train=(), seed=0):
+        folder.mkdir(parents=True, exist_ok=True)
+        calls.append((name, steps, seed))
+        return {"kind": name, "seed": seed, "steps": steps, "budget_s": budget,
+                "train_seconds": steps * true_rate[name], "val_loss": val[name] + seed * 0.001, "decoding": []}
+
+    monkeypatch.setattr(lm, "kind_point", fake_point)
+    monkeypatch.setattr(lm, "_seconds_per_step", lambda name, *a: calibrated[name])
+    monkeypatch.setattr(lm, "lm_markdown", lambda data: "")
+    data = lm.run_lm(tmp_path, parts=["kinds"], quick=True, log=lambda line: None)
+    shipped = 4  # QUICK's train.steps
+    budget = shipped * 0.12
+    assert data["kinds"]["multi-head"]["steps"] == shipped
+    assert data["kinds"]["sinks"]["steps"] == round(budget / 0.15) and data["kinds"]["sinks"]["retrained"]
+    assert [c for c in calls if c[0] == "sinks"] == [("sinks", round(budget / 0.1), 0), ("sinks", 3, 0)]
+    assert not data["kinds"]["latent (kv_rank 64)"]["retrained"]
+    assert sorted(data["kinds_seed"]) == ["multi-head", "multi-query"]
+    assert data["kinds_seed"]["multi-query"]["steps"] == data["kinds"]["multi-query"]["steps"]
+    calls.clear()
+    lm.run_lm(tmp_path, parts=["kinds"], quick=True, log=lambda line: None)
+    assert calls == []  # resumed: everything kept

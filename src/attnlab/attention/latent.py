@@ -28,6 +28,7 @@ The parameters have DeepSeek's names (``q_a_proj``, ``q_a_layernorm``, ``q_b_pro
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -266,8 +267,18 @@ class IndexedSparseAttention(LatentAttention):
     sqrt(index_heads)``; causal and padding masks apply before the top-k, and the attention
     then sees the selected keys only. With ``index_topk`` at least the sequence's length it is
     latent attention exactly (tested). The cache holds each position's indexer key beside its
-    latent. The selection is not differentiable: the indexer learns only through its own loss
-    (DeepSeek distils it from the dense attention's weights), which attnlab does not add.
+    latent.
+
+    The selection is not differentiable, so the indexer learns only through a loss of its own, as
+    DeepSeek trains it (V3.2's sparse stage): in a training forward with gradients, the KL
+    divergence from the attention's distribution over the selected keys (summed over heads and
+    renormalised, detached) to the softmax of the indexer's scores over them, averaged over the
+    queries and weighted by ``index_loss`` (0: none), is kept for the trainer
+    (:meth:`take_aux_loss`, the engine's protocol for a module's own loss). The indexer reads
+    detached inputs, so that loss trains the indexer alone and the language-model loss the rest;
+    the forward's output does not depend on it. Without it (``index_loss=0``, or transformers'
+    reference, which has no such loss) the indexer keeps its initial weights and selects keys
+    at random as far as the text is concerned.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = False,
@@ -275,7 +286,8 @@ class IndexedSparseAttention(LatentAttention):
                  rope_dim: int | None = None, v_head_dim: int | None = None, rope: bool = False,
                  rope_theta: float = 10000.0, rope_scaling: dict | None = None, max_len: int | None = None,
                  rope_interleave: bool = False, scale: float | None = None, latent_norm_eps: float = 1e-6,
-                 index_topk: int = 64, index_heads: int = 4, index_head_dim: int | None = None) -> None:
+                 index_topk: int = 64, index_heads: int = 4, index_head_dim: int | None = None,
+                 index_loss: float = 1.0) -> None:
         super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, kv_rank=kv_rank,
                          q_rank=embed_dim // 2 if q_rank is None else q_rank, head_dim=head_dim, rope_dim=rope_dim,
                          v_head_dim=v_head_dim, rope=rope, rope_theta=rope_theta, rope_scaling=rope_scaling,
@@ -287,6 +299,12 @@ class IndexedSparseAttention(LatentAttention):
         if self.index_head_dim < self.rope_dim:
             raise InputError(f"index_head_dim ({self.index_head_dim}) must hold the rotary part, rope_dim "
                              f"({self.rope_dim})")
+        if not (isinstance(index_loss, (int, float)) and not isinstance(index_loss, bool)
+                and math.isfinite(index_loss) and index_loss >= 0):
+            raise InputError(f"index_loss must be a finite number >= 0 (the weight of the indexer's own loss in "
+                             f"training; 0: none); got {index_loss!r}")
+        self.index_loss = float(index_loss)
+        self._aux_loss: Tensor | None = None
         self.indexer = nn.Module()
         self.indexer.wq_b = nn.Linear(self.q_rank, self.index_heads * self.index_head_dim, bias=False)
         self.indexer.wk = nn.Linear(embed_dim, self.index_head_dim, bias=False)
@@ -299,19 +317,22 @@ class IndexedSparseAttention(LatentAttention):
 
     def _latents(self, x: Tensor, positions: Tensor, q_rot: Tensor) -> tuple[Tensor, Tensor]:
         latent, q_rot = super()._latents(x, positions, q_rot)
-        k = self.indexer.k_norm(self.indexer.wk(x))[:, None]  # (B, 1, L, index_head_dim)
+        k = self.indexer.k_norm(self.indexer.wk(x.detach()))[:, None]  # (B, 1, L, index_head_dim); its own loss only
         if self.rotary is not None:
             r = self.rope_dim
             k_rot, _ = self.rotary(k[..., :r], k[..., :r], positions)
             k = torch.cat([k_rot, k[..., r:]], dim=-1)
         return torch.cat([latent, k], dim=-1), q_rot
 
-    def _selected(self, x: Tensor, positions: Tensor, index_keys: Tensor, blocked: Tensor) -> Tensor:
-        """Bool ``(B, 1, Lq, Lk)``, ``True`` at the keys each query does not attend to: those outside
-        its top ``index_topk`` by the indexer's score, and ``blocked`` ``(B, 1, Lq, Lk)``."""
+    def _selected(self, x: Tensor, positions: Tensor, index_keys: Tensor, blocked: Tensor) -> tuple[Tensor, Tensor]:
+        """``(mask, scores)``: bool ``(B, 1, Lq, Lk)``, ``True`` at the keys each query does not attend
+        to (those outside its top ``index_topk`` by the indexer's score, and ``blocked`` ``(B, 1, Lq,
+        Lk)``), and the indexer's float scores ``(B, Lq, Lk)`` (from detached inputs)."""
         batch, n, _ = x.shape
         hi, di, r = self.index_heads, self.index_head_dim, self.rope_dim
-        q = self.indexer.wq_b(self.q_a_layernorm(self.q_a_proj(x))).view(batch, n, hi, di).transpose(1, 2)
+        x = x.detach()
+        compressed = self.q_a_layernorm(self.q_a_proj(x)).detach()  # the attention's, not the indexer's to train
+        q = self.indexer.wq_b(compressed).view(batch, n, hi, di).transpose(1, 2)
         if self.rotary is not None:
             q_rot, _ = self.rotary(q[..., :r], q[..., :r], positions)
             q = torch.cat([q_rot, q[..., r:]], dim=-1)
@@ -321,7 +342,26 @@ class IndexedSparseAttention(LatentAttention):
         index = index.masked_fill(blocked[:, 0], float("-inf"))
         top = index.topk(min(self.index_topk, index.shape[-1]), dim=-1).indices
         outside = torch.ones_like(index, dtype=torch.bool).scatter(-1, top, False)
-        return (outside | blocked[:, 0])[:, None]
+        return (outside | blocked[:, 0])[:, None], index
+
+    def _index_kl(self, q: Tensor, k: Tensor, mask: Tensor, index: Tensor) -> Tensor:
+        """The indexer's loss (see the class): mean over the queries that attend to any key of
+        ``KL(p || softmax(index))`` over the selected keys, ``p`` the heads' attention summed."""
+        with torch.no_grad():
+            logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * self.scale
+            p = logits.masked_fill(mask, float("-inf")).softmax(-1).nan_to_num(0.0).sum(1)  # (B, Lq, Lk)
+            p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+        low = torch.finfo(index.dtype).min  # not -inf: a query with no key left stays finite (and counts 0)
+        log_q = index.masked_fill(mask[:, 0], low).log_softmax(-1)
+        kl = torch.where(p > 0, p * (p.clamp_min(1e-30).log() - log_q), 0.0).sum(-1)  # (B, Lq)
+        rows = (~mask[:, 0]).any(-1)
+        return kl.sum() / rows.sum().clamp_min(1)
+
+    def take_aux_loss(self) -> Tensor | None:
+        """The weighted indexer loss of the last training forward, forgotten once taken (the
+        trainer adds it to the task's loss); ``None`` when there is none."""
+        loss, self._aux_loss = self._aux_loss, None
+        return loss
 
     def forward(self, x: Tensor, *, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
                 is_causal: bool = False, need_weights: bool = False, average_attn_weights: bool = True,
@@ -341,8 +381,10 @@ class IndexedSparseAttention(LatentAttention):
         if key_padding_mask is not None:
             blocked |= key_padding_mask[:, None, None, :]
         r = self.kv_rank + self.rope_dim
-        mask = self._selected(x, positions, stored[..., r:], blocked)
+        mask, index = self._selected(x, positions, stored[..., r:], blocked)
         k, v = self._keys_values(c, stored[..., self.kv_rank: r])
+        if self.index_loss and self.training and torch.is_grad_enabled():
+            self._aux_loss = self.index_loss * self._index_kl(q, k, mask, index)
         return self._attend_heads(q, k, v, mask=mask, key_padding_mask=None, is_causal=False,
                                   need_weights=need_weights, average_attn_weights=average_attn_weights)
 
@@ -354,4 +396,4 @@ class IndexedSparseAttention(LatentAttention):
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, index_topk={self.index_topk}, index_heads={self.index_heads}, "
-                f"index_head_dim={self.index_head_dim}")
+                f"index_head_dim={self.index_head_dim}, index_loss={self.index_loss:g}")

@@ -305,6 +305,9 @@ class Trainer:
                 raise InputError(f"grad_checkpointing: {type(model).__name__} has no set_grad_checkpointing()")
             model.set_grad_checkpointing(True)
         self.train_data, self.eval_data, self.collate = train_data, eval_data, collate
+        # Modules with a loss of their own (DeepSeek's sparse attention's indexer): `take_aux_loss()`
+        # returns what their last training forward kept (already weighted) or None, and forgets it.
+        self._aux_modules = [m for m in model.modules() if callable(getattr(m, "take_aux_loss", None))]
         self.log = log if distributed.is_main() else (lambda _msg: None)  # rank 0 alone logs and writes
         self.loss_fn = loss_fn or (
             lambda out, y: F.cross_entropy(*flatten_tokens(out, y), ignore_index=IGNORE_INDEX,
@@ -435,6 +438,11 @@ class Trainer:
     def _move(self, x: Any, y: Tensor) -> tuple[Any, Tensor]:
         return _move(x, self.device, self.cfg.channels_last), y.to(self.device, non_blocking=True)
 
+    def _aux_loss(self) -> Tensor | float:
+        """The sum of the modules' own losses from the forward just run (0.0 when none)."""
+        losses = [loss for m in self._aux_modules if (loss := m.take_aux_loss()) is not None]
+        return sum(losses[1:], losses[0]) if losses else 0.0
+
     def train_step(self, batches: Iterator[tuple[Any, Tensor]]) -> float:
         cfg = self.cfg
         self.train_model.train()
@@ -445,9 +453,10 @@ class Trainer:
             last = i == cfg.accum_steps - 1 or distributed.world_size() == 1  # (train_model may be compiled)
             with contextlib.nullcontext() if last else self.train_model.no_sync():
                 with autocast(self.device, self.precision):
-                    loss = self.loss_fn(_call(self.train_model, x), y) / cfg.accum_steps
+                    task = self.loss_fn(_call(self.train_model, x), y) / cfg.accum_steps
+                    loss = task + self._aux_loss() / cfg.accum_steps
                 self.scaler.scale(loss).backward()
-            total += loss.item()
+            total += task.item()  # the task's loss is what the log and the metrics show
         finite = math.isfinite(total)
         if finite:  # the gradient norm is checked with clipping or without (max_norm inf: the norm alone)
             self.scaler.unscale_(self.optimizer)
