@@ -63,6 +63,27 @@ def test_approximations_have_errors_that_fall_with_k_and_kept_mass_that_grows():
     assert relative_errors("lsh", {"bucket_size": 2, "n_buckets": 4}, inputs)["reference"].startswith("one-chunk")
 
 
+def test_a_latent_of_full_rank_is_exact_and_a_smaller_one_loses_what_it_leaves_out():
+    """Latent attention's rows: keys and values through their best shared latent. At the rank of
+    the keys and values side by side (2 x embed) nothing is lost; below it the error grows as
+    the rank falls and the kept energy is the SVD's share, checked by hand for one rank."""
+    model, batches = _model_and_batches()
+    inputs = attention_inputs(model, batches)
+    embed = inputs[0][0][0].shape[1] * inputs[0][0][0].shape[3]
+    full = relative_errors("latent", {"kv_rank": 2 * embed}, inputs)
+    assert full["error"] < 1e-5 and full["kept_energy"] == pytest.approx(1.0, abs=1e-9)
+    recs = [relative_errors("latent", {"kv_rank": r}, inputs) for r in (2, 8, 24)]
+    assert recs[0]["error"] > recs[1]["error"] > recs[2]["error"] > 1e-4
+    assert recs[0]["kept_energy"] < recs[1]["kept_energy"] < recs[2]["kept_energy"] < 1
+    energies = []
+    for layer in inputs:
+        q, k, v, pad = layer[0]
+        z = torch.cat([k, v], dim=1).permute(0, 2, 1, 3).flatten(2)[~pad].double()
+        s = torch.linalg.svdvals(z).square()
+        energies.append(float(s[:8].sum() / s.sum()))
+    assert recs[1]["kept_energy"] == pytest.approx(sum(energies) / len(energies), rel=1e-9)
+
+
 def test_every_setting_builds():
     model, batches = _model_and_batches()
     inputs = attention_inputs(model, batches)

@@ -20,8 +20,20 @@ positions of all sentences and heads of a layer; the record keeps each layer's a
 mean over layers. For ``topk`` the record also keeps the share of each query's exact
 softmax weight that falls on the ``k`` keys it keeps (its mean over queries).
 
+``latent`` (multi-head latent attention) is measured as its cache compresses: each layer's
+keys and values of every real token, all heads side by side, pass through the best shared
+latent of ``kv_rank`` dimensions for those tokens (the truncated SVD of the ``(tokens, 2 x
+embed)`` matrix of keys beside values, a linear map as MLA's down- and up-projections are),
+and exact attention runs on what comes back; the record keeps the share of the keys' and
+values' squared norm that the latent holds.
+
 ``linformer`` is left out: its length projections are weights learned with the model,
 and a model trained with exact attention has none (random ones would measure nothing).
+The kinds of 2024-2026 other than ``latent`` are not approximations of softmax attention on
+given queries and keys: ``differential`` and ``gated_delta`` compute other functions with
+weights of their own, ``sinks`` is exact attention plus learned logits that take weight away
+(zero error as they go to minus infinity), and ``dsa`` with an indexer that scored keys as
+the attention does is ``topk`` (its rows).
 """
 
 from __future__ import annotations
@@ -55,6 +67,9 @@ FIDELITY_SETTINGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("topk k=4", "topk", {"top_k": 4}),
     ("topk k=16", "topk", {"top_k": 16}),
     ("lsh", "lsh", MR_OPTIONS["lsh"]),
+    ("latent kv_rank=16", "latent", {"kv_rank": 16}),
+    ("latent kv_rank=32", "latent", {"kv_rank": 32}),
+    ("latent kv_rank=64", "latent", {"kv_rank": 64}),
 )
 
 
@@ -102,6 +117,8 @@ def relative_errors(kind: str, options: dict[str, Any], inputs: list[list[tuple[
                     seed: int = 0) -> dict[str, Any]:
     """Each layer's relative error of ``kind`` (built with ``options``) against its
     reference on ``inputs`` (from :func:`attention_inputs`); see the module docstring."""
+    if kind == "latent":
+        return _latent_errors(options["kv_rank"], inputs)
     per_layer, kept = [], []
     for layer in inputs:
         q0 = layer[0][0]
@@ -135,6 +152,30 @@ def relative_errors(kind: str, options: dict[str, Any], inputs: list[list[tuple[
     return rec
 
 
+def _latent_errors(rank: int, inputs: list[list[tuple[Tensor, ...]]]) -> dict[str, Any]:
+    """Exact attention's relative error when each layer's keys and values go through their best
+    shared latent of ``rank`` dimensions (see the module docstring)."""
+    per_layer, energy = [], []
+    for layer in inputs:
+        rows = [torch.cat([k, v], dim=1).permute(0, 2, 1, 3).flatten(2)[~pad] for _, k, v, pad in layer]
+        z = torch.cat(rows).double()  # (real tokens, 2 x heads x head size)
+        basis = torch.linalg.svd(z, full_matrices=False).Vh[:rank].T  # (2 E, rank)
+        energy.append(float((z @ basis).square().sum() / z.square().sum()))
+        err = ref_norm = 0.0
+        for q, k, v, pad in layer:
+            b, h, n, d = k.shape
+            kv = torch.cat([k, v], dim=1).permute(0, 2, 1, 3).reshape(b, n, 2 * h * d).double()
+            kv = (kv @ basis @ basis.T).to(k.dtype).view(b, n, 2 * h, d).permute(0, 2, 1, 3)
+            ref, _ = scaled_dot_product_attention(q, k, v, key_padding_mask=pad)
+            out, _ = scaled_dot_product_attention(q, kv[:, :h], kv[:, h:], key_padding_mask=pad)
+            real = (~pad)[:, None, :, None]
+            err += float(((out - ref) * real).pow(2).sum())
+            ref_norm += float((ref * real).pow(2).sum())
+        per_layer.append(math.sqrt(err / max(ref_norm, 1e-30)))
+    return {"kind": "latent", "options": {"kv_rank": rank}, "error": sum(per_layer) / len(per_layer),
+            "error_per_layer": per_layer, "reference": "exact", "kept_energy": sum(energy) / len(energy)}
+
+
 def run_fidelity(store: Any, out: Path, *, quick: bool = False, device: str = "cpu", data_dir: str | None = None,
                  log: Callable[[str], None] = print) -> None:
     """The error of each of :data:`FIDELITY_SETTINGS` not yet in ``store`` (section
@@ -155,5 +196,7 @@ def run_fidelity(store: Any, out: Path, *, quick: bool = False, device: str = "c
         rec = {"label": label, **relative_errors(kind, options, inputs), "sentences": len(texts),
                "layers": len(inputs), "model_run": str(run_dir)}
         store.add("fidelity", rec)
-        extra = f", keeps {100 * rec['kept_mass']:.1f}% of the exact weight" if "kept_mass" in rec else ""
+        extra = f", keeps {100 * rec['kept_mass']:.1f}% of the exact weight" if "kept_mass" in rec else \
+            f", the latent holds {100 * rec['kept_energy']:.1f}% of the keys' and values' energy" \
+            if "kept_energy" in rec else ""
         log(f"fidelity {label:>16}: relative error {rec['error']:.4f} vs {rec['reference']}{extra}")

@@ -213,12 +213,13 @@ def _fidelity_table(data: dict[str, Any]) -> list[str]:
     lines = [f"### Error against exact attention on a trained model's queries, keys and values (MR classifier, "
              f"{r0['layers']} layers, {r0['sentences']:,} test sentences)", "",
              "| kind | settings | relative error of the output (mean over layers) | per layer | reference "
-             "| share of the exact weight kept |",
+             "| kept: the exact weight (top-k), the keys' and values' energy (latent) |",
              "| --- | --- | ---: | --- | --- | ---: |"]
     for r in recs:
         opts = ", ".join(f"{k}={v}" for k, v in r["options"].items())
         layers = " / ".join(f"{e:.3f}" for e in r["error_per_layer"])
-        kept = f"{100 * r['kept_mass']:.1f}%" if "kept_mass" in r else ""
+        kept = f"{100 * r['kept_mass']:.1f}%" if "kept_mass" in r else \
+            f"{100 * r['kept_energy']:.1f}%" if "kept_energy" in r else ""
         lines.append(f"| {r['label']} | {opts} | {r['error']:.3f} | {layers} | {r['reference']} | {kept} |")
     return lines + [""]
 
