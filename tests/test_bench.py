@@ -99,6 +99,21 @@ def test_needle_training_runs_for_a_kind():
     assert 0.0 <= r["accuracy"] <= 1.0 and r["steps"] == 3 and r["kind"] == "local"
 
 
+
+@pytest.mark.parametrize("kind", ["latent", "sinks", "differential", "dsa"])
+def test_needle_and_mr_settings_of_the_2024_kinds_train(kind):
+    """The quality part's new kinds at its own settings for them (the needle's latent sizes scaled
+    to its width), a few steps each; gated_delta, causal only, is left out of the part."""
+    from attnlab.bench.quality import MR_OPTIONS, QUALITY_KINDS, needle_options
+
+    assert kind in QUALITY_KINDS and "gated_delta" not in QUALITY_KINDS
+    options = needle_options(kind, 64)
+    assert options.get("kv_rank", 16) <= 16 and (kind != "dsa" or MR_OPTIONS["dsa"]["index_topk"] == 8)
+    r = needle_accuracy(kind, options, n=64, steps=2, batch_size=4, train_size=16, test_size=8, depth=1, heads=2,
+                        width=64)
+    assert 0.0 <= r["accuracy"] <= 1.0 and r["kind"] == kind
+
+
 def _fake_data() -> dict:
     recs = []
     for v, p in (("exact", 2.0), ("exact_weights", 2.0), ("linear", 1.0)):

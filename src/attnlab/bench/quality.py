@@ -121,7 +121,8 @@ def _yaml_flow(options: dict[str, Any]) -> str:
 # shorter than most of the benchmark's windows: there each kind is scaled down so that
 # it still attends to a part of the sentence only (local, sparse) or through fewer
 # summaries than tokens (linformer, nystrom).
-QUALITY_KINDS = ("exact", "local", "sparse", "linear", "performer", "linformer", "nystrom", "topk", "lsh")
+QUALITY_KINDS = ("exact", "local", "sparse", "linear", "performer", "linformer", "nystrom", "topk", "lsh", "latent",
+                 "sinks", "differential", "dsa")  # gated_delta is causal only: the needle is read at position 0
 MR_OPTIONS: dict[str, dict[str, Any]] = {
     "local": {"window": 8},
     "sparse": {"pattern": "bigbird", "block": 8, "window_blocks": 3, "global_blocks": 1, "random_blocks": 1},
@@ -130,13 +131,18 @@ MR_OPTIONS: dict[str, dict[str, Any]] = {
     "nystrom": {"num_landmarks": 16},
     "topk": {"top_k": 4},
     "lsh": {"bucket_size": 8, "n_buckets": 4},  # chunks of 8 (16 keys a query), as local's window
+    "latent": {"kv_rank": 32},  # a quarter of the width (128), as the needle's below
+    "dsa": {"kv_rank": 32, "index_topk": 8},  # keys a query keeps, as local's window
 }
+# The needle's classifier is 64 wide: the scaling part's latent sizes (made for width 512) scaled
+# to it; dsa keeps 64 of the 1,024 keys.
+NEEDLE_OVERRIDES: dict[str, dict[str, Any]] = {"latent": {"kv_rank": 16}, "dsa": {"kv_rank": 16, "index_topk": 64}}
 NEEDLE_N, NEEDLE_STEPS = 1024, 200
 
 
 def needle_options(kind: str, n: int) -> dict[str, Any]:
-    """The scaling benchmark's settings of ``kind`` at length ``n``."""
-    return VARIANTS[kind].options(n)
+    """The scaling benchmark's settings of ``kind`` at length ``n`` (with :data:`NEEDLE_OVERRIDES`)."""
+    return {**VARIANTS[kind].options(n), **NEEDLE_OVERRIDES.get(kind, {})}
 
 
 def run_quality(store: Any, kinds: list[str], out: Path, *, quick: bool = False, device: str = "cpu",
