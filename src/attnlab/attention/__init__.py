@@ -8,6 +8,7 @@ from .grouped import GroupedQueryAttention, RMSNorm
 from .differential import DifferentialAttention, SinkAttention
 from .latent import IndexedSparseAttention, LatentAttention
 from .delta import GatedDeltaNet
+from .nsa import NativeSparseAttention
 from .multihead import CrossAttention, MultiHeadAttention, SelfAttention
 from .rotary import RotaryEmbedding, apply_rotary, rotate_half
 from .variants import axial, linear, linformer, local, lsa, nystrom, performer, relpos2d, sparse, standalone2d, topk, lsh  # noqa: F401  (register)
@@ -44,6 +45,7 @@ __all__ = [
     "LatentAttention",
     "IndexedSparseAttention",
     "GatedDeltaNet",
+    "NativeSparseAttention",
     "RMSNorm",
     "RotaryEmbedding",
     "apply_rotary",

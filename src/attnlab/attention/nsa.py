@@ -1,0 +1,163 @@
+"""Native sparse attention (Yuan et al., 2025, "Native Sparse Attention: Hardware-Aligned and
+Natively Trainable Sparse Attention", DeepSeek): each query attends through three branches whose
+outputs a learned gate mixes,
+
+    o_t = g_cmp * attn(q_t, compressed blocks) + g_slc * attn(q_t, selected blocks)
+          + g_win * attn(q_t, the last ``window`` keys),
+
+* **compressed**: the keys and values of each complete block of ``block`` positions, with a
+  learned position embedding inside the block, flattened and mapped by a learned linear layer
+  to one key and one value (a block is seen by the queries after its last position);
+* **selected**: the query's attention over the compressed keys, summed over the query heads
+  that share a key/value head, scores the blocks; the query attends, token by token, to the
+  ``num_selected`` best complete blocks and to the block it is in (the paper keeps the local
+  blocks always);
+* **window**: the last ``window`` keys, itself included.
+
+The gates are ``sigmoid`` of a learned linear map of each head's query (``(D, 3)`` per head,
+the paper's gate MLP on the input made per head and linear). The three branches share the
+query, key and value projections, as the public implementations (flash-linear-attention's
+``parallel_nsa``, lucidrains' ``native-sparse-attention-pytorch``) do; the paper also allows
+separate keys per branch.
+
+Here each branch is computed as dense attention with a mask (the compressed one on ``L /
+block`` keys): the outputs are NSA's, the saving its block-sparse kernels make is not (on a
+CPU the selected branch costs what full attention costs). With ``num_selected`` at least the
+number of blocks and the gates at (0, 1, 0) it is exact causal attention (tested). Causal
+only; rows with padding are refused (the blocks are counted from each row's first slot).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import InputError
+from .cache import DecodingCache
+from .functional import check_positive_int, scaled_dot_product_attention
+from .grouped import GroupedQueryAttention
+from .registry import register_attention
+
+__all__ = ["NativeSparseAttention"]
+
+
+@register_attention("nsa", keeps_cache=True)
+class NativeSparseAttention(GroupedQueryAttention):
+    """Native sparse attention (see the module docstring) with the exact kind's projections,
+    grouped key/value heads, rotary positions, QK-norm and cache, and ``block`` (positions a
+    compressed and a selectable block hold, 16), ``num_selected`` (blocks each query selects
+    besides its own, 4) and ``window`` (the sliding branch's keys, 64). It forms no weight
+    matrix over the tokens (three branches, one of them over blocks)."""
+
+    supports_bidirectional = False
+    position_options = ("block", "window")
+
+    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
+                 num_kv_heads: int | None = None, head_dim: int | None = None, out_bias: bool | None = None,
+                 rope: bool = False, rope_theta: float = 10000.0, rope_scaling: dict | None = None,
+                 partial_rotary: float = 1.0, max_len: int | None = None, qk_norm: bool = False,
+                 scale: float | None = None, block: int = 16, num_selected: int = 4, window: int = 64) -> None:
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, num_kv_heads=num_kv_heads,
+                         head_dim=head_dim, out_bias=out_bias, rope=rope, rope_theta=rope_theta,
+                         rope_scaling=rope_scaling, partial_rotary=partial_rotary, max_len=max_len, qk_norm=qk_norm,
+                         scale=scale)
+        self.block = check_positive_int("block", block)
+        self.num_selected = check_positive_int("num_selected", num_selected)
+        self.branch_window = check_positive_int("window", window)
+        d = self.head_dim
+        self.block_pos = nn.Parameter(torch.zeros(self.block, d))  # the position inside a block, learned
+        self.compress_k = nn.Linear(self.block * d, d, bias=False)
+        self.compress_v = nn.Linear(self.block * d, d, bias=False)
+        with torch.no_grad():  # the mean of the block at the start: a compressed key is its block's average
+            for layer in (self.compress_k, self.compress_v):
+                layer.weight.copy_(torch.eye(d).repeat(1, self.block) / self.block)
+        self.gate = nn.Parameter(torch.zeros(self.num_heads, d, 3))
+        self.gate_bias = nn.Parameter(torch.zeros(self.num_heads, 3))
+
+    # ------------------------------------------------------------------ the cache (the decoder contract)
+    def new_cache(self, batch: int, capacity: int, *, dtype: torch.dtype | None = None,
+                  device: torch.device | str | None = None, window: int | None = None,
+                  sink_tokens: int = 0) -> DecodingCache:
+        """A cache of every position's keys and values (the selection may pick any block)."""
+        if window is not None or sink_tokens:
+            raise InputError("nsa keeps every key (its selection may pick any block): a streaming cache (window, "
+                             "sink_tokens) is not supported")
+        return DecodingCache(capacity)
+
+    def cache_bytes(self, batch: int, positions: int, dtype: torch.dtype) -> int:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * batch * self.num_kv_heads * self.head_dim * positions * itemsize
+
+    # ------------------------------------------------------------------ the three branches
+    def _compressed(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """One key and one value per complete block: ``(B, H, L // block, D)`` each."""
+        batch, heads, lk, d = k.shape
+        nb = lk // self.block
+        blocks = [(t[:, :, : nb * self.block].reshape(batch, heads, nb, self.block, d) + self.block_pos)
+                  .flatten(-2) for t in (k, v)]
+        return self.compress_k(blocks[0]), self.compress_v(blocks[1])
+
+    def _branches(self, q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None) -> Tensor:
+        """NSA's output ``(B, H, Lq, D)`` for queries at the last ``Lq`` of the ``Lk`` positions."""
+        if pad is not None and bool(pad.any()):
+            raise InputError("nsa counts its blocks from each row's first position: padded rows are not supported "
+                             "(generate each prompt on its own)")
+        batch, h, lq, d = q.shape
+        lk, b = k.shape[2], self.block
+        device = q.device
+        t = torch.arange(lk - lq, lk, device=device)  # the queries' positions
+        j = torch.arange(lk, device=device)
+        drop = self.dropout if self.training else 0.0
+        # compressed: block m is seen once its last position (m + 1) b - 1 is
+        k_cmp, v_cmp = self._compressed(k, v)
+        nb = k_cmp.shape[2]
+        m = torch.arange(nb, device=device)
+        unseen = (m[None, :] + 1) * b - 1 > t[:, None]  # (Lq, nb)
+        if nb:
+            o_cmp, p_cmp = scaled_dot_product_attention(q, k_cmp, v_cmp, attn_mask=unseen, scale=self.scale,
+                                                        need_weights=True)
+            o_cmp, p_cmp = o_cmp.nan_to_num(0.0), p_cmp.nan_to_num(0.0)  # a query before the first block: none
+        else:
+            o_cmp = torch.zeros_like(q)
+            p_cmp = q.new_zeros(batch, h, lq, 0)
+        # selected: the best complete blocks by the group's compressed attention, and the query's own block
+        group = h // self.num_kv_heads
+        score = p_cmp.view(batch, self.num_kv_heads, group, lq, nb).sum(2)  # (B, Hkv, Lq, nb)
+        own = t // b  # (Lq,)
+        chosen = torch.zeros(batch, self.num_kv_heads, lq, nb + 1, dtype=torch.bool, device=device)
+        if nb:
+            top = score.masked_fill(unseen, float("-inf")).topk(min(self.num_selected, nb), dim=-1)
+            chosen[..., :nb] = torch.zeros_like(score, dtype=torch.bool).scatter(-1, top.indices, True) & ~unseen
+        chosen.scatter_(-1, own.view(1, 1, lq, 1).expand(batch, self.num_kv_heads, lq, 1), True)
+        keys_block = (j // b).clamp(max=nb)  # (Lk,): block of each key, the incomplete one as index nb or own
+        keep = chosen.gather(-1, keys_block.view(1, 1, 1, lk).expand(batch, self.num_kv_heads, lq, lk))
+        keep &= j[None, :] <= t[:, None]
+        blocked = ~keep.repeat_interleave(group, dim=1)  # (B, H, Lq, Lk)
+        o_slc, _ = scaled_dot_product_attention(q, k, v, attn_mask=blocked, scale=self.scale, dropout_p=drop)
+        # window: the last `window` keys
+        distance = t[:, None] - j[None, :]
+        band = (distance < 0) | (distance >= self.branch_window)
+        o_win, _ = scaled_dot_product_attention(q, k, v, attn_mask=band, scale=self.scale, dropout_p=drop)
+        g = torch.sigmoid(torch.einsum("bhld,hdc->bhlc", q, self.gate.to(q.dtype)) + self.gate_bias[:, None].to(q.dtype))
+        return g[..., :1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:] * o_win
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, key_padding_mask: Tensor | None,
+                is_causal: bool, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        if not is_causal:
+            raise InputError("nsa attention is causal only (its blocks are seen once complete): use it in a decoder "
+                             "(is_causal=True)")
+        if mask is not None:
+            raise InputError("nsa attention takes no attn_mask (it builds its own from its blocks and window)")
+        if need_weights:
+            raise InputError("nsa attention forms no weight matrix over the tokens (three branches, one over blocks)")
+        return self._branches(q, k, v, key_padding_mask), None
+
+    def _attend_step(self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None) -> Tensor:
+        batch, hkv, group, d = q.shape
+        q = q.reshape(batch, hkv * group, 1, d)  # query head i: row i % group of key/value head i // group
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return self._branches(q, k, v, None if keep is None else ~keep[:, 0, 0]).reshape(batch, -1)
+
+    def extra_repr(self) -> str:
+        return (f"{super().extra_repr()}, block={self.block}, num_selected={self.num_selected}, "
+                f"window={self.branch_window}")
