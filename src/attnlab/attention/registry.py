@@ -48,6 +48,11 @@ A kind registered with ``keeps_cache=True`` promises:
   depend on.
 
 A kind without ``keeps_cache`` is decoded by running the whole sequence again at each step.
+
+A kind with a loss of its own (``dsa``'s indexer, which its selection cannot train) keeps it
+in a training forward and hands it over through ``take_aux_loss()``: the loss, already
+weighted, or ``None``, forgotten once taken. The engine's trainer adds what every such
+module hands over to the task's loss; the forward's output never depends on it.
 """
 
 from __future__ import annotations
