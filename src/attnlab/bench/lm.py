@@ -70,6 +70,8 @@ KINDS = {
     "sparse selection (dsa, 32 keys)": ("model.options.attention=dsa",
                                         "model.options.attention_options={kv_rank: 64, rope_dim: 16, index_topk: 32}"),
     "sliding window (32)": ("model.options.window=32",),
+    "native sparse (nsa: 2 blocks of 8 + window 32)": ("model.options.attention=nsa", "model.options.window=32",
+                                                       "model.options.attention_options={block: 8, num_selected: 2}"),
 }
 
 TIME_TOLERANCE = 0.10  # a kind's training time further than this from the budget is trained again
