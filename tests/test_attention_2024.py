@@ -605,6 +605,27 @@ def test_dsa_cached_decoding_equals_recomputation():
     assert model.blocks[0].attn.cache_bytes(1, 10, torch.float32) == (16 + 4 + 8) * 10 * 4
 
 
+@pytest.mark.parametrize("padded", [0, 8])
+def test_dsa_decode_step_attends_to_the_gathered_best_latents_as_forward_does(padded):
+    """The lean step gathers the index_topk best latents instead of masking the rest: equal to
+    forward with the cache, on a row left-padded so far that fewer real keys than index_topk remain."""
+    from attnlab.attention import IndexedSparseAttention
+
+    torch.manual_seed(0)
+    attn = IndexedSparseAttention(32, 4, kv_rank=16, q_rank=24, rope_dim=4, rope=True, index_topk=3).eval()
+    x = torch.randn(2, 12, 32)
+    pad = torch.zeros(2, 12, dtype=torch.bool)
+    pad[1, :padded] = True
+    lean, plain = attn.new_cache(2, 12), attn.new_cache(2, 12)
+    with torch.no_grad():
+        for cache in (lean, plain):
+            attn(x[:, :9], is_causal=True, key_padding_mask=pad[:, :9], cache=cache)
+        for t in range(9, 12):
+            step = attn.decode_step(x[:, t], lean, key_padding_mask=pad[:, : t + 1])
+            full = attn(x[:, t : t + 1], is_causal=True, key_padding_mask=pad[:, : t + 1], cache=plain)[0][:, 0]
+            torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+
+
 def _index_kl_by_hand(attn, x):
     """DeepSeek-V3.2's indexer loss written out for one unbatched causal sequence: for each query,
     the heads' attention over its selected keys summed and renormalised, and the KL divergence

@@ -324,10 +324,9 @@ class IndexedSparseAttention(LatentAttention):
             k = torch.cat([k_rot, k[..., r:]], dim=-1)
         return torch.cat([latent, k], dim=-1), q_rot
 
-    def _selected(self, x: Tensor, positions: Tensor, index_keys: Tensor, blocked: Tensor) -> tuple[Tensor, Tensor]:
-        """``(mask, scores)``: bool ``(B, 1, Lq, Lk)``, ``True`` at the keys each query does not attend
-        to (those outside its top ``index_topk`` by the indexer's score, and ``blocked`` ``(B, 1, Lq,
-        Lk)``), and the indexer's float scores ``(B, Lq, Lk)`` (from detached inputs)."""
+    def _index_scores(self, x: Tensor, positions: Tensor, index_keys: Tensor, blocked: Tensor) -> Tensor:
+        """The indexer's float scores ``(B, Lq, Lk)`` (from detached inputs), ``-inf`` where
+        ``blocked`` ``(B, 1, Lq, Lk)``."""
         batch, n, _ = x.shape
         hi, di, r = self.index_heads, self.index_head_dim, self.rope_dim
         x = x.detach()
@@ -339,7 +338,13 @@ class IndexedSparseAttention(LatentAttention):
         scores = F.relu(torch.matmul(q.float(), index_keys.float().transpose(-1, -2)) * di ** -0.5)  # (B, Hi, Lq, Lk)
         weights = self.indexer.weights_proj(x).float() * hi ** -0.5  # (B, Lq, Hi)
         index = torch.matmul(weights.unsqueeze(-2), scores.transpose(1, 2)).squeeze(-2)  # (B, Lq, Lk)
-        index = index.masked_fill(blocked[:, 0], float("-inf"))
+        return index.masked_fill(blocked[:, 0], float("-inf"))
+
+    def _selected(self, x: Tensor, positions: Tensor, index_keys: Tensor, blocked: Tensor) -> tuple[Tensor, Tensor]:
+        """``(mask, scores)``: bool ``(B, 1, Lq, Lk)``, ``True`` at the keys each query does not attend
+        to (those outside its top ``index_topk`` by the indexer's score, and ``blocked`` ``(B, 1, Lq,
+        Lk)``), and the indexer's scores (:meth:`_index_scores`)."""
+        index = self._index_scores(x, positions, index_keys, blocked)
         top = index.topk(min(self.index_topk, index.shape[-1]), dim=-1).indices
         outside = torch.ones_like(index, dtype=torch.bool).scatter(-1, top, False)
         return (outside | blocked[:, 0])[:, None], index
@@ -390,9 +395,35 @@ class IndexedSparseAttention(LatentAttention):
 
     def decode_step(self, x: Tensor, cache: DecodingCache, *, positions: Tensor | None = None,
                     key_padding_mask: Tensor | None = None) -> Tensor:
-        """One token per row through :meth:`forward` (the selection needs the indexer's scores)."""
-        return self(x[:, None], key_padding_mask=key_padding_mask, is_causal=True, positions=positions,
-                    cache=cache)[0][:, 0]
+        """One token per row, ``x`` ``(B, E)`` -> ``(B, E)``, in eval mode: the indexer scores
+        every cached position, the ``index_topk`` best latents are gathered, and the query,
+        moved into the latent space as in :meth:`LatentAttention.decode_step`, attends to those
+        alone (the step's attention costs ``index_topk`` keys however long the cache; the
+        indexer's scoring still reads every position)."""
+        plan = cache.scratch.get("plan")
+        if plan is None:
+            plan = cache.scratch["plan"] = self._decode_plan()
+        w_uk, w_uv = plan
+        batch = x.shape[0]
+        h, d, r = self.num_heads, self.head_dim, self.rope_dim
+        q = self._queries(x).view(batch, h, 1, d + r)
+        q_nope, q_rot = q.split([d, r], dim=-1)
+        pos = torch.full((1,), cache.seq_len, device=x.device) if positions is None else positions
+        stored, q_rot = self._latents(x[:, None], pos, q_rot)
+        stored, _, _ = cache.update(stored, None)  # (B, 1, Lk, kv_rank + rope_dim + index_head_dim)
+        lk, width = stored.shape[2], self.kv_rank + r
+        blocked = torch.zeros(batch, 1, 1, lk, dtype=torch.bool, device=x.device) if key_padding_mask is None \
+            else key_padding_mask[:, None, None, -lk:]
+        index = self._index_scores(x[:, None], pos, stored[..., width:], blocked)  # (B, 1, Lk)
+        best = index.topk(min(self.index_topk, lk), dim=-1)
+        picked = stored[:, 0].gather(1, best.indices[:, 0, :, None].expand(-1, -1, width))[:, None]  # (B, 1, k, .)
+        keep = (best.values > float("-inf"))[:, :, None, :]  # (B, 1, 1, k): a padded row's few real keys
+        q_lat = torch.einsum("bhd,hdr->bhr", q_nope[:, :, 0], w_uk)  # (B, H, kv_rank)
+        query = torch.cat([q_lat, q_rot[:, :, 0]], dim=-1)[:, None]  # (B, 1, H, kv_rank + rope_dim)
+        ctx = F.scaled_dot_product_attention(query, picked, picked[..., : self.kv_rank], attn_mask=keep,
+                                             scale=self.scale)  # (B, 1, H, kv_rank)
+        out = torch.einsum("bhr,hvr->bhv", ctx[:, 0], w_uv).reshape(batch, h * self.v_head_dim)
+        return self.o_proj(out)
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, index_topk={self.index_topk}, index_heads={self.index_heads}, "
