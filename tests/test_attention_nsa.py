@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from attnlab.attention import GroupedQueryAttention, NativeSparseAttention, build_attention, capture_attention
+from attnlab.attention import (GroupedQueryAttention, NativeSparseAttention, attention_causal_only, build_attention,
+                               capture_attention, list_attention)
 from attnlab.errors import InputError
 from attnlab.models.gpt import GPT
 
@@ -178,3 +179,11 @@ def test_nsa_refuses_what_it_cannot_do_in_one_line():
     with pytest.raises(InputError):
         with capture_attention(_decoder()) as _:
             pass
+
+
+def test_the_registry_says_which_kinds_are_causal_only_and_they_refuse_both_ways():
+    causal_only = sorted(k for k in list_attention() if attention_causal_only(k))
+    assert causal_only == ["gated_delta", "nsa"]
+    for kind in causal_only:
+        with pytest.raises(InputError, match="causal only"):
+            build_attention(kind, 32, 4)(torch.randn(1, 8, 32))

@@ -126,7 +126,7 @@ class RecurrentCache:
 
 
 
-@register_attention("gated_delta", forms_weights=False, keeps_cache=True)
+@register_attention("gated_delta", forms_weights=False, keeps_cache=True, causal_only=True)
 class GatedDeltaNet(nn.Module):
     """The gated delta rule layer (see the module docstring).
 
@@ -150,7 +150,6 @@ class GatedDeltaNet(nn.Module):
     """
 
     lora_role = "attention"
-    supports_bidirectional = False
     position_options = ()
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = False,

@@ -41,7 +41,7 @@ from .registry import register_attention
 __all__ = ["NativeSparseAttention"]
 
 
-@register_attention("nsa", keeps_cache=True)
+@register_attention("nsa", keeps_cache=True, causal_only=True)
 class NativeSparseAttention(GroupedQueryAttention):
     """Native sparse attention (see the module docstring) with the exact kind's projections,
     grouped key/value heads, rotary positions, QK-norm and cache, and ``block`` (positions a
@@ -49,7 +49,6 @@ class NativeSparseAttention(GroupedQueryAttention):
     besides its own, 4) and ``window`` (the sliding branch's keys, 64). It forms no weight
     matrix over the tokens (three branches, one of them over blocks)."""
 
-    supports_bidirectional = False
     position_options = ("block", "window")
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,

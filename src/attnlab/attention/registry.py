@@ -67,7 +67,7 @@ from ..errors import InputError
 from ..suggest import did_you_mean
 
 __all__ = ["register_attention", "register_alias", "build_attention", "list_attention", "attention_family",
-           "attention_forms_weights", "attention_keeps_cache", "attention_accepts", "attention_options_named",
+           "attention_forms_weights", "attention_keeps_cache", "attention_causal_only", "attention_accepts", "attention_options_named",
            "attention_takes", "kinds_taking", "attention_position_options", "attend_grid"]
 
 
@@ -78,6 +78,7 @@ class AttentionEntry:
     cls: Callable[..., nn.Module]
     forms_weights: bool  # computes the (B, H, Lq, Lk) weights, which capture_attention can record
     keeps_cache: bool  # makes and advances a decoding cache (the contract in the module docstring)
+    causal_only: bool  # attends to earlier positions only: refuses is_causal=False (decoders only)
 
 
 _KINDS: dict[str, AttentionEntry] = {}
@@ -85,7 +86,7 @@ _ALIASES: dict[str, str] = {}  # an older name -> the kind's name (recipes and r
 
 
 def register_attention(name: str, family: str = "tokens", *, forms_weights: bool = False,
-                       keeps_cache: bool = False) -> Callable[[type], type]:
+                       keeps_cache: bool = False, causal_only: bool = False) -> Callable[[type], type]:
     """Class decorator: make ``cls`` buildable as ``build_attention(name, ...)``.
 
     ``forms_weights``: the kind computes the full ``(B, heads, Lq, Lk)`` weight matrix
@@ -94,7 +95,10 @@ def register_attention(name: str, family: str = "tokens", *, forms_weights: bool
     form it; the decorator records the flag on the class, where capture looks for it.
 
     ``keeps_cache``: the kind decodes with a cache of its own, as the module docstring's
-    contract says (checked here: it has ``new_cache`` and ``cache_bytes``)."""
+    contract says (checked here: it has ``new_cache`` and ``cache_bytes``).
+
+    ``causal_only``: the kind has no form for attending both ways (a recurrent state, blocks
+    seen once complete); it refuses ``is_causal=False`` in one line, and only a decoder can use it."""
     if family not in ("tokens", "grid"):
         raise InputError(f"family must be 'tokens' or 'grid'; got {family!r}")
 
@@ -105,7 +109,8 @@ def register_attention(name: str, family: str = "tokens", *, forms_weights: bool
             raise InputError(f"attention kind {name!r} keeps a cache, so it needs new_cache and cache_bytes")
         cls.forms_weights = forms_weights  # the capability, read by capture_attention
         cls.keeps_cache = keeps_cache
-        _KINDS[name] = AttentionEntry(name, family, cls, forms_weights, keeps_cache)
+        cls.causal_only = causal_only
+        _KINDS[name] = AttentionEntry(name, family, cls, forms_weights, keeps_cache, causal_only)
         return cls
 
     return deco
@@ -186,6 +191,11 @@ def attention_position_options(name: str) -> tuple[str, ...]:
 def attention_forms_weights(name: str) -> bool:
     """Whether kind ``name`` forms the weight matrix that capture_attention records."""
     return _entry(name).forms_weights
+
+
+def attention_causal_only(name: str) -> bool:
+    """Whether kind ``name`` attends causally only (see :func:`register_attention`)."""
+    return _entry(name).causal_only
 
 
 def attention_keeps_cache(name: str) -> bool:
