@@ -433,6 +433,27 @@ def test_gated_delta_cache_is_constant_in_size_and_continues_the_sequence():
     torch.testing.assert_close(torch.cat([first, *steps], 1), whole, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("key_heads", [None, 2])
+def test_gated_delta_decode_step_is_forwards_recurrent_form(key_heads):
+    """The lean step (joined projections, the convolution as a sum, one state step) equals forward
+    with the cache token by token, with value heads sharing key heads or not, and keeps the
+    cache's size."""
+    from attnlab.attention import GatedDeltaNet
+
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(48, 4, num_key_heads=key_heads, head_dim=12, v_head_dim=8).eval()
+    x = torch.randn(2, 30, 48)
+    lean, plain = layer.new_cache(2, 30), layer.new_cache(2, 30)
+    with torch.no_grad():
+        for cache in (lean, plain):
+            layer(x[:, :20], is_causal=True, cache=cache)
+        for t in range(20, 30):
+            step = layer.decode_step(x[:, t], lean)
+            full = layer(x[:, t : t + 1], is_causal=True, cache=plain)[0][:, 0]
+            torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+    assert lean.nbytes() == plain.nbytes() and lean.seq_len == plain.seq_len == 30
+
+
 def test_a_decoder_of_gated_delta_layers_generates_with_its_state_and_trains():
     torch.manual_seed(0)
     model = GPT(vocab_size=50, max_len=64, embed_dim=32, depth=2, num_heads=4, pos_embed="none", norm="rmsnorm",

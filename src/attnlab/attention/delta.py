@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, shape_str
 from .functional import check_positive_int
+from .grouped import KeepsJoinedWeights, joined_weight, product
 from .registry import register_attention
 
 __all__ = ["GatedDeltaNet", "RecurrentCache", "chunked", "recurrent"]
@@ -127,7 +128,7 @@ class RecurrentCache:
 
 
 @register_attention("gated_delta", forms_weights=False, keeps_cache=True, causal_only=True)
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(KeepsJoinedWeights, nn.Module):
     """The gated delta rule layer (see the module docstring).
 
     Args:
@@ -251,9 +252,37 @@ class GatedDeltaNet(nn.Module):
 
     def decode_step(self, x: Tensor, cache: RecurrentCache, *, positions: Tensor | None = None,
                     key_padding_mask: Tensor | None = None) -> Tensor:
-        """One token per row, ``x`` ``(B, E)`` -> ``(B, E)``: :meth:`forward` of ``x[:, None]`` with the
-        cache (its recurrent form), so that a decoder whose other layers have lean steps uses them."""
-        return self(x[:, None], key_padding_mask=key_padding_mask, is_causal=True, cache=cache)[0][:, 0]
+        """One token per row, ``x`` ``(B, E)`` -> ``(B, E)``, in eval mode: :meth:`forward`'s
+        recurrent form for one token without its checks, reshapes and transposes: the four input
+        projections as one product with their weights joined once per generation, the
+        convolution as a weighted sum over the kept inputs, and one step of the state."""
+        if cache.state is None:  # nothing seen yet: the forward makes the state and the convolution's inputs
+            return self(x[:, None], key_padding_mask=key_padding_mask, is_causal=True, cache=cache)[0][:, 0]
+        if key_padding_mask is not None:
+            x = x.masked_fill(key_padding_mask[:, -1:], 0.0)
+        batch = x.shape[0]
+        h, kh, dk, dv = self.num_heads, self.num_key_heads, self.head_dim, self.v_head_dim
+        w_in, b_in = joined_weight(self, "in", (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a))
+        mixed, z, b, a = product(x, w_in, b_in).split([self.conv_dim, h * dv, h, h], dim=-1)
+        joined = torch.cat([cache.conv, mixed[:, :, None]], dim=-1)  # (B, C, conv_size)
+        cache.conv = joined[:, :, 1:].contiguous()  # a copy: a view would keep the whole of joined
+        mixed = F.silu((joined * self.conv1d.weight[:, 0]).sum(-1))  # (B, C)
+        q, k, v = mixed.split([kh * dk, kh * dk, h * dv], dim=-1)
+        q, k = _l2norm(q.view(batch, kh, dk).float()), _l2norm(k.view(batch, kh, dk).float())
+        if kh != h:
+            q, k = q.repeat_interleave(h // kh, dim=1), k.repeat_interleave(h // kh, dim=1)
+        q = q * dk ** -0.5
+        beta = torch.sigmoid(b.float())  # (B, H)
+        decay = torch.exp(-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias))
+        s = cache.state * decay[:, :, None, None]  # (B, H, Dk, Dv)
+        delta = (v.view(batch, h, dv).float() - torch.einsum("bhkv,bhk->bhv", s, k)) * beta[..., None]
+        s = s + k[..., None] * delta[:, :, None, :]
+        cache.state, cache.seq_len = s, cache.seq_len + 1
+        out = torch.einsum("bhkv,bhk->bhv", s, q)  # (B, H, Dv)
+        normed = F.rms_norm(out, (dv,), None, self.norm_eps) if hasattr(F, "rms_norm") else \
+            out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.norm_eps)
+        out = (self.norm_weight * normed.to(x.dtype)) * F.silu(z.view(batch, h, dv).float())
+        return product(out.to(x.dtype).reshape(batch, h * dv), *joined_weight(self, "out", (self.out_proj,)))
 
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_key_heads={self.num_key_heads}, "
