@@ -47,7 +47,7 @@ from ..io import atomic_write_bytes
 from .machine import machine_info, machine_label
 
 __all__ = ["PARTS", "LLAMA_STYLE", "CACHE_VARIANTS", "POSITION_KINDS", "KINDS", "best_of", "generation_point",
-           "cache_point", "extrapolation_point", "kind_point", "streaming_point", "run_lm", "lm_markdown"]
+           "cache_point", "extrapolation_point", "kind_point", "decoding_point", "streaming_point", "run_lm", "lm_markdown"]
 
 PARTS = ("generation", "cache", "extrapolation", "kinds", "streaming")
 # The model of the generation and cache parts (Llama's block at a size a CPU decodes quickly).
@@ -228,26 +228,14 @@ def kind_point(name: str, folder: Path, *, steps: int, budget: float, lengths: S
     results = json.loads((folder / "results.json").read_text())
     run = load_run(folder)
     model = run.model.eval()
+
     def cache_bytes(positions: int) -> int:
         return sum(block.attn.cache_bytes(1, positions, torch.float32) for block in model.blocks)
 
     far = 10 ** 6  # what the cache still adds a token there, and what it holds besides (a state, a window)
     per_token = (cache_bytes(far) - cache_bytes(far - 1000)) // 1000
     fixed = cache_bytes(far) - per_token * far
-    ids = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(1))
-    speeds = []
-    with torch.no_grad():
-        for n in lengths:
-            cache = model.new_cache(1, prompt + n)
-            token = model(ids, cache=cache)[:, -1].argmax(-1)
-            tenth, times = max(1, n // 10), []
-            for _ in range(n - 1):
-                start = time.perf_counter()
-                token = model.decode_step(token[:, None], cache).argmax(-1) if model.has_decode_step else \
-                    model(token[:, None], cache=cache)[:, -1].argmax(-1)
-                times.append(time.perf_counter() - start)
-            speeds.append({"new_tokens": n, "tokens_per_s": len(times) / sum(times),
-                           "ms_last_tenth": 1000 * sum(times[-tenth:]) / tenth, "cache_bytes": cache.nbytes()})
+    speeds = decoding_point(model, lengths=lengths, prompt=prompt)
     recipe = run.recipe
     tokens = results["steps"] * recipe.train.batch_size * recipe.text.context
     return {"kind": name, "overrides": list(KINDS[name]), "seed": seed, "steps": results["steps"], "budget_s": budget,
@@ -255,6 +243,26 @@ def kind_point(name: str, folder: Path, *, steps: int, budget: float, lengths: S
             "val_loss": results["val_loss"], "test_loss": results["test_loss"], "params": results["params"],
             "cache_bytes_per_token": per_token, "cache_bytes_fixed": fixed,
             "decoding": speeds}
+
+
+@torch.no_grad()
+def decoding_point(model: torch.nn.Module, *, lengths: Sequence[int], prompt: int) -> list[dict[str, Any]]:
+    """Greedy decoding with the cache from a random prompt of ``prompt`` tokens, one run per
+    length of ``lengths``: tokens per second, the last tenth's ms a token, the cache's bytes."""
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(1))
+    speeds = []
+    for n in lengths:
+        cache = model.new_cache(1, prompt + n)
+        token = model(ids, cache=cache)[:, -1].argmax(-1)
+        tenth, times = max(1, n // 10), []
+        for _ in range(n - 1):
+            start = time.perf_counter()
+            token = model.decode_step(token[:, None], cache).argmax(-1) if model.has_decode_step else \
+                model(token[:, None], cache=cache)[:, -1].argmax(-1)
+            times.append(time.perf_counter() - start)
+        speeds.append({"new_tokens": n, "tokens_per_s": len(times) / sum(times),
+                       "ms_last_tenth": 1000 * sum(times[-tenth:]) / tenth, "cache_bytes": cache.nbytes()})
+    return speeds
 
 
 def streaming_point(run_dir: str | Path, *, factor: int = 4, sinks: int = 4) -> dict[str, Any]:
