@@ -140,6 +140,25 @@ def test_cached_decoding_equals_recomputation():
     assert model.blocks[0].attn.cache_bytes(1, 10, torch.float32) == 2 * 2 * 8 * 10 * 4
 
 
+@torch.no_grad()
+def test_a_row_padded_on_the_left_is_computed_as_alone():
+    """Blocks count from a row's first real position: a left-padded batch gives each row's logits
+    alone (rotary positions from the padding, as the decoder gives them), and generation from
+    prompts of different lengths gives each prompt's own tokens, past several blocks."""
+    model = _decoder().eval()
+    a, b = torch.randint(0, 40, (1, 13)), torch.randint(0, 40, (1, 7))
+    batch = torch.cat([a, torch.cat([torch.zeros(1, 6, dtype=torch.long), b], 1)])
+    pad = torch.zeros(2, 13, dtype=torch.bool)
+    pad[1, :6] = True
+    positions = torch.stack([torch.arange(13), (torch.arange(13) - 6).clamp(min=0)])
+    logits = model(batch, padding_mask=pad, positions=positions)
+    torch.testing.assert_close(logits[0], model(a)[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits[1, 6:], model(b)[0], atol=1e-5, rtol=1e-5)
+    out = model.generate(batch, 20, padding_mask=pad)
+    assert torch.equal(out[0, 13:], model.generate(a, 20)[0, 13:])
+    assert torch.equal(out[1, 13:], model.generate(b, 20)[0, 7:])
+
+
 def test_a_decoder_with_nsa_trains_every_part_of_it():
     model = _decoder().train()
     ids = torch.randint(0, 40, (2, 33))
@@ -166,9 +185,9 @@ def test_nsa_refuses_what_it_cannot_do_in_one_line():
     attn = _module()
     x = torch.randn(2, 9, 32)
     pad = torch.zeros(2, 9, dtype=torch.bool)
-    pad[1, :2] = True
+    pad[1, -2:] = True
     cases = [(lambda: attn(x), "causal only"),
-             (lambda: attn(x, is_causal=True, key_padding_mask=pad), "padded rows are not supported"),
+             (lambda: attn(x, is_causal=True, key_padding_mask=pad), "padding on the left of a row only"),
              (lambda: attn(x, is_causal=True, need_weights=True), "forms no weight matrix"),
              (lambda: attn.new_cache(1, 10, window=4), "streaming cache"),
              (lambda: attn(x, is_causal=True, attn_mask=torch.zeros(9, 9, dtype=torch.bool)), "takes no attn_mask")]

@@ -24,7 +24,7 @@ Here each branch is computed as dense attention with a mask (the compressed one 
 block`` keys): the outputs are NSA's, the saving its block-sparse kernels make is not (on a
 CPU the selected branch costs what full attention costs). With ``num_selected`` at least the
 number of blocks and the gates at (0, 1, 0) it is exact causal attention (tested). Causal
-only; rows with padding are refused (the blocks are counted from each row's first slot).
+only; a row padded on the left counts its blocks from its first real position (as alone).
 """
 
 from __future__ import annotations
@@ -97,46 +97,55 @@ class NativeSparseAttention(GroupedQueryAttention):
         return self.compress_k(blocks[0]), self.compress_v(blocks[1])
 
     def _branches(self, q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None) -> Tensor:
-        """NSA's output ``(B, H, Lq, D)`` for queries at the last ``Lq`` of the ``Lk`` positions."""
-        if pad is not None and bool(pad.any()):
-            raise InputError("nsa counts its blocks from each row's first position: padded rows are not supported "
-                             "(generate each prompt on its own)")
+        """NSA's output ``(B, H, Lq, D)`` for queries at the last ``Lq`` of the ``Lk`` positions;
+        ``pad`` ``(B, Lk)`` (``True`` = padding) may only pad a row on the left: its keys are then
+        moved to the front (the padding behind every real query, where causality hides it), so
+        that each row's blocks start at its first real position, as without the padding."""
         batch, h, lq, d = q.shape
         lk, b = k.shape[2], self.block
         device = q.device
-        t = torch.arange(lk - lq, lk, device=device)  # the queries' positions
         j = torch.arange(lk, device=device)
+        t = torch.arange(lk - lq, lk, device=device).expand(batch, lq)  # (B, Lq): the queries' positions
+        if pad is not None and bool(pad.any()):
+            offset = pad.sum(-1)  # (B,)
+            if not torch.equal(pad, j[None, :] < offset[:, None]):
+                raise InputError("nsa takes padding on the left of a row only (its blocks count from the row's "
+                                 "first real position)")
+            index = ((j[None, :] + offset[:, None]) % lk)[:, None, :, None].expand(-1, h, -1, d)
+            k, v = k.gather(2, index), v.gather(2, index)
+            t = t - offset[:, None]  # a padded query's is negative: it sees nothing
         drop = self.dropout if self.training else 0.0
         # compressed: block m is seen once its last position (m + 1) b - 1 is
         k_cmp, v_cmp = self._compressed(k, v)
         nb = k_cmp.shape[2]
         m = torch.arange(nb, device=device)
-        unseen = (m[None, :] + 1) * b - 1 > t[:, None]  # (Lq, nb)
+        unseen = (m + 1) * b - 1 > t[:, :, None]  # (B, Lq, nb)
         if nb:
-            o_cmp, p_cmp = scaled_dot_product_attention(q, k_cmp, v_cmp, attn_mask=unseen, scale=self.scale,
+            o_cmp, p_cmp = scaled_dot_product_attention(q, k_cmp, v_cmp, attn_mask=unseen[:, None], scale=self.scale,
                                                         need_weights=True)
             o_cmp, p_cmp = o_cmp.nan_to_num(0.0), p_cmp.nan_to_num(0.0)  # a query before the first block: none
         else:
             o_cmp = torch.zeros_like(q)
             p_cmp = q.new_zeros(batch, h, lq, 0)
         # selected: the best complete blocks by the group's compressed attention, and the query's own block
-        group = h // self.num_kv_heads
-        score = p_cmp.view(batch, self.num_kv_heads, group, lq, nb).sum(2)  # (B, Hkv, Lq, nb)
-        own = t // b  # (Lq,)
-        chosen = torch.zeros(batch, self.num_kv_heads, lq, nb + 1, dtype=torch.bool, device=device)
+        hkv = self.num_kv_heads
+        group = h // hkv
+        score = p_cmp.view(batch, hkv, group, lq, nb).sum(2)  # (B, Hkv, Lq, nb)
+        own = (t // b).clamp(min=0)  # (B, Lq)
+        chosen = torch.zeros(batch, hkv, lq, nb + 1, dtype=torch.bool, device=device)
         if nb:
-            top = score.masked_fill(unseen, float("-inf")).topk(min(self.num_selected, nb), dim=-1)
-            chosen[..., :nb] = torch.zeros_like(score, dtype=torch.bool).scatter(-1, top.indices, True) & ~unseen
-        chosen.scatter_(-1, own.view(1, 1, lq, 1).expand(batch, self.num_kv_heads, lq, 1), True)
-        keys_block = (j // b).clamp(max=nb)  # (Lk,): block of each key, the incomplete one as index nb or own
-        keep = chosen.gather(-1, keys_block.view(1, 1, 1, lk).expand(batch, self.num_kv_heads, lq, lk))
-        keep &= j[None, :] <= t[:, None]
+            top = score.masked_fill(unseen[:, None], float("-inf")).topk(min(self.num_selected, nb), dim=-1)
+            chosen[..., :nb] = torch.zeros_like(score, dtype=torch.bool).scatter(-1, top.indices, True) & ~unseen[:, None]
+        chosen.scatter_(-1, own[:, None, :, None].expand(batch, hkv, lq, 1), True)
+        keys_block = (j // b).clamp(max=nb)  # (Lk,): each key's block, the incomplete last one as nb
+        keep = chosen.gather(-1, keys_block.view(1, 1, 1, lk).expand(batch, hkv, lq, lk))
+        keep &= (j[None, None, :] <= t[:, :, None])[:, None]
         blocked = ~keep.repeat_interleave(group, dim=1)  # (B, H, Lq, Lk)
         o_slc, _ = scaled_dot_product_attention(q, k, v, attn_mask=blocked, scale=self.scale, dropout_p=drop)
         # window: the last `window` keys
-        distance = t[:, None] - j[None, :]
+        distance = t[:, :, None] - j[None, None, :]  # (B, Lq, Lk)
         band = (distance < 0) | (distance >= self.branch_window)
-        o_win, _ = scaled_dot_product_attention(q, k, v, attn_mask=band, scale=self.scale, dropout_p=drop)
+        o_win, _ = scaled_dot_product_attention(q, k, v, attn_mask=band[:, None], scale=self.scale, dropout_p=drop)
         g = torch.sigmoid(torch.einsum("bhld,hdc->bhlc", q, self.gate.to(q.dtype)) + self.gate_bias[:, None].to(q.dtype))
         return g[..., :1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:] * o_win
 
