@@ -66,7 +66,7 @@ def _token_call_kwargs(call, module, b, n):
         if not getattr(module, "supports_causal", True):
             pytest.skip(f"{type(module).__name__} cannot be causal")
         return {"is_causal": True}
-    if call != "causal" and not getattr(module, "supports_bidirectional", True):
+    if call != "causal" and getattr(module, "causal_only", False):  # the registry's capability
         pytest.skip(f"{type(module).__name__} is causal only")
     if call == "key_padding_mask":
         return {"key_padding_mask": torch.zeros(b, n, dtype=torch.bool)}

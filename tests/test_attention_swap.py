@@ -6,13 +6,14 @@ import inspect
 import pytest
 import torch
 
-from attnlab.attention import list_attention
+from attnlab.attention import attention_causal_only, list_attention
 from attnlab.models import create_model
 
 TOKEN_OPTIONS = {"exact": {}, "local": {"window": 8}, "sparse": {"block": 8}, "linear": {}, "performer": {},
                  "linformer": {"seq_len": 64, "k": 16}, "nystrom": {"num_landmarks": 8}, "lsa": {},
-                 "topk": {"top_k": 4}, "lsh": {"bucket_size": 8, "n_buckets": 4}, "differential": {}, "sinks": {}, "latent": {}, "gated_delta": {}, "dsa": {"index_topk": 4}}  # rotary positions: the models' pos_embed="rope" (test_inner_positions.py)
-ENCODER_KINDS = [k for k in sorted(TOKEN_OPTIONS) if k != "gated_delta"]  # a recurrent state is causal only
+                 "topk": {"top_k": 4}, "lsh": {"bucket_size": 8, "n_buckets": 4}, "differential": {}, "sinks": {}, "latent": {}, "gated_delta": {}, "dsa": {"index_topk": 4},
+                 "nsa": {"block": 4, "num_selected": 1}}  # rotary positions: the models' pos_embed="rope" (test_inner_positions.py)
+ENCODER_KINDS = [k for k in sorted(TOKEN_OPTIONS) if not attention_causal_only(k)]  # a state, blocks seen once complete
 GRID_OPTIONS = {"relpos2d": {}, "axial": {}, "standalone2d": {"kernel_size": 3}}
 
 
@@ -52,7 +53,7 @@ def test_text_classifier_with_each_kind(kind, checkpointing):
     torch.testing.assert_close(m(ids[1:2, :30], mask[1:2, :30]), m(longer, mask[1:2]), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind", [k for k in sorted(TOKEN_OPTIONS) if k not in ("linformer", "nystrom", "gated_delta")])
+@pytest.mark.parametrize("kind", [k for k in ENCODER_KINDS if k not in ("linformer", "nystrom")])
 def test_vit_with_each_kind(kind):
     m = create_model("vit_digits_patch2", attention=kind, attention_options=TOKEN_OPTIONS[kind])
     m.set_grad_checkpointing(True)

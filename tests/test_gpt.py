@@ -181,7 +181,7 @@ def test_model_options_that_cannot_work_are_one_clear_error():
     with pytest.raises(InputError, match="pos_embed must be one of"):
         create_model("gpt_tiny", pos_embed="rotary")
     with pytest.raises(InputError, match="num_kv_heads is not an option of attention 'linear'; kinds that take it: "
-                                         "differential, exact, sinks"):
+                                         "differential, exact, nsa, sinks"):
         create_model("gpt_tiny", attention="linear", num_kv_heads=2)
     with pytest.raises(InputError, match="max_len=256"):
         create_model("gpt_tiny").generate(torch.zeros(1, 250, dtype=torch.long), 10)
@@ -204,7 +204,7 @@ def test_the_sliding_window_has_one_name_for_the_gqa_and_the_local_kinds():
     with pytest.raises(InputError, match="the model sets it from window"):
         create_model("gpt_tiny", attention="local", attention_options={"window": 3})
     with pytest.raises(InputError, match="window is not an option of attention 'linear'; kinds that take it: differential, "
-                                         "exact, local, sinks"):
+                                         "exact, local, nsa, sinks"):
         create_model("gpt_tiny", attention="linear", window=3)
 
 

@@ -78,7 +78,7 @@ class AttentionEntry:
     cls: Callable[..., nn.Module]
     forms_weights: bool  # computes the (B, H, Lq, Lk) weights, which capture_attention can record
     keeps_cache: bool  # makes and advances a decoding cache (the contract in the module docstring)
-    causal_only: bool  # attends to earlier positions only: refuses is_causal=False (decoders only)
+    causal_only: bool = False  # attends to earlier positions only: refuses is_causal=False (decoders only)
 
 
 _KINDS: dict[str, AttentionEntry] = {}
