@@ -224,25 +224,37 @@ class LatentAttention(nn.Module):
         """One token per row, ``x`` ``(B, E)`` -> ``(B, E)``, in eval mode: the query moved into
         the latent space (``W_UK^T q``), scored against the cached latents and rotary keys in
         one product, the weighted latents taken to the heads' values through ``W_UV``."""
+        q_nope, q_rot, keys, _ = self._step_stored(x, cache, positions)  # keys (B, 1, Lk, kv_rank + rope_dim)
+        keep = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+        return self._latent_attend(q_nope, q_rot, keys, keep, cache)
+
+    def _step_stored(self, x: Tensor, cache: DecodingCache, positions: Tensor | None,
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """A decoding step's ``(q_nope, rotated q_rot (B, H, 1, .), everything the cache holds
+        after this step (B, 1, Lk, .), the step's positions)``."""
+        batch, h, d, r = x.shape[0], self.num_heads, self.head_dim, self.rope_dim
+        q_nope, q_rot = self._queries(x).view(batch, h, 1, d + r).split([d, r], dim=-1)
+        pos = torch.full((1,), cache.seq_len, device=x.device) if positions is None else positions
+        stored, q_rot = self._latents(x[:, None], pos, q_rot)
+        stored, _, _ = cache.update(stored, None)
+        return q_nope, q_rot, stored, pos
+
+    def _latent_attend(self, q_nope: Tensor, q_rot: Tensor, keys: Tensor, keep: Tensor | None,
+                       cache: DecodingCache) -> Tensor:
+        """The step's output ``(B, E)``: the query moved into the latent space (``W_UK^T q``),
+        attending over ``keys`` ``(B, 1, Lk, kv_rank + rope_dim)`` (latents and rotary keys; ``keep``
+        ``(B, 1, 1, Lk)``, True = may attend, or None), the weighted latents taken to the heads'
+        values through ``W_UV`` (the two fetched once per generation into the cache)."""
         plan = cache.scratch.get("plan")
         if plan is None:
             plan = cache.scratch["plan"] = self._decode_plan()
         w_uk, w_uv = plan
-        batch = x.shape[0]
-        h, d, r = self.num_heads, self.head_dim, self.rope_dim
-        q = self._queries(x).view(batch, h, 1, d + r)
-        q_nope, q_rot = q.split([d, r], dim=-1)
-        pos = torch.full((1,), cache.seq_len, device=x.device) if positions is None else positions
-        latent, q_rot = self._latents(x[:, None], pos, q_rot)
-        keys, _, _ = cache.update(latent, None)  # (B, 1, Lk, kv_rank + rope_dim)
+        batch = q_nope.shape[0]
         q_lat = torch.einsum("bhd,hdr->bhr", q_nope[:, :, 0], w_uk)  # (B, H, kv_rank)
         query = torch.cat([q_lat, q_rot[:, :, 0]], dim=-1)[:, None]  # (B, 1, H, kv_rank + rope_dim): heads as rows
-        keep = None
-        if key_padding_mask is not None:
-            keep = ~key_padding_mask[:, None, None, :]
         ctx = F.scaled_dot_product_attention(query, keys, keys[..., : self.kv_rank], attn_mask=keep,
                                              scale=self.scale)  # (B, 1, H, kv_rank)
-        out = torch.einsum("bhr,hvr->bhv", ctx[:, 0], w_uv).reshape(batch, h * self.v_head_dim)
+        out = torch.einsum("bhr,hvr->bhv", ctx[:, 0], w_uv).reshape(batch, self.num_heads * self.v_head_dim)
         return self.o_proj(out)
 
     def extra_repr(self) -> str:
@@ -400,30 +412,15 @@ class IndexedSparseAttention(LatentAttention):
         moved into the latent space as in :meth:`LatentAttention.decode_step`, attends to those
         alone (the step's attention costs ``index_topk`` keys however long the cache; the
         indexer's scoring still reads every position)."""
-        plan = cache.scratch.get("plan")
-        if plan is None:
-            plan = cache.scratch["plan"] = self._decode_plan()
-        w_uk, w_uv = plan
-        batch = x.shape[0]
-        h, d, r = self.num_heads, self.head_dim, self.rope_dim
-        q = self._queries(x).view(batch, h, 1, d + r)
-        q_nope, q_rot = q.split([d, r], dim=-1)
-        pos = torch.full((1,), cache.seq_len, device=x.device) if positions is None else positions
-        stored, q_rot = self._latents(x[:, None], pos, q_rot)
-        stored, _, _ = cache.update(stored, None)  # (B, 1, Lk, kv_rank + rope_dim + index_head_dim)
-        lk, width = stored.shape[2], self.kv_rank + r
+        q_nope, q_rot, stored, pos = self._step_stored(x, cache, positions)  # (B, 1, Lk, latent, rotary, indexer key)
+        batch, lk, width = x.shape[0], stored.shape[2], self.kv_rank + self.rope_dim
         blocked = torch.zeros(batch, 1, 1, lk, dtype=torch.bool, device=x.device) if key_padding_mask is None \
             else key_padding_mask[:, None, None, -lk:]
         index = self._index_scores(x[:, None], pos, stored[..., width:], blocked)  # (B, 1, Lk)
         best = index.topk(min(self.index_topk, lk), dim=-1)
         picked = stored[:, 0].gather(1, best.indices[:, 0, :, None].expand(-1, -1, width))[:, None]  # (B, 1, k, .)
         keep = (best.values > float("-inf"))[:, :, None, :]  # (B, 1, 1, k): a padded row's few real keys
-        q_lat = torch.einsum("bhd,hdr->bhr", q_nope[:, :, 0], w_uk)  # (B, H, kv_rank)
-        query = torch.cat([q_lat, q_rot[:, :, 0]], dim=-1)[:, None]  # (B, 1, H, kv_rank + rope_dim)
-        ctx = F.scaled_dot_product_attention(query, picked, picked[..., : self.kv_rank], attn_mask=keep,
-                                             scale=self.scale)  # (B, 1, H, kv_rank)
-        out = torch.einsum("bhr,hvr->bhv", ctx[:, 0], w_uv).reshape(batch, h * self.v_head_dim)
-        return self.o_proj(out)
+        return self._latent_attend(q_nope, q_rot, picked, keep, cache)
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, index_topk={self.index_topk}, index_heads={self.index_heads}, "
