@@ -39,6 +39,34 @@ def test_value_dim_may_differ_and_3d_inputs_are_one_head():
     torch.testing.assert_close(out, sdpa(q, k, v)[0][:, 0])
 
 
+@pytest.mark.parametrize("d, dv", [(8, 16), (16, 8)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_value_size_of_its_own_stays_on_the_fused_kernel(d, dv, masked):
+    # torch's CPU flash kernel wants one head size for q, k and v and falls back to its math path, which
+    # forms the weights, when given two; attnlab pads the shorter side with zeros instead
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Calls(TorchDispatchMode):
+        names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Calls.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = qkv(d=d, dv=dv, dtype=torch.float64, grad=True)
+    pad = torch.tensor([[False] * 5 + [True] * 2, [False] * 7]) if masked else None
+    with Calls():
+        out, _ = sdpa(q, k, v, key_padding_mask=pad, is_causal=not masked, scale=0.3)
+    assert any("flash_attention" in n for n in Calls.names), Calls.names
+    assert not any("softmax" in n for n in Calls.names)
+    ref, _ = sdpa(q, k, v, key_padding_mask=pad, is_causal=not masked, scale=0.3, need_weights=True)
+    assert out.shape == (2, 3, 5, dv)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    for g, r in zip(grads, torch.autograd.grad(ref.sum(), (q, k, v))):
+        torch.testing.assert_close(g, r, atol=1e-12, rtol=1e-10)
+
+
 def test_custom_scale():
     q, k, v = qkv()
     ref, _ = reference_attention(q, k, v, scale=0.3)

@@ -255,9 +255,23 @@ def scaled_dot_product_attention(
             mask = ~mask if dead is None else ~mask | dead  # torch: True = may attend
         elif mask is not None:
             mask = mask.masked_fill(dead, 0.0)
+        dv = v.shape[-1]
+        if dv != d and q.device.type == "cpu":
+            # torch's CPU kernel takes one head size for queries, keys and values; given two it falls
+            # back to its math path, which forms the (Lq, Lk) weights. Zeros appended to the shorter
+            # side change no dot product (the scale is explicit) and no output column that is kept.
+            # Differential attention (values of 2 x 64, 8 heads, causal), forward at n = 16,384, AMD
+            # EPYC, 2 threads: 41.7 s and 19.7 GB through the math path, 4.5 s and 365 MB padded.
+            width = max(d, dv)
+            if d < width:
+                q, k = F.pad(q, (0, width - d)), F.pad(k, (0, width - d))
+            else:
+                v = F.pad(v, (0, width - dv))
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal, scale=scale
         )
+        if out.shape[-1] != dv:
+            out = out[..., :dv]
         weights = None
     else:
         # Scale the smaller of the queries (Lq, D) and the logits (Lq, Lk).
