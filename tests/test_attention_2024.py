@@ -366,6 +366,19 @@ def test_the_chunked_gated_delta_rule_equals_the_recurrent_one(n, chunk):
     torch.testing.assert_close(state_c, state, atol=1e-5, rtol=0)
 
 
+def test_the_chunked_gated_delta_rules_gradients_are_the_recurrent_ones():
+    from attnlab.attention.delta import chunked, recurrent
+
+    inputs = [t.double().requires_grad_() for t in _delta_inputs(n=37)]
+    grads = []
+    for form in (lambda *a: recurrent(*a), lambda *a: chunked(*a, chunk_size=8)):
+        out, state = form(*inputs)
+        weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+        grads.append(torch.autograd.grad((out * weights).sum() + state.square().sum(), inputs))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)  # both compute in float32
+
+
 def test_the_delta_rule_overwrites_a_key_it_already_holds():
     """Written twice under one key with beta = 1 and no decay, the state gives the second value
     (plain linear attention would give their sum)."""

@@ -96,11 +96,16 @@ def chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Ten
     q_decayed = q * gamma.exp()[..., None]
     k_to_end = k * (gamma[..., -1:] - gamma).exp()[..., None]
     end_decay = gamma[..., -1].exp()[..., None, None]
+    # The chunks one by one through unbind, not t[:, :, i]: the backward of an index writes its
+    # gradient into zeros of the whole tensor, once per chunk, which is quadratic in n (forward +
+    # backward, 8 heads of 64 at n = 16,384: 22.9 s against 2.7 s at 8,192); unbind's stacks the
+    # chunks' gradients once.
+    chunks = zip(*(t.unbind(2) for t in (u, w, q_decayed, scores, k_to_end, end_decay)))
     out = []
-    for i in range(m):
-        delta = u[:, :, i] - w[:, :, i] @ s
-        out.append(q_decayed[:, :, i] @ s + scores[:, :, i] @ delta)
-        s = s * end_decay[:, :, i] + k_to_end[:, :, i].transpose(-1, -2) @ delta
+    for u_i, w_i, q_i, scores_i, k_i, decay_i in chunks:
+        delta = u_i - w_i @ s
+        out.append(q_i @ s + scores_i @ delta)
+        s = s * decay_i + k_i.transpose(-1, -2) @ delta
     return torch.cat(out, 2)[:, :, :n], s
 
 
