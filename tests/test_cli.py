@@ -92,3 +92,29 @@ def test_every_command_works_on_a_run_of_the_demo_task(tmp_path, capsys):
     assert capsys.readouterr().out.split() == [str(run / "visualize" / "00_alignment.png")]
     assert main(["predict", str(run), "five nine"]) == 2
     assert "token ids separated by spaces" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, kept", [(None, True), ("1", True), ("0", False)])
+def test_the_command_keeps_freed_memory_unless_told_not_to(monkeypatch, capsys, value, kept):
+    import attnlab.cli as cli
+
+    calls = []
+    monkeypatch.setattr(cli, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(sys, "argv", ["attnlab", "--version"])
+    if value is None:
+        monkeypatch.delenv("ATTNLAB_KEEP_FREED_MEMORY", raising=False)
+    else:
+        monkeypatch.setenv("ATTNLAB_KEEP_FREED_MEMORY", value)
+    with pytest.raises(SystemExit) as exit_:
+        cli.console()
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("attnlab ")
+    assert bool(calls) == kept
+
+
+def test_a_bad_keep_freed_memory_setting_exits_2_in_one_line():
+    import os
+
+    r = subprocess.run([sys.executable, "-m", "attnlab", "--version"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "ATTNLAB_KEEP_FREED_MEMORY": "yes"})
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == "attnlab: error: ATTNLAB_KEEP_FREED_MEMORY must be 0 or 1; got 'yes'"

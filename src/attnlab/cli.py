@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -33,6 +34,7 @@ from .engine.config import apply_overrides
 from .engine.trainer import NonFiniteLossError
 from .errors import InputError
 from .io import WriteError
+from .memory import keep_freed_memory
 from .models import count_parameters, create_model, list_models, model_entry
 from .models.hf import is_hf_folder
 from .models.sampling import GENERATION_OPTIONS, check_generation
@@ -716,7 +718,8 @@ def build_parser() -> argparse.ArgumentParser:
                                               "(resumable; about 1.5 hours on 2 CPU cores)")
     q.add_argument("--out", default="runs/bench-attention", help="output folder (default runs/bench-attention)")
     q.add_argument("--json", default=None, metavar="FILE", help="also write the scaling records, as a list, here")
-    q.add_argument("--parts", default=None, help="comma-separated: scaling, quality, fidelity, studies (default: all)")
+    q.add_argument("--parts", default=None, help="comma-separated: scaling, quality, fidelity, studies, allocator "
+                                                 "(default: all)")
     q.add_argument("--variants", default=None, help="comma-separated variants (default: all)")
     q.add_argument("--lengths", default=None, help="comma-separated lengths (default 256,...,16384)")
     q.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
@@ -822,5 +825,18 @@ def _one_line_warnings(prefix: str):
     return show
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The ``attnlab`` command: :func:`main` in a process that keeps freed memory
+    (:func:`attnlab.memory.keep_freed_memory`: no fresh pages for the large tensors of every
+    step) unless ``ATTNLAB_KEEP_FREED_MEMORY=0``."""
+    keep = os.environ.get("ATTNLAB_KEEP_FREED_MEMORY", "1")
+    if keep not in ("0", "1"):
+        print(f"attnlab: error: ATTNLAB_KEEP_FREED_MEMORY must be 0 or 1; got {keep!r}", file=sys.stderr)
+        sys.exit(2)
+    if keep == "1":
+        keep_freed_memory()
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    console()
