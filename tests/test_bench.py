@@ -12,7 +12,7 @@ import torch
 
 from attnlab.bench.quality import NUM_VALUES, VALUE0, NeedleDataset, mr_accuracy, needle_accuracy
 from attnlab.bench.report import markdown, write_report
-from attnlab.bench.scaling import VARIANTS, crossover, fit_exponent, measure_point, run_point
+from attnlab.bench.scaling import VARIANTS, count_work, crossover, fit_exponent, measure_point, run_point
 from attnlab.bench.studies import checkpointing_point
 from attnlab.cli import main
 
@@ -70,6 +70,61 @@ def test_run_point_in_a_fresh_process_sees_the_weights_matrix_and_skips():
     assert s["ms"] is None and "GiB" in s["skipped"]
     f = run_point("linformer", 64, "fwd", min_time=0.01, max_repeats=2, heads=3, head_dim=-1)  # bad kwargs fail
     assert f["ms"] is None and f["skipped"].startswith("failed")
+
+
+def test_count_work_counts_products_and_bytes_written():
+    a, b = torch.randn(3, 40, 50), torch.randn(3, 50, 60)
+    w = count_work(lambda: torch.bmm(a, b))
+    assert w == {"flops": 2 * 3 * 40 * 50 * 60, "bytes_written": 3 * 40 * 60 * 4}
+    x, lin = torch.randn(7, 16), torch.nn.Linear(16, 8)
+    with torch.no_grad():
+        w = count_work(lambda: lin(x))
+    assert w["flops"] == 2 * 7 * 16 * 8 and w["bytes_written"] >= 7 * 8 * 4
+    assert count_work(lambda: a.transpose(1, 2)) == {"flops": 0, "bytes_written": 0}  # a view writes nothing
+    assert count_work(lambda: a.exp())["bytes_written"] == a.numel() * 4  # element-wise: bytes, no flops
+    q, k, v = torch.randn(2, 3, 10, 8), torch.randn(2, 3, 12, 8), torch.randn(2, 3, 12, 4)
+    w = count_work(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    assert w["flops"] == 2 * 2 * 3 * 10 * 12 * (8 + 4)  # q k^T and the weights times v, fused or explicit
+
+
+def test_kept_heap_stops_the_page_faults_of_a_large_tensor_each_call():
+    # 64 MiB, over glibc's largest mmap threshold: by default every call maps fresh pages (16,384 of 4 KiB,
+    # 32 of 2 MiB where transparent huge pages are always on) and faults them in; with freed memory kept
+    # the second call reuses the first's.
+    code = ("import json, resource, sys, torch\n"
+            "from attnlab.memory import keep_freed_memory\n"
+            "if sys.argv[1] == 'kept': assert keep_freed_memory()\n"
+            "def faults():\n"
+            "    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+            "    torch.ones(16 * 2**20).sum()\n"
+            "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0\n"
+            "faults(); print(json.dumps([faults() for _ in range(3)]))\n")
+    import subprocess
+    import sys
+
+    seen = {h: json.loads(subprocess.run([sys.executable, "-c", code, h], capture_output=True, text=True,
+                                         check=True).stdout) for h in ("default", "kept")}
+    assert min(seen["default"]) >= 32 and max(seen["kept"]) < min(seen["default"]) / 10, seen
+
+
+def test_measure_point_records_work_and_faults_and_refuses_an_unknown_heap():
+    r = measure_point("linear", 256, "fwd", min_time=0.01, max_repeats=2)
+    assert r["flops"] > 2 * 256 * 512 * 512 * 4 and r["bytes_written"] > 256 * 512 * 4 and r["faults_per_call"] >= 0
+    assert r["heap"] == "default"
+    with pytest.raises(ValueError, match="heap must be one of"):
+        measure_point("linear", 256, "fwd", heap="jemalloc")
+
+
+def test_allocator_verdict_names_each_cause():
+    from attnlab.bench.report import allocator_verdict
+
+    assert allocator_verdict(1.01, 1.0, 1.0, 1.0) == "nothing: linear"
+    assert allocator_verdict(1.25, 1.02, 1.0, 1.0) == "page faults: fresh pages each call"
+    assert allocator_verdict(1.25, 1.24, 1.0, 1.0) == "caches and memory traffic"
+    assert allocator_verdict(2.0, 2.0, 2.0, 1.9) == "the work (n^2.00)"  # quadratic work, nothing more
+    assert allocator_verdict(1.4, 1.2, 1.0, 1.1) == "the work (n^1.10); page faults: fresh pages each call; " \
+                                                  "caches and memory traffic"
+    assert allocator_verdict(None, 1.0, 1.0, 1.0) == "—"
 
 
 def test_every_variant_builds_at_a_small_length():
@@ -166,6 +221,19 @@ def test_cli_bench_attention_scaling_resumes(tmp_path, capsys):
     assert main(argv) == 0  # everything is there: nothing measured again
     assert json.loads((out / "results.json").read_text())["scaling"] == first
     assert "The tutorials' table, measured" in capsys.readouterr().out
+
+
+def test_cli_bench_attention_allocator_part(tmp_path, capsys):
+    out = tmp_path / "bench"
+    assert main(["bench", "attention", "--parts", "allocator", "--variants", "linear,topk", "--quick",
+                 "--out", str(out)]) == 0
+    recs = json.loads((out / "results.json").read_text())["allocator"]
+    # topk is not a linear-cost kind: only linear, at both quick lengths, with each heap
+    assert sorted((r["variant"], r["n"], r["heap"]) for r in recs) == [
+        ("linear", n, h) for n in (256, 512) for h in ("default", "kept")]
+    assert all(r["ms"] > 0 and r["flops"] > 0 for r in recs)
+    text = (out / "table.md").read_text()
+    assert "Why a linear-cost kind's time grows faster than n" in text and "| linear | n^" in text
 
 
 @pytest.mark.parametrize("argv, message", [

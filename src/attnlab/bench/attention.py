@@ -10,7 +10,11 @@ not measured again, so an interrupted run goes on where it stopped):
 * ``fidelity``: each kind's error against exact attention on the queries, keys and
   values of the MR model trained with exact attention (:mod:`attnlab.bench.fidelity`);
 * ``studies``: heads, position encodings, attention dropout and gradient
-  checkpointing (:mod:`attnlab.bench.studies`).
+  checkpointing (:mod:`attnlab.bench.studies`);
+* ``allocator``: why a linear-cost kind's time can grow faster than ``n``: the forward
+  pass from 2,048 to 16,384 tokens measured twice at each point, with glibc's default
+  allocation and with freed memory kept in the process, beside the work counted
+  whatever the machine (multiply-adds, bytes written) and the page faults of a call.
 
 Outputs in ``OUT``: ``results.json`` (everything, rewritten atomically after each
 item), ``table.md`` (the Markdown tables), ``time.png`` and ``memory.png``,
@@ -32,14 +36,18 @@ from .fidelity import run_fidelity
 from .quality import QUALITY_KINDS, run_quality
 from .machine import machine_info
 from .report import write_bench_report, write_report
-from .scaling import VARIANTS, run_point
+from .scaling import HEAPS, VARIANTS, run_point
 from .studies import run_studies
 
-__all__ = ["run_bench", "PARTS", "DEFAULT_LENGTHS", "QUICK_LENGTHS", "machine_info", "ResultStore"]
+__all__ = ["run_bench", "PARTS", "ALLOCATOR_VARIANTS", "ALLOCATOR_LENGTHS", "DEFAULT_LENGTHS", "QUICK_LENGTHS",
+           "machine_info", "ResultStore"]
 
-PARTS = ("scaling", "quality", "fidelity", "studies")
+PARTS = ("scaling", "quality", "fidelity", "studies", "allocator")
 DEFAULT_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 QUICK_LENGTHS = (256, 512)
+# the allocator part: exact attention as the quadratic reference, and the kinds whose cost is linear in n
+ALLOCATOR_VARIANTS = ("exact", "local", "sparse", "linear", "performer", "linformer", "nystrom", "lsh", "gated_delta")
+ALLOCATOR_LENGTHS = (2048, 4096, 8192, 16384)
 
 
 class ResultStore:
@@ -85,6 +93,23 @@ def _scaling(store: ResultStore, variants: Sequence[str], lengths: Sequence[int]
                         f"  ({time.perf_counter() - t0:.0f} s)")
 
 
+def _allocator(store: ResultStore, variants: Sequence[str], lengths: Sequence[int], device: str,
+               log: Callable[[str], None]) -> None:
+    """The forward pass of each of ``variants`` at ``lengths``, with each heap of
+    :data:`~attnlab.bench.scaling.HEAPS` one after the other at each point (so that a
+    machine's drift touches both alike)."""
+    for variant in variants:
+        for n in lengths:
+            for heap in HEAPS:
+                if store.find("allocator", variant=variant, n=n, heap=heap):
+                    continue
+                rec = run_point(variant, n, "fwd", device=device, heap=heap)
+                store.add("allocator", rec)
+                if rec["ms"] is not None:
+                    log(f"allocator {variant:>12} n={n:<6} heap {heap:<7} {rec['ms']:9.1f} ms, "
+                        f"{rec['faults_per_call']:,.0f} page faults a call")
+
+
 def run_bench(out: str | Path, *, parts: Sequence[str] = PARTS, variants: Sequence[str] | None = None,
               lengths: Sequence[int] = DEFAULT_LENGTHS, passes: Sequence[str] = ("fwd", "fwd_bwd"),
               device: str = "cpu", quick: bool = False, fresh: bool = False, json_path: str | Path | None = None,
@@ -116,6 +141,9 @@ def run_bench(out: str | Path, *, parts: Sequence[str] = PARTS, variants: Sequen
         run_fidelity(store, out, quick=quick, device=device, data_dir=data_dir, log=log)
     if "studies" in parts:
         run_studies(store, out, quick=quick, device=device, data_dir=data_dir, log=log)
+    if "allocator" in parts and device == "cpu":  # the allocator studied is glibc's, the CPU's
+        _allocator(store, [v for v in variants if v in ALLOCATOR_VARIANTS],
+                   QUICK_LENGTHS if quick else ALLOCATOR_LENGTHS, device, log)
     write_report(store.data, out)
 
     write_bench_report(out)  # report.html: the tables and plots in one self-contained page

@@ -22,7 +22,7 @@ from ..report.page import Html, Image, Note, Part, Section, Table, render_html
 from .machine import machine_label
 from .scaling import VARIANTS, crossover, fit_exponent
 
-__all__ = ["write_report", "markdown", "THEORY", "is_bench_dir", "write_bench_report"]
+__all__ = ["write_report", "markdown", "THEORY", "allocator_verdict", "is_bench_dir", "write_bench_report"]
 
 # variant -> (mechanism, compute (theory), memory (theory), expressiveness (theory))
 THEORY: dict[str, tuple[str, str, str, str]] = {
@@ -30,6 +30,8 @@ THEORY: dict[str, tuple[str, str, str, str]] = {
               "every pair of tokens, exact softmax"),
     "exact_weights": ("Full attention, weights formed", "O(n²d)", "O(n²)",
                       "every pair, exact; the weights can be looked at"),
+    "exact_causal": ("Full attention, fused kernel, causal", "O(n²d / 2)", "O(nd)",
+                     "every earlier token, exact softmax: the reference of the causal kinds"),
     "local": ("Local (sliding window w)", "O(nwd)", "O(nw)",
               "tokens within w only; farther ones only through depth"),
     "sparse": ("Sparse (BigBird blocks)", "O(n(w+g+r)bd)", "O(n(w+g+r)b)",
@@ -43,6 +45,18 @@ THEORY: dict[str, tuple[str, str, str, str]] = {
              "softmax over each query's k best scores: sparse by content; no saving"),
     "lsh": ("LSH (Reformer: hashed buckets, chunks c)", "O(ncd + n log n)", "O(nc)",
             "keys chosen by content (shared with queries); misses what hashes elsewhere"),
+    "latent": ("Latent (DeepSeek's MLA, a latent of r)", "O(n²d + nrd)", "O(nd); its cache r numbers a token",
+               "full attention through one latent of keys and values shared by the heads"),
+    "sinks": ("Sinks (gpt-oss: a sink logit a head)", "O(n²d)", "O(n²) here: the logits are formed",
+              "full attention that may also attend to nothing"),
+    "differential": ("Differential (two softmax maps subtracted)", "O(n²d)", "O(nd): fused kernel",
+                     "a difference of two maps cancels the attention they share"),
+    "gated_delta": ("Gated delta rule (Gated DeltaNet, chunks c)", "O(nd² + ncd)", "O(nd); a d x d state a head",
+                    "a decaying associative memory written by the delta rule; causal only"),
+    "dsa": ("DeepSeek sparse attention (an indexer's top k)", "O(n²d_i + nkd)", "O(n²) here: the scores are formed",
+            "each query attends to the k keys its indexer picks"),
+    "nsa": ("Native sparse attention (compressed, selected, window)", "O(n²d/b + n(sb + w)d)",
+            "O(n²) here: dense masks", "block summaries, the best blocks in full and a window, gated; causal only"),
 }
 PASS_NAMES = {"fwd": "forward", "fwd_bwd": "forward + backward"}
 
@@ -93,8 +107,9 @@ def _scaling_tables(data: dict[str, Any]) -> list[str]:
         tb = [(_point(recs, v, big, p) or {}).get("ms") for p in ("fwd", "fwd_bwd")]
         mb = [(_point(recs, v, big, p) or {}).get("peak_mb") for p in ("fwd", "fwd_bwd")]
         kind = VARIANTS[v].kind
-        needle = _quality(data, "needle", kind) if v != "exact_weights" else None
-        mr = _quality(data, "mr", kind) if v != "exact_weights" else None
+        measured_as = v not in ("exact_weights", "exact_causal")  # the quality tasks ran the kind as it is named
+        needle = _quality(data, "needle", kind) if measured_as else None
+        mr = _quality(data, "mr", kind) if measured_as else None
         acc = " · ".join(x for x in (
             None if needle is None else f"needle {100 * needle:.1f}%", None if mr is None else f"MR {100 * mr:.1f}%") if x)
         lines.append(f"| {mech} | {comp}; {_exp(te[0])} / {_exp(te[1])}; {_fmt_ms(tb[0])} / {_fmt_ms(tb[1])} "
@@ -224,13 +239,69 @@ def _fidelity_table(data: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _allocator_table(data: dict[str, Any]) -> list[str]:
+    recs = [r for r in data.get("allocator", []) if r.get("ms")]
+    if not recs:
+        return []
+    lengths = sorted({r["n"] for r in recs})
+    lo, hi = lengths[0], lengths[-1]
+    variants = [v for v in VARIANTS if any(r["variant"] == v for r in recs)]
+
+    def of(heap: str) -> list[dict[str, Any]]:
+        return [r for r in recs if r.get("heap") == heap]
+
+    def at(heap: str, v: str, n: int, key: str) -> Any:
+        return (_point(of(heap), v, n, "fwd") or {}).get(key)
+
+    def faults(heap: str, v: str) -> str:
+        counts = [at(heap, v, n, "faults_per_call") for n in (lo, hi)]
+        return " / ".join("—" if c is None else f"{c:,.0f}" for c in counts)
+
+    lines = [f"### Why a linear-cost kind's time grows faster than n: work, page faults, caches (forward, "
+             f"n = {lo:,} to {hi:,})", "",
+             "Each point measured twice, one after the other: with glibc's default allocation (a freed block over "
+             "its mmap threshold, at most 32 MiB, goes back to the system and comes back as fresh pages, faulted in "
+             "and zeroed) and with freed memory kept in the process. The work is counted, not timed: the same on "
+             "every machine.", "",
+             "| variant | time exponent, default / kept | time at n = " + f"{hi:,}" + ", default / kept "
+             "| page faults a call at n = " + f"{lo:,} / {hi:,}" + ", default; kept "
+             "| multiply-adds exponent | bytes-written exponent | what grows faster than n |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for v in variants:
+        te = [fit_exponent(of(h), v, "fwd", "ms", lo, hi) for h in ("default", "kept")]
+        work = [fit_exponent(of("default"), v, "fwd", k, lo, hi) for k in ("flops", "bytes_written")]
+        lines.append(f"| {v} | {_exp(te[0])} / {_exp(te[1])} | {_fmt_ms(at('default', v, hi, 'ms'))} / "
+                     f"{_fmt_ms(at('kept', v, hi, 'ms'))} | {faults('default', v)}; {faults('kept', v)} "
+                     f"| {_exp(work[0])} | {_exp(work[1])} | {allocator_verdict(*te, *work)} |")
+    return lines + [""]
+
+
+def allocator_verdict(time_default: float | None, time_kept: float | None, flops: float | None,
+                      written: float | None) -> str:
+    """Which of the causes the allocator part separates makes a kind's time grow faster than
+    ``n`` (exponents fitted over the same lengths; 0.05 of an exponent is taken as noise):
+    the work itself (multiply-adds or bytes written growing faster than n), page faults (the
+    exponent falls when freed memory is kept), or what is left once both are ruled out, the
+    caches (the same work a token costs more once the data outgrows them)."""
+    if None in (time_default, time_kept, flops, written):
+        return "—"
+    causes = []
+    if max(flops, written) > 1.05:  # type: ignore[operator]
+        causes.append(f"the work (n^{max(flops, written):.2f})")  # type: ignore[type-var]
+    if time_default - time_kept > 0.05:  # type: ignore[operator]
+        causes.append("page faults: fresh pages each call")
+    if time_kept > max(1.05, max(flops, written) + 0.05):  # type: ignore[operator, type-var]
+        causes.append("caches and memory traffic")
+    return "; ".join(causes) or "nothing: linear"
+
+
 def markdown(data: dict[str, Any]) -> str:
     m = data.get("machine", {})
     head = [f"Machine: {machine_label(m)}, {m.get('cores', '?')} cores, device {m.get('device', '?')}; "
             "float32, batch 1, 8 heads of 64."
             + (" QUICK RUN: the figures mean nothing." if data.get("quick") else ""), ""]
     return "\n".join(head + _scaling_tables(data) + _quality_table(data) + _fidelity_table(data)
-                     + _studies_tables(data))
+                     + _studies_tables(data) + _allocator_table(data))
 
 
 def _plots(data: dict[str, Any], out: Path) -> list[Path]:

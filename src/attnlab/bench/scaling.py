@@ -20,6 +20,17 @@ measured on the first call, before any warm-up:
 Time is the median of repeated calls after that first one (at least 2, up to 10, or
 about ``min_time`` seconds in all).
 
+Beside time and memory, each point records what does not depend on the machine, to tell
+work that grows faster than ``n`` from a machine that slows down as the data grows
+(:func:`count_work`): ``flops``, the multiply-adds of its matrix products and fused
+attention (x 2), and ``bytes_written``, the bytes of every tensor its operators produce
+(a lower bound on its memory traffic); and ``faults_per_call``, the minor page faults
+of one repeated call (the kernel handing the process fresh, zeroed pages: glibc's
+``malloc`` returns a freed block larger than its mmap threshold, at most 32 MiB, to the
+system, so a tensor that big is paid for in page faults on every call). ``heap="kept"``
+measures the point with freed memory kept in the process
+(:func:`attnlab.memory.keep_freed_memory`).
+
 Variants (:data:`VARIANTS`): ``exact`` is the fused kernel (no weights formed),
 ``exact_weights`` the same attention asked for its per-head weights (the explicit
 ``n x n`` path); the rest are the efficient kinds with the options given here.
@@ -41,10 +52,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import InputError
+from ..memory import keep_freed_memory
 
-__all__ = ["Variant", "VARIANTS", "measure_point", "first_call_peak", "repeat_times", "run_module", "run_point", "fit_exponent", "crossover", "predicted_bytes"]
+__all__ = ["Variant", "VARIANTS", "HEAPS", "measure_point", "count_work", "first_call_peak", "repeat_times", "run_module",
+           "run_point", "fit_exponent", "crossover", "predicted_bytes"]
 
 PASSES = ("fwd", "fwd_bwd")
+HEAPS = ("default", "kept")
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,8 @@ VARIANTS: dict[str, Variant] = {
     "exact": Variant("exact", note="fused scaled_dot_product_attention, weights never formed"),
     "exact_weights": Variant("exact", call=dict(need_weights=True, average_attn_weights=False),
                              note="explicit path, per-head n x n weights returned"),
+    # the reference of the causal kinds below: the fused kernel skips the blocks above the diagonal
+    "exact_causal": Variant("exact", call=dict(is_causal=True), note="fused scaled_dot_product_attention, causal"),
     "local": Variant("local", lambda n: dict(window=256), note="window 256 (511 keys), blocked"),
     "sparse": Variant("sparse", lambda n: dict(pattern="bigbird", block=64, window_blocks=3, global_blocks=1,
                                                random_blocks=2),
@@ -140,22 +156,78 @@ def first_call_peak(step: Callable[[], None], dev: Any) -> tuple[float, int]:
     return seconds, (_rss_kb("VmHWM") - before) * 1024
 
 
-def repeat_times(step: Callable[[], None], first: float, min_time: float, max_repeats: int) -> list[float]:
-    """Seconds of each of ``clamp(min_time / first, 2, max_repeats)`` further calls of ``step()``."""
+def repeat_times(step: Callable[[], None], first: float, min_time: float, max_repeats: int,
+                 faults: list[int] | None = None) -> list[float]:
+    """Seconds of each of ``clamp(min_time / first, 2, max_repeats)`` further calls of
+    ``step()``; with a list ``faults``, each call's minor page faults are appended to it."""
+    import resource
+
     repeats = max(2, min(max_repeats, math.ceil(min_time / max(first, 1e-6))))
     times = []
     for _ in range(repeats):
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
+        if faults is not None:
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
     return times
+
+
+def count_work(step: Callable[[], None]) -> dict[str, int]:
+    """Run ``step()`` once under a dispatch mode that counts what it does, whatever the
+    machine: ``{"flops", "bytes_written"}``; see the module docstring. Matrix products
+    (``mm``, ``bmm``, ``addmm``, ``baddbmm``) and fused attention count ``2 x``
+    multiply-adds (fused attention in full, causal or not: the products it is asked for);
+    element-wise work counts only in the bytes. An output that is a view of an input
+    writes nothing."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    aten = torch.ops.aten
+
+    def product_flops(func: Any, args: tuple, out: Any) -> int:
+        if func in (aten.mm.default, aten.bmm.default):
+            a = args[0]
+            return 2 * out.numel() * a.shape[-1]
+        if func in (aten.addmm.default, aten.baddbmm.default):
+            return 2 * out.numel() * args[1].shape[-1]
+        name = func.__name__ if hasattr(func, "__name__") else str(func)
+        if "scaled_dot_product" in name and "backward" not in name:
+            q, k, v = args[:3]
+            return 2 * q.shape[:-1].numel() * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+        if "scaled_dot_product" in name:  # the backward recomputes the scores and forms four products
+            grad, q, k, v = args[:4]
+            return 4 * q.shape[:-1].numel() * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+        return 0
+
+    class Count(TorchDispatchMode):
+        flops = 0
+        written = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            out = func(*args, **(kwargs or {}))
+            ins = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                   if isinstance(t, torch.Tensor)}
+            outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            Count.written += sum(t.numel() * t.element_size() for t in outs
+                                 if t.untyped_storage().data_ptr() not in ins)
+            first = outs[0] if outs else None
+            Count.flops += product_flops(func, args, first) if first is not None else 0
+            return out
+
+    with Count():
+        step()
+    return {"flops": Count.flops, "bytes_written": Count.written}
 
 
 def measure_point(variant: str, n: int, pass_: str, *, device: str = "cpu", batch: int = 1, heads: int = 8,
                   head_dim: int = 64, dtype: str = "float32", min_time: float = 2.0, max_repeats: int = 10,
-                  seed: int = 0) -> dict[str, Any]:
+                  seed: int = 0, heap: str = "default", work: bool = True) -> dict[str, Any]:
     """Measure one point in this process; see the module docstring. Returns a record
-    ``{variant, n, pass, ms, peak_mb, repeats, ...}``."""
+    ``{variant, n, pass, ms, peak_mb, repeats, faults_per_call, flops, bytes_written, ...}``
+    (``work=False``: without the last two, which cost one more call)."""
     import torch
 
     from ..attention import build_attention
@@ -164,6 +236,10 @@ def measure_point(variant: str, n: int, pass_: str, *, device: str = "cpu", batc
         raise InputError(f"variant must be one of {sorted(VARIANTS)}; got {variant!r}")
     if pass_ not in PASSES:
         raise InputError(f"pass must be one of {PASSES}; got {pass_!r}")
+    if heap not in HEAPS:
+        raise InputError(f"heap must be one of {HEAPS}; got {heap!r}")
+    if heap == "kept" and not keep_freed_memory():
+        raise InputError("heap='kept' needs glibc's mallopt, which this C library lacks")
     spec = VARIANTS[variant]
     torch.manual_seed(seed)
     dev, dt = torch.device(device), getattr(torch, dtype)
@@ -189,10 +265,13 @@ def measure_point(variant: str, n: int, pass_: str, *, device: str = "cpu", batc
             torch.cuda.synchronize(dev)
 
     first, peak = first_call_peak(step, dev)
-    times = repeat_times(step, first, min_time, max_repeats)
+    faults: list[int] = []
+    times = repeat_times(step, first, min_time, max_repeats, faults)
     repeats = len(times)
+    counted = count_work(step) if work else {}
     return dict(variant=variant, kind=spec.kind, n=n, **{"pass": pass_}, ms=1e3 * statistics.median(times),
                 ms_min=1e3 * min(times), first_ms=1e3 * first, repeats=repeats, peak_mb=peak / 2**20,
+                faults_per_call=statistics.median(faults), **counted, heap=heap,
                 batch=batch, heads=heads, head_dim=head_dim, dtype=dtype, device=device,
                 threads=torch.get_num_threads())
 
