@@ -189,8 +189,7 @@ def count_work(step: Callable[[], None]) -> dict[str, int]:
 
     def product_flops(func: Any, args: tuple, out: Any) -> int:
         if func in (aten.mm.default, aten.bmm.default):
-            a = args[0]
-            return 2 * out.numel() * a.shape[-1]
+            return 2 * out.numel() * args[0].shape[-1]
         if func in (aten.addmm.default, aten.baddbmm.default):
             return 2 * out.numel() * args[1].shape[-1]
         name = func.__name__ if hasattr(func, "__name__") else str(func)
@@ -198,36 +197,37 @@ def count_work(step: Callable[[], None]) -> dict[str, int]:
             q, k, v = args[:3]
             return 2 * q.shape[:-1].numel() * k.shape[-2] * (q.shape[-1] + v.shape[-1])
         if "scaled_dot_product" in name:  # the backward recomputes the scores and forms four products
-            grad, q, k, v = args[:4]
+            q, k, v = args[1:4]  # after the output's gradient
             return 4 * q.shape[:-1].numel() * k.shape[-2] * (q.shape[-1] + v.shape[-1])
         return 0
 
     class Count(TorchDispatchMode):
-        flops = 0
-        written = 0
+        def __init__(self) -> None:
+            super().__init__()
+            self.flops = self.written = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
             out = func(*args, **(kwargs or {}))
-            ins = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
-                   if isinstance(t, torch.Tensor)}
             outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-            Count.written += sum(t.numel() * t.element_size() for t in outs
-                                 if t.untyped_storage().data_ptr() not in ins)
-            first = outs[0] if outs else None
-            Count.flops += product_flops(func, args, first) if first is not None else 0
+            if outs:
+                ins = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                       if isinstance(t, torch.Tensor)}
+                self.written += sum(t.numel() * t.element_size() for t in outs
+                                    if t.untyped_storage().data_ptr() not in ins)
+                self.flops += product_flops(func, args, outs[0])
             return out
 
-    with Count():
+    with Count() as count:
         step()
-    return {"flops": Count.flops, "bytes_written": Count.written}
+    return {"flops": count.flops, "bytes_written": count.written}
 
 
 def measure_point(variant: str, n: int, pass_: str, *, device: str = "cpu", batch: int = 1, heads: int = 8,
                   head_dim: int = 64, dtype: str = "float32", min_time: float = 2.0, max_repeats: int = 10,
-                  seed: int = 0, heap: str = "default", work: bool = True) -> dict[str, Any]:
+                  seed: int = 0, heap: str = "default") -> dict[str, Any]:
     """Measure one point in this process; see the module docstring. Returns a record
     ``{variant, n, pass, ms, peak_mb, repeats, faults_per_call, flops, bytes_written, ...}``
-    (``work=False``: without the last two, which cost one more call)."""
+    (the last two from one more call, counted)."""
     import torch
 
     from ..attention import build_attention
@@ -268,7 +268,7 @@ def measure_point(variant: str, n: int, pass_: str, *, device: str = "cpu", batc
     faults: list[int] = []
     times = repeat_times(step, first, min_time, max_repeats, faults)
     repeats = len(times)
-    counted = count_work(step) if work else {}
+    counted = count_work(step)
     return dict(variant=variant, kind=spec.kind, n=n, **{"pass": pass_}, ms=1e3 * statistics.median(times),
                 ms_min=1e3 * min(times), first_ms=1e3 * first, repeats=repeats, peak_mb=peak / 2**20,
                 faults_per_call=statistics.median(faults), **counted, heap=heap,
