@@ -25,8 +25,9 @@ from conftest import DIGITS_WITH_VALIDATION
 
 # The sections of a run's page, from what its task reports (in this order).
 CLASSIFIER_SECTIONS = ["Results", "Configuration", "Training curves", "Confusion matrix", "Sample predictions",
-                       "Attention"]
-TRANSLATION_SECTIONS = ["Results", "Configuration", "Training curves", "Sample translations", "Attention"]
+                       "Attention", "Attention explorer"]
+TRANSLATION_SECTIONS = ["Results", "Configuration", "Training curves", "Sample translations", "Attention",
+                        "Attention explorer"]
 
 
 def classifier_predictions(run_dir, device="cpu"):
@@ -216,8 +217,12 @@ def test_a_failing_report_does_not_lose_the_run(tmp_path, monkeypatch, capsys):
 def no_attention_drawing():
     """The text runs' reports without attention maps: drawing them is attnlab.viz's to
     test (tests/test_visualize.py), and costs most of these reports' time."""
+    def explore(*args, **kwargs):
+        raise RuntimeError("not made in these tests")
+
     with pytest.MonkeyPatch.context() as m:
         m.setattr("attnlab.report.html.visualize_run", lambda *args, **kwargs: [])
+        m.setattr("attnlab.report.html.explore", explore)
         yield
 
 
@@ -339,6 +344,17 @@ def test_report_renders_in_a_browser(browser, run_dir):
     shot = state["screenshot"].convert("L")
     assert shot.width >= 1000 and len(np.unique(np.asarray(shot))) > 20  # text and figures, not a blank page
     assert state["height"] > 2000  # every section laid out, not just the title
+    # the attention explorer, in its frame, runs its script under the report's policy
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    frame = browser.find_element("css selector", "iframe.explorer")
+    browser.switch_to.frame(frame)
+    try:
+        WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+        assert browser.execute_script("return document.querySelectorAll('.tok-left').length") > 0
+    finally:
+        browser.switch_to.default_content()
+    assert [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
 def test_the_browser_check_sees_a_broken_page(browser, tmp_path):

@@ -61,6 +61,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     names = list_models(args.pattern)
     if not names:
@@ -452,6 +462,24 @@ def cmd_visualize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explore(args: argparse.Namespace) -> int:
+    from .viz.explorer import check_output, default_output, explore
+
+    out = Path(args.out).expanduser() if args.out else default_output(args.target)
+    if not Path(args.target).expanduser().exists():
+        raise UsageError(f"TARGET {args.target} does not exist; give a run directory (attnlab train's) or a Hugging "
+                         f"Face folder (config.json and its weights)")
+    check_output(out, args.force)  # before any work: a page is never written over unasked
+    page = explore(args.target, args.inputs or None, max_inputs=args.max_inputs, new_tokens=args.new_tokens,
+                   checkpoint=args.checkpoint, device=args.device, title=args.title)
+    path = page.save(out, force=True)
+    docs = page.data["documents"]
+    layers = sum(len(g["layers"]) for g in docs[0]["groups"]) if docs else 0
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB: {len(docs)} input{'s' if len(docs) != 1 else ''}, "
+          f"{layers} attention layer{'s' if layers != 1 else ''} each); open it in a browser")
+    return 0
+
+
 def _query(text: str) -> tuple[int, int]:
     """``--query ROW,COL`` -> ``(row, col)``."""
     parts = text.split(",")
@@ -676,6 +704,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--query", action="append", default=None, metavar="ROW,COL",
                    help="BoTNet: a query pixel of the input image (repeatable; default: centre and diagonal)")
     p.set_defaults(func=cmd_visualize)
+
+    p = sub.add_parser("explore", parents=[plugins],
+                       help="write an interactive page of every head of every layer (one HTML file, offline)")
+    p.add_argument("target", metavar="TARGET", help="a run directory written by 'attnlab train', or a Hugging Face "
+                                                    "folder (GPT-2, Llama, Qwen, Gemma, ... ; BERT family; ViT)")
+    p.add_argument("inputs", nargs="*", metavar="INPUT",
+                   help="texts (text and language-model runs, text folders), a source sentence (translation) or "
+                        "image files (image models); default: the run's first test examples or its prompts")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="the page (default RUN_DIR/explore.html; beside a folder: FOLDER.explore.html)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--max-inputs", type=_positive_int, default=2, help="test examples without INPUT (default 2)")
+    p.add_argument("--new-tokens", type=_nonnegative_int, default=20,
+                   help="tokens a language model adds to each prompt, greedily (default 20)")
+    p.add_argument("--checkpoint", default="auto", help="auto, best, last, averaged or a checkpoint folder")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto (default cpu)")
+    p.add_argument("--title", default=None, help="the page's title (default: the target's name)")
+    p.set_defaults(func=cmd_explore)
 
     p = sub.add_parser("translate", parents=[plugins],
                        help="generate texts with a trained run that does (translation), with decoding options")

@@ -13,6 +13,7 @@ The generic builder is :func:`~attnlab.report.page.render_html`; it is re-export
 
 from __future__ import annotations
 
+import html
 import json
 import time
 from pathlib import Path
@@ -22,9 +23,11 @@ from .. import __version__
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
 from ..tasks import CHANGES, ClassifierPredictions, SampleTable, Task, get_task, read_config, read_recipe, report_items
+from ..viz.explorer import explore
+from ..viz.explorer.page import script_hashes
 from ..viz.run import visualize_run
 from .curves import plot_curves, read_metrics
-from .page import Image, Note, Part, Pre, Section, Table, data_uri, render_html
+from .page import Html, Image, Note, Part, Pre, Section, Table, data_uri, render_html
 from .predictions import confusion_png, image_samples_png
 
 __all__ = ["write_run_report", "write_run_report_safely", "render_html", "Section", "value_text"]
@@ -167,6 +170,23 @@ def _attention(run_dir: Path, task: Task) -> Section:
     return Section("Attention", [f"Attention maps{of} on up to two test inputs.", *images])
 
 
+def _explorer(run_dir: Path, task: Task) -> Section:
+    """The attention explorer (:func:`attnlab.viz.explore`) on the run's example inputs, in a
+    frame of the page, when the run's model records attention weights."""
+    sub_runs = task.sub_runs(run_dir)
+    target = sub_runs[0] if sub_runs else run_dir
+    try:
+        page = explore(target, max_inputs=2, new_tokens=20).html()
+    except Exception as exc:  # noqa: BLE001  # e.g. an efficient attention kind that forms no weights
+        return Section("Attention explorer", [Note(f"No attention explorer: {_why(exc)}")])
+    frame = (f'<iframe class="explorer" title="attention explorer" sandbox="allow-scripts" '
+             f'srcdoc="{html.escape(page, quote=True)}"></iframe>')
+    return Section("Attention explorer", [
+        "Every head of every layer on the same inputs: choose a layer and heads, hover a token to see where it "
+        "looks, open the model view for the grid of all heads (attnlab explore RUN_DIR writes it as a page of its "
+        "own, on inputs of one's choice).", Html(frame, tuple(script_hashes(page)))])
+
+
 def write_run_report(run_dir: str | Path, out: str | Path | None = None, *, device: str = "auto") -> Path:
     """Write ``run_dir/report.html`` (or ``out``) for a run directory and return its path.
 
@@ -178,7 +198,7 @@ def write_run_report(run_dir: str | Path, out: str | Path | None = None, *, devi
     task = get_task(recipe.task)
     results_section, _ = _results(run_dir)
     sections = [results_section, _config(run_dir), _curves(run_dir, task), *_task_sections(run_dir, task, device),
-                _attention(run_dir, task)]
+                _attention(run_dir, task), _explorer(run_dir, task)]
     subtitle = (f"{task.describe(recipe)}: {recipe.model.name} on {recipe.data.name}. {run_dir.resolve()}, "
                 f"report written {time.strftime('%Y-%m-%d %H:%M:%S')} by attnlab {__version__}.")
     path = Path(out) if out is not None else run_dir / "report.html"

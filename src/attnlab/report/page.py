@@ -55,9 +55,12 @@ class Note:
 
 @dataclass
 class Html:
-    """Markup inserted as it is: the caller vouches that it is escaped."""
+    """Markup inserted as it is: the caller vouches that it is escaped. ``scripts``: the
+    CSP sources (``'sha256-...'``) of the inline scripts it runs (an embedded explorer's:
+    a frame's ``srcdoc`` page keeps the report's policy), which the page then allows."""
 
     markup: str
+    scripts: tuple[str, ...] = ()
 
 
 Part = Union[str, Image, Table, Pre, Note, Html]  # str: a paragraph of text
@@ -88,11 +91,13 @@ pre { background: #f7f7f7; border: 1px solid #e2e2e2; padding: 0.7em; overflow-x
 figure { display: inline-block; margin: 0.5em 1em 1em 0; vertical-align: top; }
 figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.88em; color: #444; }
+iframe.explorer { width: 100%; height: 820px; border: 1px solid #ddd; }
 .note { color: #666; font-style: italic; }
 .scroll { overflow-x: auto; }
 """
 
-# No scripts, no fonts, nothing fetched: only this document's inline styles and data: images.
+# No scripts, no fonts, nothing fetched: only this document's inline styles and data: images (and the
+# scripts of an embedded attention explorer, by their hashes).
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
 
@@ -153,6 +158,8 @@ def render_html(title: str, sections: Sequence[Section], subtitle: str = "") -> 
     taken: set[str] = set()
     anchors = [_anchor(s.heading, taken) for s in sections]
     nav = " ".join(f'<a href="#{a}">{html.escape(s.heading)}</a>' for a, s in zip(anchors, sections))
+    scripts = sorted({h for s in sections for p in s.parts if isinstance(p, Html) for h in p.scripts})
+    csp = CSP + (f"; script-src {' '.join(scripts)}" if scripts else "")
     body = []
     for anchor, section in zip(anchors, sections):
         body.append(f'<section id="{anchor}">\n<h2>{html.escape(section.heading)}</h2>')
@@ -163,7 +170,7 @@ def render_html(title: str, sections: Sequence[Section], subtitle: str = "") -> 
         '<html lang="en">',
         "<head>",
         '<meta charset="utf-8">',
-        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         '<link rel="icon" href="data:,">',  # the browser asks for no favicon.ico next to the file
         f"<title>{html.escape(title)}</title>",

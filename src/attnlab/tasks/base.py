@@ -449,6 +449,14 @@ class Task:
         examples), as views of :mod:`attnlab.tasks.views` that :mod:`attnlab.viz` draws."""
         raise InputError(f"a {self.name} run has no attention pictures")
 
+    def explore_views(self, run: TrainedRun, inputs: Sequence[Any] | None, *, max_inputs: int = 2,
+                      new_tokens: int = 20) -> list[Any]:
+        """What the attention explorer (:func:`attnlab.viz.explore`) shows of ``run``'s model
+        on ``inputs``: :meth:`attention_views` unless a task shows more (a language model
+        its continuation, token by token; a translation its three attentions).
+        ``new_tokens``: how many tokens a generating task adds to each input."""
+        return self.attention_views(run, inputs, max_inputs=max_inputs)
+
     def __repr__(self) -> str:
         return f"<task {self.name}: {self.summary}>"
 

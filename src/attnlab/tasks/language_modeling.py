@@ -56,7 +56,7 @@ from ..models.sampling import GENERATION_OPTIONS, check_generation
 from .base import (ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_texts, get_task,
                    register_task)
 from .run_files import train_config
-from .views import SampleTable, TextAttention, TextPrediction
+from .views import GenerationAttention, SampleTable, TextAttention, TextPrediction
 
 __all__ = ["LMTextConfig", "SampleConfig", "LanguageModelingRecipe", "LanguageModeling", "lm_figures", "load_folder",
            "folder_sampling", "DECODER_TYPES"]
@@ -599,3 +599,74 @@ class LanguageModeling(Task):
             views.append(TextAttention(f'"{shorten(text)}" (causal self-attention)',
                                        [tokenizer.decode([i]) for i in ids], layers))
         return views
+
+    @torch.no_grad()
+    def explore_views(self, run: TrainedRun, inputs: Sequence[Any] | None, *, max_inputs: int = 2,
+                      new_tokens: int = 20) -> list[Any]:
+        tokenizer = self._tokenizer(run)
+        texts = check_texts(inputs, self.name) if inputs is not None else list(run.recipe.generate.prompts)[:max_inputs]
+        context = run.recipe.text.context
+        views = []
+        for text in texts:
+            ids = _encode_prompt(tokenizer, text)[:context]
+            view = generation_attention(run.model, ids, lambda i: tokenizer.decode([i]),
+                                        new_tokens=max(0, min(new_tokens, context - len(ids))))
+            view.title = f'"{shorten(text)}" and its greedy continuation'
+            views.append(view)
+        return views
+
+
+@torch.no_grad()
+def generation_attention(model: GPT, ids: Sequence[int], label: Callable[[int], str], *, new_tokens: int,
+                         top_k: int = 10) -> GenerationAttention:
+    """The attention of ``model`` over the prompt ``ids`` and its greedy continuation of
+    ``new_tokens`` tokens, and its ``top_k`` next tokens after each position
+    (:class:`~attnlab.tasks.views.GenerationAttention`). With a model whose attention keeps a
+    cache, the prompt goes through once and each new token through its own decoding step with
+    the cache, as ``generate`` reads it (its rows are those steps' weights); otherwise the
+    whole sequence goes through again after the continuation is chosen."""
+    from ..attention.capture import attention_modules
+
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        seq = [int(i) for i in ids]
+        n, total = len(seq), len(seq) + new_tokens
+        cached = bool(getattr(model, "keeps_cache", False))
+        opaque = [name for name, _ in attention_modules(model)[1]]
+        if not attention_modules(model)[0]:
+            raise InputError(f"{type(model).__name__} records no attention weights: its attention "
+                             f"({', '.join(opaque[:3]) or 'none'}) forms no weight matrix")
+        with capture_attention(model, cpu=True) as maps:
+            if cached:
+                cache = model.new_cache(1, total)
+                logits = [model(torch.tensor([seq], device=device), cache=cache)[0].float()]
+                for _ in range(new_tokens):
+                    seq.append(int(logits[-1][-1].argmax()))
+                    logits.append(model(torch.tensor([seq[-1:]], device=device), cache=cache)[0].float())
+            else:
+                for _ in range(new_tokens):
+                    seq.append(int(model(torch.tensor([seq], device=device))[0, -1].argmax()))
+                for calls in maps.values():
+                    calls.clear()  # only the last pass, over everything, is kept
+                logits = [model(torch.tensor([seq], device=device))[0].float()]
+        probs = torch.cat(logits).softmax(-1)
+        p, idx = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+        top = [[(label(int(i)), float(v)) for v, i in zip(pv, iv)] for pv, iv in zip(p.tolist(), idx.tolist())]
+        layers = []
+        for name, calls in maps.items():
+            if not calls:
+                continue
+            heads = calls[0].shape[1]
+            full = torch.zeros(heads, len(seq), len(seq))
+            row = 0
+            for w in calls:  # (1, H, q, k): the keys a step saw are the latest k positions
+                q, k = w.shape[2], w.shape[3]
+                end = row + q
+                full[:, row:end, end - k : end] = w[0].float()
+                row = end
+            layers.append((name, full))
+        return GenerationAttention("", [label(i) for i in seq], n, layers, top, cached, opaque)
+    finally:
+        model.train(was_training)

@@ -3,10 +3,12 @@ rows without their padding, and the decoder's cross-attention along a hypothesis
 
 from __future__ import annotations
 
+import fnmatch
+
 import torch
 from torch import nn
 
-from ..attention.capture import capture_attention
+from ..attention.capture import attention_modules, capture_attention
 from .views import AlignmentAttention
 
 __all__ = ["strip_padding", "seq2seq_alignment"]
@@ -21,7 +23,8 @@ def strip_padding(hyp: list[int], pad_id: int) -> list[int]:
 
 def seq2seq_alignment(model: nn.Module, src_ids: list[int], src_tokens: list[str], hyp: list[int],
                       tgt_tokens: list[str], title: str) -> AlignmentAttention:
-    """The decoder's cross-attention for the hypothesis ``hyp`` of source ``src_ids``.
+    """The decoder's cross-attention for the hypothesis ``hyp`` of source ``src_ids``, and
+    the encoder's and the decoder's self-attention on the same pass.
 
     The chosen hypothesis is teacher-forced: row t is the step that produced ``hyp[t]``.
     (Beam search reorders and drops rows between steps, so its per-step weights follow no
@@ -29,9 +32,17 @@ def seq2seq_alignment(model: nn.Module, src_ids: list[int], src_tokens: list[str
     cfg, device = model.config, next(model.parameters()).device
     src = torch.tensor([src_ids], device=device)
     tgt_in = torch.tensor([[cfg.bos_id] + hyp[:-1]], device=device)
-    # the modules the model family names; a recurrent decoder's attention records one call per step
-    with capture_attention(model, include=type(model).alignment_modules, cpu=True) as maps:
+    cross = type(model).alignment_modules  # the modules the model family names
+    recordable = [name for name, _ in attention_modules(model)[0]] or cross  # none: capture says so
+    with capture_attention(model, include=recordable, cpu=True) as maps:
         memory, memory_pad = model.encode(src)
+        encoder = {name: list(calls) for name, calls in maps.items() if calls}
         model.decode(tgt_in, memory, memory_pad)
-    return AlignmentAttention(title, src_tokens, tgt_tokens,
-                              [torch.cat(calls, dim=2)[0] for calls in maps.values() if calls])
+    # a recurrent decoder's attention records one call per step: joined along the queries
+    joined = {name: torch.cat(calls[len(encoder.get(name, [])):], dim=2)[0] for name, calls in maps.items()
+              if len(calls) > len(encoder.get(name, []))}
+    is_cross = {name: fnmatch.fnmatchcase(name, cross) for name in joined}
+    return AlignmentAttention(title, src_tokens, tgt_tokens, [w for name, w in joined.items() if is_cross[name]],
+                              source_layers=[(name, calls[0][0]) for name, calls in encoder.items()],
+                              target_layers=[(name, w) for name, w in joined.items() if not is_cross[name]],
+                              layer_names=[name for name in joined if is_cross[name]])

@@ -13,7 +13,7 @@ from typing import Any
 from torch import Tensor
 
 __all__ = ["LabelPrediction", "TextPrediction", "ClassifierPredictions", "SampleTable", "TextAttention",
-           "AlignmentAttention", "ImageAttention", "PixelAttention"]
+           "AlignmentAttention", "ImageAttention", "PixelAttention", "GenerationAttention"]
 
 
 # ----------------------------------------------------------------------------- new inputs
@@ -103,6 +103,12 @@ class AlignmentAttention:
     source_tokens: list[str]
     target_tokens: list[str]
     layers: list[Tensor]
+    source_layers: list[tuple[str, Tensor]] = field(default_factory=list)
+    """The encoder's self-attention, per layer ``(name, weights (heads, Ls, Ls))`` (the explorer's)."""
+    target_layers: list[tuple[str, Tensor]] = field(default_factory=list)
+    """The decoder's self-attention, per layer ``(name, weights (heads, Lt, Lt))``."""
+    layer_names: list[str] = field(default_factory=list)
+    """The cross-attention modules' names, one per entry of ``layers``."""
 
 
 @dataclass
@@ -128,3 +134,21 @@ class PixelAttention:
     image: Tensor
     blocks: list[tuple[str, Tensor, tuple[int, int]]]
     queries: list[tuple[int, int]]
+
+
+@dataclass
+class GenerationAttention:
+    """A decoder's attention over a prompt and its greedy continuation, per layer
+    ``(name, weights (heads, L, L))``: the prompt's rows from one pass over it, each
+    generated token's row from the decoding step that read it (with the model's cache where
+    it keeps one: ``cached``). ``top[i]``: the model's most probable next tokens after
+    position ``i``, ``[(token, probability), ...]``. ``opaque``: attention modules that form
+    no weight matrix (drawn as a note)."""
+
+    title: str
+    tokens: list[str]
+    prompt_len: int
+    layers: list[tuple[str, Tensor]]
+    top: list[list[tuple[str, float]]]
+    cached: bool
+    opaque: list[str] = field(default_factory=list)

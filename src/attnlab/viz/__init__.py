@@ -5,6 +5,8 @@
 * :mod:`attnlab.viz.run`: :func:`visualize_run`, the pictures of a finished run
   (``attnlab visualize RUN_DIR``), and :func:`draw_views`, which draws the attention
   views any task returns.
+* :mod:`attnlab.viz.explorer`: :func:`explore`, every head of every layer in one
+  interactive page that opens from the disk (``attnlab explore TARGET``).
 """
 
 from .attention import (
@@ -15,6 +17,7 @@ from .attention import (
     save_figure,
     token_heatmaps,
 )
+from .explorer import Exploration, explore
 from .run import draw_views, visualize_run
 
 __all__ = [
@@ -26,4 +29,6 @@ __all__ = [
     "save_figure",
     "visualize_run",
     "draw_views",
+    "explore",
+    "Exploration",
 ]

@@ -1,0 +1,966 @@
+/* attnlab attention explorer: draws the attention weights held in the page's data element
+ * (format "attnlab-explorer/1", defined in page.py) in six views. Plain script, no libraries,
+ * nothing fetched: the page works from file://.
+ *
+ * Weights are one byte a value (weight = byte / 255), row-major (heads, Lq, Lk) per layer,
+ * zlib-compressed and base64-encoded. A layer is inflated the first time a view needs it and
+ * kept (as bytes) for the rest of the session.
+ */
+"use strict";
+(() => {
+  const PAGE = 64;          // head view: positions a page
+  const ROW = 20;           // head view: px a token row (explorer.css: --row)
+  const SVG_WIDTH = 240;    // head view: px between the two token columns
+  const MAX_LINES = 8000;   // head view: at most this many lines (the strongest) in one drawing
+  const THUMB = 72;         // model view: px a thumbnail
+  const MATRIX_PX = 640;    // matrix view: the map's target size in px
+  const PANEL_PX = 360;     // translation view: each map's target size in px
+  const MAX_LABELS = 64;    // matrices label an axis of at most this many tokens
+  const SVGNS = "http://www.w3.org/2000/svg";
+  const PALETTE = [         // head colours, cycling: distinguishable on white
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+    "#bcbd22", "#7f7f7f", "#393b79", "#ad494a", "#637939", "#e6550d", "#843c39", "#3182bd",
+    "#31a354", "#756bb1", "#d6616b", "#8c6d31",
+  ];
+  // white -> dark blue, 256 entries of (r, g, b): the colour of weight byte / 255
+  const RAMP = buildRamp([[255, 255, 255], [198, 219, 239], [107, 174, 214], [33, 113, 181], [8, 48, 107]]);
+
+  const $ = (id) => document.getElementById(id);
+  const headColour = (h) => PALETTE[h % PALETTE.length];
+
+  /** A new element: el("td", {className: "x", text: "y", dataset: {i: 1}}, [children]). */
+  function el(tag, props = {}, children = []) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(props)) {
+      if (key === "text") node.textContent = value;
+      else if (key === "dataset") Object.assign(node.dataset, value);
+      else if (key === "style") Object.assign(node.style, value);
+      else node[key] = value;
+    }
+    for (const child of children) node.append(child);
+    return node;
+  }
+
+  function buildRamp(stops) {
+    const lut = new Uint8Array(256 * 3);
+    for (let b = 0; b < 256; b++) {
+      const t = (b / 255) * (stops.length - 1);
+      const k = Math.min(Math.floor(t), stops.length - 2);
+      const f = t - k;
+      for (let c = 0; c < 3; c++) lut[b * 3 + c] = Math.round(stops[k][c] + (stops[k + 1][c] - stops[k][c]) * f);
+    }
+    return lut;
+  }
+
+  /** Token labels as shown: control characters made visible, nothing empty. */
+  function shown(token) {
+    const text = String(token).replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/\r/g, "");
+    return text === "" ? "∅" : text;
+  }
+  const clip = (text, n) => (text.length > n ? text.slice(0, n - 1) + "…" : text);
+
+  /** Resolves on the next animation frame (or after 100 ms where frames are not drawn: a hidden tab). */
+  function nextFrame() {
+    return new Promise((resolve) => {
+      let done = false;
+      const finish = () => { if (!done) { done = true; resolve(); } };
+      requestAnimationFrame(finish);
+      setTimeout(finish, 100);
+    });
+  }
+
+  // ------------------------------------------------------------------ decoding
+  function base64Bytes(text) {
+    if (typeof text !== "string") throw new Error("weights are not a base64 string");
+    if (typeof Uint8Array.fromBase64 === "function") return Uint8Array.fromBase64(text);
+    const binary = atob(text);
+    const bytes = new Uint8Array(binary.length);
+    for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+    return bytes;
+  }
+
+  async function inflate(text) {
+    const stream = new Blob([base64Bytes(text)]).stream().pipeThrough(new DecompressionStream("deflate"));
+    try {
+      return new Uint8Array(await new Response(stream).arrayBuffer());
+    } catch (err) {
+      // the browser reports a corrupt stream as "Failed to fetch": say what failed instead
+      throw new Error("the data is not a complete zlib (deflate) stream");
+    }
+  }
+
+  const decoded = new Map();   // key -> Promise<Uint8Array>
+  let pending = 0;             // inflations in progress: "loading…" shows while > 0
+
+  function setLoading(delta) {
+    pending += delta;
+    $("loading").hidden = pending === 0;
+  }
+
+  /** The bytes of base64 `text`, inflated once per `key`; `expected` values or an error naming `what`. */
+  function decodeOnce(key, text, expected, what) {
+    let promise = decoded.get(key);
+    if (promise) return promise;
+    setLoading(+1);
+    promise = Promise.resolve()
+      .then(() => inflate(text))
+      .then((bytes) => {
+        if (bytes.length !== expected) throw new Error(`${what}: ${bytes.length} values, expected ${expected}`);
+        return bytes;
+      })
+      .catch((err) => {
+        decoded.delete(key);  // a later view may try again
+        throw new Error(`could not decode ${what}: ${err.message || err}`);
+      })
+      .finally(() => setLoading(-1));
+    decoded.set(key, promise);
+    return promise;
+  }
+
+  /** Uint8Array (heads * Lq * Lk) of layer `l` of group `g` of document `d`. */
+  function layerBytes(d, g, l) {
+    const group = data.documents[d].groups[g];
+    const layer = group.layers[l];
+    const expected = layer.heads * group.queries.length * group.keys.length;
+    const what = `document ${d}, ${group.name}, layer ${l} (${layer.name})`;
+    return decodeOnce(`${d}/${g}/${l}`, layer.data, expected, what);
+  }
+
+  function rolloutBytes(d) {
+    const image = data.documents[d].image;
+    const n = image.prefix + image.grid[0] * image.grid[1];
+    return decodeOnce(`${d}/rollout`, image.rollout, n * n, `document ${d}, rollout`);
+  }
+
+  /** Float32Array (Lq * Lk): the mean over `heads` of a layer's bytes, as weights. */
+  function headMap(bytes, Lq, Lk, heads) {
+    const n = Lq * Lk;
+    const out = new Float32Array(n);
+    if (heads.length === 1) {
+      const off = heads[0] * n;
+      for (let x = 0; x < n; x++) out[x] = bytes[off + x] / 255;
+      return out;
+    }
+    const sum = new Uint32Array(n);   // integer sums of bytes: exact, and faster than floats
+    for (const h of heads) {
+      const off = h * n;
+      for (let x = 0; x < n; x++) sum[x] += bytes[off + x];
+    }
+    const scale = 255 * heads.length;
+    for (let x = 0; x < n; x++) out[x] = sum[x] / scale;
+    return out;
+  }
+
+  /** Row `i` of the mean over `heads` (as weights), keys [k0, k1). */
+  function headRow(bytes, Lq, Lk, heads, i, k0 = 0, k1 = Lk) {
+    const out = new Float32Array(k1 - k0);
+    for (const h of heads) {
+      const base = (h * Lq + i) * Lk;
+      for (let j = k0; j < k1; j++) out[j - k0] += bytes[base + j];
+    }
+    const scale = 255 * heads.length;
+    for (let j = 0; j < out.length; j++) out[j] /= scale;
+    return out;
+  }
+
+  // ------------------------------------------------------------------ data and state
+  let data;
+  const state = { doc: 0, group: 0, layer: 0, heads: [0], view: "head", page: 0 };
+  const ui = {
+    threshold: 0.05,
+    imageQuery: new Map(),    // document -> query index of the image view
+    lmPin: new Map(),         // document -> position pinned in the language-model view
+    sort: { key: null, dir: 1 },
+  };
+
+  const current = () => {
+    const doc = data.documents[state.doc];
+    const group = doc.groups[state.group];
+    return { doc, group, layer: group.layers[state.layer] };
+  };
+  const defaultHeads = (H) => (H <= 4 ? [...Array(H).keys()] : [0]);
+  /** The selected heads that a layer of H heads has, or head 0 if it has none of them. */
+  function effectiveHeads(H) {
+    const heads = state.heads.filter((h) => h < H);
+    return heads.length ? heads : [0];
+  }
+  const headsText = (heads) => (heads.length === 1 ? `head ${heads[0]}` : `mean of heads ${heads.join(", ")}`);
+
+  function availableViews(doc) {
+    const views = ["head", "model", "matrix"];
+    if (doc.image) views.push("image");
+    if (doc.lm) views.push("lm");
+    if (doc.kind === "translation") views.push("translation");
+    return views;
+  }
+
+  function clampInt(value, lo, hi) {
+    const n = Math.trunc(Number(value));
+    return Number.isFinite(n) ? Math.max(lo, Math.min(hi, n)) : lo;
+  }
+
+  /** Applies a partial selection to `state`, keeping it consistent with the data. */
+  function applyChange(change) {
+    let resetHeads = false;
+    if (change.doc !== undefined && Number(change.doc) !== state.doc) {
+      state.doc = clampInt(change.doc, 0, data.documents.length - 1);
+      Object.assign(state, { group: 0, layer: 0, page: 0 });
+      resetHeads = true;
+    }
+    const doc = data.documents[state.doc];
+    if (change.group !== undefined && Number(change.group) !== state.group) {
+      state.group = clampInt(change.group, 0, doc.groups.length - 1);
+      state.page = 0;
+      resetHeads = true;
+    }
+    const group = doc.groups[state.group];
+    if (change.layer !== undefined) state.layer = clampInt(change.layer, 0, group.layers.length - 1);
+    state.layer = Math.min(state.layer, group.layers.length - 1);
+    const H = group.layers[state.layer].heads;
+    if (change.heads !== undefined) {
+      const heads = Array.from(change.heads, Number).filter((h) => Number.isInteger(h) && h >= 0 && h < H);
+      state.heads = [...new Set(heads)].sort((a, b) => a - b);
+    } else {
+      const had = state.heads.length;
+      state.heads = state.heads.filter((h) => h < H);
+      if (resetHeads || (had > 0 && state.heads.length === 0)) state.heads = defaultHeads(H);
+    }
+    const views = availableViews(doc);
+    if (change.view !== undefined && views.includes(change.view)) state.view = change.view;
+    if (!views.includes(state.view)) state.view = "head";
+    const pages = Math.max(1, Math.ceil(group.queries.length / PAGE));
+    if (change.page !== undefined) state.page = clampInt(change.page, 0, pages - 1);
+    state.page = Math.min(state.page, pages - 1);
+  }
+
+  // ------------------------------------------------------------------ rendering
+  let renderGen = 0;                  // each render's number: a view stops when a newer one began
+  let latest = Promise.resolve();
+  const stale = (gen) => gen !== renderGen;
+
+  function select(change = {}) {
+    applyChange(change || {});
+    return render();
+  }
+
+  /** Redraws the active view; resolves when the latest render (this one or a newer) is done. */
+  function render() {
+    const gen = ++renderGen;
+    document.body.dataset.ready = "0";
+    hideTooltip();
+    syncControls();
+    const section = $(`view-${state.view}`);
+    const done = VIEWS[state.view](gen).then(
+      () => { if (!stale(gen)) { clearError(); section.classList.remove("failed"); } },
+      (err) => { if (!stale(gen)) { showError(err); section.classList.add("failed"); } },
+    ).then(() => { if (!stale(gen)) document.body.dataset.ready = "1"; });
+    latest = done;
+    return done.then(() => (stale(gen) ? latest : undefined));
+  }
+
+  function showError(err) {
+    const box = $("error");
+    box.textContent = `Error: ${err && err.message ? err.message : err}`;
+    box.hidden = false;
+    console.error(err);
+  }
+  function clearError() { $("error").hidden = true; }
+
+  // ------------------------------------------------------------------ controls
+  const synced = { doc: -1, groupKey: "", chipsKey: "" };
+
+  function setOptions(select, labels) {
+    select.replaceChildren(...labels.map((label, i) => el("option", { value: String(i), text: label })));
+  }
+
+  /** Brings selectors, head chips, tabs and sections in line with `state`. */
+  function syncControls() {
+    const { doc, group } = current();
+    $("doc").value = String(state.doc);
+    if (synced.doc !== state.doc) {
+      synced.doc = state.doc;
+      $("doc-notes").replaceChildren(...(doc.notes || []).map((n) => el("div", { className: "note", text: n })));
+      setOptions($("group"), doc.groups.map((g) => g.name));
+    }
+    $("group").value = String(state.group);
+    const groupKey = `${state.doc}/${state.group}`;
+    if (synced.groupKey !== groupKey) {
+      synced.groupKey = groupKey;
+      setOptions($("layer"), group.layers.map((layer, i) => `${i}: ${layer.name}`));
+    }
+    $("layer").value = String(state.layer);
+    const H = group.layers[state.layer].heads;
+    const chipsKey = `${groupKey}/${H}`;
+    if (synced.chipsKey !== chipsKey) {
+      synced.chipsKey = chipsKey;
+      $("heads").replaceChildren(...Array.from({ length: H }, (_, h) => el("button", {
+        type: "button", className: "head-chip", text: String(h), title: `head ${h}`,
+        dataset: { head: String(h) },
+      })));
+      // each chip's colour, as a custom property (explorer.css: .head-chip)
+      for (const chip of $("heads").children) chip.style.setProperty("--c", headColour(Number(chip.dataset.head)));
+    }
+    for (const chip of $("heads").children) chip.classList.toggle("on", state.heads.includes(Number(chip.dataset.head)));
+    const views = availableViews(doc);
+    for (const tab of document.querySelectorAll(".tab")) {
+      tab.hidden = !views.includes(tab.dataset.view);
+      tab.classList.toggle("active", tab.dataset.view === state.view);
+    }
+    for (const section of document.querySelectorAll("section.view")) section.hidden = section.id !== `view-${state.view}`;
+  }
+
+  function bindControls() {
+    $("doc").addEventListener("change", (e) => select({ doc: Number(e.target.value) }));
+    $("group").addEventListener("change", (e) => select({ group: Number(e.target.value) }));
+    $("layer").addEventListener("change", (e) => select({ layer: Number(e.target.value) }));
+    $("heads").addEventListener("click", (e) => {
+      const chip = e.target.closest(".head-chip");
+      if (!chip) return;
+      const h = Number(chip.dataset.head);
+      const heads = state.heads.includes(h) ? state.heads.filter((x) => x !== h) : [...state.heads, h];
+      select({ heads });
+    });
+    $("heads-all").addEventListener("click", () => select({ heads: [...Array(current().layer.heads).keys()] }));
+    $("heads-none").addEventListener("click", () => select({ heads: [] }));
+    $("threshold").addEventListener("input", (e) => {
+      const t = Number(e.target.value);
+      if (e.target.value === "" || !Number.isFinite(t)) return;
+      ui.threshold = t;
+      if (state.view === "head") render();
+    });
+    for (const tab of document.querySelectorAll(".tab")) tab.addEventListener("click", () => select({ view: tab.dataset.view }));
+    $("page-prev").addEventListener("click", () => select({ page: state.page - 1 }));
+    $("page-next").addEventListener("click", () => select({ page: state.page + 1 }));
+    for (const id of ["matrix-mean", "matrix-rowscale", "image-source"]) $(id).addEventListener("change", () => render());
+    $("image-cls").addEventListener("click", () => { ui.imageQuery.set(state.doc, 0); render(); });
+  }
+
+  // ------------------------------------------------------------------ head view
+  let headLines = [];   // {node, q, k} of the lines drawn, for hover filtering
+
+  async function drawHeadView(gen) {
+    const { group, layer } = current();
+    const bytes = await layerBytes(state.doc, state.group, state.layer);
+    if (stale(gen)) return;
+    const Lq = group.queries.length, Lk = group.keys.length, H = layer.heads;
+    const pages = Math.ceil(Lq / PAGE);
+    const a = state.page * PAGE, b = Math.min(Lq, a + PAGE);
+    // a self group pages both sides alike; otherwise every key is shown
+    const k0 = group.self ? Math.min(a, Lk) : 0, k1 = group.self ? Math.min(b, Lk) : Lk;
+
+    $("pager").hidden = pages <= 1;
+    $("page-label").textContent = `positions ${a}–${b - 1} of ${Lq}`;
+    $("page-prev").disabled = state.page === 0;
+    $("page-next").disabled = state.page >= pages - 1;
+    $("page-remark").hidden = !(group.self && pages > 1);
+
+    const tokens = (labels, from, to, cls, attr) => {
+      const nodes = [];
+      for (let x = from; x < to; x++) {
+        nodes.push(el("div", { className: `tok ${cls}`, text: shown(labels[x]), title: `${x}: ${labels[x]}`, dataset: { [attr]: String(x) } }));
+      }
+      return nodes;
+    };
+    const left = tokens(group.queries, a, b, "tok-left", "i");
+    const right = tokens(group.keys, k0, k1, "tok-right", "j");
+    $("tokens-left").replaceChildren(...left);
+    $("tokens-right").replaceChildren(...right);
+
+    // the lines: one per (selected head, query, key) with weight >= threshold; zeros never draw
+    const minByte = Math.max(1, Math.ceil(ui.threshold * 255 - 1e-9));
+    const heads = state.heads.filter((h) => h < H);
+    let found = [];
+    for (const h of heads) {
+      for (let i = a; i < b; i++) {
+        const base = (h * Lq + i) * Lk;
+        for (let j = k0; j < k1; j++) {
+          const v = bytes[base + j];
+          if (v >= minByte) found.push([h, i, j, v]);
+        }
+      }
+    }
+    const total = found.length;
+    if (total > MAX_LINES) found = found.sort((x, y) => y[3] - x[3]).slice(0, MAX_LINES);
+
+    const svg = $("head-svg");
+    const height = Math.max(b - a, k1 - k0) * ROW;
+    svg.setAttribute("height", String(height));
+    svg.setAttribute("viewBox", `0 0 ${SVG_WIDTH} ${height}`);
+    const frag = document.createDocumentFragment();
+    headLines = found.map(([h, i, j, v]) => {
+      const line = document.createElementNS(SVGNS, "line");
+      line.setAttribute("class", "attn-line");
+      line.setAttribute("x1", "0");
+      line.setAttribute("y1", String((i - a + 0.5) * ROW));
+      line.setAttribute("x2", String(SVG_WIDTH));
+      line.setAttribute("y2", String((j - k0 + 0.5) * ROW));
+      line.setAttribute("stroke", headColour(h));
+      line.setAttribute("stroke-opacity", String(v / 255));
+      line.setAttribute("data-head", String(h));
+      line.setAttribute("data-q", String(i));
+      line.setAttribute("data-k", String(j));
+      line.setAttribute("data-w", (v / 255).toFixed(4));
+      frag.append(line);
+      return { node: line, q: i, k: j };
+    });
+    svg.replaceChildren(frag);
+
+    const thr = (minByte / 255).toFixed(3);
+    $("lines-info").textContent = heads.length === 0 ? "No head selected: choose heads above."
+      : total > MAX_LINES ? `The strongest ${MAX_LINES} of ${total} lines (weights ≥ ${thr}): raise the threshold to see all.`
+        : `${total} lines: weights ≥ ${thr} of ${heads.length === 1 ? "head" : "heads"} ${heads.join(", ")}, layer ${state.layer}. Hover a token to see only its lines.`;
+    for (const node of left) hoverFilter(node, "q", Number(node.dataset.i));
+    for (const node of right) hoverFilter(node, "k", Number(node.dataset.j));
+  }
+
+  /** Hovering `node` shows only the lines whose `side` ("q" or "k") is `index`; leaving shows all. */
+  function hoverFilter(node, side, index) {
+    node.addEventListener("mouseenter", () => {
+      node.classList.add("hover");
+      for (const line of headLines) line.node.style.display = line[side] === index ? "" : "none";
+    });
+    node.addEventListener("mouseleave", () => {
+      node.classList.remove("hover");
+      for (const line of headLines) line.node.style.display = "";
+    });
+  }
+
+  // ------------------------------------------------------------------ model view
+  const modelGrids = new Map();   // "doc/group" -> {root, drawn: Set of layers drawn}
+
+  function buildModelGrid(group) {
+    const H = Math.max(...group.layers.map((layer) => layer.heads));
+    const root = el("div", { className: "model-grid" });
+    root.style.gridTemplateColumns = `auto repeat(${H}, ${THUMB}px)`;
+    root.append(el("div"));
+    for (let h = 0; h < H; h++) root.append(el("div", { className: "col-label", text: `h${h}`, style: { color: headColour(h) } }));
+    const Tq = Math.min(group.queries.length, THUMB), Tk = Math.min(group.keys.length, THUMB);
+    group.layers.forEach((layer, l) => {
+      root.append(el("div", { className: "row-label", text: `${l}: ${layer.name}` }));
+      for (let h = 0; h < H; h++) {
+        if (h >= layer.heads) { root.append(el("div")); continue; }
+        root.append(el("canvas", {
+          className: "cell", width: Tk, height: Tq, title: `layer ${l} (${layer.name}), head ${h}`,
+          dataset: { layer: String(l), head: String(h) },
+        }));
+      }
+    });
+    root.addEventListener("click", (e) => {
+      const cell = e.target.closest("canvas.cell");
+      if (cell) select({ layer: Number(cell.dataset.layer), heads: [Number(cell.dataset.head)], view: "head" });
+    });
+    return { root, drawn: new Set() };
+  }
+
+  /** Maps positions 0..n-1 onto `t` bins (t <= n). */
+  function binsOf(n, t) {
+    const map = new Int32Array(n);
+    for (let x = 0; x < n; x++) map[x] = Math.floor((x * t) / n);
+    return map;
+  }
+
+  /** Draws every head's thumbnail of layer `l`: the largest byte of each block, so sharp patterns stay visible. */
+  function drawThumbs(grid, group, l, bytes) {
+    const Lq = group.queries.length, Lk = group.keys.length;
+    const Tq = Math.min(Lq, THUMB), Tk = Math.min(Lk, THUMB);
+    const rows = binsOf(Lq, Tq), cols = binsOf(Lk, Tk);
+    for (const canvas of grid.root.querySelectorAll(`canvas.cell[data-layer="${l}"]`)) {
+      const h = Number(canvas.dataset.head);
+      const block = new Uint8Array(Tq * Tk);
+      for (let i = 0; i < Lq; i++) {
+        const base = (h * Lq + i) * Lk, r = rows[i] * Tk;
+        for (let j = 0; j < Lk; j++) {
+          const v = bytes[base + j], c = r + cols[j];
+          if (v > block[c]) block[c] = v;
+        }
+      }
+      const ctx = canvas.getContext("2d");
+      ctx.putImageData(bytesImage(block, Tk, Tq), 0, 0);
+    }
+  }
+
+  /** ImageData of `w` x `h` bytes coloured by RAMP. */
+  function bytesImage(values, w, h) {
+    const img = new ImageData(w, h);
+    const px = img.data;
+    for (let x = 0; x < w * h; x++) {
+      const c = values[x] * 3;
+      px[x * 4] = RAMP[c]; px[x * 4 + 1] = RAMP[c + 1]; px[x * 4 + 2] = RAMP[c + 2]; px[x * 4 + 3] = 255;
+    }
+    return img;
+  }
+
+  async function drawModelView(gen) {
+    const { group } = current();
+    const key = `${state.doc}/${state.group}`;
+    if (!modelGrids.has(key)) modelGrids.set(key, buildModelGrid(group));
+    const grid = modelGrids.get(key);
+    const host = $("model-host");
+    if (host.firstChild !== grid.root) host.replaceChildren(grid.root);
+    for (const cell of grid.root.querySelectorAll("canvas.cell")) {
+      cell.classList.toggle("selected", Number(cell.dataset.layer) === state.layer && state.heads.includes(Number(cell.dataset.head)));
+    }
+    // one layer a frame: the page stays responsive while a long input's layers inflate
+    for (let l = 0; l < group.layers.length; l++) {
+      if (grid.drawn.has(l)) continue;
+      const bytes = await layerBytes(state.doc, state.group, l);
+      if (stale(gen)) return;
+      if (!grid.drawn.has(l)) drawThumbs(grid, group, l, bytes);
+      grid.drawn.add(l);
+      await nextFrame();
+      if (stale(gen)) return;
+    }
+  }
+
+  // ------------------------------------------------------------------ matrices (matrix and translation views)
+  /** Sizes a canvas to w x h CSS px, sharp on high-density screens; returns its context. */
+  function sizeCanvas(canvas, w, h) {
+    const dpr = window.devicePixelRatio || 1;
+    canvas.width = Math.round(w * dpr);
+    canvas.height = Math.round(h * dpr);
+    canvas.style.width = `${w}px`;
+    canvas.style.height = `${h}px`;
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    return ctx;
+  }
+
+  /** The two label canvases beside a matrix canvas (its parent is a .matrix-frame), made once. */
+  function axesOf(canvas) {
+    const frame = canvas.parentElement;
+    let rows = frame.querySelector(":scope > .axis-rows"), cols = frame.querySelector(":scope > .axis-cols");
+    if (!rows) {
+      rows = el("canvas", { className: "axis axis-rows" });
+      cols = el("canvas", { className: "axis axis-cols" });
+      frame.prepend(cols, rows);
+    }
+    return { rows, cols };
+  }
+
+  /**
+   * Draws map `m` = {vals: Float32Array (Lq*Lk), Lq, Lk, qLabels, kLabels, rowScale, maxPx} on
+   * `canvas`: queries as rows, keys as columns, cells of 1 to 24 px; the canvas holds the cells
+   * only (a cell is canvas width / Lk wide), the token labels of an axis of at most MAX_LABELS
+   * tokens go on the label canvases beside it. The map stays on the canvas for the tooltip.
+   */
+  function drawMatrix(canvas, m) {
+    const { vals, Lq, Lk } = m;
+    const rowLabels = Lq <= MAX_LABELS, colLabels = Lk <= MAX_LABELS;
+    let s = Math.max(1, Math.min(24, Math.floor(m.maxPx / Math.max(Lq, Lk, 1))));
+    if (rowLabels || colLabels) s = Math.max(s, 9);   // labels need rows of their height
+    const ctx = sizeCanvas(canvas, Lk * s, Lq * s);
+
+    // the cells, at one pixel each, then scaled up without smoothing
+    const img = new ImageData(Math.max(Lk, 1), Math.max(Lq, 1));
+    const px = img.data;
+    for (let i = 0; i < Lq; i++) {
+      let scale = 255;
+      if (m.rowScale) {
+        let max = 0;
+        for (let j = 0; j < Lk; j++) max = Math.max(max, vals[i * Lk + j]);
+        scale = max > 0 ? 255 / max : 0;
+      }
+      for (let j = 0; j < Lk; j++) {
+        const x = i * Lk + j, c = Math.min(255, Math.round(vals[x] * scale)) * 3;
+        px[x * 4] = RAMP[c]; px[x * 4 + 1] = RAMP[c + 1]; px[x * 4 + 2] = RAMP[c + 2]; px[x * 4 + 3] = 255;
+      }
+    }
+    const cells = document.createElement("canvas");
+    cells.width = img.width;
+    cells.height = img.height;
+    cells.getContext("2d").putImageData(img, 0, 0);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(cells, 0, 0, Lk * s, Lq * s);
+
+    const axes = axesOf(canvas);
+    drawLabels(axes.rows, rowLabels ? m.qLabels : null, s, false);
+    drawLabels(axes.cols, colLabels ? m.kLabels : null, s, true);
+    canvas.matrix = { ...m, s };
+    canvas.dataset.cell = String(s);
+    attachTooltip(canvas);
+  }
+
+  /** Token labels along a matrix: right-aligned row labels, or column labels read upwards. */
+  function drawLabels(canvas, labels, s, vertical) {
+    canvas.hidden = !labels;
+    if (!labels) return;
+    const font = `${Math.min(11, s)}px system-ui, -apple-system, "Segoe UI", sans-serif`;
+    const texts = labels.map((t) => clip(shown(t), 16));
+    const measure = canvas.getContext("2d");
+    measure.font = font;
+    const depth = Math.ceil(Math.min(110, Math.max(0, ...texts.map((t) => measure.measureText(t).width)))) + 6;
+    const along = labels.length * s;
+    const ctx = vertical ? sizeCanvas(canvas, along, depth) : sizeCanvas(canvas, depth, along);
+    ctx.font = font;
+    ctx.fillStyle = "#1f2328";
+    ctx.textBaseline = "middle";
+    ctx.textAlign = vertical ? "left" : "right";
+    texts.forEach((t, k) => {
+      if (!vertical) { ctx.fillText(t, depth - 4, (k + 0.5) * s); return; }
+      ctx.save();
+      ctx.translate((k + 0.5) * s, depth - 4);
+      ctx.rotate(-Math.PI / 2);
+      ctx.fillText(t, 0, 0);
+      ctx.restore();
+    });
+  }
+
+  /** The tooltip of a matrix canvas: query i "tok" → key j "tok": weight. */
+  function attachTooltip(canvas) {
+    if (canvas.dataset.tooltip) return;
+    canvas.dataset.tooltip = "1";
+    canvas.addEventListener("mousemove", (e) => {
+      const m = canvas.matrix;
+      if (!m) return;
+      const rect = canvas.getBoundingClientRect();
+      const j = Math.floor((e.clientX - rect.left) / m.s);
+      const i = Math.floor((e.clientY - rect.top) / m.s);
+      if (i < 0 || j < 0 || i >= m.Lq || j >= m.Lk) { hideTooltip(); return; }
+      const v = m.vals[i * m.Lk + j];
+      showTooltip(e, `query ${i} "${shown(m.qLabels[i])}" → key ${j} "${shown(m.kLabels[j])}": ${v.toFixed(3)}`);
+    });
+    canvas.addEventListener("mouseleave", hideTooltip);
+  }
+
+  function showTooltip(e, text) {
+    const tip = $("tooltip");
+    tip.textContent = text;
+    tip.hidden = false;
+    const x = Math.min(e.clientX + 14, window.innerWidth - tip.offsetWidth - 4);
+    const y = e.clientY + 16 + tip.offsetHeight > window.innerHeight ? e.clientY - tip.offsetHeight - 8 : e.clientY + 16;
+    tip.style.left = `${Math.max(0, x)}px`;
+    tip.style.top = `${Math.max(0, y)}px`;
+  }
+  function hideTooltip() { $("tooltip").hidden = true; }
+
+  // ------------------------------------------------------------------ matrix view
+  async function drawMatrixView(gen) {
+    const { group, layer } = current();
+    const bytes = await layerBytes(state.doc, state.group, state.layer);
+    if (stale(gen)) return;
+    const heads = effectiveHeads(layer.heads);
+    const used = $("matrix-mean").checked ? heads : [heads[0]];
+    const rowScale = $("matrix-rowscale").checked;
+    const Lq = group.queries.length, Lk = group.keys.length;
+    $("matrix-title").textContent = `${group.name}, layer ${state.layer} (${layer.name}), ${headsText(used)}: `
+      + `queries as rows, keys as columns${rowScale ? ", each row scaled to its maximum" : ""}. Hover for values.`;
+    drawMatrix($("matrix-canvas"), {
+      vals: headMap(bytes, Lq, Lk, used), Lq, Lk, qLabels: group.queries, kLabels: group.keys, rowScale, maxPx: MATRIX_PX,
+    });
+    drawStats(group);
+  }
+
+  const STAT_KEYS = ["entropy", "distance", "previous", "first", "diagonal", "induction"];
+  const STAT_DIGITS = { entropy: 2, distance: 1, previous: 3, first: 3, diagonal: 3, induction: 3 };
+  let statsKey = "";
+  let statRows = [];   // {layer, head, entropy, ..., tr}
+
+  /** The table of per-head statistics of a group (built once per group, sorted and marked each time). */
+  function drawStats(group) {
+    const panel = $("stats-panel");
+    const stats = group.stats;
+    panel.hidden = !stats;
+    if (!stats) return;
+    const key = `${state.doc}/${state.group}`;
+    if (statsKey !== key) {
+      statsKey = key;
+      statRows = [];
+      group.layers.forEach((layer, l) => {
+        for (let h = 0; h < layer.heads; h++) {
+          const row = { layer: l, head: h };
+          for (const k of STAT_KEYS) row[k] = Number(stats[k]?.[l]?.[h] ?? NaN);
+          const profile = stats.profile?.[l]?.[h] || [];
+          row.tr = el("tr", { dataset: { layer: String(l), head: String(h) } }, [
+            el("td", { text: String(l) }),
+            el("td", { text: String(h), style: { color: headColour(h), fontWeight: "600" } }),
+            ...STAT_KEYS.map((k) => statCell(k, row[k])),
+            el("td", {}, [sparkline(profile, stats.profile_bins || [])]),
+          ]);
+          statRows.push(row);
+        }
+      });
+      for (const th of document.querySelectorAll("#head-table th[data-key]")) {
+        th.onclick = () => {
+          const k = th.dataset.key;
+          ui.sort = { key: k, dir: ui.sort.key === k ? -ui.sort.dir : 1 };
+          sortStats();
+        };
+      }
+      $("head-table").tBodies[0].onclick = (e) => {
+        const tr = e.target.closest("tr[data-layer]");
+        if (tr) select({ layer: Number(tr.dataset.layer), heads: [Number(tr.dataset.head)] });
+      };
+    }
+    sortStats();
+  }
+
+  function statCell(key, value) {
+    const td = el("td", { text: Number.isFinite(value) ? value.toFixed(STAT_DIGITS[key]) : "–" });
+    // shares of weight (0..1) get a faint background in proportion
+    if (["previous", "first", "diagonal", "induction"].includes(key) && Number.isFinite(value)) {
+      td.style.background = `rgba(84, 174, 255, ${Math.min(1, Math.max(0, value)) * 0.55})`;
+    }
+    return td;
+  }
+
+  /** A tiny bar chart (inline SVG: a canvas each row costs far more to paint) of a head's profile. */
+  function sparkline(profile, bins) {
+    const w = 64, h = 16, n = profile.length;
+    const svg = document.createElementNS(SVGNS, "svg");
+    svg.setAttribute("class", "spark");
+    svg.setAttribute("width", String(w));
+    svg.setAttribute("height", String(h));
+    svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
+    let bars = "";   // one rectangle a bin (the baseline is the svg's CSS border)
+    profile.forEach((v, b) => {
+      const bh = Math.max(0, Math.min(1, Number(v))) * h;
+      const bw = w / n;
+      bars += `M${(b * bw + 0.5).toFixed(1)} ${h}v${(-bh).toFixed(2)}h${Math.max(1, bw - 1).toFixed(1)}v${bh.toFixed(2)}z`;
+    });
+    const path = document.createElementNS(SVGNS, "path");
+    path.setAttribute("d", bars);
+    const title = document.createElementNS(SVGNS, "title");
+    title.textContent = profile.map((v, b) => `${bins[b] ?? b}: ${Number(v).toFixed(3)}`).join("\n");
+    svg.append(title, path);
+    return svg;
+  }
+
+  function sortStats() {
+    const { key, dir } = ui.sort;
+    const rows = statRows.slice();
+    if (key) {
+      // missing values last either way; ties by (layer, head)
+      rows.sort((x, y) => {
+        const a = x[key], b = y[key];
+        if (Number.isNaN(a) !== Number.isNaN(b)) return Number.isNaN(a) ? 1 : -1;
+        return (a - b) * dir || x.layer - y.layer || x.head - y.head;
+      });
+    }
+    const body = $("head-table").tBodies[0];
+    body.replaceChildren(...rows.map((r) => r.tr));
+    for (const r of rows) r.tr.classList.toggle("selected", r.layer === state.layer && state.heads.includes(r.head));
+    for (const th of document.querySelectorAll("#head-table th[data-key]")) {
+      th.classList.toggle("sorted-asc", th.dataset.key === key && dir > 0);
+      th.classList.toggle("sorted-desc", th.dataset.key === key && dir < 0);
+    }
+  }
+
+  // ------------------------------------------------------------------ image view
+  const images = new Map();   // document -> Promise<HTMLImageElement>
+
+  function loadImage(d) {
+    if (!images.has(d)) {
+      const img = new Image();
+      img.src = data.documents[d].image.src;
+      images.set(d, img.decode().then(() => img, () => {
+        images.delete(d);
+        throw new Error(`document ${d}: the image could not be read`);
+      }));
+    }
+    return images.get(d);
+  }
+
+  async function drawImageView(gen) {
+    const d = state.doc, { doc } = current(), image = doc.image;
+    const group = doc.groups[image.group];
+    const [rows, cols] = image.grid;
+    const prefix = image.prefix || 0, n = prefix + rows * cols;
+    if (group.keys.length !== n) throw new Error(`image: ${group.name} has ${group.keys.length} keys, expected ${prefix} + ${rows}x${cols}`);
+    const source = $("image-source");
+    const choices = image.rollout ? ["selected heads (mean)", "rollout"] : ["selected heads (mean)"];
+    if (source.options.length !== choices.length) setOptions(source, choices);
+    const useRollout = image.rollout && source.value === "1";
+    $("image-cls").hidden = prefix === 0;
+    $("image-cls").textContent = `query: ${shown(group.queries[0])}`;
+
+    const Lq = group.queries.length;
+    let q = ui.imageQuery.get(d) ?? 0;   // default: the class token, or patch 0 (index 0 either way)
+    q = Math.min(q, (useRollout ? n : Lq) - 1);
+    const img = await loadImage(d);
+    let row, what;
+    if (useRollout) {
+      const bytes = await rolloutBytes(d);
+      row = Float32Array.from(bytes.subarray(q * n + prefix, q * n + n), (b) => b / 255);
+      what = "attention rollout over all layers";
+    } else {
+      const l = Math.min(state.layer, group.layers.length - 1), layer = group.layers[l];
+      const bytes = await layerBytes(d, image.group, l);
+      const heads = effectiveHeads(layer.heads);
+      row = headRow(bytes, Lq, n, heads, q, prefix, n);
+      what = `${group.name}, layer ${l} (${layer.name}), ${headsText(heads)}`;
+    }
+    if (stale(gen)) return;
+
+    const canvas = $("image-canvas");
+    const scale = 320 / Math.max(img.naturalWidth, img.naturalHeight, 1);
+    const W = Math.round(img.naturalWidth * scale), H = Math.round(img.naturalHeight * scale);
+    const ctx = sizeCanvas(canvas, W, H);
+    ctx.imageSmoothingEnabled = scale < 2;   // a small image is shown in its pixels
+    ctx.drawImage(img, 0, 0, W, H);
+    // a dark veil over each patch, lifted in proportion to its weight: what is attended stays bright
+    const max = Math.max(...row, 1e-9);
+    const pw = W / cols, ph = H / rows;
+    for (let p = 0; p < rows * cols; p++) {
+      ctx.fillStyle = `rgba(15, 20, 40, ${(0.8 * (1 - row[p] / max)).toFixed(3)})`;
+      ctx.fillRect((p % cols) * pw, Math.floor(p / cols) * ph, pw, ph);
+    }
+    if (q >= prefix) {   // the query patch, outlined
+      const p = q - prefix;
+      ctx.lineWidth = 2.5;
+      ctx.strokeStyle = "#00e5ff";
+      ctx.strokeRect((p % cols) * pw + 1.25, Math.floor(p / cols) * ph + 1.25, pw - 2.5, ph - 2.5);
+    }
+    canvas.dataset.query = String(q);
+    canvas.grid = { rows, cols, prefix, W, H };
+    $("image-caption").textContent = `Query ${q} "${shown(group.queries[q] ?? q)}": its ${what}, over the ${rows}×${cols} patches `
+      + `(brighter = more weight, scaled to the strongest patch: ${max.toFixed(3)}). Click a patch to make it the query.`;
+  }
+
+  function bindImage() {
+    const canvas = $("image-canvas");
+    canvas.addEventListener("click", (e) => {
+      const g = canvas.grid;
+      if (!g) return;
+      const rect = canvas.getBoundingClientRect();
+      const c = Math.min(g.cols - 1, Math.max(0, Math.floor(((e.clientX - rect.left) / g.W) * g.cols)));
+      const r = Math.min(g.rows - 1, Math.max(0, Math.floor(((e.clientY - rect.top) / g.H) * g.rows)));
+      ui.imageQuery.set(state.doc, g.prefix + r * g.cols + c);
+      render();
+    });
+  }
+
+  // ------------------------------------------------------------------ language-model view
+  const lm = { doc: -1, spans: [], bytes: null, Lq: 0, Lk: 0, heads: [0], desc: "" };
+
+  async function drawLmView(gen) {
+    const d = state.doc, { doc } = current(), group = doc.groups[0];
+    const l = Math.min(state.layer, group.layers.length - 1), layer = group.layers[l];
+    const bytes = await layerBytes(d, 0, l);
+    if (stale(gen)) return;
+    const promptLen = doc.lm.prompt_len;
+    if (lm.doc !== d) {
+      lm.doc = d;
+      lm.spans = group.queries.map((t, i) => el("span", {
+        className: `lm-tok ${i < promptLen ? "prompt" : "generated"}`, text: String(t), title: `${i}: ${t}`, dataset: { i: String(i) },
+      }));
+      const text = $("lm-text");
+      text.replaceChildren(...lm.spans);
+      text.onmouseover = (e) => { const s = e.target.closest(".lm-tok"); if (s) showLm(Number(s.dataset.i)); };
+      text.onmouseleave = () => showLm(pinned());
+      text.onclick = (e) => {
+        const s = e.target.closest(".lm-tok");
+        if (s) { ui.lmPin.set(lm.doc, Number(s.dataset.i)); showLm(Number(s.dataset.i)); }
+      };
+    }
+    Object.assign(lm, { bytes, Lq: group.queries.length, Lk: group.keys.length, heads: effectiveHeads(layer.heads) });
+    lm.desc = `layer ${l} (${layer.name}), ${headsText(lm.heads)}`;
+    showLm(pinned());
+  }
+
+  /** The position shown when nothing is hovered: the one clicked, else the prompt's last. */
+  function pinned() {
+    const promptLen = data.documents[lm.doc].lm.prompt_len;
+    return ui.lmPin.get(lm.doc) ?? Math.max(0, Math.min(promptLen, lm.Lq) - 1);
+  }
+
+  /** Shades the tokens up to i by token i's attention and lists the model's next tokens after i. */
+  function showLm(i) {
+    const doc = data.documents[lm.doc];
+    const group = doc.groups[0];
+    const row = headRow(lm.bytes, lm.Lq, lm.Lk, lm.heads, i, 0, Math.min(i + 1, lm.Lk));
+    lm.spans.forEach((span, j) => {
+      const w = j <= i && j < row.length ? row[j] : 0;
+      span.style.backgroundColor = w > 0 ? `rgba(33, 113, 181, ${w.toFixed(4)})` : "";
+      span.style.color = w > 0.55 ? "#fff" : "";
+      span.classList.toggle("current", j === i);
+    });
+    const top = doc.lm.top?.[i] || [];
+    const next = group.queries[i + 1];
+    $("lm-caption").textContent = `After position ${i} "${shown(group.queries[i])}": shading = its attention (${lm.desc}); `
+      + (top.length ? "the most probable next tokens:" : "no next-token probabilities for this position.");
+    $("topk").replaceChildren(...top.map(([token, p]) => el("tr", { className: token === next ? "actual" : "" }, [
+      el("td", { className: "token", text: shown(token) }),
+      el("td", { className: "bar" }, [el("div", { className: "bar-fill", style: { width: `${Math.max(0, Math.min(1, p)) * 100}%` } })]),
+      el("td", { className: "prob", text: Number(p).toFixed(3) }),
+    ])));
+  }
+
+  // ------------------------------------------------------------------ translation view
+  const TRANSLATION_GROUPS = ["encoder self-attention", "cross-attention", "decoder self-attention"];
+
+  async function drawTranslationView(gen) {
+    const d = state.doc, { doc } = current();
+    const panels = [];
+    for (const name of TRANSLATION_GROUPS) {
+      const g = doc.groups.findIndex((x) => x.name === name);
+      const panel = el("div", { className: `panel${name === "cross-attention" ? " middle" : ""}` });
+      panels.push(panel);
+      if (g < 0) {
+        panel.append(el("h3", { text: name }), el("p", { className: "caption", text: "not in this document's data" }));
+        continue;
+      }
+      const group = doc.groups[g];
+      const has = state.layer < group.layers.length;
+      const l = has ? state.layer : group.layers.length - 1, layer = group.layers[l];
+      const bytes = await layerBytes(d, g, l);
+      if (stale(gen)) return;
+      const heads = effectiveHeads(layer.heads);
+      const canvas = el("canvas", { className: "matrix", id: `translation-${name.split(" ")[0]}` });
+      panel.append(
+        el("h3", { text: name }),
+        el("p", {
+          className: "caption",
+          text: `layer ${l} (${layer.name})${has ? "" : `: it has no layer ${state.layer}, its last shown`}; ${headsText(heads)}`,
+        }),
+        el("div", { className: "scroll" }, [el("div", { className: "matrix-frame" }, [canvas])]),
+      );
+      const Lq = group.queries.length, Lk = group.keys.length;
+      drawMatrix(canvas, { vals: headMap(bytes, Lq, Lk, heads), Lq, Lk, qLabels: group.queries, kLabels: group.keys, maxPx: PANEL_PX });
+    }
+    $("translation-panels").replaceChildren(...panels);
+  }
+
+  const VIEWS = {
+    head: drawHeadView, model: drawModelView, matrix: drawMatrixView,
+    image: drawImageView, lm: drawLmView, translation: drawTranslationView,
+  };
+
+  // ------------------------------------------------------------------ start
+  /** The test hook's weights: a layer's (heads * Lq * Lk) values byte / 255. */
+  async function weights(d, g, l) {
+    const group = data.documents[d]?.groups?.[g];
+    if (!group || !group.layers[l]) throw new Error(`no layer ${l} in group ${g} of document ${d}`);
+    const bytes = await layerBytes(d, g, l);
+    const out = new Float32Array(bytes.length);
+    for (let x = 0; x < bytes.length; x++) out[x] = bytes[x] / 255;
+    return out;
+  }
+
+  function start() {
+    $("title").textContent = data.title || "attention explorer";
+    $("subtitle").textContent = data.subtitle || "";
+    $("notes").replaceChildren(...(data.notes || []).map((n) => el("div", { className: "note", text: n })));
+    if (data.format !== "attnlab-explorer/1") showError(new Error(`unknown data format ${JSON.stringify(data.format)}`));
+    if (!data.documents || !data.documents.length) throw new Error("the data holds no document");
+    setOptions($("doc"), data.documents.map((doc, i) => doc.title || `input ${i}`));
+    $("doc-control").hidden = data.documents.length < 2;
+    $("threshold").value = String(ui.threshold);
+    bindControls();
+    bindImage();
+    applyChange({});
+    state.heads = defaultHeads(current().layer.heads);
+    return render();
+  }
+
+  let ready;
+  try {
+    data = JSON.parse($("attnlab-data").textContent);
+    ready = start();
+  } catch (err) {
+    showError(err);
+    document.body.dataset.ready = "1";
+    ready = Promise.resolve();
+  }
+  ready = ready.then(() => { performance.mark("attnlab-ready"); });
+  window.attnlabExplorer = { ready, state, select, weights };
+})();

@@ -1,0 +1,214 @@
+"""The attention explorer's data (``attnlab explore``, :func:`attnlab.viz.explore`): weights
+stored 8 bits a value within half a step of capture_attention's, per-head figures, a
+language model's continuation read through its cache, every kind of target (runs of each
+task, Hugging Face folders, a module), and bad input as one line with exit status 2.
+The page in a real browser: tests/test_explore_browser.py."""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab.attention.capture import capture_attention
+from attnlab.cli import main
+from attnlab.errors import InputError
+from attnlab.models.gpt import GPT
+from attnlab.tasks.language_modeling import generation_attention
+from attnlab.viz.explorer import decode_weights, encode_weights, explore
+from attnlab.viz.explorer.documents import PROFILE_BINS, head_stats
+
+from test_language_modeling import lm_run  # noqa: F401  (the task's tests' tiny run: trained once per module)
+from test_visualize import image_files, image_model, make_run, sentiment_model, translation_model  # noqa: F401
+
+STEP = 0.5 / 255 + 1e-6  # half a quantization step
+
+
+def page_data(path: Path) -> dict:
+    """The data an explorer page holds (its JSON element), as the browser reads it."""
+    html = path.read_text(encoding="utf-8")
+    match = re.search(r'<script type="application/json" id="attnlab-data">(.*?)</script>', html, re.S)
+    assert match, "the page holds no data element"
+    return json.loads(match.group(1))
+
+
+def layer_weights(group: dict, index: int) -> torch.Tensor:
+    layer = group["layers"][index]
+    return decode_weights(layer["data"], (layer["heads"], len(group["queries"]), len(group["keys"])))
+
+
+# ----------------------------------------------------------------------------- the stored weights
+def test_weights_are_stored_8_bits_a_value_within_half_a_step():
+    w = torch.randn(3, 7, 9).softmax(-1)
+    text = encode_weights(w)
+    back = decode_weights(text, (3, 7, 9))
+    assert (back - w).abs().max() <= STEP
+    assert torch.equal((back * 255).round(), (w * 255).round())
+    zeros = torch.zeros(12, 512, 512)
+    zeros[..., 0] = 1.0
+    assert len(encode_weights(zeros)) < 12 * 512 * 512 / 100  # mostly zeros: compressed away
+
+
+def test_head_figures_single_out_previous_token_sink_and_broad_heads():
+    n = 8
+    prev = torch.zeros(n, n)
+    prev[0, 0] = 1
+    prev[torch.arange(1, n), torch.arange(n - 1)] = 1
+    sink = torch.zeros(n, n)
+    sink[:, 0] = 1
+    broad = torch.tril(torch.ones(n, n))
+    broad = broad / broad.sum(-1, keepdim=True)
+    stats = head_stats([torch.stack([prev, sink, broad])])
+    assert stats["previous"][0][:2] == [1.0, pytest.approx(1 / (n - 1), abs=1e-5)]
+    assert stats["first"][0][:2] == [pytest.approx(1 / (n - 1), abs=1e-5), 1.0]
+    assert stats["entropy"][0][0] == 0 and stats["entropy"][0][1] == 0 and stats["entropy"][0][2] > 1.0
+    assert stats["distance"][0][0] == pytest.approx((n - 1) / n, abs=1e-4)
+    assert stats["distance"][0][1] == pytest.approx(sum(range(n)) / n, abs=1e-4)
+    profile = dict(zip(PROFILE_BINS, stats["profile"][0][0]))
+    assert profile["1"] == pytest.approx((n - 1) / n, abs=1e-4) and profile["0"] == pytest.approx(1 / n, abs=1e-4)
+    assert all(sum(p) == pytest.approx(1, abs=1e-3) for p in stats["profile"][0])
+    assert stats["induction"] == [[None, None, None]]  # no tokens, no repeats to look for
+    # an induction head: on "a b c a b c", the second "a" looks at the "b" after the first "a", and so on
+    labels = list("abcabc")
+    ind = torch.eye(6)
+    for i, j in ((3, 1), (4, 2), (5, 3)):
+        ind[i] = 0
+        ind[i, j] = 1
+    [[copying, diagonal]] = head_stats([torch.stack([ind, torch.eye(6)])], labels)["induction"]
+    assert copying == 1.0 and diagonal == 0.0
+    both_ways = torch.full((1, 4, 4), 0.25)  # an encoder's head looks ahead as much as back
+    assert dict(zip(PROFILE_BINS, head_stats([both_ways])["profile"][0][0]))["ahead"] == pytest.approx(6 / 16)
+
+
+# ----------------------------------------------------------------------------- a language model's continuation
+@pytest.mark.parametrize("options", [{}, {"window": 4}, {"num_kv_heads": 1, "pos_embed": "rope"}])
+def test_each_generated_token_row_is_its_cached_steps_weights_equal_to_one_pass(options):
+    torch.manual_seed(0)
+    model = GPT(vocab_size=40, max_len=64, embed_dim=32, depth=2, num_heads=4, **options).eval()
+    view = generation_attention(model, [3, 1, 4, 1, 5], str, new_tokens=7)
+    assert view.cached and view.prompt_len == 5 and len(view.tokens) == 12 and len(view.top) == 12
+    ids = [int(t) for t in view.tokens]
+    with capture_attention(model) as maps, torch.no_grad():
+        logits = model(torch.tensor([ids]))[0]
+    for (name, w), calls in zip(view.layers, maps.values()):
+        assert torch.allclose(w, calls[0][0], atol=1e-6), name
+    for i in range(5, 12):  # greedy: each chosen token is the argmax after the one before
+        assert ids[i] == int(logits[i - 1].argmax())
+    for row, lg in zip(view.top, logits):
+        p = lg.softmax(-1)
+        assert row[0][0] == str(int(p.argmax())) and row[0][1] == pytest.approx(float(p.max()), abs=1e-5)
+        assert [q for _, q in row] == sorted((q for _, q in row), reverse=True)
+
+
+def test_a_module_shows_each_group_of_maps_and_refuses_a_model_without_attention():
+    torch.manual_seed(0)
+    model = GPT(vocab_size=30, max_len=32, embed_dim=16, depth=3, num_heads=2)
+    ids = torch.randint(0, 30, (2, 6))
+    page = explore(model, ids, tokens=[list("abcdef"), list("ghijkl")])
+    assert model.training  # put back as it was
+    docs = page.data["documents"]
+    assert len(docs) == 2 and docs[1]["groups"][0]["queries"] == list("ghijkl")
+    model.eval()
+    with capture_attention(model) as maps:
+        model(ids)
+    for i, calls in enumerate(maps.values()):
+        assert (layer_weights(docs[1]["groups"][0], i) - calls[0][1]).abs().max() <= STEP
+    with pytest.raises(InputError, match="records no attention: it has no attention module"):
+        explore(torch.nn.Linear(3, 3), torch.zeros(1, 3))
+    with pytest.raises(InputError, match="tokens must hold one list of labels per input row"):
+        explore(model, ids, tokens=[list("abcdef")])
+
+
+# ----------------------------------------------------------------------------- runs of each task
+def test_explore_a_language_model_run_writes_its_page_beside_the_report(lm_run, capsys):  # noqa: F811
+    out = lm_run / "explore.html"
+    out.unlink(missing_ok=True)
+    assert main(["explore", str(lm_run), "the cat", "--new-tokens", "5"]) == 0
+    said = capsys.readouterr().out
+    assert f"wrote {out}" in said and out.is_file()
+    data = page_data(out)
+    [doc] = data["documents"]
+    assert doc["kind"] == "lm" and doc["lm"]["prompt_len"] == len("the cat")
+    group = doc["groups"][0]
+    assert group["queries"][: len("the cat")] == list("the cat") and len(group["queries"]) == len("the cat") + 5
+    assert group["causal"] and len(doc["lm"]["top"]) == len(group["queries"])
+    # the page holds the model's weights within half a step
+    from attnlab.tasks import load_run
+    run = load_run(lm_run)
+    ids = [run.tokenizer.encode_prompt(t)[0] for t in group["queries"]]
+    with capture_attention(run.model) as maps:
+        run.model(torch.tensor([ids]))
+    for i, calls in enumerate(maps.values()):
+        assert (layer_weights(group, i) - calls[0][0]).abs().max() <= STEP
+    # a page that exists is refused without --force, before any work; --force replaces it
+    before = out.stat().st_mtime_ns
+    assert main(["explore", str(lm_run), "the dog"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exists; pass --force" in err and out.stat().st_mtime_ns == before
+    assert main(["explore", str(lm_run), "the dog", "--force", "--new-tokens", "0"]) == 0
+    assert page_data(out)["documents"][0]["groups"][0]["queries"] == list("the dog")
+
+
+def test_explore_runs_of_translation_text_and_image_tasks(tmp_path, image_files):  # noqa: F811
+    tr = ["model.name=transformer_tiny", "text.joint_vocab=true", "text.max_length=32", "translate.num_beams=2",
+          "model.options={embed_dim: 32, num_heads: 4, encoder_depth: 1, decoder_depth: 2, mlp_ratio: 2.0}"]
+    run = make_run(tmp_path / "mt", "translate-multi30k", tr, translation_model)
+    [doc] = explore(run, ["Ein Mann fährt Fahrrad."]).data["documents"]
+    assert doc["kind"] == "translation"
+    names = [g["name"] for g in doc["groups"]]
+    assert names == ["cross-attention", "encoder self-attention", "decoder self-attention"]
+    cross, enc, dec = doc["groups"]
+    assert len(cross["layers"]) == 2 and len(enc["layers"]) == 1 and len(dec["layers"]) == 2
+    assert cross["keys"] == enc["queries"] and cross["queries"] == dec["keys"] and dec["causal"]
+    assert cross["stats"] is None and enc["stats"] is not None
+
+    sa = ["model.name=sentiment_transformer_tiny", "model.options={depth: 2}", "text.max_length=32"]
+    run = make_run(tmp_path / "mr", "sentiment-mr", sa, sentiment_model)
+    docs = explore(run, ["a gorgeous , witty movie .", "a dull mess ."]).data["documents"]
+    assert [d["kind"] for d in docs] == ["text", "text"] and "gorgeous" in docs[0]["groups"][0]["queries"]
+
+    run = make_run(tmp_path / "vit", "vit-digits", ["model.options.depth=2"], image_model)
+    docs = explore(run, max_inputs=1).data["documents"]
+    [doc] = docs
+    assert doc["kind"] == "image" and doc["image"]["src"].startswith("data:image/png;base64,")
+    rows, cols = doc["image"]["grid"]
+    assert len(doc["groups"][0]["queries"]) == doc["image"]["prefix"] + rows * cols
+    assert doc["image"]["rollout"]
+
+    bot = "model.options={layers: [1, 1, 1, 2], widths: [8, 8, 8, 8], stem_width: 8}"
+    run = make_run(tmp_path / "bot", "botnet-cifar10", [bot], image_model)
+    [doc] = explore(run, image_files[:1]).data["documents"]
+    assert doc["kind"] == "image" and len(doc["groups"]) == 2 and doc["image"]["prefix"] == 0
+
+
+def test_a_kind_that_forms_no_weights_is_named_in_the_page(tmp_path):
+    # one layer of linear attention beside exact ones: the page says which layer is not shown
+    torch.manual_seed(0)
+    model = GPT(vocab_size=30, max_len=32, embed_dim=16, depth=2, num_heads=2, layer_types=["full", "linear"])
+    page = explore(model, torch.randint(0, 30, (1, 5)))
+    assert any("blocks.1.attn" in n and "forms no weight matrix" in n for n in page.data["notes"])
+    assert len(page.data["documents"][0]["groups"][0]["layers"]) == 1
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_bad_targets_and_inputs_are_one_line_with_exit_status_2(lm_run, tmp_path, capsys):  # noqa: F811
+    def refused(*argv):
+        assert main(["explore", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        return err
+
+    assert "does not exist" in refused(str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    assert "neither a run directory" in refused(str(tmp_path / "empty"), "--out", str(tmp_path / "e.html"))
+    assert "empty text" in refused(str(lm_run), "   ", "--out", str(tmp_path / "a.html"))
+    assert "--new-tokens" in refused(str(lm_run), "x", "--new-tokens", "-1")
+    run = make_run(tmp_path / "lin", "vit-digits", ["model.options.depth=1", "model.options.attention=linear"],
+                   image_model)
+    assert "never forms an n x n weight matrix" in refused(str(run), "--out", str(tmp_path / "l.html"))
+    vit = make_run(tmp_path / "vit", "vit-digits", ["model.options.depth=1"], image_model)
+    assert "'a text' does not exist" in refused(str(vit), "a text", "--out", str(tmp_path / "v.html"))
+    assert "is a folder" in refused(str(lm_run), "x", "--out", str(tmp_path))
+    assert not list(tmp_path.glob("*.html"))
