@@ -44,7 +44,8 @@ def gpt2_folder(folder: Path, tokens: int) -> str:
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast", '
                                                   '"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}')
-    config = transformers.GPT2Config(n_positions=max(1024, tokens), n_embd=768, n_layer=12, n_head=12)
+    config = transformers.GPT2Config(n_positions=max(1024, tokens), n_embd=768, n_layer=12, n_head=12,
+                                     bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
     transformers.GPT2LMHeadModel(config).eval().save_pretrained(folder)
     ids = tok.encode(text).ids[:tokens]
@@ -123,7 +124,7 @@ def main() -> None:
     if args.browser:
         head += " first view | model view (144 maps) | head view | matrix |"
     print(head)
-    print("| --- " * head.count("|") + "|")
+    print("| --- " * (head.count("|") - 1) + "|")
     for name, size, f32, secs, path in rows:
         cells = [name, f"{size / 1e6:.1f} MB", f"{f32 / 1e6:,.0f} MB", f"{secs:.1f} s" if secs else "-"]
         if args.browser:

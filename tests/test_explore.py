@@ -212,3 +212,24 @@ def test_bad_targets_and_inputs_are_one_line_with_exit_status_2(lm_run, tmp_path
     assert "'a text' does not exist" in refused(str(vit), "a text", "--out", str(tmp_path / "v.html"))
     assert "is a folder" in refused(str(lm_run), "x", "--out", str(tmp_path))
     assert not list(tmp_path.glob("*.html"))
+
+
+def test_hugging_face_vit_and_encoder_folders(tmp_path, image_files, capsys):  # noqa: F811
+    transformers = pytest.importorskip("transformers", reason="transformers absent: pip install -e '.[dev]'")
+    vit = tmp_path / "vit"
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=64)
+    torch.manual_seed(0)
+    transformers.ViTModel(config).eval().save_pretrained(vit)
+    [doc] = explore(vit, image_files[:1]).data["documents"]
+    assert doc["kind"] == "image" and doc["image"]["grid"] == [4, 4] and doc["image"]["prefix"] == 1
+    assert len(doc["groups"][0]["layers"]) == 2 and doc["groups"][0]["queries"][0] == "[CLS]"
+    assert main(["explore", str(vit)]) == 2  # a folder's inputs must be given
+    assert "INPUT must be given" in capsys.readouterr().err
+    bert = tmp_path / "bert"
+    transformers.BertModel(transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                                   num_attention_heads=2, intermediate_size=32)).save_pretrained(bert)
+    capsys.readouterr()
+    assert main(["explore", str(bert), "hello"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no tokenizer.json" in err

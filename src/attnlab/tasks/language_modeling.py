@@ -606,10 +606,15 @@ class LanguageModeling(Task):
         tokenizer = self._tokenizer(run)
         texts = check_texts(inputs, self.name) if inputs is not None else list(run.recipe.generate.prompts)[:max_inputs]
         context = run.recipe.text.context
+        known = tokenizer.vocab_size  # a folder's model may embed more ids than its tokenizer has (padded rows)
+
+        def label(i: int) -> str:
+            return tokenizer.decode([i]) if i < known else f"<id {i}>"
+
         views = []
         for text in texts:
             ids = _encode_prompt(tokenizer, text)[:context]
-            view = generation_attention(run.model, ids, lambda i: tokenizer.decode([i]),
+            view = generation_attention(run.model, ids, label,
                                         new_tokens=max(0, min(new_tokens, context - len(ids))))
             view.title = f'"{shorten(text)}" and its greedy continuation'
             views.append(view)

@@ -32,7 +32,7 @@ from ...errors import InputError
 from ...io import atomic_write_bytes
 from .documents import document_of, tensor_documents
 from .page import FORMAT, decode_weights, encode_weights, render_page
-from .targets import load_target, target_views
+from .targets import check_inputs, load_target, target_views
 
 __all__ = ["Exploration", "explore", "encode_weights", "decode_weights", "default_output"]
 
@@ -120,7 +120,8 @@ def explore(target: Any, inputs: Any = None, *, tokens: Sequence[Sequence[str]] 
         return _explore_module(target, inputs, tokens, title or type(target).__name__)
     if tokens is not None:
         raise InputError("tokens labels a module's inputs; a run or a folder labels its own tokens")
-    loaded = load_target(target, checkpoint=checkpoint, device=device)
+    inputs = check_inputs(inputs)  # before anything is loaded
+    loaded = load_target(target, checkpoint=checkpoint, device=device, has_inputs=inputs is not None)
     with warnings.catch_warnings(record=True) as caught:  # capture's note on kinds that form no weights
         warnings.simplefilter("always")
         views = target_views(loaded, inputs, max_inputs=max_inputs, new_tokens=new_tokens)

@@ -28,7 +28,7 @@ from ...tasks.base import check_texts
 from ...tasks.language_modeling import DECODER_TYPES, load_folder
 from ...tasks.views import ImageAttention, TextAttention
 
-__all__ = ["Target", "load_target", "target_views"]
+__all__ = ["Target", "check_inputs", "load_target", "target_views"]
 
 
 @dataclass
@@ -43,7 +43,22 @@ class Target:
     family: str = ""
 
 
-def load_target(target: Any, *, checkpoint: str = "auto", device: str = "cpu") -> Target:
+def check_inputs(inputs: Any) -> list[Any] | None:
+    """``inputs`` as a list (one text or file alone is one input), refused when empty or an empty text."""
+    if inputs is None:
+        return None
+    inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
+    if not inputs:
+        raise InputError("inputs must hold at least one text or image file (None: the run's own examples)")
+    for i, text in enumerate(inputs):
+        if isinstance(text, str) and not text.strip():
+            raise InputError(f"inputs[{i}] is an empty text; give words to look at")
+    return inputs
+
+
+def load_target(target: Any, *, checkpoint: str = "auto", device: str = "cpu", has_inputs: bool = True) -> Target:
+    """The run or folder ``target`` names, loaded; a folder is refused before loading when
+    ``has_inputs`` is false (a folder has no examples of its own)."""
     if isinstance(target, TrainedRun):
         return _run_target(target)
     if not isinstance(target, (str, Path)):
@@ -59,6 +74,9 @@ def load_target(target: Any, *, checkpoint: str = "auto", device: str = "cpu") -
         raise InputError(f"TARGET {path} is neither a run directory (config.yaml) nor a Hugging Face folder "
                          f"(config.json)")
     family = read_json_mapping(path / "config.json").get("model_type")
+    if not has_inputs:
+        raise InputError(f"INPUT must be given for the Hugging Face folder {path}: "
+                         f"{'image files' if family == 'vit' else 'texts'} to look at")
     if family in DECODER_TYPES:
         run = load_folder(path, device=device)
         return Target(path.name, f"Hugging Face {family} folder {path}", run=run, folder=path, family=str(family))
@@ -78,13 +96,7 @@ def _run_target(run: TrainedRun) -> Target:
 
 def target_views(target: Target, inputs: Sequence[Any] | None, *, max_inputs: int, new_tokens: int) -> list[Any]:
     """The attention views of ``target`` on ``inputs`` (see :mod:`attnlab.tasks.views`)."""
-    if inputs is not None:
-        inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
-        if not inputs:
-            raise InputError("inputs must hold at least one text or image file (None: the run's own examples)")
-        for i, text in enumerate(inputs):
-            if isinstance(text, str) and not text.strip() and target.family != "vit":
-                raise InputError(f"inputs[{i}] is an empty text; give words to look at")
+    inputs = check_inputs(inputs)
     if target.run is not None:
         return target.run.task.explore_views(target.run, inputs, max_inputs=max_inputs, new_tokens=new_tokens)
     if inputs is None:
