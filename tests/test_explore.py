@@ -110,6 +110,8 @@ def test_a_module_shows_each_group_of_maps_and_refuses_a_model_without_attention
     assert model.training  # put back as it was
     docs = page.data["documents"]
     assert len(docs) == 2 and docs[1]["groups"][0]["queries"] == list("ghijkl")
+    frame = page._repr_html_()  # a notebook shows the page in a frame of its own
+    assert frame.startswith('<iframe srcdoc="&lt;!DOCTYPE html&gt;') and 'sandbox="allow-scripts"' in frame
     model.eval()
     with capture_attention(model) as maps:
         model(ids)

@@ -797,11 +797,14 @@
     const ctx = sizeCanvas(canvas, W, H);
     ctx.imageSmoothingEnabled = scale < 2;   // a small image is shown in its pixels
     ctx.drawImage(img, 0, 0, W, H);
-    // a dark veil over each patch, lifted in proportion to its weight: what is attended stays bright
+    // the picture muted to grey, then each patch tinted orange in proportion to its weight: readable on dark
+    // pictures (a digit on black) as on light ones
+    ctx.fillStyle = "rgba(128, 128, 128, 0.45)";
+    ctx.fillRect(0, 0, W, H);
     const max = Math.max(...row, 1e-9);
     const pw = W / cols, ph = H / rows;
     for (let p = 0; p < rows * cols; p++) {
-      ctx.fillStyle = `rgba(15, 20, 40, ${(0.8 * (1 - row[p] / max)).toFixed(3)})`;
+      ctx.fillStyle = `rgba(255, 90, 0, ${(0.6 * row[p] / max).toFixed(3)})`;
       ctx.fillRect((p % cols) * pw, Math.floor(p / cols) * ph, pw, ph);
     }
     if (q >= prefix) {   // the query patch, outlined
@@ -813,7 +816,8 @@
     canvas.dataset.query = String(q);
     canvas.grid = { rows, cols, prefix, W, H };
     $("image-caption").textContent = `Query ${q} "${shown(group.queries[q] ?? q)}": its ${what}, over the ${rows}×${cols} patches `
-      + `(brighter = more weight, scaled to the strongest patch: ${max.toFixed(3)}). Click a patch to make it the query.`;
+      + `(more orange = more weight, scaled to the strongest patch; weights from ${Math.min(...row).toFixed(3)} to `
+      + `${max.toFixed(3)}). Click a patch to make it the query.`;
   }
 
   function bindImage() {
