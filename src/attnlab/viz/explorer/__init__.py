@@ -162,4 +162,5 @@ def _explore_module(model: nn.Module, inputs: Any, tokens: Sequence[Sequence[str
              for name, m in opaque]
     return Exploration({"format": FORMAT, "title": title, "subtitle": f"{type(model).__name__}, "
                         f"{sum(p.numel() for p in model.parameters()):,} parameters", "notes": notes,
-                        "documents": tensor_documents(maps, tokens, title, [])})
+                        "documents": tensor_documents({name or type(m).__name__: maps[name] for name, m in recordable},
+                                                      tokens, title, [])})
