@@ -639,11 +639,11 @@ def generation_attention(model: GPT, ids: Sequence[int], label: Callable[[int], 
         seq = [int(i) for i in ids]
         n, total = len(seq), len(seq) + new_tokens
         cached = bool(getattr(model, "keeps_cache", False))
-        opaque = [name for name, _ in attention_modules(model)[1]]
-        if not attention_modules(model)[0]:
+        recordable, opaque = ([name for name, _ in found] for found in attention_modules(model))
+        if not recordable:
             raise InputError(f"{type(model).__name__} records no attention weights: its attention "
                              f"({', '.join(opaque[:3]) or 'none'}) forms no weight matrix")
-        with capture_attention(model, cpu=True) as maps:
+        with capture_attention(model, include=recordable, cpu=True) as maps:  # the view names the others
             if cached:
                 cache = model.new_cache(1, total)
                 logits = [model(torch.tensor([seq], device=device), cache=cache)[0].float()]
