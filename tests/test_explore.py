@@ -102,6 +102,14 @@ def test_each_generated_token_row_is_its_cached_steps_weights_equal_to_one_pass(
         assert [q for _, q in row] == sorted((q for _, q in row), reverse=True)
 
 
+def test_a_continuation_too_long_for_the_memory_is_refused_before_it_runs(monkeypatch):
+    monkeypatch.setattr("attnlab.memory.available_memory", lambda: 10 * 2**20)
+    model = GPT(vocab_size=40, max_len=512, embed_dim=32, depth=2, num_heads=4).eval()
+    with pytest.raises(InputError, match=r"the attention of 500 positions \(400 prompt tokens and 100 new; 8 heads in "
+                                         r"all\) needs .* available"):
+        generation_attention(model, [1] * 400, str, new_tokens=100)
+
+
 def test_a_module_shows_each_group_of_maps_and_refuses_a_model_without_attention():
     torch.manual_seed(0)
     model = GPT(vocab_size=30, max_len=32, embed_dim=16, depth=3, num_heads=2)

@@ -631,6 +631,7 @@ def generation_attention(model: GPT, ids: Sequence[int], label: Callable[[int], 
     the cache, as ``generate`` reads it (its rows are those steps' weights); otherwise the
     whole sequence goes through again after the continuation is chosen."""
     from ..attention.capture import attention_modules
+    from ..memory import require_memory
 
     device = next(model.parameters()).device
     was_training = model.training
@@ -643,6 +644,10 @@ def generation_attention(model: GPT, ids: Sequence[int], label: Callable[[int], 
         if not recordable:
             raise InputError(f"{type(model).__name__} records no attention weights: its attention "
                              f"({', '.join(opaque[:3]) or 'none'}) forms no weight matrix")
+        # every head's (L, L) map, recorded, assembled and encoded: about three float32 copies, checked first
+        heads = sum(int(getattr(m, "num_heads", 1)) for name, m in model.named_modules() if name in set(recordable))
+        require_memory(3 * 4 * heads * total * total, f"the attention of {total} positions ({n} prompt tokens and "
+                                                      f"{new_tokens} new; {heads} heads in all)")
         with capture_attention(model, include=recordable, cpu=True) as maps:  # the view names the others
             if cached:
                 cache = model.new_cache(1, total)
