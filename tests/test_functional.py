@@ -67,6 +67,45 @@ def test_a_value_size_of_its_own_stays_on_the_fused_kernel(d, dv, masked):
         torch.testing.assert_close(g, r, atol=1e-12, rtol=1e-10)
 
 
+@pytest.mark.parametrize("case", ["causal", "cached step", "window", "padding", "a row all padding", "not causal",
+                                  "additive", "values of their own size"])
+def test_sinks_take_the_fused_kernel_with_one_key_more_and_equal_the_explicit_path(case):
+    # the sink (a learned logit per head, no value) as one more key: the weights never exist, and the
+    # output and every gradient (the sinks' too) equal the explicit path's, which forms them
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Calls(TorchDispatchMode):
+        names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Calls.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    lq = 2 if case == "cached step" else 7
+    q, k, v = qkv(lq=lq, lk=7, d=8, dv=16 if case == "values of their own size" else 8, dtype=torch.float64,
+                  grad=True)
+    sinks = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    options = {"is_causal": case not in ("not causal", "additive", "window"), "scale": 0.4}
+    if case == "window":
+        i = torch.arange(7)
+        options["attn_mask"] = (i[None, :] > i[:, None]) | (i[:, None] - i[None, :] >= 3)
+    if case == "additive":
+        options["attn_mask"] = torch.randn(7, 7, dtype=torch.float64)
+    if case in ("padding", "a row all padding"):
+        options["key_padding_mask"] = torch.tensor([[False] * 5 + [True] * 2, [case == "a row all padding"] * 7])
+        options["is_causal"] = case == "padding"
+    with Calls():
+        out, _ = sdpa(q, k, v, sinks=sinks, **options)
+    assert any("flash_attention" in n for n in Calls.names) and not any("softmax" in n for n in Calls.names)
+    ref, w = sdpa(q, k, v, sinks=sinks, need_weights=True, **options)
+    assert (w.sum(-1) < 1).all()  # the explicit path: the sink took a share of each row
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad((out * g).sum(), (q, k, v, sinks)),
+                    torch.autograd.grad((ref * g).sum(), (q, k, v, sinks))):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
 def test_custom_scale():
     q, k, v = qkv()
     ref, _ = reference_attention(q, k, v, scale=0.3)

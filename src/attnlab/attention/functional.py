@@ -179,6 +179,39 @@ def _short_half_on_cpu(q: Tensor, lk: int) -> bool:
             and native_bf16_cpu())
 
 
+def _attend_with_sink_key(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, mask: Tensor | None, causal: bool,
+                          dropout_p: float, scale: float) -> Tensor:
+    """Attention with a sink logit per head through torch's fused kernel: the sink becomes one
+    more key, first, whose logit is ``sinks[h]`` for every query and whose value is zero. Each
+    query gets one more feature, 1, and each key 0 (the sink key: ``sinks[h] / scale``), so the
+    real keys' logits are unchanged. The weights never exist: memory stays linear in the
+    length, where the explicit path forms the ``(Lq, Lk + 1)`` logits (8 heads at 16,384
+    positions: 24 GiB). A row whose real keys are all blocked gives its whole weight to the
+    sink and outputs 0, as the explicit path does.
+
+    ``mask``: merged, ``True`` = blocked (or additive), broadcastable to ``(B, H, Lq, Lk)``: it
+    gains the sink's column, never blocked. ``causal`` (no mask, ``Lq == Lk``): the kernel's
+    triangle, which is aligned top-left, so a query row is put first too (it sees the sink
+    alone) for query ``i`` to see the sink and keys ``0..i``; that row is then dropped."""
+    batch, heads, lq, d = q.shape
+    dv = v.shape[-1]
+    width = max(d + 1, dv)  # one head size for q, k and v: the CPU kernel's fast path wants it
+    width += -width % 8  # CUDA's kernels want multiples of 8
+    q1 = F.pad(torch.cat([q, q.new_ones(batch, heads, lq, 1)], dim=-1), (0, width - d - 1))
+    if causal:
+        q1 = torch.cat([q1.new_zeros(batch, heads, 1, width), q1], dim=2)
+    sink_key = torch.cat([q.new_zeros(batch, heads, 1, d),
+                          (sinks.to(q.dtype) / scale).view(1, heads, 1, 1).expand(batch, heads, 1, 1)], dim=-1)
+    k1 = F.pad(torch.cat([sink_key, F.pad(k, (0, 1))], dim=2), (0, width - d - 1))
+    v1 = F.pad(torch.cat([v.new_zeros(batch, heads, 1, dv), v], dim=2), (0, width - dv))
+    attn_mask = None
+    if mask is not None:  # torch's bool masks say True = may attend
+        attn_mask = F.pad(~mask, (1, 0), value=True) if mask.dtype == torch.bool else F.pad(mask, (1, 0), value=0.0)
+    out = F.scaled_dot_product_attention(q1, k1, v1, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal,
+                                         scale=scale)
+    return out[:, :, 1:, :dv] if causal else out[..., :dv]
+
+
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -210,8 +243,8 @@ def scaled_dot_product_attention(
             soft-capping); torch's fused kernel has no such step, so it takes the explicit path.
         sinks: a learned logit per head, ``(H,)`` (gpt-oss's attention sinks): a key that every
             query sees, with no value, so that a query can give part of its weight to nothing;
-            the weights returned are those of the real keys (they sum to less than 1). The
-            explicit path computes them (torch's fused kernel has no such column).
+            the weights returned are those of the real keys (they sum to less than 1). Without
+            weights wanted, torch's fused kernel computes it with one key more (:func:`_sink_key`).
         need_weights: also return the attention weights (disables the fused kernel).
 
     Returns:
@@ -236,7 +269,7 @@ def scaled_dot_product_attention(
         raise InputError(f"softcap must be a positive number; got {softcap}")
     if sinks is not None and (sinks.dim() != 1 or sinks.shape[0] != heads):
         raise InputError(f"sinks must have shape (H,) = ({heads},); got {shape_str(sinks)}")
-    explicit = need_weights or softcap is not None or sinks is not None or (dropout_p > 0 and q.device.type == "cpu") \
+    explicit = need_weights or softcap is not None or (dropout_p > 0 and q.device.type == "cpu") \
         or _short_half_on_cpu(q, lk)
     # Fast path for the most common causal case: let the kernel build the triangle.
     fused_causal = is_causal and lq == lk and attn_mask is None and key_padding_mask is None and not explicit
@@ -250,7 +283,10 @@ def scaled_dot_product_attention(
         blocked = mask if mask.dtype == torch.bool else mask == -math.inf
         dead = blocked.all(dim=-1, keepdim=True)  # (b, h, Lq, 1), b/h may be 1
 
-    if not explicit:
+    if not explicit and sinks is not None:
+        out = _attend_with_sink_key(q, k, v, sinks, mask, fused_causal, dropout_p, scale)
+        weights = None
+    elif not explicit:
         if mask is not None and mask.dtype == torch.bool:
             mask = ~mask if dead is None else ~mask | dead  # torch: True = may attend
         elif mask is not None:
