@@ -45,7 +45,9 @@ class SinkAttention(GroupedQueryAttention):
     """Exact attention with a learned sink logit per query head (gpt-oss): every query also
     sees a key without a value, so it may give part of its weight to nothing instead of to
     the first tokens (where softmax attention otherwise dumps it). The options are the exact
-    kind's; the sink logits are the parameter ``sinks`` ``(H,)`` (zero at the start)."""
+    kind's; the sink logits are the parameter ``sinks`` ``(H,)`` (zero at the start). Without
+    weights wanted it runs on torch's fused kernel, the sink as one key more: its memory grows
+    linearly with the length, as exact attention's does."""
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  num_kv_heads: int | None = None, head_dim: int | None = None, out_bias: bool | None = None,

@@ -196,7 +196,8 @@ def _attend_with_sink_key(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, mask: 
     batch, heads, lq, d = q.shape
     dv = v.shape[-1]
     width = max(d + 1, dv)  # one head size for q, k and v: the CPU kernel's fast path wants it
-    width += -width % 8  # CUDA's kernels want multiples of 8
+    if q.device.type != "cpu":  # CUDA's kernels want multiples of 8; the CPU's take any (65 against 72 for heads
+        width += -width % 8  # of 64, causal, n = 8,192, 8 heads: 642 against 671 ms, AMD EPYC, 2 threads)
     q1 = F.pad(torch.cat([q, q.new_ones(batch, heads, lq, 1)], dim=-1), (0, width - d - 1))
     if causal:
         q1 = torch.cat([q1.new_zeros(batch, heads, 1, width), q1], dim=2)

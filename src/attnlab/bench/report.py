@@ -47,7 +47,7 @@ THEORY: dict[str, tuple[str, str, str, str]] = {
             "keys chosen by content (shared with queries); misses what hashes elsewhere"),
     "latent": ("Latent (DeepSeek's MLA, a latent of r)", "O(n²d + nrd)", "O(nd); its cache r numbers a token",
                "full attention through one latent of keys and values shared by the heads"),
-    "sinks": ("Sinks (gpt-oss: a sink logit a head)", "O(n²d)", "O(n²) here: the logits are formed",
+    "sinks": ("Sinks (gpt-oss: a sink logit a head)", "O(n²d)", "O(nd): fused kernel, the sink one key more",
               "full attention that may also attend to nothing"),
     "differential": ("Differential (two softmax maps subtracted)", "O(n²d)", "O(nd): fused kernel",
                      "a difference of two maps cancels the attention they share"),

@@ -96,7 +96,7 @@ VARIANTS: dict[str, Variant] = {
     "latent": Variant("latent", lambda n: dict(kv_rank=256), call=dict(is_causal=True),
                       note="a latent of 256 expanded to every head's keys and values; causal"),
     "sinks": Variant("sinks", call=dict(is_causal=True),
-                     note="a sink logit a head: the explicit path, n x n logits formed; causal"),
+                     note="a sink logit a head: the fused kernel with the sink as one key more; causal"),
     "differential": Variant("differential", call=dict(is_causal=True),
                             note="pairs of heads, values of 2 x 64, fused kernel; causal"),
     "gated_delta": Variant("gated_delta", call=dict(is_causal=True),
@@ -118,8 +118,6 @@ def predicted_bytes(variant: str, n: int, pass_: str, batch: int, heads: int) ->
         return (2 if pass_ == "fwd" else 4) * square  # logits + weights; and their gradients
     if variant == "topk":  # scores, the kept mask, the masked scores, the weights; and the gradients
         return (4 if pass_ == "fwd" else 7) * square
-    if variant == "sinks":  # logits, with the sink's column, the weights; and their gradients
-        return (3 if pass_ == "fwd" else 6) * square
     if variant == "dsa":  # the indexer's scores (4 heads), the selection, the masked logits and weights
         return (2 if pass_ == "fwd" else 4) * square + 4 * batch * n * n * 4
     if variant == "nsa":  # the selection's masks (bool) and the additive mask the fused kernel makes of one
