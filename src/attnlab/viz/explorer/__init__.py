@@ -125,8 +125,7 @@ def explore(target: Any, inputs: Any = None, *, tokens: Sequence[Sequence[str]] 
     with warnings.catch_warnings(record=True) as caught:  # capture's note on kinds that form no weights
         warnings.simplefilter("always")
         views = target_views(loaded, inputs, max_inputs=max_inputs, new_tokens=new_tokens)
-    notes = [str(w.message) for w in caught if "forms no" in str(w.message) or "form no" in str(w.message)
-             or "never form" in str(w.message)]
+    notes = [str(w.message) for w in caught if "never form" in str(w.message)]
     return Exploration({"format": FORMAT, "title": title or loaded.title, "subtitle": loaded.subtitle,
                         "notes": notes, "documents": [document_of(v) for v in views]})
 

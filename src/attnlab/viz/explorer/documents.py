@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ...errors import InputError
 from ...tasks.views import AlignmentAttention, GenerationAttention, ImageAttention, PixelAttention, TextAttention
-from ..attention import attention_rollout, visible
+from ..attention import _rgb, attention_rollout, visible
 from .page import encode_weights
 
 __all__ = ["PROFILE_BINS", "head_stats", "group", "document_of", "image_data_url"]
@@ -121,14 +121,8 @@ def image_data_url(image: Tensor) -> str:
     """A ``(C, H, W)`` image (``uint8``, or floats of any range) as a PNG ``data:`` URL."""
     from PIL import Image
 
-    x = image.detach().cpu()
-    if x.dtype != torch.uint8:
-        x = x.float()
-        x = ((x - x.min()) / (x.max() - x.min()).clamp_min(1e-12) * 255).round().to(torch.uint8)
-    arr = x.permute(1, 2, 0).numpy()
-    img = Image.fromarray(arr[..., 0] if arr.shape[-1] == 1 else arr)
     buf = io.BytesIO()
-    img.save(buf, format="PNG")
+    Image.fromarray(np.rint(_rgb(image) * 255).astype(np.uint8)).save(buf, format="PNG")  # as the pictures show it
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -213,13 +207,3 @@ def tensor_documents(maps: dict[str, list[Tensor]], tokens: Sequence[Sequence[st
             groups.append(group(name, q, k, layers, self_attention=lq == lk))
         docs.append(document(f"{title}, input {b}" if batch > 1 else title, "text", groups, notes=notes))
     return docs
-
-
-def nbytes_of(data: dict[str, Any]) -> int:
-    """Bytes of the weights a page's data holds, encoded (for the size the CLI reports)."""
-    return sum(len(layer["data"]) for doc in data["documents"] for g in doc["groups"] for layer in g["layers"])
-
-
-def as_uint8(weights: Tensor) -> np.ndarray:
-    """What :func:`~.page.encode_weights` stores, before compression (for tests and sizes)."""
-    return np.clip(np.rint(weights.detach().float().cpu().numpy() * 255), 0, 255).astype(np.uint8)
