@@ -312,8 +312,8 @@ def test_a_bad_manifest_is_named_by_eval(digits_run, tmp_path, capsys):
     assert main(["eval", str(run), "--checkpoint", "last"]) == 0  # the damaged newest one is skipped
     err = capsys.readouterr().err.splitlines()
     assert [line for line in err if "warning" in line] == [
-        f"attnlab eval: warning: skipping damaged checkpoint: {folder / 'manifest.json'} is unreadable: Expecting "
-        f"property name enclosed in double quotes: line 1 column 2 (char 1); an older one is used instead, and the "
+        f"attnlab eval: warning: skipping damaged checkpoint: {folder / 'manifest.json'} is unreadable: not valid "
+        f"JSON (line 1, column 2: Expecting property name enclosed in double quotes); an older one is used instead, and the "
         f"damaged folder is left in place (delete it once you no longer need it)"]
 
 

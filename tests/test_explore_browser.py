@@ -183,3 +183,36 @@ def test_a_long_input_is_shown_in_pages(browser, tmp_path):
     shown = torch.tensor(run(driver, "return Array.from(await attnlabExplorer.weights(0, 0, 1));")).reshape(2, 300, 300)
     assert (shown - maps["blocks.1.attn"][0][0]).abs().max() <= STEP
     assert errors(driver) == []
+
+
+def test_a_long_token_ends_in_an_ellipsis_and_shows_whole_on_hover(browser, tmp_path):
+    torch.manual_seed(0)
+    model = GPT(vocab_size=26, max_len=64, embed_dim=16, depth=1, num_heads=2).eval()
+    long = "incomprehensibilities-of-the-longest-token"
+    names = [long if i == 4 else chr(ord("a") + i) for i in range(26)]
+    view = generation_attention(model, [7, 4, 11, 11, 14], lambda i: names[i], new_tokens=2)
+    data = {"format": FORMAT, "title": "long tokens", "subtitle": "", "notes": [], "documents": [document_of(view)]}
+    driver = open_page(browser, Exploration(data), tmp_path / "long_tokens.html")
+    k = view.tokens.index(long)
+    # the matrix: the label is cut to fit, with an ellipsis; the others are whole
+    run(driver, "await attnlabExplorer.select({view: 'matrix', layer: 0, heads: [0]});")
+    labels = driver.execute_script("const m = document.querySelector('#view-matrix .axis-rows').labels;"
+                                   "return {shown: m.shown, full: m.full, s: m.s};")
+    assert labels["full"][k] == long and labels["shown"][k].endswith("…") and long.startswith(labels["shown"][k][:-1])
+    assert [t for i, t in enumerate(labels["shown"]) if i != k] == [t for i, t in enumerate(view.tokens) if i != k]
+    # hovering the cut label shows the token whole
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    axis = driver.find_element("css selector", "#view-matrix .axis-rows")
+    ActionChains(driver).move_to_element_with_offset(
+        axis, 0, int((k + 0.5) * labels["s"] - axis.size["height"] / 2)).perform()
+    assert driver.find_element("id", "tooltip").text == f"query {k}: {long}"
+    # the head view: the token's box ends in an ellipsis (CSS), its title holds it whole
+    run(driver, "await attnlabExplorer.select({view: 'head', layer: 0, heads: [0]});")
+    cut, title = driver.execute_script(
+        f"const t = document.querySelector('#view-head .tok-left[data-i=\"{k}\"]');"
+        "return [t.scrollWidth > t.clientWidth, t.title];")
+    assert cut and title == f"{k}: {long}"
+    # the lines take the width the page leaves them, more than the least
+    assert int(driver.find_element("id", "head-svg").get_attribute("width")) > 600
+    assert errors(driver) == []

@@ -24,21 +24,24 @@ POSITIVE = ["a warm and witty film", "the cast is superb", "a delight from start
 NEGATIVE = ["a dull and tired mess", "the plot is a bore", "flat jokes and no heart", "tedious from start to end"]
 
 
-@pytest.fixture(scope="module")
-def bert_folder(tmp_path_factory):
+def make_bert_folder(folder, texts, layers=2):
     """A small random BERT with a sequence-classification head and a WordPiece tokenizer of
-    these texts, saved as Hugging Face saves a checkpoint."""
-    folder = tmp_path_factory.mktemp("bert")
+    ``texts``, saved in ``folder`` as Hugging Face saves a checkpoint."""
     tok = BertWordPieceTokenizer(lowercase=True)
-    tok.train_from_iterator(POSITIVE + NEGATIVE, vocab_size=120, show_progress=False,
+    tok.train_from_iterator(texts, vocab_size=120, show_progress=False,
                             special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     hf_tokenizer = transformers.BertTokenizerFast(tokenizer_object=tok._tokenizer, model_max_length=64)
-    config = transformers.BertConfig(vocab_size=hf_tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+    config = transformers.BertConfig(vocab_size=hf_tokenizer.vocab_size, hidden_size=32, num_hidden_layers=layers,
                                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
     torch.manual_seed(0)
     transformers.BertForSequenceClassification(config).save_pretrained(folder)
     hf_tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory):
+    return make_bert_folder(tmp_path_factory.mktemp("bert"), POSITIVE + NEGATIVE)
 
 
 @pytest.fixture(scope="module")

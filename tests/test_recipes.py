@@ -78,7 +78,7 @@ def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path, capsys):
 
 def test_overrides_and_errors():
     r = load_recipe("vit-digits", ["train.lr=3e-4", "model.options.depth=2"])
-    assert r.train.lr == 3e-4 and r.model.options == {"drop_path_rate": 0.1, "depth": 2}
+    assert r.train.lr == 3e-4 and r.model.options == {"drop_path_rate": 0.0, "depth": 2}
     with pytest.raises(ConfigError, match="unknown key 'train.lrr'; did you mean lr"):
         load_recipe("vit-digits", ["train.lrr=1"])
     with pytest.raises(ConfigError, match="train.steps must be >= 1; got 0"):

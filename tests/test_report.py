@@ -23,11 +23,12 @@ from attnlab.report.markdown import markdown_to_html
 from attnlab.tasks import report_items
 from conftest import DIGITS_WITH_VALIDATION
 
-# The sections of a run's page, from what its task reports (in this order).
-CLASSIFIER_SECTIONS = ["Results", "Configuration", "Training curves", "Confusion matrix", "Sample predictions",
-                       "Attention", "Attention explorer"]
-TRANSLATION_SECTIONS = ["Results", "Configuration", "Training curves", "Sample translations", "Attention",
-                        "Attention explorer"]
+# The sections of a run's page, from what its task reports (in this order): what the run did first, its
+# configuration last.
+CLASSIFIER_SECTIONS = ["Results", "Training curves", "Confusion matrix", "Sample predictions", "Attention",
+                       "Attention explorer", "Configuration"]
+TRANSLATION_SECTIONS = ["Results", "Training curves", "Sample translations", "Attention", "Attention explorer",
+                        "Configuration"]
 
 
 def classifier_predictions(run_dir, device="cpu"):
@@ -127,14 +128,50 @@ def test_confusion_matrix_agrees_with_the_results(run_dir):
     assert p.shown[0] == 0 and p.shown[-1] == 359  # spread over the test set, not its first dozen
 
 
-def test_a_failing_attention_drawing_is_a_note_not_a_failure(run_dir, tmp_path, monkeypatch):
+def test_a_failing_attention_drawing_is_a_note_and_its_traceback_goes_to_the_log(run_dir, tmp_path, monkeypatch):
     def visualize_run(*args, **kwargs):
-        raise RuntimeError("linear attention forms no weights")
+        raise RuntimeError("an index out of range in the drawing")
 
     monkeypatch.setattr("attnlab.report.html.visualize_run", visualize_run)
-    page = write_run_report(run_dir, tmp_path / "r.html", device="cpu").read_text()
-    assert "No attention maps: RuntimeError: linear attention forms no weights" in page
+    logged = []
+    page = write_run_report(run_dir, tmp_path / "r.html", device="cpu", log=logged.append).read_text()
     assert _headings(page) == CLASSIFIER_SECTIONS
+    # a bug is said neutrally, never as "this model shows no attention", and never as exception text
+    assert "The attention maps could not be drawn: something failed inside attnlab." in page
+    assert "RuntimeError" not in page and "an index out of range" not in page and "No attention maps" not in page
+    [line] = logged
+    assert line.startswith("warning: report.html: the attention maps could not be drawn")
+    assert "Traceback" in line and "RuntimeError: an index out of range in the drawing" in line
+
+
+def test_a_model_without_attention_weights_is_a_sentence_naming_it_and_what_to_train(run_dir, tmp_path,
+                                                                                      monkeypatch):
+    from attnlab.errors import AttentionUnavailable
+
+    def unavailable(*args, **kwargs):
+        raise AttentionUnavailable("run x cannot be visualized", reason="its attention (LinearAttention) never "
+                                   "forms the n x n weight matrix", instead="Train it with the exact kind.")
+
+    monkeypatch.setattr("attnlab.report.html.visualize_run", unavailable)
+    monkeypatch.setattr("attnlab.report.html.explore", unavailable)
+    logged = []
+    page = write_run_report(run_dir, tmp_path / "r.html", device="cpu", log=logged.append).read_text()
+    assert ("No attention maps for model vit_digits_patch2: its attention (LinearAttention) never forms the n x n "
+            "weight matrix. Train it with the exact kind.") in page
+    assert "No attention explorer for model vit_digits_patch2: its attention (LinearAttention)" in page
+    assert logged == [] and "cannot be visualized" not in page and "Error" not in page
+
+
+def test_the_configuration_comes_last_folded_and_the_loss_curve_starts_at_step_1(run_dir):
+    page = (run_dir / "report.html").read_text()
+    config = page[page.index('<section id="configuration">'):]
+    assert re.match(r'<section id="configuration">\s*<h2>Configuration</h2>\s*<details><summary>the \d+ settings',
+                    config)
+    assert "model.options.depth" in config and "<details open" not in page
+    assert page.index('id="results"') < page.index('id="training-curves"') < page.index('id="configuration"')
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "train"]
+    assert steps == [1, 2, 4, 6, 8]  # the untrained loss first, then every train.log_every=2 steps
 
 
 def test_render_html_escapes_text_and_embeds_images(tmp_path):
@@ -348,10 +385,16 @@ def test_report_renders_in_a_browser(browser, run_dir):
     from selenium.webdriver.support.ui import WebDriverWait
 
     frame = browser.find_element("css selector", "iframe.explorer")
+    window = browser.execute_script("return document.documentElement.clientWidth")
+    assert frame.size["width"] > 1100 and frame.size["width"] >= window - 60  # the window's width, less margins
+    left = frame.location["x"]
+    assert 0 < left < 40 and left + frame.size["width"] <= window  # and within it: no sideways scrolling
     browser.switch_to.frame(frame)
     try:
         WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
         assert browser.execute_script("return document.querySelectorAll('.tok-left').length") > 0
+        # at the window's width (not the text's 1,100 px column), its head view's lines spread over it
+        assert int(browser.execute_script("return document.getElementById('head-svg').getAttribute('width')")) > 600
     finally:
         browser.switch_to.default_content()
     assert [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []

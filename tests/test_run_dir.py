@@ -42,7 +42,7 @@ def test_tensorboard_events_hold_the_logged_scalars(run_dir):
     events.Reload()
     tags = events.Tags()["scalars"]
     assert {"train/loss", "train/lr", "train/samples_per_s", "eval/accuracy", "eval/loss"} <= set(tags)
-    assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6, 8]
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 4, 6, 8]  # step 1, then every log_every
     logged = {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"}
     for e in events.Scalars("train/loss"):
         assert e.value == pytest.approx(logged[e.step], rel=1e-6)

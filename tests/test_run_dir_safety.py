@@ -63,7 +63,7 @@ def test_resume_with_more_steps_needs_allow_changes_and_records_the_change(digit
     assert (run / "config.yaml").read_text() == config  # the original config is kept
     [change] = yaml.safe_load((run / "config.changes.yaml").read_text())
     assert change["step"] == 4
-    assert change["changed"] == {"train.lr": {"from": 0.002, "to": 0.0005}, "train.steps": {"from": 4, "to": 6}}
+    assert change["changed"] == {"train.lr": {"from": 0.004, "to": 0.0005}, "train.steps": {"from": 4, "to": 6}}
     assert read_recipe(run).train.steps == 6  # what eval and report read: the run as it was trained
     # Resuming again with the same recipe is no change; the run's own recipe is the changed one.
     assert main(["train", "--run-dir", str(run), "--resume"]) == 0

@@ -1,10 +1,30 @@
 """attnlab: attention mechanisms and the models built on them, in PyTorch."""
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
-from . import attention, data, layers, models  # noqa: E402
-from .models import create_model, list_models  # noqa: E402
-from .tasks import finish_run, load_run, train  # noqa: E402
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
 
 __all__ = ["attention", "data", "layers", "models", "create_model", "list_models", "train", "load_run", "finish_run",
            "__version__"]
+
+# Read when first asked for (PEP 562), not on `import attnlab`: the command line imports this package
+# before it knows its command, and `attnlab --version` or `attnlab recipes` need no torch (about 2 s of
+# the command's start on 2 cores).
+_SUBMODULES = ("attention", "data", "layers", "models", "tasks")
+_NAMES = {"create_model": "models", "list_models": "models", "train": "tasks", "load_run": "tasks",
+          "finish_run": "tasks"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    if name in _NAMES:
+        return getattr(importlib.import_module(f".{_NAMES[name]}", __name__), name)
+    raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

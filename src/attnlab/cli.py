@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -15,36 +16,15 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
-import torch
-import yaml
-
+# Only what every command needs is imported here; each command imports its own modules, so that
+# `attnlab --version`, `attnlab --help` and `attnlab recipes` start without torch (the heaviest import:
+# about 2 s of the 2.7 s `attnlab --version` took on 2 cores before; see the CHANGELOG).
 from . import __version__
-from .bench.attention import DEFAULT_LENGTHS, PARTS, run_bench
-from .bench.report import is_bench_dir, markdown, write_bench_report
-from .bench.vision import PARTS as VISION_PARTS, is_vision_dir, run_vision, vision_markdown, write_vision_report
-from .bench.lm import PARTS as LM_PARTS, lm_markdown, run_lm
-from .bench.scaling import VARIANTS
-from .data.download import check_base_url, download, list_datasets
-from .data.paths import data_dir
-from .data.source import list_sources
-from .data.text import MAX_LINE_CHARS
-from .data.tokenize import shorten
-from .engine import distributed
-from .engine.config import apply_overrides
-from .engine.trainer import NonFiniteLossError
-from .errors import InputError
-from .io import WriteError
+from .bench.parts import LM_PARTS, VISION_PARTS
+from .errors import InputError, NonFiniteLossError, WriteError
+from .limits import MAX_LINE_CHARS
 from .memory import keep_freed_memory
-from .models import count_parameters, create_model, list_models, model_entry
-from .models.hf import is_hf_folder
-from .models.sampling import GENERATION_OPTIONS, check_generation
 from .plugins import import_plugins
-from .recipes import list_recipes, load_recipe, recipe_keys
-from .report import write_run_report, write_run_report_safely
-from .tasks import get_task, load_run, read_recipe, recipe_dict, recipe_from_dict, train
-from .tasks.export import FORMATS, export_run, model_file, verify_export
-from .tasks.language_modeling import load_folder
-from .viz.run import visualize_run
 
 
 class UsageError(InputError):
@@ -72,6 +52,10 @@ def _nonnegative_int(text: str) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    import torch
+
+    from .models import count_parameters, create_model, list_models, model_entry
+
     names = list_models(args.pattern)
     if not names:
         raise UsageError(f"no model matches {args.pattern!r}; run 'attnlab models' for the list")
@@ -92,6 +76,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_sources(args: argparse.Namespace) -> int:
     """The registered data sources, by kind of data, each with the data keys it takes."""
+    from .data.source import list_sources
+
     for source in sorted(list_sources(), key=lambda s: s.kind):
         keys = [f.name for f in dataclasses.fields(source.config_class) if f.name not in ("name", "data_dir")]
         print(f"{source.kind:<15} {source.name:<16} {source.summary}\n{'':<32} data keys: {', '.join(keys) or '-'}")
@@ -100,6 +86,11 @@ def cmd_sources(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """``attnlab train demo-reverse`` into a temporary folder, with its examples."""
+    import torch
+
+    from .recipes import load_recipe
+    from .tasks import get_task, load_run, train
+
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {args.device}: CUDA is not available on this machine")
     recipe = load_recipe("demo-reverse", [f"train.steps={args.steps}", f"train.seed={args.seed}",
@@ -129,6 +120,9 @@ def _table(rows: list[tuple[str, str]], header: tuple[str, str] = ("result", "va
 
 
 def cmd_data_list(args: argparse.Namespace) -> int:
+    from .data.download import list_datasets
+    from .data.paths import data_dir
+
     root = data_dir(args.data_dir)
     rows = list_datasets(root)
     width = max(len(name) for name, _, _ in rows)
@@ -139,6 +133,8 @@ def cmd_data_list(args: argparse.Namespace) -> int:
 
 
 def cmd_data_download(args: argparse.Namespace) -> int:
+    from .data.download import check_base_url, download
+
     check_base_url(args.base_url, "--base-url")
     download(args.name, args.data_dir, base_url=args.base_url)
     return 0
@@ -147,6 +143,8 @@ def cmd_data_download(args: argparse.Namespace) -> int:
 def cmd_recipes(args: argparse.Namespace) -> int:
     """The shipped recipes; with NAME (or a YAML file) its resolved settings, with --keys
     every key with its type, default and help."""
+    from .recipes import list_recipes
+
     if args.name is None:
         if args.keys:
             raise UsageError("--keys lists the keys of one recipe: attnlab recipes NAME --keys")
@@ -156,6 +154,12 @@ def cmd_recipes(args: argparse.Namespace) -> int:
         for name, task, description in rows:
             print(f"{name.ljust(width)}  {task.ljust(task_width)}  {description}")
         return 0
+    import yaml  # (below: one recipe, read with its task's classes, which import torch)
+
+    from .data.tokenize import shorten
+    from .recipes import load_recipe, recipe_keys
+    from .tasks import recipe_dict
+
     recipe = load_recipe(args.name, args.overrides)
     if not args.keys:
         print(yaml.safe_dump(recipe_dict(recipe), sort_keys=False, allow_unicode=True), end="")
@@ -177,6 +181,8 @@ def _shown(value: object) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from .engine import distributed
+
     if args.allow_changes and not args.resume:
         raise UsageError("--allow-changes applies to --resume: it lets a resumed run continue with changed settings")
     try:
@@ -189,6 +195,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from .engine import distributed
+    from .report import write_run_report_safely
+    from .tasks import get_task, model_label, train
+
     recipe, name = _train_recipe(args)  # validated before any work starts
     task = get_task(recipe.task)
     distributed.init_distributed(recipe.train.device)  # under torchrun: join the group; else nothing
@@ -196,14 +206,16 @@ def _train(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or distributed.broadcast_object(f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if distributed.is_main():
         verb = "resuming" if args.resume else "train"
-        print(f"attnlab {verb} {name}: {recipe.model.name} on {recipe.data.name} ({task.name}), "
+        print(f"attnlab {verb} {name}: {model_label(recipe.model)} on {recipe.data.name} ({task.name}), "
               f"run directory {run_dir}")
     results = train(recipe, run_dir, resume=args.resume, allow_changes=args.allow_changes)
     if not distributed.is_main():  # rank 0 alone writes the report and prints the results
         return 0
     write_run_report_safely(run_dir, print)
     print()
-    _table([*task.metric_rows(results), ("parameters", f"{results['params']:,}"),
+    stopped = [("training steps", f"{results['steps']:,} of {recipe.train.steps:,} ({results['stopped']})")] \
+        if results.get("stopped") else []
+    _table([*task.metric_rows(results), ("parameters", f"{results['params']:,}"), *stopped,
             ("training time", f"{results['train_seconds']:.1f} s"),
             ("throughput", f"{results['samples_per_s']:,.0f} {task.sample_unit}/s")])
     print(f"\nrun directory: {run_dir}")
@@ -214,6 +226,10 @@ def _train_recipe(args: argparse.Namespace):
     """``(recipe, name)``: the named recipe with its overrides; or, for ``--resume``
     without a recipe, the run's own (its config.yaml and recorded changes) with the
     overrides applied on top."""
+    from .engine.config import apply_overrides
+    from .recipes import load_recipe
+    from .tasks import read_recipe, recipe_dict, recipe_from_dict
+
     if args.recipe is not None and "=" in args.recipe and not Path(args.recipe).is_file():
         args.overrides.insert(0, args.recipe)  # `attnlab train --resume --run-dir D train.steps=2000`
         args.recipe = None
@@ -235,6 +251,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """The test metrics of a run's checkpoint, recomputed; with no --checkpoint, those of
     the weights results.json was tested with, to the last digit. --data: the same metrics
     on a labelled folder or file of one's own."""
+    from .tasks import load_run
+
     run = load_run(args.run_dir, args.checkpoint, device=args.device)
     metrics = run.evaluate(device=args.device, **({"data": args.data} if args.data else {}))
     print(f"checkpoint: {run.checkpoint}")
@@ -254,6 +272,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _run_for(args: argparse.Namespace, command: str):
     """The run of ``args.run_dir``, refused when its task makes no predictions of the kind
     ``command`` prints (labels for predict; generated text for translate)."""
+    from .tasks import load_run
+
     run = load_run(args.run_dir, args.checkpoint, device=args.device)
     task = run.task
     if task.inputs is None:
@@ -280,6 +300,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """The continuation of a prompt by a language-model run, or by a Hugging Face decoder
     folder (its tokenizer, special tokens and generation_config.json's defaults), printed as
     it is generated; with --chat, the reply to a message rendered by the chat template."""
+    from .models.hf import is_hf_folder
+    from .models.sampling import GENERATION_OPTIONS, check_generation
+    from .tasks import load_run
+    from .tasks.language_modeling import load_folder
+
     given = {k: getattr(args, k) for k in GENERATION_OPTIONS if getattr(args, k) is not None}
     options = check_generation(names=lambda key: "--" + key.replace("_", "-"), **given)  # before the run loads
     if args.system is not None and not args.chat:
@@ -295,9 +320,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.run_dir} is a run of the {run.task.name} task: its predictions are labels; "
                          f"'attnlab predict {args.run_dir} ...' gives them")
     chat = {"chat": True, "system": args.system} if args.chat else {}
-    pieces = run.task.stream(run, args.prompt, **options, **chat)
+    prompt = _text_argument(args.prompt, "PROMPT")
+    pieces = run.task.stream(run, prompt, **options, **chat)
     first = next(pieces, "")  # the generation's own checks (its cache's memory) come before anything is printed
-    sys.stdout.write(("" if args.chat else args.prompt) + first)
+    sys.stdout.write(("" if args.chat else prompt) + first)
     for piece in pieces:
         sys.stdout.write(piece)
         sys.stdout.flush()
@@ -390,20 +416,22 @@ def _too_long(where: str, length: str, limit: int) -> tuple[str, None, str]:
     return _unread(where, f"is too long ({length}; the limit is {limit:,} characters, which --max-line-chars raises)")
 
 
-def _checked_arguments(texts: Sequence[str], limit: int) -> list[tuple[str, str | None, str | None]]:
-    """``(where, text, None)`` of command-line texts; ``(where, None, problem)`` for one
-    that is not valid UTF-8 (Python keeps such bytes as lone surrogates, which no
-    tokenizer can encode) or is longer than ``limit`` characters."""
-    out: list[tuple[str, str | None, str | None]] = []
+def _checked_arguments(texts: Sequence[str], limit: int):
+    """``(where, text, None)`` of command-line texts, as they are taken; ``(where, None,
+    problem)`` for one that is not valid UTF-8 (Python keeps such bytes as lone surrogates,
+    which no tokenizer can encode) or is longer than ``limit`` characters. ``-`` stands for
+    the lines of standard input (:func:`_stdin_lines`)."""
     for i, text in enumerate(texts, 1):
         where = f"argument {i}"
+        if text == "-":
+            yield from _stdin_lines(limit)
+            continue
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
-            out.append(_not_utf8(where, exc.start))
+            yield _not_utf8(where, exc.start)
             continue
-        out.append(_too_long(where, f"{len(text):,} characters", limit) if len(text) > limit else (where, text, None))
-    return out
+        yield _too_long(where, f"{len(text):,} characters", limit) if len(text) > limit else (where, text, None)
 
 
 def _stdin_lines(limit: int):
@@ -439,6 +467,11 @@ def _stdin_lines(limit: int):
 def cmd_export(args: argparse.Namespace) -> int:
     """A run's classifier as one ONNX (or TorchScript) file with its preprocessing beside
     it, checked against PyTorch on inputs of other shapes than it was captured with."""
+    from .tasks import load_run
+    from .tasks.export import FORMATS, export_run, model_file, verify_export
+
+    if args.format not in FORMATS:
+        raise UsageError(f"--format takes {' or '.join(sorted(FORMATS))}; got {args.format!r}")
     out = Path(args.out) if args.out else Path(args.run_dir) / "export"
     model_file(out, args.format, name="--out")  # before any work: a path that cannot be written is refused now
     run = load_run(args.run_dir, args.checkpoint)
@@ -454,6 +487,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_visualize(args: argparse.Namespace) -> int:
+    from .viz.run import visualize_run
+
     queries = [_query(q) for q in args.query] if args.query else None
     paths = visualize_run(args.run_dir, args.inputs, args.out, max_inputs=args.max_inputs, checkpoint=args.checkpoint,
                           device=args.device, queries=queries)
@@ -470,7 +505,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
         raise UsageError(f"TARGET {args.target} does not exist; give a run directory (attnlab train's) or a Hugging "
                          f"Face folder (config.json and its weights)")
     check_output(out, args.force)  # before any work: a page is never written over unasked
-    page = explore(args.target, args.inputs or None, max_inputs=args.max_inputs, new_tokens=args.new_tokens,
+    inputs = _text_arguments(args.inputs, "INPUT") if args.inputs else None
+    page = explore(args.target, inputs, max_inputs=args.max_inputs, new_tokens=args.new_tokens,
                    checkpoint=args.checkpoint, device=args.device, title=args.title)
     path = page.save(out, force=True)
     docs = page.data["documents"]
@@ -478,6 +514,48 @@ def cmd_explore(args: argparse.Namespace) -> int:
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB: {len(docs)} input{'s' if len(docs) != 1 else ''}, "
           f"{layers} attention layer{'s' if layers != 1 else ''} each); open it in a browser")
     return 0
+
+
+def _text_argument(text: str, name: str, limit: int = MAX_LINE_CHARS) -> str:
+    """A text given on the command line (``name`` in its usage line), as the command reads it:
+    ``-`` is the whole of standard input (one line ending removed); refused in one line when
+    it is not valid UTF-8 (Python keeps such bytes as lone surrogates, which no tokenizer
+    encodes) or is longer than ``limit`` characters."""
+    if text == "-":
+        stream = getattr(sys.stdin, "buffer", None)
+        most = 4 * limit + 2  # a character is up to 4 bytes of UTF-8
+        raw = stream.read(most + 1) if stream is not None else sys.stdin.read(limit + 1).encode("utf-8", "surrogateescape")
+        if len(raw) > most:
+            raise UsageError(f"{name} -: standard input holds more than {most:,} bytes; a text is at most {limit:,} "
+                             f"characters")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"{name} -: standard input is not valid UTF-8 (at byte {exc.start})") from None
+        text = text[:-1] if text.endswith("\n") else text
+        text = text[:-1] if text.endswith("\r") else text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UsageError(f"{name} is not valid UTF-8 (at character {exc.start}): give text in UTF-8, or - to read "
+                         f"it from standard input") from None
+    if len(text) > limit:
+        raise UsageError(f"{name} is {len(text):,} characters long; the limit is {limit:,}")
+    return text
+
+
+def _text_arguments(texts: Sequence[str], name: str, limit: int = MAX_LINE_CHARS) -> list[str]:
+    """Texts given on the command line, each checked as :func:`_text_argument` checks one;
+    ``-`` among them stands for the lines of standard input (blank ones left out; all of them
+    within ``limit`` characters)."""
+    out: list[str] = []
+    for i, text in enumerate(texts, 1):
+        where = f"{name} {i}" if len(texts) > 1 else name
+        if text != "-":
+            out.append(_text_argument(text, where, limit))
+            continue
+        out += [line for line in _text_argument("-", name, limit).splitlines() if line.strip()]
+    return out
 
 
 def _query(text: str) -> tuple[int, int]:
@@ -503,6 +581,10 @@ def _chunks(items, size: int):
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from .bench.report import is_bench_dir, write_bench_report
+    from .bench.vision import is_vision_dir, write_vision_report
+    from .report import write_run_report
+
     folder = Path(args.run_dir)
     if not (folder / "config.yaml").is_file() and not is_bench_dir(folder) and not is_vision_dir(folder):
         raise UsageError(f"RUN_DIR must be a run directory written by 'attnlab train' (with config.yaml) or an "
@@ -521,6 +603,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_bench_attention(args: argparse.Namespace) -> int:
+    from .bench.attention import DEFAULT_LENGTHS, PARTS, run_bench
+    from .bench.report import markdown
+    from .bench.scaling import VARIANTS
+
     parts = _choices("--parts", args.parts, PARTS) if args.parts else list(PARTS)
     variants = _choices("--variants", args.variants, VARIANTS) if args.variants else None
     lengths = _lengths(args.lengths) if args.lengths else list(DEFAULT_LENGTHS)
@@ -534,6 +620,8 @@ def cmd_bench_attention(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_vision(args: argparse.Namespace) -> int:
+    from .bench.vision import run_vision, vision_markdown
+
     parts = _choices("--parts", args.parts, VISION_PARTS) if args.parts else list(VISION_PARTS)
     seeds = _seeds(args.seeds) if args.seeds else None
     data = run_vision(args.out, parts=parts, seeds=seeds, variants=args.variant, quick=args.quick, fresh=args.fresh,
@@ -544,6 +632,8 @@ def cmd_bench_vision(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_lm(args: argparse.Namespace) -> int:
+    from .bench.lm import run_lm, lm_markdown
+
     parts = _choices("--parts", args.parts, LM_PARTS) if args.parts else list(LM_PARTS)
     data = run_lm(args.out, parts=parts, quick=args.quick, fresh=args.fresh, data_dir=args.data_dir,
                   log=lambda s: print(s, flush=True))
@@ -643,7 +733,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="predict with a trained run: labels of images or texts, or generated texts")
     p.add_argument("run_dir", help="a run directory written by 'attnlab train'")
     p.add_argument("inputs", nargs="*", metavar="INPUT",
-                   help="image files for an image run; texts for a text run (default: lines of standard input)")
+                   help="image files for an image run; texts for a text run (default, or -: lines of standard input)")
     p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
     p.add_argument("--top-k", type=_positive_int, default=1, help="labels (with probabilities) per input (default 1)")
     p.add_argument("--json", action="store_true",
@@ -658,7 +748,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue a prompt with a language-model run, printing the text as it comes")
     p.add_argument("run_dir", help="a run directory of the language_modeling task, or a Hugging Face decoder "
                                    "folder (GPT-2, Llama, Mistral: config.json, its weights, tokenizer.json)")
-    p.add_argument("prompt", help="the text to continue (with --chat: the user's message)")
+    p.add_argument("prompt", help="the text to continue (with --chat: the user's message); -: all of standard input")
     p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
     # The ranges are check_generation's (one place for the command line, recipes and Python), said by flag.
     # Their defaults: the run's recipe (its generate section), or a folder's generation_config.json.
@@ -684,7 +774,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", parents=[plugins],
                        help="write a run's classifier as an ONNX (or TorchScript) file, with its preprocessing")
     p.add_argument("run_dir", help="a run directory of an image or text classifier")
-    p.add_argument("--format", default="onnx", choices=sorted(FORMATS), help="onnx (default) or torchscript")
+    p.add_argument("--format", default="onnx", help="onnx (default) or torchscript")
     p.add_argument("--out", default=None, metavar="PATH",
                    help="a .onnx/.pt file, or a folder for model.onnx/model.pt (default RUN_DIR/export)")
     p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
@@ -711,7 +801,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "folder (GPT-2, Llama, Qwen, Gemma, ... ; BERT family; ViT)")
     p.add_argument("inputs", nargs="*", metavar="INPUT",
                    help="texts (text and language-model runs, text folders), a source sentence (translation) or "
-                        "image files (image models); default: the run's first test examples or its prompts")
+                        "image files (image models); -: lines of standard input; default: the run's first test examples or its "
+                        "prompts")
     p.add_argument("--out", default=None, metavar="FILE",
                    help="the page (default RUN_DIR/explore.html; beside a folder: FOLDER.explore.html)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
@@ -726,7 +817,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("translate", parents=[plugins],
                        help="generate texts with a trained run that does (translation), with decoding options")
     p.add_argument("run_dir", help="a translation run directory written by 'attnlab train'")
-    p.add_argument("inputs", nargs="*", metavar="TEXT", help="texts to translate (default: lines of standard input)")
+    p.add_argument("inputs", nargs="*", metavar="TEXT", help="texts to translate (default, or -: lines of standard input)")
     p.add_argument("--beam-size", type=_positive_int, default=None, help="beams (default: the run's recipe, 4)")
     p.add_argument("--max-length", type=_positive_int, default=None,
                    help="most tokens per translation (default: source length + 50)")
@@ -804,19 +895,82 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     """Parse, letting options and free arguments mix after a command:
     ``attnlab train RECIPE --run-dir D train.lr=1e-3`` works as well as with the
     overrides first (plain argparse stops collecting ``nargs="*"`` at the first option)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    argv = _dashed(given)
     args, extra = parser.parse_known_args(argv)
     if not extra:
         return args
     command = getattr(args, "command", None)
     sub = getattr(parser, "commands", {}).get(command)
+    _unknown_options(sub or parser, extra, dict(zip(argv, given)))
     if sub is None or command not in INTERMIXED:
         parser.parse_args(argv)  # reports the unrecognized arguments and exits 2
     rest = argv[argv.index(command) + 1 :]
     return sub.parse_intermixed_args(rest, namespace=argparse.Namespace(command=command))
 
 
+EACH_INPUT_ON_ITS_OWN = {("predict", "inputs"), ("translate", "inputs")}
+
+
+def _undecodable(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The refusal of the first argument that is not UTF-8, else ``""``. Python keeps the bytes
+    of such an argument as lone surrogates (``b"caf\\xe9"`` is ``"caf\\udce9"``), which
+    nothing downstream can write or encode: a YAML value, a path in config.json. Named as the
+    user gave it: ``--run-dir``, ``override train.lr``, ``PROMPT``. The inputs of ``predict``
+    and ``translate`` are left to the command, which reports a bad one and goes on with the
+    others (exit 2 at the end)."""
+    sub = getattr(parser, "commands", {}).get(args.command)
+    for action in (sub or parser)._actions:  # noqa: SLF001  # argparse's own list
+        if (args.command, action.dest) in EACH_INPUT_ON_ITS_OWN:
+            continue
+        value = getattr(args, action.dest, None)
+        for text in value if isinstance(value, list) else [value]:
+            if not isinstance(text, str):
+                continue
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                if action.dest == "overrides":
+                    name = f"override {text.partition('=')[0]!r}"
+                elif action.option_strings:
+                    name = max(action.option_strings, key=len)
+                else:
+                    name = action.metavar if isinstance(action.metavar, str) else action.dest.upper()
+                byte = ord(text[exc.start]) - 0xDC00 if 0xDC80 <= ord(text[exc.start]) <= 0xDCFF else None
+                what = f"byte {byte:#04x}" if byte is not None else "a lone surrogate"
+                return (f"{name} is not valid UTF-8 ({what} at character {exc.start}): attnlab reads its command "
+                        f"line as UTF-8 text")
+    return ""
+
+
 INTERMIXED = ("train", "predict", "translate", "recipes")  # commands with a free list of arguments
+
+
+def _dashed(argv: list[str]) -> list[str]:
+    """``argv`` with underscores in long option names written as dashes: ``--max_new_tokens 20``
+    (the spelling of transformers' keyword) is ``--max-new-tokens 20``. No attnlab option has an
+    underscore; arguments after ``--`` are left alone."""
+    out = []
+    for i, token in enumerate(argv):
+        if token == "--":
+            return out + argv[i:]
+        name, eq, value = token.partition("=")
+        out.append(name.replace("_", "-") + eq + value if token.startswith("--") and "_" in name else token)
+    return out
+
+
+def _unknown_options(parser: argparse.ArgumentParser, extra: Sequence[str], typed: dict[str, str]) -> None:
+    """Exit 2 naming the first option of ``extra`` that ``parser`` does not know (as the user
+    typed it: ``typed`` maps the dashed spelling back), with the options it knows that are close
+    to it (argparse of Python 3.11 names it alone)."""
+    known = [o for o in parser._option_string_actions if o.startswith("--")]  # noqa: SLF001  # argparse's own table
+    for token in extra:
+        name = token.partition("=")[0]
+        if name.startswith("--") and not any(o.startswith(name) for o in known):
+            close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(close)}?" if close else f"; see {parser.prog} --help"
+            parser.exit(2, f"{parser.prog}: error: unrecognized option {typed.get(token, token).partition('=')[0]}"
+                           f"{hint}\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -829,6 +983,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     prefix = f"attnlab {args.command}"
+    undecodable = _undecodable(parser, args)
+    if undecodable:
+        print(f"{prefix}: error: {undecodable}", file=sys.stderr)
+        return 2
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warnings(prefix)
         try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -25,31 +24,12 @@ from typing import IO, Iterator
 import torch
 from torch import Tensor
 
-from .errors import InputError
+from .errors import InputError, WriteError
+from .jsonfile import read_bytes, read_json
+from .limits import JSON_MAX_BYTES
 
 __all__ = ["WriteError", "atomic_write", "atomic_write_bytes", "read_state_dict", "sha256_file", "torch_load_safely",
            "read_json_mapping", "read_yaml_mapping"]
-
-
-class WriteError(OSError):
-    """A file that could not be written: ``could not write PATH (12.3 MB): No space left
-    on device (1.1 MB free there)``.
-
-    An :class:`OSError` with ``errno``, ``strerror`` and ``filename`` set, so callers can
-    tell a full disk (``errno.ENOSPC``) from a read-only file system (``errno.EROFS``);
-    ``size``: the bytes it needed, when known; ``free``: the bytes free on its file system."""
-
-    size: int | None = None
-    free: int | None = None
-
-    def __str__(self) -> str:
-        size = "" if self.size is None else f" ({_mb(self.size)})"
-        free = "" if self.free is None else f" ({_mb(self.free)} free there)"
-        return f"could not write {self.filename}{size}: {self.strerror}{free}"
-
-
-def _mb(n: int) -> str:
-    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 1024:.1f} KB" if n >= 1024 else f"{n} bytes"
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -126,14 +106,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def _read_text(path: Path) -> str:
     """A UTF-8 text file, with one ``ValueError`` naming it for what can go wrong."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{path} does not exist") from None
-    except IsADirectoryError:
-        raise InputError(f"{path} is a folder, not a file") from None
-    except OSError as exc:
-        raise InputError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    data = read_bytes(path, JSON_MAX_BYTES)  # a settings file: bounded as JSON is
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -145,13 +118,10 @@ def _read_text(path: Path) -> str:
 
 def read_json_mapping(path: str | Path) -> dict:
     """A JSON file that must hold an object: ``ValueError`` naming the file when it is
-    missing, unreadable, empty, not JSON or not an object."""
+    missing, unreadable, larger or deeper than :mod:`attnlab.jsonfile` reads, not JSON or
+    not an object."""
     path = Path(path)
-    text = _read_text(path)
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise InputError(f"{path} is not valid JSON: {exc}") from None
+    data = read_json(path)  # its size and depth bounded (attnlab.jsonfile)
     if not isinstance(data, dict):
         raise InputError(f"{path} must hold a JSON object; got {type(data).__name__}")
     return data

@@ -159,7 +159,10 @@ class DecodingCache:
                 held = 0 if self._k is None else self._k.shape[2]
                 self._buffers(k, v, min(self.capacity, max(self._end + n + self.grow_room, 2 * held)), keep)
         elif self._k is None or self._end + n > self._k.shape[2]:
-            self._buffers(k, v, self.window - 1 + max(n, self.slide_room), keep)
+            # A window wider than the generation (a config's sliding_window of 10^12: full attention in
+            # effect) never slides: its buffers are those of the positions the generation can take.
+            size = min(self.window - 1 + max(n, self.slide_room), max(self.capacity, keep + n))
+            self._buffers(k, v, size, keep)
         first, start = self._end - keep, self.seq_len - keep
         self._k[:, :, self._end : self._end + n] = k  # type: ignore[index]
         if v is not None:

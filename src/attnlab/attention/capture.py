@@ -49,7 +49,7 @@ from typing import Callable, Iterator, Sequence
 
 from torch import Tensor, nn
 
-from ..errors import InputError
+from ..errors import AttentionUnavailable, InputError
 
 __all__ = ["capture_attention", "attention_modules"]
 
@@ -71,8 +71,13 @@ def _describe(modules: list[tuple[str, nn.Module]]) -> str:
 def _targets(model: nn.Module, include: str | Sequence[str] | None) -> list[tuple[str, nn.Module]]:
     found, opaque = attention_modules(model)
     if not found and opaque:
-        raise InputError(f"capture_attention has nothing to record: the model's attention never forms an n x n "
-                         f"weight matrix: {_describe(opaque)}")
+        kinds = sorted({type(m).__name__ for _, m in opaque})
+        raise AttentionUnavailable(
+            f"capture_attention has nothing to record: the model's attention never forms an n x n weight matrix: "
+            f"{_describe(opaque)}",
+            reason=f"its attention ({', '.join(kinds)}) never forms the n x n weight matrix that the pictures show",
+            instead="The default kinds form it (exact; in a BoTNet relpos2d): train the model with its default "
+                    "model.options.attention to see its attention.")
     if include is None:
         if opaque:
             warnings.warn(f"capture_attention records no weights of {_describe(opaque)}: these kinds never form "

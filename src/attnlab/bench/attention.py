@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import InputError
+from .parts import ATTENTION_PARTS
 from ..io import atomic_write_bytes
 from ..memory import available_memory
 from .fidelity import run_fidelity
@@ -42,7 +43,7 @@ from .studies import run_studies
 __all__ = ["run_bench", "PARTS", "ALLOCATOR_VARIANTS", "ALLOCATOR_LENGTHS", "DEFAULT_LENGTHS", "QUICK_LENGTHS",
            "machine_info", "ResultStore"]
 
-PARTS = ("scaling", "quality", "fidelity", "studies", "allocator")
+PARTS = ATTENTION_PARTS
 DEFAULT_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 QUICK_LENGTHS = (256, 512)
 # the allocator part: exact attention as the quadratic reference, and the kinds whose cost is linear in n

@@ -45,11 +45,12 @@ import torch
 from ..errors import InputError
 from ..io import atomic_write_bytes
 from .machine import machine_info, machine_label
+from .parts import LM_PARTS
 
 __all__ = ["PARTS", "LLAMA_STYLE", "CACHE_VARIANTS", "POSITION_KINDS", "KINDS", "best_of", "generation_point",
            "cache_point", "extrapolation_point", "kind_point", "decoding_point", "streaming_point", "run_lm", "lm_markdown"]
 
-PARTS = ("generation", "cache", "extrapolation", "kinds", "streaming")
+PARTS = LM_PARTS
 # The model of the generation and cache parts (Llama's block at a size a CPU decodes quickly).
 LLAMA_STYLE = dict(vocab_size=256, embed_dim=256, depth=4, num_heads=8, mlp="swiglu", mlp_hidden_dim=688,
                    norm="rmsnorm", norm_eps=1e-6, pos_embed="rope", bias=False, tie_embeddings=False)
@@ -79,7 +80,7 @@ SEED_GAP = 0.02  # nats: kinds whose validation losses are closer than this get 
 
 FULL = dict(new=256, batches=(1, 8), prompt=16, lengths=(1024, 4096, 16384), window=256, steps=300, batch_size=16,
             context=256, windows=(256, 512, 1024), model=(), calibration=20, kinds_train=())
-QUICK = dict(new=8, batches=(1, 2), prompt=4, lengths=(48, 96), window=16, steps=2, batch_size=4, context=32,
+QUICK = dict(new=8, batches=(1, 2), prompt=4, lengths=(80, 96), window=16, steps=2, batch_size=4, context=32,
              windows=(32, 64), model=("model.options.depth=1", "model.options.embed_dim=16",
                                        "model.options.num_heads=2", "model.options.mlp_hidden_dim=32"),
              calibration=2, kinds_train=("train.steps=4", "train.batch_size=4", "text.context=32"))
@@ -148,7 +149,8 @@ def cache_point(variant: str, *, lengths: Sequence[int], window: int, prompt: in
     points = []
     for n in lengths:
         _, cache, steps = decode(n)
-        positions = window - 1 + DecodingCache.slide_room if windowed else prompt + n
+        # a windowed cache holds the window and its room to slide, or less when the whole generation is shorter
+        positions = min(window - 1 + DecodingCache.slide_room, prompt + n) if windowed else prompt + n
         tenth = max(1, len(steps) // 10)
         points.append({"new_tokens": n, "cache_bytes": sum(c.nbytes() for c in cache),
                        "expected_bytes": per_position * positions, "tokens_per_s": batch * len(steps) / sum(steps),

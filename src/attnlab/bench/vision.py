@@ -57,6 +57,7 @@ from typing import Any, Callable, Sequence
 
 from .. import __version__
 from ..errors import InputError
+from .parts import VISION_PARTS
 from ..io import atomic_write_bytes, read_json_mapping
 from ..report.markdown import markdown_to_html
 from ..suggest import did_you_mean
@@ -155,7 +156,9 @@ VARIANTS: tuple[Variant, ...] = (
     _model("botnet", "MHSA in the last block only", "botnet_cifar", f"{{{BOT}, mhsa_in: last_block}}", *CNN),
     _model("botnet", "MHSA in the last two stages", "botnet_cifar", f"{{{BOT}, mhsa_in: last_two_stages}}", *CNN),
 )
-PARTS = tuple(dict.fromkeys(v.part for v in VARIANTS))
+PARTS = VISION_PARTS  # the command line's list (bench/parts.py): every variant's part, in the variants' order
+if PARTS != tuple(dict.fromkeys(v.part for v in VARIANTS)):
+    raise ImportError("attnlab.bench.parts.VISION_PARTS must list the parts of bench.vision.VARIANTS in their order")
 # Seeds per part: three where the claim is "this one is better" and differences are small.
 SEEDS = {"norm": 3, "text_norm": 3, "positions": 2}
 CLAIMS = {

@@ -23,6 +23,11 @@ transformers gives it and nothing more:
   special tokens (``bos_token``, ``eos_token``, ``unk_token``, ``sep_token``,
   ``pad_token``, ``cls_token``, ``mask_token``) as text.
 
+A template is someone else's code, so its rendering is bounded: at most
+:data:`~attnlab.limits.CHAT_MAX_CHARS` characters out, no value (``'x' * n``, a filter's
+width) past that size, at most :data:`~attnlab.limits.CHAT_MAX_SECONDS` seconds; the
+refusal names the limit.
+
 Jinja itself is a dependency of torch; its versions before 3.1.6 had sandbox escapes, so
 they are refused, as transformers refuses them.
 """
@@ -30,12 +35,15 @@ they are refused, as transformers refuses them.
 from __future__ import annotations
 
 import json
+import sys
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from functools import lru_cache
+from functools import lru_cache, wraps
 from typing import Any
 
 from ..errors import InputError
+from ..limits import CHAT_MAX_CHARS, CHAT_MAX_SECONDS
 
 __all__ = ["render_chat", "SPECIAL_TOKEN_NAMES"]
 
@@ -110,14 +118,106 @@ def _compile(template: str) -> Any:
                sort_keys: bool = False) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    class Bounded(ImmutableSandboxedEnvironment):
+        """The sandbox, with the operators and calls that make one value of any size refused
+        past CHAT_MAX_CHARS (``'x' * 10**9``, ``'x' | center(10**9)``, ``2 ** 10**8``):
+        each is one C call, done before a time check could see it."""
+
+        intercepted_binops = frozenset({"*", "**", "+"})
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            _check_size(operator, left, right)
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+            _check_counts(getattr(__obj, "__name__", "a call"), args, kwargs)
+            return super().call(__context, __obj, *args, **kwargs)
+
+    env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
+    for name, f in list(env.filters.items()):
+        env.filters[name] = _counted(name, f)
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.globals["dict"] = Dict()
     env.globals["namespace"] = Namespace
     return env.from_string(template)
+
+
+class _TooLong(Exception):
+    """A chat template passed CHAT_MAX_SECONDS or CHAT_MAX_CHARS; its message is the refusal."""
+
+
+def _length(value: Any) -> int:
+    return len(value) if isinstance(value, (str, list, tuple)) else 1
+
+
+def _check_size(operator: str, left: Any, right: Any) -> None:
+    """Refuses ``left operator right`` when its result would pass CHAT_MAX_CHARS (or, for
+    ``**``, an integer of more than CHAT_MAX_CHARS bits)."""
+    if operator == "*" and isinstance(left, int) != isinstance(right, int):
+        n = left if isinstance(left, int) else right
+        size = _length(right if isinstance(left, int) else left) * max(int(n), 0)
+    elif operator == "+" and isinstance(left, (str, list, tuple)):
+        size = _length(left) + _length(right)
+    elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
+        size = abs(left).bit_length() * max(right, 0)
+    else:
+        return
+    if size > CHAT_MAX_CHARS:
+        raise _TooLong(f"a value of {size:,} characters, past the limit of {CHAT_MAX_CHARS:,} (attnlab.limits."
+                       f"CHAT_MAX_CHARS)")
+
+
+def _check_counts(name: str, args: Any, kwargs: Any) -> None:
+    """Refuses a call or filter given a count past CHAT_MAX_CHARS (a width, a repeat)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, int) and not isinstance(value, bool) and value > CHAT_MAX_CHARS:
+            raise _TooLong(f"{name} was given {value:,}, past the limit of {CHAT_MAX_CHARS:,} characters (attnlab."
+                           f"limits.CHAT_MAX_CHARS)")
+
+
+def _counted(name: str, f: Any) -> Any:
+    """Filter ``f`` refusing a count past CHAT_MAX_CHARS (``center(10**9)``); Jinja's marks of
+    what the filter is passed (``jinja_pass_arg``) carry over."""
+    @wraps(f)
+    def filter_(*args: Any, **kwargs: Any) -> Any:
+        _check_counts(f"the filter {name}", args[1:], kwargs)
+        return f(*args, **kwargs)
+
+    return filter_
+
+
+def _render(compiled: Any, context: dict[str, Any]) -> str:
+    """``compiled.render(**context)`` within CHAT_MAX_SECONDS and CHAT_MAX_CHARS: the output
+    is taken piece by piece, and every line of the template's own code (Jinja compiles it to
+    Python, named ``<template>``) looks at the clock, so a loop that prints nothing is
+    stopped too. The trace covers the template's frames alone; it costs 0.5 ms a prompt
+    (measured on an AMD EPYC: Llama 3.1's template, 11 messages, 0.66 ms bounded against
+    0.17 ms by ``render``), nothing beside a model's forward pass."""
+    deadline = time.monotonic() + CHAT_MAX_SECONDS
+    late = f"it ran past the limit of {CHAT_MAX_SECONDS:g} s (attnlab.limits.CHAT_MAX_SECONDS)"
+
+    def line(frame: Any, event: str, arg: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise _TooLong(late)
+        return line
+
+    def call(frame: Any, event: str, arg: Any) -> Any:
+        return line if frame.f_code.co_filename == "<template>" else None
+
+    pieces, size, previous = [], 0, sys.gettrace()
+    sys.settrace(call)
+    try:
+        for piece in compiled.generate(**context):
+            size += len(piece)
+            if size > CHAT_MAX_CHARS:
+                raise _TooLong(f"its output passed the limit of {CHAT_MAX_CHARS:,} characters (attnlab.limits."
+                               f"CHAT_MAX_CHARS)")
+            pieces.append(piece)
+    finally:
+        sys.settrace(previous)
+    return "".join(pieces)
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -169,8 +269,10 @@ def render_chat(template: str, messages: Sequence[Mapping[str, Any]], *, add_gen
     except jinja2.TemplateSyntaxError as exc:
         raise InputError(f"{source} is not a valid Jinja template (line {exc.lineno}: {exc.message})") from None
     try:
-        return compiled.render(messages=chat, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
-                               **{k: str(v) for k, v in names.items()})
+        return _render(compiled, {"messages": chat, "tools": None, "documents": None,
+                                  "add_generation_prompt": add_generation_prompt, **{k: str(v) for k, v in names.items()}})
+    except _TooLong as exc:
+        raise InputError(f"{source} was stopped: {exc}") from None
     except jinja2.exceptions.SecurityError as exc:
         raise InputError(f"{source} did something the sandbox forbids: {exc}") from None
     except jinja2.TemplateError as exc:

@@ -62,6 +62,8 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
+from ..jsonfile import parse_json
+from ..limits import CHAT_TEMPLATE_MAX_BYTES
 from .chat import SPECIAL_TOKEN_NAMES, render_chat
 from .tokenize import check_texts, check_vocab_size, parse_tokenizer, tokenizer_file
 
@@ -506,6 +508,10 @@ class HFTokenizer(BPETokenizer):
         chat: str | dict[str, str] | None = None
         chat_source = f"{folder / CHAT_TEMPLATE}"
         if (folder / CHAT_TEMPLATE).is_file():
+            size = (folder / CHAT_TEMPLATE).stat().st_size
+            if size > CHAT_TEMPLATE_MAX_BYTES:
+                raise InputError(f"{folder / CHAT_TEMPLATE} is {size:,} bytes, more than the {CHAT_TEMPLATE_MAX_BYTES:,} "
+                                 f"attnlab reads as a chat template (attnlab.limits.CHAT_TEMPLATE_MAX_BYTES)")
             try:
                 chat = (folder / CHAT_TEMPLATE).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
@@ -650,8 +656,8 @@ def load_tokenizer(path: str | Path) -> LMTokenizer:
     except OSError as exc:
         raise InputError(f"could not read {file}: {exc.strerror or exc}") from None
     try:
-        spec = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+        spec = parse_json(data, str(file))
+    except InputError:
         spec = None  # parse_tokenizer says what is wrong
     if isinstance(spec, dict) and _MARK in spec:
         return _from_spec(spec, file)

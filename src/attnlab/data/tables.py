@@ -23,7 +23,6 @@ of fields, is a "bad row": an error naming the file and line, or, with
 from __future__ import annotations
 
 import csv
-import json
 import re
 import warnings
 from collections.abc import Iterator, Sequence
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from ..jsonfile import parse_json
 from ..suggest import did_you_mean
 from .parallel import MAX_LINE_CHARS, read_text_lines
 from .paths import folder_contents
@@ -242,12 +242,9 @@ def _objects(lines: list[str], path: Path) -> Iterator[tuple[int, dict]]:
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(
-                f"{path}: line {line} is not valid JSON ({exc.msg} at column {exc.colno}); "
-                f"a JSON-lines file holds one JSON object per line"
-            ) from None
+            obj = parse_json(text, f"{path}: line {line}")  # its depth bounded, as every JSON attnlab reads
+        except InputError as exc:
+            raise InputError(f"{exc}; a JSON-lines file holds one JSON object per line") from None
         if not isinstance(obj, dict):
             raise InputError(
                 f"{path}: line {line} is a JSON {_json_type(obj)}, not an object; expected one object per line "

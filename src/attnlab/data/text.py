@@ -18,14 +18,12 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from ..limits import MAX_LINE_CHARS
 from .tokenize import TextTokenizer
 
 __all__ = ["MAX_LINE_CHARS", "read_lines", "iter_lines", "decode_lines", "SentimentDataset"]
 
 
-# A line longer than this is refused before it is decoded (data.max_line_chars in a recipe):
-# a hostile file of one 200 MB line would otherwise be read whole, decoded and split.
-MAX_LINE_CHARS = 1_000_000
 _LIMIT_KEY = "data.max_line_chars"
 
 

@@ -30,7 +30,6 @@ padding: :func:`key_padding_mask` converts.
 from __future__ import annotations
 
 import itertools
-import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,7 +40,8 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from torch import Tensor
 
 from ..errors import InputError, shape_str
-from ..io import atomic_write_bytes
+from ..io import atomic_write_bytes, read_json_mapping
+from ..jsonfile import parse_json
 
 __all__ = ["SPECIAL_TOKENS", "TOKENIZER_KINDS", "TextTokenizer", "key_padding_mask", "printable", "shorten", "check_texts",
            "parse_tokenizer", "tokenizer_file", "MAX_VOCAB", "check_vocab_size"]
@@ -153,10 +153,9 @@ def parse_tokenizer(data: bytes, file: Path) -> Tokenizer:
         ) from None
     text = text.removeprefix("\ufeff")
     try:
-        spec = json.loads(text)
-    except json.JSONDecodeError as exc:
-        where = f"line {exc.lineno}, column {exc.colno}: {exc.msg}"
-        raise InputError(f"{bad}: it is not valid JSON ({where}); {redo}") from None
+        spec = parse_json(text, "it")  # its size and depth bounded
+    except InputError as exc:
+        raise InputError(f"{bad}: {str(exc).removeprefix('it ')}; {redo}") from None
     if not isinstance(spec, dict):
         raise InputError(f"{bad}: it must hold a JSON object with a \"model\"; got {_json_kind(spec)}; {redo}")
     if "model" not in spec:
@@ -180,10 +179,7 @@ def _model_max_length(folder: Path) -> int | None:
     path = folder / "tokenizer_config.json"
     if not path.is_file():
         return None
-    try:
-        value = json.loads(path.read_text(encoding="utf-8")).get("model_max_length")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        raise InputError(f"{path} is not a readable JSON object (Hugging Face's tokenizer_config.json)") from None
+    value = read_json_mapping(path).get("model_max_length")
     return int(value) if isinstance(value, (int, float)) and 1 < value < 1e9 else None
 
 

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from ..jsonfile import parse_json, read_json
 from ..io import atomic_write_bytes, read_json_mapping, sha256_file, torch_load_safely
 
 __all__ = [
@@ -233,9 +234,9 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
     if not manifest_path.is_file():
         raise CheckpointError(f"{folder} is not a complete checkpoint (no {MANIFEST}: the save was interrupted)")
     try:
-        manifest = json.loads(manifest_path.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{manifest_path} is unreadable: {exc}") from None
+        manifest = read_json(manifest_path)
+    except InputError as exc:
+        raise CheckpointError(f"{manifest_path} is unreadable: {str(exc).removeprefix(f'{manifest_path} is ')}") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if (not isinstance(files, dict) or not {WEIGHTS, STATE} <= files.keys()
             or not all(isinstance(d, str) and len(d) == 64 for d in files.values())
@@ -256,7 +257,7 @@ def load_checkpoint(folder: str | Path, map_location: str | torch.device = "cpu"
     _verify(folder)
     weights = load_file(str(folder / WEIGHTS), device=str(map_location))
     with safe_open(str(folder / WEIGHTS), framework="pt") as f:
-        aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+        aliases = parse_json((f.metadata() or {}).get("aliases", "{}"), f"{folder / WEIGHTS}'s aliases")
     for alias, name in aliases.items():
         weights[alias] = weights[name]
     try:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..jsonfile import parse_json
 from ..io import atomic_write
 
 __all__ = ["MetricsLog", "TensorBoardLog", "read_metrics"]
@@ -43,7 +44,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line.decode("utf-8"))
+            record = parse_json(line, f"{path}: line {i + 1}")
             if not isinstance(record, dict):
                 raise ValueError
         except ValueError:  # JSONDecodeError and UnicodeDecodeError both are

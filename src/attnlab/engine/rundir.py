@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
+from ..jsonfile import parse_json
 from .checkpoint import MANIFEST, CheckpointError, _verify, list_checkpoints
 
 try:
@@ -160,7 +161,7 @@ def _describe(data: bytes) -> str:
     if not data.strip():
         return ""
     try:
-        r = json.loads(data)
+        r = parse_json(data, "the lock record")
         return f"pid {r['pid']} on {r['host']} since {r['started']}: {r['command']}"
     except (ValueError, KeyError, TypeError):
         return "holder unknown"

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import distributed
-from ..errors import InputError
+from ..errors import InputError, NonFiniteLossError
 from .config import check_bounds
 from .checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_checkpoint, load_weights_into,
                          nonfinite_summary, restore_rng_state, save_checkpoint, save_named_checkpoint)
@@ -64,8 +64,13 @@ class TrainConfig:
     seed: int = field(default=0, metadata={"min": 0, "max": 2**32 - 1})  # of the initial weights and the data order
     deterministic: bool = False  # deterministic kernels (bit-exact resume on the CPU)
     device: str = "auto"  # auto, cpu, cuda, cuda:N, mps
-    log_every: int = field(default=50, metadata={"min": 0})  # steps between metrics.jsonl records; 0: none
+    log_every: int = field(default=50, metadata={"min": 0})  # steps between metrics.jsonl records (and step 1); 0: none
     eval_every: int = field(default=0, metadata={"min": 0})  # steps between evaluations on the validation set
+    # Stop when the validation accuracy (what picks checkpoints/best) has not improved for this many
+    # evaluations in a row (train.eval_every steps apart); null: train to train.steps.
+    early_stop: Optional[int] = field(default=None, metadata={"min": 1})
+    # Stop once training has taken this many minutes (every session of a resumed run counted); null: no budget.
+    max_minutes: Optional[float] = field(default=None, metadata={"gt": 0.0})
     checkpoint_every: int = field(default=0, metadata={"min": 0})  # steps between checkpoints; 0: the last only
     # Batches of similar lengths (text): each epoch's permutation is cut into windows of 50
     # batches, each window sorted by length and cut into batches, and the batches shuffled.
@@ -89,12 +94,6 @@ class TrainConfig:
         if self.compile_mode is not None and not self.compile:
             raise InputError(f"train.compile_mode applies only with train.compile=true; got compile_mode="
                              f"{self.compile_mode!r} with compile=false")
-
-
-class NonFiniteLossError(RuntimeError):
-    """Training stopped: a step's loss or gradient norm was NaN or infinite (the weights
-    were not updated by that step), or the weights themselves were about to be saved with
-    a NaN or an infinity. No checkpoint holds non-finite weights."""
 
 
 class EpochSampler:
@@ -338,6 +337,13 @@ class Trainer:
         self.metrics: MetricsLog | None = None
         self.tensorboard: TensorBoardLog | None = None
         self.best: float | None = None  # best evaluation accuracy so far; its weights are checkpoints/best
+        self.best_step: int | None = None  # the step of that evaluation
+        self.stale_evals = 0  # evaluations in a row since `best` last improved (train.early_stop)
+        self.stopped: str | None = None  # why fit ended before train.steps, in words (None: it did not)
+        if config.early_stop is not None and (eval_data is None or not config.eval_every):
+            why = "this run has no validation part" if eval_data is None else "train.eval_every=0"
+            self.log(f"note: train.early_stop={config.early_stop} counts evaluations on the validation part, and "
+                     f"{why}: the run trains to train.steps={config.steps}")
         self.train_seconds = 0.0  # training wall time over all sessions of a resumed run
         self._fit_start: float | None = None
         # Under torchrun: train_step runs the DDP wrapper (gradients averaged over ranks);
@@ -352,6 +358,7 @@ class Trainer:
     # ----------------------------------------------------------------- state
     def state(self) -> dict[str, Any]:
         state = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "best": self.best,
+                 "best_step": self.best_step, "stale_evals": self.stale_evals,
                  "train_seconds": self.train_seconds + self._session_seconds(),
                  "nonfinite_in_a_row": self._nonfinite_in_a_row,
                  "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -409,6 +416,8 @@ class Trainer:
             load_weights_into(self.ema, state["ema"], folder, base_keys=self._frozen())
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         self.best = state.get("best")
+        self.best_step = state.get("best_step")
+        self.stale_evals = state.get("stale_evals", 0)
         self.train_seconds = state.get("train_seconds", 0.0)
         self._nonfinite_in_a_row = state.get("nonfinite_in_a_row", 0)
         restore_rng_state(state["rng"])
@@ -554,9 +563,11 @@ class Trainer:
             self.tensorboard.log(self.step, "eval", result)
         score = result.get("accuracy")
         improved = score is not None and (self.best is None or score > self.best)
+        if score is not None:
+            self.stale_evals = 0 if improved else self.stale_evals + 1
         if improved:
             self._check_weights("best checkpoint")  # NaN weights score by chance: never keep them as best
-            self.best = score
+            self.best, self.best_step = score, self.step
             if self.run_dir is not None and distributed.is_main():
                 save_named_checkpoint(self.run_dir / "checkpoints", "best", self.step,
                                       self._saved((self.ema or self.model).state_dict()),
@@ -598,10 +609,15 @@ class Trainer:
         result: dict[str, Any] = {}
         try:
             while self.step < cfg.steps:
+                if (reason := self._stop_reason()) is not None:  # checked first: a resumed run may be done
+                    self.stopped = reason
+                    say(f"stopped at step {self.step} of {cfg.steps}: {reason}")
+                    break
                 loss = self.train_step(batches)
                 if progress:
                     progress.update(1, per_step, loss=loss)
-                if cfg.log_every and (self.step % cfg.log_every == 0 or self.step == cfg.steps):
+                # step 1 too: the curves start from the untrained loss, not from log_every's first record
+                if cfg.log_every and (self.step % cfg.log_every == 0 or self.step in (1, cfg.steps)):
                     if world > 1:  # the global batch's loss: the mean of the ranks'
                         loss = distributed.all_reduce_sum(torch.tensor([loss], device=self.device)).item() / world
                     rate = (self.step - first) * per_step / (time.perf_counter() - start)
@@ -626,4 +642,25 @@ class Trainer:
         self.train_seconds += elapsed
         self._fit_start = None
         return {"steps": self.step, "train_seconds": self.train_seconds, "precision": self.precision,
-                "samples_per_s": self.step * per_step / max(self.train_seconds, 1e-9), **result}
+                "samples_per_s": self.step * per_step / max(self.train_seconds, 1e-9), "stopped": self.stopped,
+                **result}
+
+    def _stop_reason(self) -> str | None:
+        """Why training ends now, before ``train.steps``: ``train.early_stop`` evaluations in
+        a row without a better validation accuracy, or ``train.max_minutes`` of training
+        spent (counted over every session of a resumed run, as the checkpoints record it).
+        ``None``: go on. Under torchrun every rank takes rank 0's decision."""
+        cfg = self.cfg
+        if cfg.early_stop is not None and self.eval_data is not None and cfg.eval_every and \
+                self.stale_evals >= cfg.early_stop:
+            return (f"the validation accuracy has not improved for {self.stale_evals} evaluations (train.early_stop="
+                    f"{cfg.early_stop}); the best, {self.best:.4f}, was at step {self.best_step}")
+        if cfg.max_minutes is None:
+            return None
+        used = self.train_seconds + self._session_seconds()
+        spent = used >= 60 * cfg.max_minutes
+        if distributed.world_size() > 1:  # the ranks' clocks differ: rank 0's decides
+            spent = bool(distributed.broadcast_object(spent))
+        if spent:
+            return f"the time budget is spent (train.max_minutes={cfg.max_minutes:g}; {used / 60:.1f} minutes trained)"
+        return None

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from .sampling import check_generation, choose_next, penalize_repeats
+from .sampling import check_decodable, check_generation, choose_next
 
 __all__ = ["generate", "stream", "greedy_search", "beam_search"]
 
@@ -42,7 +42,7 @@ def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: f
            top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
            repetition_penalty: float = 1.0, seed: int | None = None, eos_id: int | None = None,
            padding_mask: Tensor | None = None, compile: bool = False, use_cache: bool = True,
-           window: int | None = None, sink_tokens: int = 0) -> Iterator[Tensor]:
+           window: int | None = None, sink_tokens: int = 0, decodable: int | None = None) -> Iterator[Tensor]:
     """The next token of every row, ``(B,)``, one step after the other; it stops early once
     every row has emitted ``eos_id`` (a row that has is continued with ``eos_id``).
 
@@ -66,10 +66,14 @@ def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: f
     runs the whole sequence through the model at every step (the same tokens, slower).
     ``window`` and ``sink_tokens`` stream: the cache holds the first ``sink_tokens`` positions
     and the last ``window`` (StreamingLLM), so memory stays flat past the model's context
-    (``model.new_cache``'s policy; not with padded prompts).
+    (``model.new_cache``'s policy; not with padded prompts). ``decodable``: the number of ids
+    the caller's tokenizer decodes (``None``: every row of ``config.vocab_size``); the rows
+    past it (an embedding padded past its tokenizer's vocabulary) are never chosen, greedy or
+    sampled (:func:`~attnlab.models.sampling.only_decodable`).
     """
     check_generation(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                      min_p=min_p, repetition_penalty=repetition_penalty, seed=seed)
+    decodable = check_decodable(decodable, model.config.vocab_size)
     batch, prompt = input_ids.shape
     model.check_generation_size(batch, prompt, max_new_tokens, use_cache=use_cache)
     model.eval()
@@ -103,10 +107,8 @@ def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: f
             logits = step_fn(step_ids, cache, positions=step_pos, padding_mask=pad)
         else:
             logits = model(step_ids, padding_mask=pad, positions=step_pos, cache=cache)[:, -1]
-        logits = logits.float()
-        if seen is not None:
-            logits = penalize_repeats(logits, seen, repetition_penalty)
-        nxt = choose_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, generator=gen)
+        nxt = choose_next(logits.float(), temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          generator=gen, decodable=decodable, seen=seen, repetition_penalty=repetition_penalty)
         if seen is not None:
             seen.scatter_(1, nxt[:, None], True)
         if eos_id is not None:

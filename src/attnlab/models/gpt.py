@@ -616,7 +616,8 @@ class GPT(KeepsJoinedWeights, nn.Module):
         """``(B, L + n)`` ids, ``n <= max_new_tokens``: the prompts ``input_ids`` ``(B, L)`` and what
         follows, chosen as :func:`attnlab.models.generation.generate` says (greedy by default;
         ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``, ``seed``,
-        ``eos_id``, ``padding_mask`` for left-padded prompts, ``compile``, ``use_cache``)."""
+        ``eos_id``, ``padding_mask`` for left-padded prompts, ``compile``, ``use_cache``, ``decodable``: the
+        number of ids the tokenizer decodes, past which the embedding's rows are never chosen)."""
         return generation.generate(self, input_ids, max_new_tokens, **options)
 
     def stream(self, input_ids: Tensor, max_new_tokens: int, **options: Any) -> Iterator[Tensor]:

@@ -13,6 +13,12 @@ greedy); ``top_k`` an integer >= 0 (0 or ``None``: no limit); ``top_p`` in (0, 1
 ``repetition_penalty`` a finite number > 0 (1: none); ``seed`` an integer in
 [0, 2**64); ``stop`` a non-empty text or a list of them. :func:`choose_next` applies them
 to a step's logits.
+
+A checkpoint may embed more ids than its tokenizer has (Qwen pads 151,669 tokens to 151,936
+rows): the caller, who knows the tokenizer, gives ``decodable``, the number of ids it
+decodes, and :func:`only_decodable` puts ``-inf`` on the rows past them before anything else,
+so that neither a draw nor the arg-max ever picks one and probabilities are renormalised over
+the tokens that can be decoded.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from torch import Tensor
 
 from ..errors import InputError
 
-__all__ = ["GENERATION_OPTIONS", "check_generation", "choose_next", "penalize_repeats"]
+__all__ = ["GENERATION_OPTIONS", "check_generation", "check_decodable", "only_decodable", "choose_next",
+           "penalize_repeats"]
 
 GENERATION_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
                       "stop")
@@ -77,6 +84,28 @@ def check_generation(*, names: Callable[[str], str] = str, **options: Any) -> di
     return options
 
 
+def check_decodable(decodable: Any, vocab_size: int, name: str = "decodable") -> int | None:
+    """``decodable`` (the number of ids the tokenizer decodes, ``None``: all ``vocab_size``
+    rows of the model), refused by ``name`` unless an integer in ``[1, vocab_size]``: a
+    tokenizer with more ids than the model embeds gives ids that have no embedding."""
+    if decodable is None:
+        return None
+    if not _is_int(decodable) or not 1 <= decodable <= vocab_size:
+        raise InputError(f"{name} must be an integer in [1, {vocab_size}] (the tokenizer's ids, at most the "
+                         f"{vocab_size} the model embeds); got {decodable!r}")
+    return decodable
+
+
+def only_decodable(logits: Tensor, decodable: int | None) -> Tensor:
+    """``logits`` ``(..., V)`` with ``-inf`` at every id ``>= decodable`` (rows of the
+    embedding that the tokenizer has no token for); ``None`` or ``V``: unchanged."""
+    if decodable is None or decodable >= logits.shape[-1]:
+        return logits
+    logits = logits.clone()
+    logits[..., decodable:] = float("-inf")
+    return logits
+
+
 def penalize_repeats(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
     """CTRL's repetition penalty (Keskar et al., 2019): the logit of every token already
     in the row (``seen`` ``(B, V)`` bool) is divided by ``penalty`` when positive and
@@ -85,12 +114,18 @@ def penalize_repeats(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
 
 
 def choose_next(logits: Tensor, *, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                min_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
+                min_p: float | None = None, generator: torch.Generator | None = None, decodable: int | None = None,
+                seen: Tensor | None = None, repetition_penalty: float = 1.0) -> Tensor:
     """The next token of each row of ``logits`` ``(B, V)`` (float32): the arg-max when
     ``temperature`` is 0, else a draw from ``softmax(logits / temperature)`` within the
     ``top_k`` most probable tokens, the smallest set whose probability reaches ``top_p``,
     and the tokens at least ``min_p`` times as probable as the likeliest (Nguyen et al.,
-    2024), in that order (transformers' order)."""
+    2024), in that order (transformers' order). First, either way, the ids past
+    ``decodable`` are masked out (:func:`only_decodable`), then the tokens of ``seen``
+    ``(B, V)`` are penalized by ``repetition_penalty`` (:func:`penalize_repeats`)."""
+    logits = only_decodable(logits, decodable)
+    if seen is not None and repetition_penalty != 1:
+        logits = penalize_repeats(logits, seen, repetition_penalty)
     if temperature == 0:
         return logits.argmax(-1)
     logits = logits / temperature

@@ -71,6 +71,8 @@ def _draw(stem: str, series: Mapping[str, Records]) -> bytes | None:
         kinds = ("train", "eval") if not kind else (kind,)
         for k in kinds:
             pts = _points(records, k, key)
+            if stem == "throughput" and len(pts) > 1 and pts[0][0] == 1:
+                pts = pts[1:]  # step 1's rate is mostly start-up (the first batch read, first allocations)
             if not pts:
                 continue
             steps, values = zip(*pts)

@@ -1,12 +1,21 @@
 """``report.html``: one self-contained page per training run, and one for the attention
 benchmark.
 
-A run's page holds its results (``results.json``), its configuration (``config.yaml``),
-its training curves, for a classifier the confusion matrix on the test set and a few
-test inputs with their predicted and true labels, for a translation run a few test
-sentences with their references and translations, and attention maps. Each part that
-needs more than the run's files (the data set, a checkpoint, the attention drawing)
-becomes a short note when it cannot be made, so the page is always written.
+A run's page holds its results (``results.json``), its training curves, for a classifier
+the confusion matrix on the test set and a few test inputs with their predicted and true
+labels, for a translation run a few test sentences with their references and
+translations, attention maps and the attention explorer, and last its configuration
+(``config.yaml``), folded. Each part that needs more than the run's files (the data set,
+a checkpoint, the attention drawing) becomes a short note when it cannot be made, so the
+page is always written; the note says what the reader can act on, never an exception:
+
+* a model whose attention cannot be shown (:class:`~attnlab.errors.AttentionUnavailable`:
+  it forms no weight matrix, has none, or its family has no drawing): a sentence naming
+  the model and what to train instead;
+* a run's files or data that do not fit (any other :class:`~attnlab.errors.InputError`,
+  e.g. the data set gone): its message;
+* anything else is a bug of attnlab's: the page says the part could not be drawn, and the
+  traceback goes to ``log`` (the training's output, or standard error).
 
 The generic builder is :func:`~attnlab.report.page.render_html`; it is re-exported here.
 """
@@ -15,26 +24,60 @@ from __future__ import annotations
 
 import html
 import json
+import sys
 import time
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import __version__
-from ..errors import InputError
+from ..errors import AttentionUnavailable, InputError
 from ..io import atomic_write_bytes, read_json_mapping
-from ..tasks import CHANGES, ClassifierPredictions, SampleTable, Task, get_task, read_config, read_recipe, report_items
+from ..tasks import (CHANGES, ClassifierPredictions, SampleTable, Task, get_task, model_label, read_config,
+                     read_recipe, report_items)
 from ..viz.explorer import explore
 from ..viz.explorer.page import script_hashes
 from ..viz.run import visualize_run
 from .curves import plot_curves, read_metrics
-from .page import Html, Image, Note, Part, Pre, Section, Table, data_uri, render_html
+from .page import Details, Html, Image, Note, Part, Pre, Section, Table, data_uri, render_html
 from .predictions import confusion_png, image_samples_png
 
 __all__ = ["write_run_report", "write_run_report_safely", "render_html", "Section", "value_text"]
 
 
+Log = Callable[[str], None]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def _why(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:400]
+    """An :class:`InputError`'s message as a note says it: its first line, no class name."""
+    text = str(exc).strip().splitlines()
+    return text[0][:400] if text else "no reason given"
+
+
+def _failed(what: str, exc: Exception, log: Log) -> Note:
+    """The note in place of ``what`` (``"the curves"``) that could not be made: an
+    :class:`InputError`'s message (the run's files or data), or for any other exception, a
+    bug, a plain sentence, with the traceback written to ``log``."""
+    if isinstance(exc, InputError):
+        return Note(f"{what[0].upper()}{what[1:]} could not be made: {_why(exc)}")
+    log(f"warning: report.html: {what} could not be drawn, a failure inside attnlab (please report it):\n"
+        + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip())
+    return Note(f"{what[0].upper()}{what[1:]} could not be drawn: something failed inside attnlab. The command that "
+                f"wrote this page printed the details; please report them.")
+
+
+def _unavailable(what: str, model: str, exc: AttentionUnavailable) -> Note:
+    """The sentence in place of a model's attention pictures it cannot have."""
+    return Note(f"No {what} for model {model}: {exc.reason}." + (f" {exc.instead}" if exc.instead else ""))
+
+
+def _model_name(run_dir: Path) -> str:
+    """The run's model as the report names it (:func:`~attnlab.tasks.model_label`)."""
+    return model_label(read_recipe(run_dir).model) or "(unnamed)"
 
 
 def _number(key: str, value: Any) -> str:
@@ -80,7 +123,7 @@ def _results(run_dir: Path) -> tuple[Section, dict[str, Any]]:
         return Section("Results", [Note("No results.json yet: the run has not finished.")]), {}
     try:
         results = read_json_mapping(path)
-    except ValueError as exc:
+    except ValueError as exc:  # an InputError naming the file
         return Section("Results", [Note(f"results.json could not be read: {_why(exc)}")]), {}
     parts: list[Part] = [Table([(k, value_text(k, v)) for k, v in results.items()], ("result", "value"))]
     if results.get("fold_accuracies"):
@@ -103,10 +146,11 @@ def _config(run_dir: Path) -> Section:
     if (run_dir / CHANGES).is_file():
         parts += ["Settings changed when the run was resumed (config.yaml keeps the original; the table above "
                   "shows the settings in force at the end):", Pre((run_dir / CHANGES).read_text())]
-    return Section("Configuration", parts)
+    changed = " and the changes made on resuming" if (run_dir / CHANGES).is_file() else ""
+    return Section("Configuration", [Details(f"the {len(rows)} settings of the run{changed}", parts)])
 
 
-def _curves(run_dir: Path, task: Task) -> Section:
+def _curves(run_dir: Path, task: Task, log: Log) -> Section:
     try:
         sub_runs = task.sub_runs(run_dir)
         if sub_runs:
@@ -115,7 +159,7 @@ def _curves(run_dir: Path, task: Task) -> Section:
             series = {"": read_metrics(run_dir / "metrics.jsonl")}
         paths = plot_curves(series, run_dir / "curves")
     except Exception as exc:  # noqa: BLE001  # a figure that fails must not cost the page
-        return Section("Training curves", [Note(f"The curves could not be drawn: {_why(exc)}")])
+        return Section("Training curves", [_failed("the curves", exc, log)])
     if not paths:
         return Section("Training curves", [Note("metrics.jsonl holds no logged step or evaluation yet "
                                                 "(train.log_every and train.eval_every decide what is logged).")])
@@ -143,17 +187,17 @@ def _item_sections(item: object) -> list[Section]:
     raise InputError(f"the report cannot show a {type(item).__name__}; tasks give views of attnlab.tasks.views")
 
 
-def _task_sections(run_dir: Path, task: Task, device: str) -> list[Section]:
+def _task_sections(run_dir: Path, task: Task, device: str, log: Log) -> list[Section]:
     """What the task shows beside results, configuration and curves; a failure (the data
     set or a checkpoint gone) is a note under the task's usual headings."""
     try:
         return [section for item in report_items(run_dir, device=device) for section in _item_sections(item)]
     except Exception as exc:  # noqa: BLE001
         heading = "Sample outputs" if task.outputs == "text" else "Sample predictions"
-        return [Section(heading, [Note(f"Predictions on the test set could not be computed: {_why(exc)}")])]
+        return [Section(heading, [_failed("the predictions on the test set", exc, log)])]
 
 
-def _attention(run_dir: Path, task: Task) -> Section:
+def _attention(run_dir: Path, task: Task, log: Log) -> Section:
     """Attention maps drawn by :func:`attnlab.viz.run.visualize_run`, when it can."""
     sub_runs = task.sub_runs(run_dir)
     target = sub_runs[0] if sub_runs else run_dir
@@ -162,23 +206,27 @@ def _attention(run_dir: Path, task: Task) -> Section:
         images = [Image(Path(path).read_bytes(), alt=f"attention map {Path(path).stem}") for path in paths]
         for image in images:
             data_uri(image.source)  # an unreadable picture becomes the note below, not a failed page
-    except Exception as exc:  # noqa: BLE001  # e.g. an efficient attention kind that forms no weights
-        return Section("Attention", [Note(f"No attention maps: {_why(exc)}")])
+    except AttentionUnavailable as exc:  # the model's: it forms no weights, has none, or has no drawing
+        return Section("Attention", [_unavailable("attention maps", _model_name(target), exc)])
+    except Exception as exc:  # noqa: BLE001  # the data gone (its message), or a bug (the log)
+        return Section("Attention", [_failed("the attention maps", exc, log)])
     if not images:
         return Section("Attention", [Note("No attention maps: the drawing returned none for this run.")])
     of = f" of {target.name}" if target != run_dir else ""
     return Section("Attention", [f"Attention maps{of} on up to two test inputs.", *images])
 
 
-def _explorer(run_dir: Path, task: Task) -> Section:
+def _explorer(run_dir: Path, task: Task, log: Log) -> Section:
     """The attention explorer (:func:`attnlab.viz.explore`) on the run's example inputs, in a
     frame of the page, when the run's model records attention weights."""
     sub_runs = task.sub_runs(run_dir)
     target = sub_runs[0] if sub_runs else run_dir
     try:
         page = explore(target, max_inputs=2, new_tokens=20).html()
-    except Exception as exc:  # noqa: BLE001  # e.g. an efficient attention kind that forms no weights
-        return Section("Attention explorer", [Note(f"No attention explorer: {_why(exc)}")])
+    except AttentionUnavailable as exc:
+        return Section("Attention explorer", [_unavailable("attention explorer", _model_name(target), exc)])
+    except Exception as exc:  # noqa: BLE001
+        return Section("Attention explorer", [_failed("the attention explorer", exc, log)])
     frame = (f'<iframe class="explorer" title="attention explorer" sandbox="allow-scripts" '
              f'srcdoc="{html.escape(page, quote=True)}"></iframe>')
     return Section("Attention explorer", [
@@ -187,19 +235,24 @@ def _explorer(run_dir: Path, task: Task) -> Section:
         "own, on inputs of one's choice).", Html(frame, tuple(script_hashes(page)))])
 
 
-def write_run_report(run_dir: str | Path, out: str | Path | None = None, *, device: str = "auto") -> Path:
+def write_run_report(run_dir: str | Path, out: str | Path | None = None, *, device: str = "auto",
+                     log: Log | None = None) -> Path:
     """Write ``run_dir/report.html`` (or ``out``) for a run directory and return its path.
 
     The curves' PNGs go to ``run_dir/curves/`` and the attention maps to
-    ``run_dir/attention/``; the page embeds them and needs nothing beside itself.
+    ``run_dir/attention/``; the page embeds them and needs nothing beside itself. The
+    sections: results, curves, the task's own (predictions, samples), attention maps, the
+    explorer, and the configuration last, folded. ``log`` takes the tracebacks of the parts
+    that failed by a bug (default: standard error).
     """
     run_dir = Path(run_dir)
+    log = log or _stderr
     recipe = read_recipe(run_dir)  # InputError naming run_dir when it is not a run directory
     task = get_task(recipe.task)
     results_section, _ = _results(run_dir)
-    sections = [results_section, _config(run_dir), _curves(run_dir, task), *_task_sections(run_dir, task, device),
-                _attention(run_dir, task), _explorer(run_dir, task)]
-    subtitle = (f"{task.describe(recipe)}: {recipe.model.name} on {recipe.data.name}. {run_dir.resolve()}, "
+    sections = [results_section, _curves(run_dir, task, log), *_task_sections(run_dir, task, device, log),
+                _attention(run_dir, task, log), _explorer(run_dir, task, log), _config(run_dir)]
+    subtitle = (f"{task.describe(recipe)}: {model_label(recipe.model) or '(unnamed)'} on {recipe.data.name}. {run_dir.resolve()}, "
                 f"report written {time.strftime('%Y-%m-%d %H:%M:%S')} by attnlab {__version__}.")
     path = Path(out) if out is not None else run_dir / "report.html"
     atomic_write_bytes(path, render_html(f"attnlab run {run_dir.resolve().name}", sections, subtitle).encode())
@@ -211,7 +264,7 @@ def write_run_report_safely(run_dir: str | Path, log=print) -> Path | None:
     never an exception (the trained run is worth more than its report)."""
     try:
         start = time.perf_counter()
-        path = write_run_report(run_dir)
+        path = write_run_report(run_dir, log=log)
         log(f"report: {path} ({time.perf_counter() - start:.1f} s)")
         return path
     except Exception as exc:  # noqa: BLE001  # any failure: the run's files are already safe on disk

@@ -19,7 +19,7 @@ from typing import Any, Sequence, Union
 
 from ..errors import InputError
 
-__all__ = ["Section", "Image", "Table", "Pre", "Note", "Html", "render_html", "data_uri"]
+__all__ = ["Section", "Image", "Table", "Pre", "Note", "Html", "Details", "render_html", "data_uri"]
 
 
 @dataclass
@@ -63,7 +63,16 @@ class Html:
     scripts: tuple[str, ...] = ()
 
 
-Part = Union[str, Image, Table, Pre, Note, Html]  # str: a paragraph of text
+@dataclass
+class Details:
+    """Parts folded under a one-line ``summary`` (an HTML ``<details>`` element, closed until
+    the reader opens it): what a reader seldom needs, such as a run's every setting."""
+
+    summary: str
+    parts: list["Part"] = field(default_factory=list)
+
+
+Part = Union[str, Image, Table, Pre, Note, Html, Details]  # str: a paragraph of text
 
 
 @dataclass
@@ -91,7 +100,10 @@ pre { background: #f7f7f7; border: 1px solid #e2e2e2; padding: 0.7em; overflow-x
 figure { display: inline-block; margin: 0.5em 1em 1em 0; vertical-align: top; }
 figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.88em; color: #444; }
-iframe.explorer { width: 100%; height: 820px; border: 1px solid #ddd; }
+/* the explorer takes the window's width, not the text's column: its head view spreads its lines over it */
+iframe.explorer { display: block; box-sizing: border-box; width: calc(100vw - 3em); height: 820px;
+                  margin-left: calc(50% - 50vw + 1.5em); border: 1px solid #ddd; }
+details > summary { cursor: pointer; color: #0b5cad; margin: 0.4em 0; }
 .note { color: #666; font-style: italic; }
 .scroll { overflow-x: auto; }
 """
@@ -141,7 +153,10 @@ def _part(part: Part) -> str:
         return f'<p class="note">{html.escape(part.text)}</p>'
     if isinstance(part, Html):
         return part.markup
-    raise TypeError(f"a section part must be str, Image, Table, Pre, Note or Html; got {type(part).__name__}")
+    if isinstance(part, Details):
+        return "\n".join([f"<details><summary>{html.escape(part.summary)}</summary>", *map(_part, part.parts),
+                          "</details>"])
+    raise TypeError(f"a section part must be str, Image, Table, Pre, Note, Html or Details; got {type(part).__name__}")
 
 
 def _anchor(heading: str, taken: set[str]) -> str:
@@ -153,12 +168,17 @@ def _anchor(heading: str, taken: set[str]) -> str:
     return anchor
 
 
+def _flat(parts: Sequence[Part]) -> list[Part]:
+    """``parts`` with those folded in :class:`Details` among them."""
+    return [q for p in parts for q in ([p, *_flat(p.parts)] if isinstance(p, Details) else [p])]
+
+
 def render_html(title: str, sections: Sequence[Section], subtitle: str = "") -> str:
     """The page: a title, a line under it, links to the sections, and the sections."""
     taken: set[str] = set()
     anchors = [_anchor(s.heading, taken) for s in sections]
     nav = " ".join(f'<a href="#{a}">{html.escape(s.heading)}</a>' for a, s in zip(anchors, sections))
-    scripts = sorted({h for s in sections for p in s.parts if isinstance(p, Html) for h in p.scripts})
+    scripts = sorted({h for s in sections for p in _flat(s.parts) if isinstance(p, Html) for h in p.scripts})
     csp = CSP + (f"; script-src {' '.join(scripts)}" if scripts else "")
     body = []
     for anchor, section in zip(anchors, sections):

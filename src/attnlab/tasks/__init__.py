@@ -17,14 +17,14 @@ in a recipe's ``task:``;
 
 from . import image_classification, language_modeling, reverse, text_classification, translation  # noqa: F401  # registers the tasks
 from .base import (DataConfig, ImageSpec, ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, get_task,
-                   list_tasks, recipe_dict, recipe_from_dict, register_task)
+                   list_tasks, model_label, recipe_dict, recipe_from_dict, register_task)
 from .runs import (CHANGES, CONFIG, RESULTS, finish_run, load_run, open_run, read_config, read_recipe, read_results,
                    report_items, train)
 from .views import (AlignmentAttention, ClassifierPredictions, ImageAttention, LabelPrediction, PixelAttention,
                     SampleTable, TextPrediction, TextAttention)
 
 __all__ = ["Task", "TrainedRun", "Recipe", "DataConfig", "ModelConfig", "ImageSpec", "Prepared", "Preprocessing",
-           "register_task", "get_task", "list_tasks", "recipe_from_dict", "recipe_dict", "train", "load_run",
+           "register_task", "get_task", "list_tasks", "model_label", "recipe_from_dict", "recipe_dict", "train", "load_run",
            "report_items", "finish_run", "open_run", "read_config", "read_recipe",
            "read_results", "CONFIG", "CHANGES", "RESULTS", "LabelPrediction", "TextPrediction", "ClassifierPredictions", "SampleTable",
            "TextAttention", "AlignmentAttention", "ImageAttention", "PixelAttention"]

@@ -33,7 +33,7 @@ from ..data.tokenize import TextTokenizer
 from ..engine.config import ConfigError, from_dict
 from ..engine.resolved import run_precision
 from ..engine.trainer import TrainConfig
-from ..errors import InputError, shape_str
+from ..errors import AttentionUnavailable, InputError, shape_str
 from ..io import atomic_write_bytes, read_json_mapping
 from ..memory import require_memory
 from ..models import create_model
@@ -43,7 +43,7 @@ from ..models.registry import OptionError, upgrade_options
 from ..suggest import did_you_mean
 
 __all__ = ["DataConfig", "ModelConfig", "LoRAConfig", "Recipe", "Task", "TrainedRun", "Prepared", "Preprocessing", "ImageSpec", "register_task", "get_task",
-           "list_tasks", "recipe_from_dict", "recipe_dict", "check_texts", "require_model"]
+           "list_tasks", "recipe_from_dict", "recipe_dict", "check_texts", "require_model", "model_label"]
 
 
 # ----------------------------------------------------------------------------- recipes
@@ -248,6 +248,9 @@ class Task:
     # file's values yield to the folder's (attnlab.recipes.load_recipe), and overrides of them are refused
     # (model.name and model.options: checked against the folder's by pretrained_model and check).
     folder_keys: ClassVar[tuple[str, ...]] = ()
+    # What a key does in this task where it differs from the help its section's comment gives for every
+    # task (`attnlab recipes NAME --keys`): a language model has no classifier head to train alone.
+    key_help: ClassVar[dict[str, str]] = {}
 
     # ------------------------------------------------------------------ recipe
     def model_options(self, recipe: Recipe, info: Any = None) -> dict[str, Any]:
@@ -370,6 +373,14 @@ class Task:
         (averaged weights). Runs on every rank."""
         return "auto"
 
+    def check_prepared(self, recipe: Recipe, run_dir: Path, model: nn.Module, prepared: Prepared,
+                       log: Callable[[str], None]) -> None:
+        """Before the first step (:func:`~attnlab.tasks.runs.preflight`): what the built
+        ``model`` and the run's preprocessing (``prepared``) must agree on, a vocabulary's size
+        and the model's, say. A mismatch the run cannot work with is an
+        :class:`~attnlab.errors.InputError` naming both sides; one it works around is a line of
+        ``log``."""
+
     def score(self, recipe: Recipe, run_dir: Path, model: nn.Module, prepared: Prepared, data: Any,
               log: Callable[[str], None]) -> dict[str, Any]:
         """What the task measures on the test set beyond the engine's loss and accuracy
@@ -447,7 +458,8 @@ class Task:
                         queries: Sequence[tuple[int, int]] | None = None) -> list[Any]:
         """The attention of ``run``'s model on ``inputs`` (``None``: the first test
         examples), as views of :mod:`attnlab.tasks.views` that :mod:`attnlab.viz` draws."""
-        raise InputError(f"a {self.name} run has no attention pictures")
+        raise AttentionUnavailable(f"a {self.name} run has no attention pictures",
+                                   reason=f"the {self.name} task draws no attention pictures")
 
     def explore_views(self, run: TrainedRun, inputs: Sequence[Any] | None, *, max_inputs: int = 2,
                       new_tokens: int = 20) -> list[Any]:
@@ -552,6 +564,28 @@ def pretrained_model(recipe: Recipe, task: Task | None = None) -> None:
                           f"folder of that family); got {recipe.model.name!r}")
     recipe.model.name = name
     recipe.model.options = {**options, **recipe.model.options}
+
+
+def model_label(model: ModelConfig) -> str:
+    """The model a run trains, in a few words, as the banner, the report and the explorer name
+    it: the registered model (``vit_digits_patch2``); for a Hugging Face folder its family,
+    size and folder (``qwen3 of 2 layers of width 64 from models/qwen``: the registered model
+    it is built as, ``llama_tiny`` and its options, is what config.yaml rebuilds); for weights
+    of a run or a file, the model and where its weights come from."""
+    source = model.checkpoint
+    if not source:
+        return model.name
+    family = None
+    if is_hf_folder(source):
+        try:
+            family = read_json_mapping(Path(source).expanduser() / "config.json").get("model_type")
+        except InputError:  # a folder gone bad since the run trained: named by what was built
+            family = None
+    if not isinstance(family, str) or not family:
+        return f"{model.name} from {source}"
+    depth, width = model.options.get("depth"), model.options.get("embed_dim")
+    size = f" of {depth} layers of width {width}" if isinstance(depth, int) and isinstance(width, int) else ""
+    return f"{family}{size} from {source}"
 
 
 def require_model(recipe: Recipe) -> None:

@@ -22,7 +22,8 @@ from ..data.source import Splits, source_of
 from ..engine.checkpoint import checkpoint_label
 from ..engine.device import autocast, select_device
 from ..engine.trainer import evaluate_model
-from ..errors import InputError
+from ..attention.capture import attention_modules
+from ..errors import AttentionUnavailable, InputError
 from ..models.maps import TokenGridMaps, attention_maps_adapter, families_with_maps
 from ..models.registry import config_class
 from .base import ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, register_task
@@ -37,6 +38,12 @@ class ImageClassificationRecipe(Recipe):
     task: str = "image_classification"
     data: ImageSourceConfig = field(default_factory=ImageSourceConfig)
     model: ModelConfig = field(default_factory=lambda: ModelConfig("vit_digits_patch2"))
+
+
+# What to train to see an image model's attention: a model of a family with a drawing (models.maps).
+_DRAWN_INSTEAD = ("To see attention, train a ViT or a BoTNet: the same recipe with model.name=vit_cifar_patch4 "
+                  "model.options={} (or model.name=botnet_cifar), or the recipes vit-cifar10, cct-cifar10 and "
+                  "botnet-cifar10 (CIFAR-10) or image-folder-pretrained (a pretrained ViT on images of one's own).")
 
 
 def _source(recipe: Recipe) -> ImageSource:
@@ -134,9 +141,14 @@ class ImageClassification(Task):
         model = run.model
         adapter = attention_maps_adapter(model)  # the model's family says how its attention is drawn
         if adapter is None:
-            raise InputError(f"run {run.run_dir} cannot be visualized: visualize draws image models whose family "
-                             f"says how its attention maps are drawn ({', '.join(families_with_maps())}), and this "
-                             f"run's model is {run.recipe.model.name!r}")
+            recordable, _ = attention_modules(model)
+            has = (f"its family ({type(model).__name__}) has no drawing of its attention over the image" if recordable
+                   else "it has no attention layer")
+            raise AttentionUnavailable(
+                f"run {run.run_dir} cannot be visualized: visualize draws image models whose family says how its "
+                f"attention maps are drawn ({', '.join(families_with_maps())}), and this run's model is "
+                f"{run.recipe.model.name!r}", reason=f"{has}; the image models whose attention is drawn are the "
+                f"families {', '.join(families_with_maps())}", instead=_DRAWN_INSTEAD)
         images, names = self._images(run, inputs, max_inputs)
         x = run.image.transform(images).to(next(model.parameters()).device)
         logits, maps = adapter(model, x)

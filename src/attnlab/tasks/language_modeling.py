@@ -48,11 +48,11 @@ from ..engine import distributed
 from ..engine.config import ConfigError
 from ..engine.device import select_device
 from ..engine.trainer import evaluate_model
-from ..errors import InputError
+from ..errors import AttentionUnavailable, InputError
 from ..io import atomic_write_bytes, read_json_mapping
 from ..models.gpt import GPT
 from ..models.hf import HF_FAMILIES, from_hf, hf_model_spec, is_hf_folder
-from ..models.sampling import GENERATION_OPTIONS, check_generation
+from ..models.sampling import GENERATION_OPTIONS, check_generation, choose_next, only_decodable
 from .base import (ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_texts, get_task,
                    register_task)
 from .run_files import train_config
@@ -262,6 +262,17 @@ class LanguageModeling(Task):
     fixed_on_resume = ("task", "model", "text", "train.optimizer")
     # model.checkpoint=FOLDER (a Hugging Face decoder): the folder's model and tokenizer are the run's
     folder_keys = ("model.name", "model.options", *(f"text.{key}" for key in FOLDER_TEXT_KEYS))
+    key_help = {
+        "model.checkpoint": "weights to start from: a Hugging Face decoder folder (GPT-2, Llama, Mistral, Qwen, Gemma, "
+                            "Phi, SmolLM, DeepSeek; its model and tokenizer become the run's), an attnlab "
+                            "language-model run directory, or a state dict of this model",
+        "model.freeze_backbone": "with checkpoint: train the output layer (head) alone, every block frozen; refused "
+                                 "for a head tied to the token embedding (nothing would train)",
+        "model.backbone_lr_scale": "the blocks and embeddings learn at train.lr x this, the output layer at train.lr",
+        "model.lora": "with checkpoint: low-rank adapters train, nothing else (the output layer stays frozen)",
+        "train.early_stop": "stop when the validation token accuracy (what picks checkpoints/best) has not improved "
+                            "for this many evaluations in a row; null: train to train.steps",
+    }
 
     def model_options(self, recipe: Recipe, info: LMTokenizer | None = None) -> dict[str, Any]:
         """``vocab_size`` of the tokenizer (``None``, for checking a recipe: BPE's asked size, or
@@ -403,6 +414,31 @@ class LanguageModeling(Task):
                 raise ConfigError(f"{exc} (the samples written after training start from generate.prompts: give "
                                   f"prompts that the run's tokenizer reads)") from None
 
+    def check_prepared(self, recipe: Recipe, run_dir: Path, model: nn.Module, prepared: Prepared,
+                       log: Callable[[str], None]) -> None:
+        """The model embeds every id of the run's tokenizer. An embedding with more rows than
+        the tokenizer has tokens (a folder padded past its tokenizer, as Qwen's are) is said in
+        one line: those ids are never generated (:func:`~attnlab.models.sampling.only_decodable`);
+        a tokenizer with more ids than the model embeds is refused, naming both sizes and files."""
+        embeds = getattr(getattr(model, "config", None), "vocab_size", None)
+        if prepared.info is None or not isinstance(embeds, int):
+            return
+        known = prepared.info.vocab_size
+        folder, text = _folder(recipe), recipe.text
+        if folder is not None:
+            source, tokens = f"the model of {folder / 'config.json'}", f"{folder / TOKENIZER}"
+        else:  # a run of attnlab's own: its vocab_size is the tokenizer's, unless model.options says another
+            given = recipe.model.options.get("vocab_size")
+            source = f"model {recipe.model.name}" + (f" (model.options.vocab_size={given})" if given else "")
+            tokens = text.tokenizer_file or f"the run's tokenizer (text.tokenizer={text.tokenizer})"
+        if known > embeds:
+            raise InputError(f"{tokens} has {known:,} tokens but {source} embeds {embeds:,} ids (vocab_size): ids "
+                             f"{embeds:,}-{known - 1:,} of the tokenizer have no embedding")
+        if embeds > known:
+            log(f"vocabulary: the model embeds {embeds:,} ids, the tokenizer decodes {known:,}: ids {known:,}-"
+                f"{embeds - 1:,} are never generated ({source} has rows past the tokens of {tokens}; they are "
+                f"masked out of every choice of a token)")
+
     def score(self, recipe: Recipe, run_dir: Path, model: nn.Module, prepared: Prepared, data: Splits,
               log: Callable[[str], None]) -> dict[str, Any]:
         """Perplexity and bits per character of the test part, the validation figures of the
@@ -446,7 +482,7 @@ class LanguageModeling(Task):
             new: list[list[int]] = [[] for _ in chunk]
             ended = [False] * len(chunk)
             for token in model.stream(ids, eos_id=_stream_eos(tokenizer), padding_mask=pad if pad.any() else None,
-                                      **settings):
+                                      decodable=tokenizer.vocab_size, **settings):
                 for row, t in enumerate(token.tolist()):
                     if ended[row]:
                         continue
@@ -540,7 +576,7 @@ class LanguageModeling(Task):
         new: list[int] = []
         shown = ""
         for token in run.model.stream(torch.tensor([ids], device=run.device), eos_id=_stream_eos(tokenizer),
-                                      **settings):
+                                      decodable=tokenizer.vocab_size, **settings):
             if int(token[0]) in ends:
                 break
             new.append(int(token[0]))
@@ -594,8 +630,10 @@ class LanguageModeling(Task):
                 run.model(torch.tensor([ids], device=run.device))
             layers = [(name, calls[0][0]) for name, calls in maps.items() if calls]
             if not layers:
-                raise InputError(f"run {run.run_dir} cannot be visualized: its attention "
-                                 f"({run.model.config.attention!r}) forms no weights")
+                raise AttentionUnavailable(
+                    f"run {run.run_dir} cannot be visualized: its attention ({run.model.config.attention!r}) forms "
+                    f"no weights", reason=f"its attention ({run.model.config.attention}) forms no weights",
+                    instead="Train it with model.options.attention=exact (the default) to see its attention.")
             views.append(TextAttention(f'"{shorten(text)}" (causal self-attention)',
                                        [tokenizer.decode([i]) for i in ids], layers))
         return views
@@ -614,8 +652,8 @@ class LanguageModeling(Task):
         views = []
         for text in texts:
             ids = _encode_prompt(tokenizer, text)[:context]
-            view = generation_attention(run.model, ids, label,
-                                        new_tokens=max(0, min(new_tokens, context - len(ids))))
+            view = generation_attention(run.model, ids, label, new_tokens=max(0, min(new_tokens, context - len(ids))),
+                                        decodable=known)
             view.title = f'"{shorten(text)}" and its greedy continuation'
             views.append(view)
         return views
@@ -623,13 +661,15 @@ class LanguageModeling(Task):
 
 @torch.no_grad()
 def generation_attention(model: GPT, ids: Sequence[int], label: Callable[[int], str], *, new_tokens: int,
-                         top_k: int = 10) -> GenerationAttention:
+                         top_k: int = 10, decodable: int | None = None) -> GenerationAttention:
     """The attention of ``model`` over the prompt ``ids`` and its greedy continuation of
     ``new_tokens`` tokens, and its ``top_k`` next tokens after each position
     (:class:`~attnlab.tasks.views.GenerationAttention`). With a model whose attention keeps a
     cache, the prompt goes through once and each new token through its own decoding step with
     the cache, as ``generate`` reads it (its rows are those steps' weights); otherwise the
-    whole sequence goes through again after the continuation is chosen."""
+    whole sequence goes through again after the continuation is chosen. ``decodable``: the ids
+    the tokenizer decodes; the rows past them are neither chosen nor among the next tokens
+    (:func:`~attnlab.models.sampling.choose_next`'s rule, as ``generate`` has it)."""
     from ..attention.capture import attention_modules
     from ..memory import require_memory
 
@@ -642,8 +682,10 @@ def generation_attention(model: GPT, ids: Sequence[int], label: Callable[[int], 
         cached = bool(getattr(model, "keeps_cache", False))
         recordable, opaque = ([name for name, _ in found] for found in attention_modules(model))
         if not recordable:
-            raise InputError(f"{type(model).__name__} records no attention weights: its attention "
-                             f"({', '.join(opaque[:3]) or 'none'}) forms no weight matrix")
+            what = f"its attention ({', '.join(opaque[:3]) or 'none'}) forms no weight matrix"
+            raise AttentionUnavailable(f"{type(model).__name__} records no attention weights: {what}", reason=what,
+                                       instead="Train it with model.options.attention=exact (the default) to see "
+                                               "its attention.")
         # every head's (L, L) map, recorded, assembled and encoded: about three float32 copies, checked first
         heads = sum(int(getattr(m, "num_heads", 1)) for name, m in model.named_modules() if name in set(recordable))
         require_memory(3 * 4 * heads * total * total, f"the attention of {total} positions ({n} prompt tokens and "
@@ -653,15 +695,16 @@ def generation_attention(model: GPT, ids: Sequence[int], label: Callable[[int], 
                 cache = model.new_cache(1, total)
                 logits = [model(torch.tensor([seq], device=device), cache=cache)[0].float()]
                 for _ in range(new_tokens):
-                    seq.append(int(logits[-1][-1].argmax()))
+                    seq.append(int(choose_next(logits[-1][-1:], decodable=decodable)))
                     logits.append(model(torch.tensor([seq[-1:]], device=device), cache=cache)[0].float())
             else:
                 for _ in range(new_tokens):
-                    seq.append(int(model(torch.tensor([seq], device=device))[0, -1].argmax()))
+                    step = model(torch.tensor([seq], device=device))[0, -1:].float()
+                    seq.append(int(choose_next(step, decodable=decodable)))
                 for calls in maps.values():
                     calls.clear()  # only the last pass, over everything, is kept
                 logits = [model(torch.tensor([seq], device=device))[0].float()]
-        probs = torch.cat(logits).softmax(-1)
+        probs = only_decodable(torch.cat(logits), decodable).softmax(-1)
         p, idx = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
         top = [[(label(int(i)), float(v)) for v, i in zip(pv, iv)] for pv, iv in zip(p.tolist(), idx.tolist())]
         layers = []

@@ -25,7 +25,7 @@ from ..engine.device import select_device
 from ..engine.trainer import evaluate_model
 from ..errors import InputError
 from .base import ModelConfig, Prepared, Recipe, Task, TrainedRun, check_texts, register_task
-from .seq2seq import seq2seq_alignment, strip_padding
+from .seq2seq import SEQ2SEQ_KEY_HELP, seq2seq_alignment, strip_padding
 from .views import TextPrediction
 
 __all__ = ["ReverseRecipe", "Reverse", "exact_match"]
@@ -69,6 +69,9 @@ class Reverse(Task):
     outputs = "text"
     sample_unit = "strings"
     fixed_on_resume = ("task", "model", "train.optimizer")
+    key_help = {**SEQ2SEQ_KEY_HELP,
+                "model.checkpoint": "weights to start from: an attnlab reverse run directory or a state dict of this "
+                                    "model"}
 
     def model_options(self, recipe: Recipe, info: Any = None) -> dict[str, Any]:
         v = recipe.data.vocab_size

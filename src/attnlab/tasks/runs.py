@@ -137,7 +137,7 @@ def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module],
             "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "train_seconds": out["train_seconds"], "samples_per_s": out["samples_per_s"], "steps": out["steps"],
             "fit_wall_seconds": time.perf_counter() - start, "model": recipe.model.name,
-            "precision": out["precision"]}
+            "precision": out["precision"], **({"stopped": out["stopped"]} if out["stopped"] else {})}
 
 
 def test_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module], test_set: Any,
@@ -312,13 +312,15 @@ def preflight(task: Task, recipe: Recipe, run_dir: Path, model: nn.Module, prepa
     first seconds, with nothing trained to lose: an error the user can act on
     (:class:`~attnlab.errors.InputError`) is said as what the run will need after training.
     The random state and the model's mode are left as they were, so that the steps that
-    follow are those of a run without it. Returns the seconds it took."""
+    follow are those of a run without it. First, :meth:`~Task.check_prepared`: the model and the
+    preprocessing agree (a language model's tokenizer and embedding). Returns the seconds it took."""
     start = time.perf_counter()
     cpu_rng = torch.random.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     was_training = model.training
     small = dataclasses.replace(prepared, test=_Head(prepared.test, n),
                                 val=None if prepared.val is None else _Head(prepared.val, n), tested=None)
+    task.check_prepared(recipe, run_dir, model, prepared, log)  # the model and the preprocessing agree (vocabulary)
     try:
         task.preprocessing(run_dir, recipe)  # what load_run reads back: tokenizers, classes
         for part in (small.test, small.val):

@@ -11,7 +11,17 @@ from torch import nn
 from ..attention.capture import attention_modules, capture_attention
 from .views import AlignmentAttention
 
-__all__ = ["strip_padding", "seq2seq_alignment"]
+__all__ = ["strip_padding", "seq2seq_alignment", "SEQ2SEQ_KEY_HELP"]
+
+# The keys whose ModelConfig help speaks of a classifier, as they read for an encoder-decoder
+# (Task.key_help): there is no head to train apart.
+SEQ2SEQ_KEY_HELP = {
+    "model.freeze_backbone": "refused here: an encoder-decoder has no output layer apart from the rest to train "
+                             "alone (model.lora trains adapters alone)",
+    "model.backbone_lr_scale": "refused here: an encoder-decoder has no output layer apart from the rest to learn "
+                               "at a rate of its own",
+    "model.lora": "with checkpoint: low-rank adapters train, nothing else",
+}
 
 
 def strip_padding(hyp: list[int], pad_id: int) -> list[int]:

@@ -32,7 +32,7 @@ from ..engine.checkpoint import checkpoint_label
 from ..engine.config import ConfigError
 from ..engine.device import autocast, select_device
 from ..engine.trainer import evaluate_model
-from ..errors import InputError
+from ..errors import AttentionUnavailable, InputError
 from .base import ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_texts, register_task
 from .classify import check_label_options, predict_labels, read_classes, spread, top_labels, write_classes
 from .text import TextConfig, build_tokenizer
@@ -219,8 +219,9 @@ class TextClassification(Task):
             raise InputError(f"queries (--query) choose BoTNet query pixels; run {run.run_dir} is a "
                              f"{self.name} run")
         if model.config.depth == 0:
-            raise InputError(f"run {run.run_dir} cannot be visualized: its classifier has no attention layers "
-                             f"(depth=0)")
+            raise AttentionUnavailable(f"run {run.run_dir} cannot be visualized: its classifier has no attention "
+                                       f"layers (depth=0)", reason="it has no attention layers (depth=0)",
+                                       instead="Train it with model.options.depth=1 or more to see its attention.")
         texts = check_texts(inputs, self.name) if inputs is not None else self._test_set(run).texts[:max_inputs]
         views = []
         for text in texts:

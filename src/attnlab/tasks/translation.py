@@ -48,7 +48,7 @@ from ..engine.trainer import evaluate_model
 from ..errors import InputError
 from ..io import atomic_write_bytes
 from .base import ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_texts, register_task
-from .seq2seq import seq2seq_alignment, strip_padding
+from .seq2seq import SEQ2SEQ_KEY_HELP, seq2seq_alignment, strip_padding
 from .text import TextConfig
 from .views import SampleTable, TextPrediction
 
@@ -223,6 +223,13 @@ class Translation(Task):
     name = "translation"
     recipe_class = TranslationRecipe
     summary = "translate sentences: Multi30k (de, en, fr, cs) or parallel files of one's own; BLEU with sacreBLEU"
+    key_help = {
+        **SEQ2SEQ_KEY_HELP,
+        "model.checkpoint": "weights to start from: an attnlab translation run directory or a state dict of this "
+                            "model (the vocabularies must be the same sizes)",
+        "train.early_stop": "stop when the validation token accuracy (what picks checkpoints/best) has not improved "
+                            "for this many evaluations in a row; null: train to train.steps",
+    }
     inputs = "texts"
     outputs = "text"
     sample_unit = "sentence pairs"

@@ -80,6 +80,10 @@ def fine_tuning(model: nn.Module, config: ModelConfig, log: Any = None, *, class
         for name, p in model.named_parameters():
             if not name.startswith(head + "."):
                 p.requires_grad_(False)
+        if not any(p.requires_grad for p in model.parameters()):  # a head tied to the embedding is listed under it
+            raise InputError(f"model.freeze_backbone=true would train nothing: {type(model).__name__}'s output layer "
+                             f"'{head}' is its token embedding's own weights (tied), which freezing the backbone "
+                             f"freezes; use model.lora, or model.backbone_lr_scale below 1")
     if config.lora is not None or config.freeze_backbone:
         for name, child in model.named_children():  # and its BatchNorm statistics stay those of the checkpoint
             if name != head:

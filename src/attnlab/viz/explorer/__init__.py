@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from ...attention.capture import attention_modules, capture_attention
-from ...errors import InputError
+from ...errors import AttentionUnavailable, InputError
 from ...io import atomic_write_bytes
 from .documents import document_of, tensor_documents
 from .page import FORMAT, decode_weights, encode_weights, render_page
@@ -137,7 +137,7 @@ def _explore_module(model: nn.Module, inputs: Any, tokens: Sequence[Sequence[str
     if not recordable:
         what = (f"its attention ({', '.join(n or type(m).__name__ for n, m in opaque[:3])}) forms no weight matrix"
                 if opaque else "it has no attention module that records weights")
-        raise InputError(f"{type(model).__name__} records no attention: {what}")
+        raise AttentionUnavailable(f"{type(model).__name__} records no attention: {what}", reason=what)
     if inputs is None:
         raise InputError("inputs must be given for a module: a tensor, a tuple of arguments or a dict of keyword "
                          "arguments")

@@ -10,7 +10,9 @@
 (() => {
   const PAGE = 64;          // head view: positions a page
   const ROW = 20;           // head view: px a token row (explorer.css: --row)
-  const SVG_WIDTH = 240;    // head view: px between the two token columns
+  const SVG_WIDTH = 240;    // head view: the least px between the two token columns
+  const SVG_MAX = 960;      // head view: the most; between the two, the lines take the width the page has
+  const LABEL_PX = 110;     // matrices: the widest token label, in px (longer ones end in an ellipsis)
   const MAX_LINES = 8000;   // head view: at most this many lines (the strongest) in one drawing
   const THUMB = 72;         // model view: px a thumbnail
   const MATRIX_PX = 640;    // matrix view: the map's target size in px
@@ -57,7 +59,17 @@
     const text = String(token).replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/\r/g, "");
     return text === "" ? "∅" : text;
   }
-  const clip = (text, n) => (text.length > n ? text.slice(0, n - 1) + "…" : text);
+  /** `text` as it fits in `px` at `ctx`'s font: whole, or its longest start that fits with an ellipsis. */
+  function fitText(ctx, text, px) {
+    if (ctx.measureText(text).width <= px) return text;
+    const chars = Array.from(text);   // code points: a cut never splits a character
+    let lo = 0, hi = chars.length - 1;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >> 1;
+      if (ctx.measureText(chars.slice(0, mid).join("") + "…").width <= px) lo = mid; else hi = mid - 1;
+    }
+    return chars.slice(0, lo).join("") + "…";
+  }
 
   /** Resolves on the next animation frame (or after 100 ms where frames are not drawn: a hidden tab). */
   function nextFrame() {
@@ -365,6 +377,7 @@
     const right = tokens(group.keys, k0, k1, "tok-right", "j");
     $("tokens-left").replaceChildren(...left);
     $("tokens-right").replaceChildren(...right);
+    const width = headWidth();
 
     // the lines: one per (selected head, query, key) with weight >= threshold; zeros never draw
     const minByte = Math.max(1, Math.ceil(ui.threshold * 255 - 1e-9));
@@ -384,15 +397,16 @@
 
     const svg = $("head-svg");
     const height = Math.max(b - a, k1 - k0) * ROW;
+    svg.setAttribute("width", String(width));
     svg.setAttribute("height", String(height));
-    svg.setAttribute("viewBox", `0 0 ${SVG_WIDTH} ${height}`);
+    svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
     const frag = document.createDocumentFragment();
     headLines = found.map(([h, i, j, v]) => {
       const line = document.createElementNS(SVGNS, "line");
       line.setAttribute("class", "attn-line");
       line.setAttribute("x1", "0");
       line.setAttribute("y1", String((i - a + 0.5) * ROW));
-      line.setAttribute("x2", String(SVG_WIDTH));
+      line.setAttribute("x2", String(width));
       line.setAttribute("y2", String((j - k0 + 0.5) * ROW));
       line.setAttribute("stroke", headColour(h));
       line.setAttribute("stroke-opacity", String(v / 255));
@@ -411,6 +425,14 @@
         : `${total} lines: weights ≥ ${thr} of ${heads.length === 1 ? "head" : "heads"} ${heads.join(", ")}, layer ${state.layer}. Hover a token to see only its lines.`;
     for (const node of left) hoverFilter(node, "q", Number(node.dataset.i));
     for (const node of right) hoverFilter(node, "k", Number(node.dataset.j));
+  }
+
+  /** The head view's px between its token columns: what the page's width leaves them, SVG_WIDTH to SVG_MAX. */
+  function headWidth() {
+    const columns = document.querySelectorAll("#view-head .tok-column");
+    const taken = Array.from(columns, (c) => c.offsetWidth).reduce((a, b) => a + b, 0);
+    const free = $("view-head").clientWidth - taken - 2;
+    return Math.round(Math.max(SVG_WIDTH, Math.min(SVG_MAX, free)));
   }
 
   /** Hovering `node` shows only the lines whose `side` ("q" or "k") is `index`; leaving shows all. */
@@ -580,15 +602,21 @@
     attachTooltip(canvas);
   }
 
-  /** Token labels along a matrix: right-aligned row labels, or column labels read upwards. */
+  /**
+   * Token labels along a matrix: right-aligned row labels, or column labels read upwards, each
+   * at most LABEL_PX long (a longer one ends in an ellipsis); hovering one shows it whole.
+   * The canvas keeps `labels`: {shown, full}.
+   */
   function drawLabels(canvas, labels, s, vertical) {
     canvas.hidden = !labels;
+    canvas.labels = labels ? { full: labels, shown: [], s, vertical } : null;
     if (!labels) return;
     const font = `${Math.min(11, s)}px system-ui, -apple-system, "Segoe UI", sans-serif`;
-    const texts = labels.map((t) => clip(shown(t), 16));
     const measure = canvas.getContext("2d");
     measure.font = font;
-    const depth = Math.ceil(Math.min(110, Math.max(0, ...texts.map((t) => measure.measureText(t).width)))) + 6;
+    const texts = labels.map((t) => fitText(measure, shown(t), LABEL_PX));
+    canvas.labels.shown = texts;
+    const depth = Math.ceil(Math.max(0, ...texts.map((t) => measure.measureText(t).width))) + 6;
     const along = labels.length * s;
     const ctx = vertical ? sizeCanvas(canvas, along, depth) : sizeCanvas(canvas, depth, along);
     ctx.font = font;
@@ -603,6 +631,17 @@
       ctx.fillText(t, 0, 0);
       ctx.restore();
     });
+    if (canvas.dataset.tooltip) return;
+    canvas.dataset.tooltip = "1";
+    canvas.addEventListener("mousemove", (e) => {
+      const m = canvas.labels;
+      if (!m) return;
+      const rect = canvas.getBoundingClientRect();
+      const k = Math.floor((m.vertical ? e.clientX - rect.left : e.clientY - rect.top) / m.s);
+      if (k < 0 || k >= m.full.length) { hideTooltip(); return; }
+      showTooltip(e, `${m.vertical ? "key" : "query"} ${k}: ${shown(m.full[k])}`);
+    });
+    canvas.addEventListener("mouseleave", hideTooltip);
   }
 
   /** The tooltip of a matrix canvas: query i "tok" → key j "tok": weight. */
@@ -940,6 +979,19 @@
     return out;
   }
 
+  /** A new width of the page redraws the head view, whose lines take the width there is. */
+  function bindResize() {
+    let timer = 0, last = window.innerWidth;
+    window.addEventListener("resize", () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => {
+        if (window.innerWidth === last) return;
+        last = window.innerWidth;
+        if (state.view === "head") render();
+      }, 150);
+    });
+  }
+
   function start() {
     $("title").textContent = data.title || "attention explorer";
     $("subtitle").textContent = data.subtitle || "";
@@ -951,6 +1003,7 @@
     $("threshold").value = String(ui.threshold);
     bindControls();
     bindImage();
+    bindResize();
     applyChange({});
     state.heads = defaultHeads(current().layer.heads);
     return render();

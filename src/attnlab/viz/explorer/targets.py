@@ -24,7 +24,7 @@ from ...errors import InputError
 from ...io import read_json_mapping
 from ...models.hf import HF_FAMILIES, from_hf, is_hf_folder
 from ...tasks import TrainedRun, load_run
-from ...tasks.base import check_texts
+from ...tasks.base import check_texts, model_label
 from ...tasks.language_modeling import DECODER_TYPES, load_folder
 from ...tasks.views import ImageAttention, TextAttention
 
@@ -90,8 +90,7 @@ def load_target(target: Any, *, checkpoint: str = "auto", device: str = "cpu", h
 
 
 def _run_target(run: TrainedRun) -> Target:
-    name = run.recipe.model.name or Path(str(run.recipe.model.checkpoint or "")).name
-    return Target(run.run_dir.name, f"{run.task.name} run {run.run_dir} (model {name})", run=run)
+    return Target(run.run_dir.name, f"{run.task.name} run {run.run_dir} (model {model_label(run.recipe.model)})", run=run)
 
 
 def target_views(target: Target, inputs: Sequence[Any] | None, *, max_inputs: int, new_tokens: int) -> list[Any]:
