@@ -100,6 +100,7 @@ def test_generate_chat_with_a_hostile_template_exits_2_in_one_line(llama, tmp_pa
 
 def test_json_depth_counts_brackets_outside_strings():
     assert json_depth(b'{"a": [1, {"b": "]]]][[[["}], "c": "\\"[[["}') == 3
+    assert json_depth(b'["\\\\", [["x"]]]') == 3  # an escaped backslash ends no string
     assert json_depth(b"17") == 0 and json_depth(b"[]") == 1
 
 

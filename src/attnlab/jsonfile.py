@@ -5,9 +5,10 @@ deeper than ``max_depth`` before Python's parser sees it.
 
 Why a depth limit of its own: Python's ``json`` recurses once per level and fails at about
 1,000 levels with a ``RecursionError`` (a crash, not a refusal); a hostile 2 MB file of
-``[[[[...`` reaches that. The check costs one pass over the text's brackets outside its
-strings: 0.2 s for a 33 MB ``tokenizer.json`` (Gemma 3's, the largest these folders hold),
-next to the 0.3 s ``json.loads`` takes on it.
+``[[[[...`` reaches that. The check costs a few passes in C over the text and one in Python
+over its brackets outside strings: 0.43 s for a 15 MB tokenizer.json of 262,144 tokens and
+524,288 merges (many of them escaped), against 0.70 s for ``json.loads`` of it (AMD EPYC,
+AVX2 only; a regular expression for the strings took 1.07 s).
 
 Imports nothing heavy: the command line may read JSON before it imports torch.
 """
@@ -25,7 +26,7 @@ from .limits import JSON_MAX_BYTES, JSON_MAX_DEPTH
 
 __all__ = ["parse_json", "read_json", "json_depth", "read_bytes"]
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)  # a JSON string, its escapes included
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)  # an escaped character: \" and \\ end no string
 _KEEP = bytes(range(256)).translate(None, b"[]{}")  # every byte but the brackets
 _STEP = bytes.maketrans(b"[{]}", b"\x01\x01\x00\x00")
 
@@ -36,7 +37,8 @@ def json_depth(data: bytes) -> int:
     says what is wrong with it."""
     if data.count(b"[") + data.count(b"{") <= 1:
         return int(data.count(b"[") + data.count(b"{"))
-    brackets = _STRING.sub(b"", data).translate(None, _KEEP).translate(_STEP)
+    outside = b"".join(_ESCAPE.sub(b"", data).split(b'"')[::2])  # every other piece between quotes: no string
+    brackets = outside.translate(None, _KEEP).translate(_STEP)
     return max(accumulate(1 if b else -1 for b in brackets), default=0)
 
 
