@@ -82,6 +82,8 @@ def test_a_real_template_renders_as_before_within_the_limits():
     template = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content | trim }}{% endfor %}"
                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
     assert render_chat(template, HI * 3) == "<|user|>hi" * 3 + "<|assistant|>"
+    # a large number as a filter's value (not its count) is no size: filters with and without Jinja's context
+    assert render_chat("{{ 1700000000 | string }} {{ 1700000000 | attr('real') }}", HI) == "1700000000 1700000000"
     text = "y" * (CHAT_MAX_CHARS - 100)  # close to the limit is still rendered
     assert len(render_chat("{{ messages[0].content }}", [{"role": "user", "content": text}])) == len(text)
 

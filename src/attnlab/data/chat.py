@@ -180,9 +180,11 @@ def _check_counts(name: str, args: Any, kwargs: Any) -> None:
 def _counted(name: str, f: Any) -> Any:
     """Filter ``f`` refusing a count past CHAT_MAX_CHARS (``center(10**9)``); Jinja's marks of
     what the filter is passed (``jinja_pass_arg``) carry over."""
+    skip = 2 if getattr(f, "jinja_pass_arg", None) else 1  # the value (after the context Jinja passes) is no count
+
     @wraps(f)
     def filter_(*args: Any, **kwargs: Any) -> Any:
-        _check_counts(f"the filter {name}", args[1:], kwargs)
+        _check_counts(f"the filter {name}", args[skip:], kwargs)
         return f(*args, **kwargs)
 
     return filter_
