@@ -11,14 +11,14 @@ from attnlab.cli import main
 
 from conftest import make_folder
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "en" / "guide.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "en" / "guide" / "runs.md"
 TINY = ["train.steps=2", "train.batch_size=8", "train.log_every=0", "train.progress=false", "train.eval_every=0",
         "train.checkpoint_every=0", "train.tensorboard=false"]
 
 
 def example() -> str:
     text = GUIDE.read_text(encoding="utf-8")
-    section = text[text.index("## Your own data"):]
+    section = text[text.index("## A finished run"):]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 

@@ -22,6 +22,7 @@ from typing import Sequence
 from . import __version__
 from .bench.parts import LM_PARTS, VISION_PARTS
 from .errors import InputError, NonFiniteLossError, WriteError
+from .families import decoder_names, encoder_names
 from .limits import MAX_LINE_CHARS
 from .memory import keep_freed_memory
 from .plugins import import_plugins
@@ -747,7 +748,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", parents=[plugins],
                        help="continue a prompt with a language-model run, printing the text as it comes")
     p.add_argument("run_dir", help="a run directory of the language_modeling task, or a Hugging Face decoder "
-                                   "folder (GPT-2, Llama, Mistral: config.json, its weights, tokenizer.json)")
+                                   f"folder ({decoder_names()}: config.json, its weights, tokenizer.json)")
     p.add_argument("prompt", help="the text to continue (with --chat: the user's message); -: all of standard input")
     p.add_argument("--checkpoint", default="auto", help=checkpoint_help)
     # The ranges are check_generation's (one place for the command line, recipes and Python), said by flag.
@@ -798,7 +799,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explore", parents=[plugins],
                        help="write an interactive page of every head of every layer (one HTML file, offline)")
     p.add_argument("target", metavar="TARGET", help="a run directory written by 'attnlab train', or a Hugging Face "
-                                                    "folder (GPT-2, Llama, Qwen, Gemma, ... ; BERT family; ViT)")
+                                                    f"folder (a decoder: {decoder_names()}; an encoder: {encoder_names()}; ViT)")
     p.add_argument("inputs", nargs="*", metavar="INPUT",
                    help="texts (text and language-model runs, text folders), a source sentence (translation) or "
                         "image files (image models); -: lines of standard input; default: the run's first test examples or its "
@@ -889,6 +890,16 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--fresh", action="store_true", help="start over instead of keeping the finished items in --out")
     q.set_defaults(func=cmd_bench_lm)
     return parser
+
+
+def subcommands() -> list[tuple[str, str]]:
+    """Each subcommand of ``attnlab`` with its one-line help, in the order ``--help`` lists them.
+
+    The user guide's list of subcommands is printed from this, so it cannot drift from the parser.
+    """
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return [(action.dest, action.help or "") for action in sub._choices_actions]
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:

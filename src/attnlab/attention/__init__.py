@@ -26,7 +26,7 @@ from .variants.standalone2d import StandAloneSelfAttention2d
 from .variants.topk import TopKAttention
 from .variants.lsh import LSHAttention
 from .registry import (attend_grid, attention_causal_only, attention_family, attention_forms_weights,
-                       attention_keeps_cache,
+                       attention_honours, attention_keeps_cache,
                        build_attention, list_attention,
                        register_attention)
 from .capture import capture_attention
@@ -60,6 +60,7 @@ __all__ = [
     "attention_family",
     "attention_forms_weights",
     "attention_keeps_cache",
+    "attention_honours",
     "attention_causal_only",
     "attend_grid",
     "RelPosSelfAttention2d",

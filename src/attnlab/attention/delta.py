@@ -132,7 +132,8 @@ class RecurrentCache:
 
 
 
-@register_attention("gated_delta", forms_weights=False, keeps_cache=True, causal_only=True)
+@register_attention("gated_delta", forms_weights=False, keeps_cache=True, causal_only=True,
+                    summary="the gated delta rule (Gated DeltaNet): a recurrent state, linear in time")
 class GatedDeltaNet(KeepsJoinedWeights, nn.Module):
     """The gated delta rule layer (see the module docstring).
 
@@ -154,6 +155,9 @@ class GatedDeltaNet(KeepsJoinedWeights, nn.Module):
     left-padded prompt leaves the state at zero until its first token); ``attn_mask`` is
     refused.
     """
+
+    supports_causal = True  # what it honours: a causal mask and key padding (the kinds' table)
+    supports_padding = True
 
     lora_role = "attention"
     position_options = ()

@@ -40,7 +40,8 @@ def default_lambda_init(layer_index: int) -> float:
     return 0.8 - 0.6 * math.exp(-0.3 * layer_index)
 
 
-@register_attention("sinks", forms_weights=True, keeps_cache=True)
+@register_attention("sinks", forms_weights=True, keeps_cache=True,
+                    summary="exact attention with a learned sink logit per head (gpt-oss)")
 class SinkAttention(GroupedQueryAttention):
     """Exact attention with a learned sink logit per query head (gpt-oss): every query also
     sees a key without a value, so it may give part of its weight to nothing instead of to
@@ -61,7 +62,8 @@ class SinkAttention(GroupedQueryAttention):
                          window=window, qk_norm=qk_norm, scale=scale, softcap=softcap, sinks=True)
 
 
-@register_attention("differential", forms_weights=True, keeps_cache=True)
+@register_attention("differential", forms_weights=True, keeps_cache=True,
+                    summary="differential attention: the difference of two softmax maps cancels common-mode noise")
 class DifferentialAttention(GroupedQueryAttention):
     """Differential attention (see the module docstring), with the exact kind's options and
     ``layer_index`` (the layer's depth, 0 first, which sets ``lambda_init``; the decoder passes

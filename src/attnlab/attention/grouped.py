@@ -163,7 +163,8 @@ def fused_linear(owner: nn.Module, name: str, layers: tuple[nn.Linear, ...], x: 
     return tuple(out.split([layer.out_features for layer in layers], dim=-1))
 
 
-@register_attention("exact", forms_weights=True, keeps_cache=True)
+@register_attention("exact", forms_weights=True, keeps_cache=True,
+                    summary="softmax attention: multi-head, grouped-query or multi-query, any window and positions")
 class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Module):
     r"""Exact self-attention with any number of key/value heads (multi-head, grouped-query,
     multi-query), batch-first, that keeps its own cache: the ``"exact"`` kind (``"gqa"`` is
@@ -210,6 +211,9 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
 
     The projections are ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj``, as in Llama.
     """
+
+    supports_causal = True  # what it honours: a causal mask and key padding (the kinds' table)
+    supports_padding = True
 
     lora_role = "attention"  # LoRA (attnlab.layers.lora): its linear layers are attention projections
     position_options = ("window",)

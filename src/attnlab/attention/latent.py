@@ -46,7 +46,8 @@ __all__ = ["IndexedSparseAttention", "LatentAttention"]
 
 
 
-@register_attention("latent", forms_weights=True, keeps_cache=True)
+@register_attention("latent", forms_weights=True, keeps_cache=True,
+                    summary="latent attention (DeepSeek-V2/V3): keys and values from one small latent, which is cached")
 class LatentAttention(nn.Module):
     """Multi-head latent attention (see the module docstring).
 
@@ -69,6 +70,9 @@ class LatentAttention(nn.Module):
         dropout: on the attention weights, in training mode.
         bias: biases of the projections of ``x`` and of the output.
     """
+
+    supports_causal = True  # what it honours: a causal mask and key padding (the kinds' table)
+    supports_padding = True
 
     lora_role = "attention"
     position_options = ()
@@ -267,7 +271,8 @@ class LatentAttention(nn.Module):
         return ", ".join(parts)
 
 
-@register_attention("dsa", forms_weights=True, keeps_cache=True)
+@register_attention("dsa", forms_weights=True, keeps_cache=True,
+                    summary="DeepSeek's sparse attention (V3.2): an indexer picks each query's top-k keys")
 class IndexedSparseAttention(LatentAttention):
     """DeepSeek's sparse attention (DeepSeek-V3.2, 2025): latent attention in which each query
     attends only to the ``index_topk`` keys that a light indexer scores highest.

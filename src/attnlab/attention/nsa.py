@@ -41,7 +41,8 @@ from .registry import register_attention
 __all__ = ["NativeSparseAttention"]
 
 
-@register_attention("nsa", keeps_cache=True, causal_only=True)
+@register_attention("nsa", keeps_cache=True, causal_only=True,
+                    summary="native sparse attention: compressed blocks, selected blocks and a window, gated")
 class NativeSparseAttention(GroupedQueryAttention):
     """Native sparse attention (see the module docstring) with the exact kind's projections,
     grouped key/value heads, rotary positions, QK-norm and cache, and ``block`` (positions a

@@ -67,7 +67,7 @@ from ..errors import InputError
 from ..suggest import did_you_mean
 
 __all__ = ["register_attention", "register_alias", "build_attention", "list_attention", "attention_family",
-           "attention_forms_weights", "attention_keeps_cache", "attention_causal_only", "attention_accepts", "attention_options_named",
+           "attention_forms_weights", "attention_keeps_cache", "attention_honours", "attention_summary", "attention_causal_only", "attention_accepts", "attention_options_named",
            "attention_takes", "kinds_taking", "attention_position_options", "attend_grid"]
 
 
@@ -79,6 +79,7 @@ class AttentionEntry:
     forms_weights: bool  # computes the (B, H, Lq, Lk) weights, which capture_attention can record
     keeps_cache: bool  # makes and advances a decoding cache (the contract in the module docstring)
     causal_only: bool = False  # attends to earlier positions only: refuses is_causal=False (decoders only)
+    summary: str = ""  # what the kind is, in one line (the README's and the guide's table of kinds)
 
 
 _KINDS: dict[str, AttentionEntry] = {}
@@ -86,7 +87,8 @@ _ALIASES: dict[str, str] = {}  # an older name -> the kind's name (recipes and r
 
 
 def register_attention(name: str, family: str = "tokens", *, forms_weights: bool = False,
-                       keeps_cache: bool = False, causal_only: bool = False) -> Callable[[type], type]:
+                       keeps_cache: bool = False, causal_only: bool = False,
+                       summary: str = "") -> Callable[[type], type]:
     """Class decorator: make ``cls`` buildable as ``build_attention(name, ...)``.
 
     ``forms_weights``: the kind computes the full ``(B, heads, Lq, Lk)`` weight matrix
@@ -98,7 +100,9 @@ def register_attention(name: str, family: str = "tokens", *, forms_weights: bool
     contract says (checked here: it has ``new_cache`` and ``cache_bytes``).
 
     ``causal_only``: the kind has no form for attending both ways (a recurrent state, blocks
-    seen once complete); it refuses ``is_causal=False`` in one line, and only a decoder can use it."""
+    seen once complete); it refuses ``is_causal=False`` in one line, and only a decoder can use it.
+
+    ``summary``: what the kind is, in one line, for the tables of kinds (:mod:`attnlab.catalog`)."""
     if family not in ("tokens", "grid"):
         raise InputError(f"family must be 'tokens' or 'grid'; got {family!r}")
 
@@ -110,7 +114,7 @@ def register_attention(name: str, family: str = "tokens", *, forms_weights: bool
         cls.forms_weights = forms_weights  # the capability, read by capture_attention
         cls.keeps_cache = keeps_cache
         cls.causal_only = causal_only
-        _KINDS[name] = AttentionEntry(name, family, cls, forms_weights, keeps_cache, causal_only)
+        _KINDS[name] = AttentionEntry(name, family, cls, forms_weights, keeps_cache, causal_only, summary)
         return cls
 
     return deco
@@ -191,6 +195,19 @@ def attention_position_options(name: str) -> tuple[str, ...]:
 def attention_forms_weights(name: str) -> bool:
     """Whether kind ``name`` forms the weight matrix that capture_attention records."""
     return _entry(name).forms_weights
+
+
+def attention_summary(name: str) -> str:
+    """What kind ``name`` is, in one line (empty for a kind registered without one)."""
+    return _entry(name).summary
+
+
+def attention_honours(name: str) -> dict[str, bool | None]:
+    """What kind ``name`` honours of the masks: ``{"causal": ..., "padding": ...}``, each
+    ``True`` or ``False`` for a ``"tokens"`` kind (one that cannot honour a mask refuses it
+    in one line) and ``None`` for a ``"grid"`` kind, which takes no masks."""
+    cls = _entry(name).cls
+    return {what: getattr(cls, f"supports_{what}", None) for what in ("causal", "padding")}
 
 
 def attention_causal_only(name: str) -> bool:

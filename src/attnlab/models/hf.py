@@ -4,8 +4,9 @@ A folder in the Hugging Face layout (``config.json`` and ``model.safetensors``, 
 ``pytorch_model.bin`` read with ``weights_only=True``; from a local disk: nothing is
 downloaded) becomes an attnlab model in eval mode:
 
-* decoders of the GPT-2, Llama and Mistral families: a :class:`~attnlab.models.gpt.GPT`;
-* encoders of the BERT, RoBERTa and DistilBERT families: a
+* decoders of every family in :data:`attnlab.families.DECODERS` (GPT-2 to DeepSeek-V3.2): a
+  :class:`~attnlab.models.gpt.GPT`;
+* encoders of the families in :data:`attnlab.families.ENCODERS`: a
   :class:`~attnlab.models.encoder.TextEncoder`, with the classification head of a
   ``*ForSequenceClassification`` folder (its class count read off the head's weights), or
   without one (``num_classes=0``: the pooled features) for a bare ``BertModel`` and the like;
@@ -698,9 +699,9 @@ def hf_model_spec(folder: str | Path) -> tuple[str, dict[str, Any]]:
 def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | TextEncoder | VisionTransformer:
     """The model of a Hugging Face checkpoint folder, in eval mode, with its weights in ``dtype``.
 
-    * GPT-2, Llama, Mistral: a :class:`~attnlab.models.gpt.GPT`; ``model(ids)`` gives
+    * a decoder (every family of :data:`attnlab.families.DECODERS`): a :class:`~attnlab.models.gpt.GPT`; ``model(ids)`` gives
       ``(B, L, vocab)`` logits and ``model.generate(ids, max_new_tokens=...)`` ``(B, L + new)`` ids.
-    * BERT, RoBERTa, DistilBERT: a :class:`~attnlab.models.encoder.TextEncoder`;
+    * an encoder (:data:`attnlab.families.ENCODERS`): a :class:`~attnlab.models.encoder.TextEncoder`;
       ``model(ids, attention_mask)`` gives ``(B, num_labels)`` logits for a
       ``*ForSequenceClassification`` folder, the pooled features ``(B, hidden)`` for the
       encoder alone; ``model.forward_features(ids, attention_mask)`` the last hidden states.

@@ -17,7 +17,7 @@ A run also writes a few samples (``samples.txt``) from the ``generate`` section'
 ``attnlab predict RUN "prompt"`` continues prompts; ``run.predict([...], max_new_tokens=...,
 temperature=..., top_k=..., top_p=..., seed=...)`` in Python.
 
-A pretrained decoder's Hugging Face folder (GPT-2, Llama, Mistral, ...) fine-tunes on one's
+A pretrained decoder's Hugging Face folder (any family of :data:`attnlab.families.DECODERS`) fine-tunes on one's
 own text with ``model.checkpoint=FOLDER``: the folder decides the model (its registered name
 and options, recorded in ``config.yaml``) and the tokenizer (its ``tokenizer.json`` with its
 special tokens, copied into the run directory as an
@@ -49,6 +49,7 @@ from ..engine.config import ConfigError
 from ..engine.device import select_device
 from ..engine.trainer import evaluate_model
 from ..errors import AttentionUnavailable, InputError
+from ..families import decoder_names
 from ..io import atomic_write_bytes, read_json_mapping
 from ..models.gpt import GPT
 from ..models.hf import HF_FAMILIES, from_hf, hf_model_spec, is_hf_folder
@@ -228,8 +229,8 @@ def folder_sampling(folder: str | Path) -> SampleConfig:
 
 
 def load_folder(folder: str | Path, *, device: str = "cpu") -> TrainedRun:
-    """A Hugging Face decoder folder (GPT-2, Llama, Mistral: ``config.json``, its weights,
-    ``tokenizer.json``) as a finished language-model run, whose ``task.stream`` and
+    """A Hugging Face decoder folder (of a family in :data:`attnlab.families.DECODERS`: ``config.json``,
+    its weights, ``tokenizer.json``) as a finished language-model run, whose ``task.stream`` and
     ``predict`` continue prompts as a run's do (``attnlab generate FOLDER "prompt"``): its
     model (:func:`~attnlab.models.from_hf`, float32, eval mode, on ``device``), its tokenizer
     with the folder's special tokens, stop ids and chat template
@@ -263,8 +264,8 @@ class LanguageModeling(Task):
     # model.checkpoint=FOLDER (a Hugging Face decoder): the folder's model and tokenizer are the run's
     folder_keys = ("model.name", "model.options", *(f"text.{key}" for key in FOLDER_TEXT_KEYS))
     key_help = {
-        "model.checkpoint": "weights to start from: a Hugging Face decoder folder (GPT-2, Llama, Mistral, Qwen, Gemma, "
-                            "Phi, SmolLM, DeepSeek; its model and tokenizer become the run's), an attnlab "
+        "model.checkpoint": f"weights to start from: a Hugging Face decoder folder ({decoder_names()}; its model and tokenizer "
+                            "become the run's), an attnlab "
                             "language-model run directory, or a state dict of this model",
         "model.freeze_backbone": "with checkpoint: train the output layer (head) alone, every block frozen; refused "
                                  "for a head tied to the token embedding (nothing would train)",

@@ -33,7 +33,7 @@ class AxialWeights(NamedTuple):
     cols: Tensor
 
 
-@register_attention("axial", family="grid")
+@register_attention("axial", family="grid", summary="axial attention over a feature map: along rows, then columns")
 class AxialAttention2d(nn.Module):
     r"""Multi-head axial self-attention over an ``H x W`` map: rows first, then columns.
 

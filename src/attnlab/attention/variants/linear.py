@@ -146,7 +146,7 @@ def elu_linear_attention(q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6) -> 
     return _KernelAttention.apply(q.to(ct), k.to(ct), v.to(ct), eps, True).to(v.dtype)
 
 
-@register_attention("linear")
+@register_attention("linear", summary="linear attention with the elu + 1 feature map, linear in time")
 class LinearAttention(TokenAttention):
     """Linear attention with ``phi(x) = elu(x) + 1`` (Katharopoulos et al., 2020).
 

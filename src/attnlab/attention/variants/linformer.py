@@ -38,7 +38,7 @@ from .base import TokenAttention
 __all__ = ["LinformerAttention"]
 
 
-@register_attention("linformer")
+@register_attention("linformer", summary="Linformer: keys and values projected to a fixed length k along the sequence")
 class LinformerAttention(TokenAttention):
     """Linformer self-attention; see the module docstring.
 

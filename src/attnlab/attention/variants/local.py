@@ -106,7 +106,7 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, key_padding
     return out.reshape(batch, heads, lp, v.shape[-1])[:, :, :n]
 
 
-@register_attention("local")
+@register_attention("local", summary="sliding-window attention: each query sees the keys within w of it")
 class LocalAttention(TokenAttention):
     """Sliding-window self-attention (see the module docstring).
 

@@ -24,7 +24,8 @@ from .base import TokenAttention
 __all__ = ["LocalitySelfAttention"]
 
 
-@register_attention("lsa")
+@register_attention("lsa",
+                    summary="locality self-attention: a learned temperature, no attention to oneself")
 class LocalitySelfAttention(TokenAttention):
     """Self-attention with a learned temperature and no attention to oneself (see the
     module docstring). Args as :class:`~.base.TokenAttention`."""

@@ -111,7 +111,8 @@ def lsh_attention(qk: Tensor, v: Tensor, rotations: Tensor, bucket_size: int, *,
     return out[:, :, :n]
 
 
-@register_attention("lsh")
+@register_attention("lsh",
+                    summary="Reformer's LSH attention: queries and keys hashed into buckets, attended within each")
 class LSHAttention(TokenAttention):
     """LSH self-attention with shared queries and keys (see the module docstring).
 

@@ -77,7 +77,7 @@ def _masked_softmax(logits: Tensor, blocked: Tensor | None) -> Tensor:
     return torch.softmax(logits, dim=-1)
 
 
-@register_attention("nystrom")
+@register_attention("nystrom", summary="Nyströmformer: the softmax matrix approximated from landmark queries and keys")
 class NystromAttention(TokenAttention):
     """Nyström self-attention; see the module docstring.
 

@@ -142,7 +142,8 @@ def favor_causal(phi_q: Tensor, expo_k: Tensor, v: Tensor, eps: float = 1e-20, c
     return torch.cat(outs, dim=2).to(out_dtype)
 
 
-@register_attention("performer")
+@register_attention("performer",
+                    summary="Performer's FAVOR+: random features approximate the softmax, linear in time")
 class PerformerAttention(TokenAttention):
     """FAVOR+ attention with positive orthogonal random features (Choromanski et al., 2021).
 

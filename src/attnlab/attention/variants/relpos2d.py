@@ -41,7 +41,8 @@ def _resized(table: Tensor, length: int) -> Tensor:
     return F.interpolate(table.t()[None], size=length, mode="linear", align_corners=True)[0].t()
 
 
-@register_attention("relpos2d", family="grid", forms_weights=True)
+@register_attention("relpos2d", family="grid", forms_weights=True,
+                    summary="BoTNet's multi-head self-attention over a feature map with 2-D relative positions")
 class RelPosSelfAttention2d(nn.Module):
     r"""Multi-head self-attention over an ``H x W`` map with 2-D relative position logits.
 

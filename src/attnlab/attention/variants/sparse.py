@@ -59,7 +59,7 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     return value
 
 
-@register_attention("sparse")
+@register_attention("sparse", summary="block-sparse patterns: fixed, strided (Sparse Transformer) or BigBird's")
 class SparseAttention(TokenAttention):
     """Block-sparse attention over the patterns ``"fixed"``, ``"strided"`` and ``"bigbird"``;
     see the module docstring."""

@@ -31,7 +31,8 @@ from .grid import check_map, grid_size
 __all__ = ["StandAloneSelfAttention2d"]
 
 
-@register_attention("standalone2d", family="grid")
+@register_attention("standalone2d", family="grid",
+                    summary="stand-alone self-attention over k x k windows of a feature map, with relative positions")
 class StandAloneSelfAttention2d(nn.Module):
     r"""Multi-head local self-attention over ``k x k`` windows, with relative positions.
 

@@ -69,7 +69,7 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, top_k: int, *, key_padding_m
     return torch.matmul(weights.to(v.dtype), v)
 
 
-@register_attention("topk")
+@register_attention("topk", summary="each query keeps only its k largest logits")
 class TopKAttention(TokenAttention):
     """Top-k self-attention (see the module docstring); ``top_k=1`` is hard attention.
 
