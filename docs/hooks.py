@@ -6,6 +6,8 @@
 * The pages' code runs in a fresh temporary folder (the working directory during the
   build), so that ``runs/...`` and other files a page writes land there and are removed
   afterwards; ``ATTNLAB_DATA_DIR`` is made absolute first.
+* The changelog page is ``CHANGELOG.md`` from the repository's top, its links made relative to the page.
+* The snippets' base paths (``--8<-- "bench/attention.md"``) are made absolute first.
 * Matplotlib draws off-screen.
 * Links from the site's root (``href="/zh/index.html"``, which the language switch uses
   where a page has no translation) become relative to the page, so that the site works
@@ -58,7 +60,14 @@ def leave_workdir() -> None:
         shutil.rmtree(_state.pop("work"), ignore_errors=True)
 
 
-def on_config(config, **kwargs):  # the configuration's paths are absolute by now
+def on_config(config, **kwargs):  # the configuration's own paths are absolute by now
+    # ... but not an extension's: the snippets' base paths (docs/, the repository) are made
+    # absolute here, before the working directory moves to the temporary folder.
+    top = Path(config.config_file_path).resolve().parent
+    snippets = config.mdx_configs.get("pymdownx.snippets", {})
+    if "base_path" in snippets:
+        paths = snippets["base_path"]
+        snippets["base_path"] = [str(top / p) for p in ([paths] if isinstance(paths, str) else paths)]
     enter_workdir()
     return config
 
@@ -76,6 +85,10 @@ def join_cjk_lines(markdown: str) -> str:
 
 def on_page_markdown(markdown, page, **kwargs):
     _started[page.file.src_uri] = time.perf_counter()
+    if page.file.src_uri == "en/changelog.md":
+        # The page is CHANGELOG.md, whose links are written from the repository's top
+        # (docs/en/results/vision.md): from the page they are relative to docs/en/.
+        markdown = (Path(_DOCS).parent / "CHANGELOG.md").read_text(encoding="utf-8").replace("](docs/en/", "](")
     return join_cjk_lines(markdown) if page.file.src_uri.startswith("zh/") else markdown
 
 

@@ -55,3 +55,11 @@ def test_no_help_or_docstring_lists_a_few_families_by_hand():
             continue
         text = file.read_text(encoding="utf-8")
         assert "GPT-2, Llama, Mistral" not in text, file
+
+
+def test_every_generated_region_of_the_readme_and_the_site_is_current():
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    marked = [f for f in files if "<!-- generated: " in f.read_text(encoding="utf-8")]
+    assert {ROOT / "README.md", ROOT / "docs" / "en" / "guide" / "recipes.md",
+            ROOT / "docs" / "zh" / "guide" / "recipes.md"} <= set(marked)
+    assert catalog.main(["--check", *map(str, marked)]) == 0, "run: python -m attnlab.catalog --write README.md docs/*/guide/*.md"

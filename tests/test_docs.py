@@ -28,6 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = ("attention", "norms", "transformer", "vit", "cnn-attention", "efficient", "language-models", "own-data",
              "inside")
 LANGUAGES = {"en": "", "zh": "zh/"}  # the language and its folder in the site
+GUIDE = ("index", "command-line", "recipes", "data", "models", "generation", "runs", "training", "inside")
+RESULTS = ("index", "vision", "precision", "own-images", "text", "language-models", "decoding", "attention-kinds",
+           "attention-2024", "explorer", "fine-tuning")
 
 
 @pytest.fixture(scope="session")
@@ -161,8 +164,10 @@ def _open(driver, page: Path) -> dict:
 def test_pages_render_in_a_browser(browser, site, lang):
     pages = [site / LANGUAGES[lang] / "index.html"] + [site / LANGUAGES[lang] / "tutorials" / f"{n}.html"
                                                        for n in TUTORIALS]
+    # the home page, a results page (with its plots), a page of the guide; the architecture page and the changelog
+    pages += [site / LANGUAGES[lang] / "results" / "vision.html", site / LANGUAGES[lang] / "guide" / "models.html"]
     if lang == "en":
-        pages.append(site / "api" / "attention.html")
+        pages += [site / "api" / "attention.html", site / "architecture.html", site / "changelog.html"]
     for page in pages:
         state = _open(browser, page)
         where = page.relative_to(site)
@@ -235,6 +240,37 @@ def test_chinese_lines_are_joined_outside_code():
     hooks = _hooks()
     text = "先用几行代码\n手写注意力\nthen English\n```python\n# 中\n文\n```\n真\n实"
     assert hooks.join_cjk_lines(text) == "先用几行代码手写注意力\nthen English\n```python\n# 中\n文\n```\n真实"
+
+
+def test_the_guide_and_the_results_are_in_both_languages_two_clicks_from_home(site):
+    for lang, folder in LANGUAGES.items():
+        home = _parse(site / folder / "index.html")
+        for section, names in (("guide", GUIDE), ("results", RESULTS)):
+            # one click: the section's first page is linked from the home page's text or navigation ...
+            assert any(link.split("#")[0].endswith(f"{section}/index.html") for link in home.links), (lang, section)
+            first = _parse(site / folder / section / "index.html")
+            for name in names[1:]:  # ... and the second: every page of the section from that one
+                assert (site / folder / section / f"{name}.html").is_file(), (lang, section, name)
+                assert any(link.split("#")[0].endswith(f"{name}.html") for link in first.links), (lang, section, name)
+
+
+def test_a_chinese_page_keeps_the_english_anchors():
+    # a link to guide/models.md#hugging-face-checkpoint-folders reaches the same section in both languages
+    for section, names in (("guide", GUIDE), ("results", RESULTS)):
+        for name in names:
+            en, zh = (ROOT / "docs" / lang / section / f"{name}.md" for lang in LANGUAGES)
+            headings = [re.findall(r"^##+ .*$", p.read_text(encoding="utf-8"), re.M) for p in (en, zh)]
+            assert len(headings[0]) == len(headings[1]), (section, name)
+            if section == "guide":
+                assert all(re.search(r"\{#[\w-]+\}$", h) for h in headings[1]), (name, headings[1])
+
+
+def test_the_readme_is_short_and_links_the_guide_and_the_results():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    for lang in LANGUAGES:
+        assert f"docs/{lang}/guide/index.md" in readme and f"docs/{lang}/results/index.md" in readme
+    assert "docs/en/architecture.md" in readme and "CONTRIBUTING.md" in readme and "CHANGELOG.md" in readme
 
 
 def test_the_readme_links_to_every_page_in_both_languages():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["attention", "data", "layers", "models", "create_model", "list_models", "train", "load_run", "finish_run",
            "__version__"]
