@@ -205,8 +205,8 @@ def test_differential_weights_are_the_difference_of_two_maps():
     ({"num_heads": 3, "num_kv_heads": 3}, "num_heads and num_kv_heads must be even"),
     ({"num_heads": 4, "num_kv_heads": 1}, "num_heads and num_kv_heads must be even"),
     ({"num_heads": 4, "layer_index": -1}, "layer_index must be"),
-    ({"num_heads": 4, "lambda_init": float("nan")}, "lambda_init must be a number"),
-    ({"num_heads": 4, "lambda_std": -1.0}, "lambda_std must be 0 or more"),
+    ({"num_heads": 4, "lambda_init": float("nan")}, "lambda_init must be a finite number"),
+    ({"num_heads": 4, "lambda_std": -1.0}, "lambda_std must be a finite number >= 0"),
 ])
 def test_differential_refuses_what_it_cannot_do_in_one_line(options, message):
     heads = options.pop("num_heads")
@@ -332,11 +332,11 @@ def test_latent_attention_trains_and_its_weights_are_captured():
 
 
 @pytest.mark.parametrize("options,message", [
-    ({"kv_rank": 0}, "kv_rank must be a positive integer"),
+    ({"kv_rank": 0}, "kv_rank must be an integer >= 1"),
     ({"rope": True, "rope_dim": 3}, "rope_dim must be an even number"),
     ({"rope_dim": 4}, "rope_dim=4 is the rotary part of each head, and rope is off"),
-    ({"q_rank": -2}, "q_rank must be a positive integer"),
-    ({"v_head_dim": 0}, "v_head_dim must be a positive integer"),
+    ({"q_rank": -2}, "q_rank must be an integer >= 1"),
+    ({"v_head_dim": 0}, "v_head_dim must be an integer >= 1"),
 ])
 def test_latent_refuses_impossible_sizes_in_one_line(options, message):
     with pytest.raises(InputError, match=message) as caught:
@@ -502,8 +502,8 @@ def test_gated_delta_refuses_what_a_state_cannot_do_in_one_line(call, message):
 
 @pytest.mark.parametrize("options,message", [
     ({"num_key_heads": 3}, "num_key_heads must divide num_heads=4"),
-    ({"conv_size": 0}, "conv_size must be a positive integer"),
-    ({"chunk_size": 0}, "chunk_size must be a positive integer"),
+    ({"conv_size": 0}, "conv_size must be an integer >= 1"),
+    ({"chunk_size": 0}, "chunk_size must be an integer >= 1"),
 ])
 def test_gated_delta_refuses_impossible_sizes_in_one_line(options, message):
     with pytest.raises(InputError, match=message):
@@ -765,7 +765,7 @@ def test_dsa_index_loss_refuses_what_is_not_a_weight(value):
 
 @pytest.mark.parametrize("options,message", [
     ({"rope": True, "rope_dim": 8, "index_head_dim": 4}, "index_head_dim .4. must hold the rotary part"),
-    ({"index_topk": 0}, "index_topk must be a positive integer"),
+    ({"index_topk": 0}, "index_topk must be an integer >= 1"),
 ])
 def test_dsa_refuses_impossible_sizes_in_one_line(options, message):
     with pytest.raises(InputError, match=message):

@@ -172,9 +172,9 @@ def test_a_decoder_with_nsa_trains_every_part_of_it():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"block": 0}, "block must be a positive integer"),
-    ({"num_selected": -1}, "num_selected must be a positive integer"),
-    ({"window": 0}, "window must be a positive integer"),
+    ({"block": 0}, "block must be an integer >= 1"),
+    ({"num_selected": -1}, "num_selected must be an integer >= 1"),
+    ({"window": 0}, "window must be an integer >= 1"),
 ])
 def test_nsa_refuses_sizes_that_are_not_positive(options, message):
     with pytest.raises(InputError, match=message):

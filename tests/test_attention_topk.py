@@ -64,5 +64,5 @@ def test_the_kind_builds_from_the_registry_and_checks_its_option():
     x = torch.randn(2, 6, 16)
     out, weights = attn(x, is_causal=True)
     assert out.shape == (2, 6, 16) and weights is None
-    with pytest.raises(InputError, match="top_k must be a positive int; got top_k=0"):
+    with pytest.raises(InputError, match=r"top_k must be an integer >= 1 \(an option of attention 'topk'\); got 0"):
         build_attention("topk", 16, 2, top_k=0)

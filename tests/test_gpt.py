@@ -170,7 +170,7 @@ def test_top_p_keeps_the_smallest_set_that_reaches_p():
 @pytest.mark.parametrize("options, message", [
     ({"num_kv_heads": 3}, "num_kv_heads must be a positive divisor of num_heads=4"),
     ({"rope": True, "alibi": True}, "choose one"),
-    ({"window": 0}, "window must be a positive number"),
+    ({"window": 0}, "window must be an integer >= 1, or None"),
 ])
 def test_attention_options_that_cannot_work_are_one_clear_error(options, message):
     with pytest.raises(InputError, match=message):

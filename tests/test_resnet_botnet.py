@@ -454,7 +454,7 @@ def test_relpos2d_other_input_sizes_resize_the_tables():
 def test_relpos2d_bad_construction():
     with pytest.raises(ValueError, match="embed_dim must be divisible by num_heads; got embed_dim=10, num_heads=4"):
         build_attention("relpos2d", 10, 4, size=4)
-    with pytest.raises(ValueError, match=r"size must be a positive integer or a pair \(H, W\) of them; got \(3, 0\)"):
+    with pytest.raises(ValueError, match=r"size must be a positive integer or a pair \(H, W\) of them \(an option of attention 'relpos2d'\); got \(3, 0\)"):
         build_attention("relpos2d", 8, 2, size=(3, 0))
     with pytest.raises(ValueError, match="unknown option 'window' of attention 'relpos2d'"):
         build_attention("relpos2d", 8, 2, size=4, window=3)

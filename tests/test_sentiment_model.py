@@ -242,9 +242,8 @@ def test_a_registered_tokens_kind_is_used_with_its_options(monkeypatch):
             out, w = super().forward(x, **kw)
             return out * self.gain, w
 
-    entry = attention_registry.AttentionEntry("scaled_test", "tokens", ScaledSelfAttention, forms_weights=True,
-                                              keeps_cache=False)
-    monkeypatch.setitem(attention_registry._KINDS, "scaled_test", entry)
+    monkeypatch.setattr(attention_registry, "_KINDS", dict(attention_registry._KINDS))
+    attention_registry.register_attention("scaled_test", forms_weights=True)(ScaledSelfAttention)
     model = tiny(attention="scaled_test", attention_options={"gain": 0.0}).eval()
     assert all(isinstance(layer.self_attn, ScaledSelfAttention) for layer in model.encoder.layers)
     assert model.encoder.layers[0].self_attn.gain == 0.0

@@ -75,6 +75,42 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_kinds(args: argparse.Namespace) -> int:
+    """The attention kinds with what each can do; with a name, that kind's options (types,
+    defaults, ranges), as its registration declares them."""
+    from .attention import registry
+
+    if args.kind is None:
+        flags = ("causal", "padding", "weights", "cache", "streaming", "decode_step")
+        rows = [("kind", "family", *(f.replace("_", " ") for f in flags), "summary")]
+        for name in registry.list_attention():
+            caps = registry.attention_capabilities(name)
+            marks = ["-" if getattr(caps, f) is None else ("only" if f == "causal" and caps.causal_only else
+                                                           "yes" if getattr(caps, f) else "no") for f in flags]
+            rows.append((name, registry.attention_family(name), *marks, registry.attention_summary(name)))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        for r in rows:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        print("\nattnlab kinds KIND lists a kind's options; a model takes them as attention_options.")
+        return 0
+    caps = registry.attention_capabilities(args.kind)  # an unknown name: one line with the close ones
+    can = [f.replace("_", " ") for f in ("causal", "padding", "weights", "cache", "streaming", "decode_step",
+                                         "positions", "causal_only") if getattr(caps, f)]
+    print(f"{args.kind} ({registry.attention_family(args.kind)}): {registry.attention_summary(args.kind)}")
+    print(f"declares: {', '.join(can) or 'none of the flags'}"
+          + (f"; LoRA roles: {', '.join(caps.lora_roles)}" if caps.lora_roles else ""))
+    options = list(registry.attention_options(args.kind))
+    if not options:
+        print("options: none")
+        return 0
+    rows = [("option", "takes", "default", "what it does")]
+    rows += [(o.name, o.expected(), "required" if o.required else repr(o.default), o.help) for o in options]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[3])
+    return 0
+
+
 def cmd_sources(args: argparse.Namespace) -> int:
     """The registered data sources, by kind of data, each with the data keys it takes."""
     from .data.source import list_sources
@@ -689,6 +725,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list registered models with their parameter counts")
     p.add_argument("pattern", nargs="?", default="*", help="shell-style name filter, e.g. 'transformer_*'")
     p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("kinds", parents=[plugins],
+                       help="list the attention kinds and what each can do; 'attnlab kinds KIND': its options")
+    p.add_argument("kind", nargs="?", default=None, help="a kind's name (e.g. exact, local, gated_delta)")
+    p.set_defaults(func=cmd_kinds)
 
     p = sub.add_parser("sources", parents=[plugins], help="list the data sources a recipe's data.name can name")
     p.set_defaults(func=cmd_sources)

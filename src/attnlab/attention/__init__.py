@@ -25,10 +25,10 @@ from .variants.sparse import SparseAttention
 from .variants.standalone2d import StandAloneSelfAttention2d
 from .variants.topk import TopKAttention
 from .variants.lsh import LSHAttention
-from .registry import (attend_grid, attention_causal_only, attention_family, attention_forms_weights,
-                       attention_honours, attention_keeps_cache,
-                       build_attention, list_attention,
-                       register_attention)
+from .contract import Cache, Capabilities, Option, Options
+from .registry import (attend_grid, attention_capabilities, attention_causal_only, attention_family,
+                       attention_forms_weights, attention_honours, attention_keeps_cache, attention_options,
+                       build_attention, list_attention, register_attention)
 from .capture import capture_attention
 
 __all__ = [
@@ -56,6 +56,12 @@ __all__ = [
     "capture_attention",
     "build_attention",
     "register_attention",
+    "attention_capabilities",
+    "attention_options",
+    "Capabilities",
+    "Option",
+    "Options",
+    "Cache",
     "list_attention",
     "attention_family",
     "attention_forms_weights",

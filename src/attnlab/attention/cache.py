@@ -195,6 +195,12 @@ class DecodingCache:
         return sum(t.untyped_storage().nbytes() for t in (self._k, self._v, self._sink_k, self._sink_v)
                    if t is not None)
 
+    def reorder(self, index: Tensor) -> None:
+        """Keep the batch rows ``index`` ``(B',)`` names, in that order (beam search reorders and
+        drops hypotheses this way). What ``scratch`` holds does not depend on the rows."""
+        self._k, self._v, self._sink_k, self._sink_v = (
+            None if t is None else t.index_select(0, index) for t in (self._k, self._v, self._sink_k, self._sink_v))
+
     def __repr__(self) -> str:
         return (f"DecodingCache(capacity={self.capacity}, window={self.window}, seen={self.seq_len}, "
                 f"stored={self.stored})")

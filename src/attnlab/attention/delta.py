@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError, shape_str
+from .contract import Option, Options
 from .functional import check_positive_int
 from .grouped import KeepsJoinedWeights, joined_weight, product
 from .registry import register_attention
@@ -132,7 +133,24 @@ class RecurrentCache:
 
 
 
-@register_attention("gated_delta", forms_weights=False, keeps_cache=True, causal_only=True,
+GATED_DELTA_OPTIONS = Options(
+    Option("dropout", float, 0.0, "taken for the common signature; the layer forms no weights to drop", low=0, high=1,
+           high_open=True),
+    Option("bias", bool, False, "biases of the projections (Qwen3.5 has none)"),
+    Option("num_key_heads", int, None, "query/key heads, each serving num_heads / num_key_heads value heads "
+           "(None: num_heads)", low=1),
+    Option("head_dim", int, None, "the query/key size (None: embed_dim / num_heads)", low=1),
+    Option("v_head_dim", int, None, "the value size (None: head_dim)", low=1),
+    Option("conv_size", int, 4, "the causal convolution's width (1: a per-channel scale)", low=1),
+    Option("chunk_size", int, 64, "tokens a chunk in training and on prompts", low=1),
+    Option("norm_eps", float, 1e-6, "the output norm's eps (the decoder gives its own)", low=0, low_open=True,
+           from_model="norm_eps"),
+)
+
+
+# positions: taken and left unused (a recurrent state has its order), so that a decoder with rotary layers can mix it in.
+@register_attention("gated_delta", options=GATED_DELTA_OPTIONS, keeps_cache=True, decode_step=True,
+                    takes_positions=True, causal=True, padding=True, causal_only=True, lora_roles=("attention",),
                     summary="the gated delta rule (Gated DeltaNet): a recurrent state, linear in time")
 class GatedDeltaNet(KeepsJoinedWeights, nn.Module):
     """The gated delta rule layer (see the module docstring).
@@ -155,12 +173,6 @@ class GatedDeltaNet(KeepsJoinedWeights, nn.Module):
     left-padded prompt leaves the state at zero until its first token); ``attn_mask`` is
     refused.
     """
-
-    supports_causal = True  # what it honours: a causal mask and key padding (the kinds' table)
-    supports_padding = True
-
-    lora_role = "attention"
-    position_options = ()
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = False,
                  num_key_heads: int | None = None, head_dim: int | None = None, v_head_dim: int | None = None,

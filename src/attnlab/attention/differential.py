@@ -29,8 +29,9 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from .functional import scaled_dot_product_attention
-from .grouped import GroupedQueryAttention
-from .registry import register_attention
+from .contract import Option
+from .grouped import EXACT_OPTIONS, GroupedQueryAttention
+from .registry import check_attention_options, register_attention
 
 __all__ = ["DifferentialAttention", "SinkAttention", "default_lambda_init"]
 
@@ -40,7 +41,9 @@ def default_lambda_init(layer_index: int) -> float:
     return 0.8 - 0.6 * math.exp(-0.3 * layer_index)
 
 
-@register_attention("sinks", forms_weights=True, keeps_cache=True,
+@register_attention("sinks", options=EXACT_OPTIONS.extend(drop=("sinks", "output_gate")), forms_weights=True,
+                    keeps_cache=True, streams=True, decode_step=True, takes_positions=True, causal=True, padding=True,
+                    lora_roles=("attention",),
                     summary="exact attention with a learned sink logit per head (gpt-oss)")
 class SinkAttention(GroupedQueryAttention):
     """Exact attention with a learned sink logit per query head (gpt-oss): every query also
@@ -50,19 +53,23 @@ class SinkAttention(GroupedQueryAttention):
     weights wanted it runs on torch's fused kernel, the sink as one key more: its memory grows
     linearly with the length, as exact attention's does."""
 
-    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
-                 num_kv_heads: int | None = None, head_dim: int | None = None, out_bias: bool | None = None,
-                 rope: bool = False, rope_theta: float = 10000.0, rope_scaling: dict | None = None,
-                 partial_rotary: float = 1.0, max_len: int | None = None, alibi: bool = False,
-                 window: int | None = None, qk_norm: bool = False, scale: float | None = None,
-                 softcap: float | None = None) -> None:
-        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, num_kv_heads=num_kv_heads,
-                         head_dim=head_dim, out_bias=out_bias, rope=rope, rope_theta=rope_theta,
-                         rope_scaling=rope_scaling, partial_rotary=partial_rotary, max_len=max_len, alibi=alibi,
-                         window=window, qk_norm=qk_norm, scale=scale, softcap=softcap, sinks=True)
+    def __init__(self, embed_dim: int, num_heads: int, **options: object) -> None:
+        check_attention_options("sinks", options)
+        super().__init__(embed_dim, num_heads, sinks=True, **options)
 
 
-@register_attention("differential", forms_weights=True, keeps_cache=True,
+DIFFERENTIAL_OPTIONS = EXACT_OPTIONS.extend(
+    Option("layer_index", int, 0, "the layer's depth, 0 first, which sets lambda_init (the decoder gives it)", low=0,
+           from_model="layer_index"),
+    Option("lambda_init", float, None, "lambda's constant part (None: 0.8 - 0.6 exp(-0.3 layer_index))"),
+    Option("lambda_std", float, 0.1, "the spread of the lambda vectors' initialisation", low=0),
+    Option("norm_eps", float, 1e-5, "the eps of the heads' RMSNorm (the decoder gives its own)", low=0, low_open=True,
+           from_model="norm_eps"),
+    drop=("softcap", "sinks", "output_gate"))
+
+
+@register_attention("differential", options=DIFFERENTIAL_OPTIONS, forms_weights=True, keeps_cache=True, streams=True,
+                    decode_step=True, takes_positions=True, causal=True, padding=True, lora_roles=("attention",),
                     summary="differential attention: the difference of two softmax maps cancels common-mode noise")
 class DifferentialAttention(GroupedQueryAttention):
     """Differential attention (see the module docstring), with the exact kind's options and
@@ -73,13 +80,10 @@ class DifferentialAttention(GroupedQueryAttention):
     halves of its value (as DiffLlama's one-call form did; transformers 5 refuses dropout, as
     its two calls cannot share a mask; the paper says nothing of it)."""
 
-    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
-                 num_kv_heads: int | None = None, head_dim: int | None = None, out_bias: bool | None = None,
-                 rope: bool = False, rope_theta: float = 10000.0, rope_scaling: dict | None = None,
-                 partial_rotary: float = 1.0, max_len: int | None = None, alibi: bool = False,
-                 window: int | None = None, qk_norm: bool = False, scale: float | None = None,
-                 layer_index: int = 0, lambda_init: float | None = None, lambda_std: float = 0.1,
-                 norm_eps: float = 1e-5) -> None:
+    def __init__(self, embed_dim: int, num_heads: int, *, layer_index: int = 0, lambda_init: float | None = None,
+                 lambda_std: float = 0.1, norm_eps: float = 1e-5, **options: object) -> None:
+        check_attention_options("differential", options)
+        num_kv_heads = options.get("num_kv_heads")
         kv = num_heads if num_kv_heads is None else num_kv_heads
         if not isinstance(num_heads, int) or num_heads % 2 or not isinstance(kv, int) or kv % 2:
             raise InputError(f"differential attention pairs its heads: num_heads and num_kv_heads must be even; "
@@ -90,10 +94,7 @@ class DifferentialAttention(GroupedQueryAttention):
             raise InputError(f"lambda_init must be a number; got {lambda_init!r}")
         if not (isinstance(lambda_std, (int, float)) and lambda_std >= 0):
             raise InputError(f"lambda_std must be 0 or more; got {lambda_std!r}")
-        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                         out_bias=out_bias, rope=rope, rope_theta=rope_theta, rope_scaling=rope_scaling,
-                         partial_rotary=partial_rotary, max_len=max_len, alibi=alibi, window=window,
-                         qk_norm=qk_norm, scale=scale)
+        super().__init__(embed_dim, num_heads, **options)
         d = self.head_dim
         self.lambda_init = default_lambda_init(layer_index) if lambda_init is None else float(lambda_init)
         self.norm_eps = float(norm_eps)

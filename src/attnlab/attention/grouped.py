@@ -24,6 +24,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from ..errors import InputError, shape_str
 from .alibi import alibi_bias
 from .cache import DecodingCache
+from .contract import Option, Options
 from .functional import check_heads, combine_masks, scaled_dot_product_attention
 from .positions import init_inner_positions, inner_positions_repr
 from .projections import UpgradesPackedProjections, init_torch_style
@@ -163,7 +164,32 @@ def fused_linear(owner: nn.Module, name: str, layers: tuple[nn.Linear, ...], x: 
     return tuple(out.split([layer.out_features for layer in layers], dim=-1))
 
 
-@register_attention("exact", forms_weights=True, keeps_cache=True,
+# The options of the exact kind, which the kinds built on it extend (sinks, differential, nsa).
+EXACT_OPTIONS = Options(
+    Option("dropout", float, 0.0, "on the attention weights, in training mode", low=0, high=1, high_open=True),
+    Option("bias", bool, True, "biases on the query, key and value projections"),
+    Option("num_kv_heads", int, None, "key/value heads, dividing num_heads (None: num_heads; 1: multi-query)", low=1),
+    Option("head_dim", int, None, "the size of one head (None: embed_dim / num_heads)", low=1),
+    Option("out_bias", bool, None, "a bias on the output projection (None: bias)"),
+    Option("rope", bool, False, "rotate queries and keys by their positions"),
+    Option("rope_theta", float, 10000.0, "the rotary base", low=0, low_open=True),
+    Option("rope_scaling", dict, None, "the rotary scaling, {'rope_type': ...}, which needs max_len"),
+    Option("partial_rotary", float, 1.0, "the share of each head that is rotated", low=0, high=1, low_open=True),
+    Option("max_len", int, None, "the longest context the model was made for (the scaling's reference)", low=1),
+    Option("alibi", bool, False, "ALiBi's per-head distance penalty on the logits"),
+    Option("window", int, None, "a sliding window: each query sees the window latest keys, itself included",
+           low=1, counts_positions=True),
+    Option("qk_norm", bool, False, "RMSNorm on each head's queries and keys"),
+    Option("scale", float, None, "the logit scale (None: head_dim ** -0.5)", low=0, low_open=True),
+    Option("softcap", float, None, "logits squashed to softcap * tanh(logits / softcap) (Gemma 2)", low=0,
+           low_open=True),
+    Option("sinks", bool, False, "a learned sink logit per query head (gpt-oss)"),
+    Option("output_gate", bool, False, "each head's output gated by a sigmoid the query projection gives (Qwen3.5)"),
+)
+
+
+@register_attention("exact", options=EXACT_OPTIONS, forms_weights=True, keeps_cache=True, streams=True,
+                    decode_step=True, takes_positions=True, causal=True, padding=True, lora_roles=("attention",),
                     summary="softmax attention: multi-head, grouped-query or multi-query, any window and positions")
 class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Module):
     r"""Exact self-attention with any number of key/value heads (multi-head, grouped-query,
@@ -211,12 +237,6 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
 
     The projections are ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj``, as in Llama.
     """
-
-    supports_causal = True  # what it honours: a causal mask and key padding (the kinds' table)
-    supports_padding = True
-
-    lora_role = "attention"  # LoRA (attnlab.layers.lora): its linear layers are attention projections
-    position_options = ("window",)
 
     _attn_capture: Callable[[Tensor], None] | None = None
 
@@ -278,11 +298,14 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
                              "layers are not supported")
         return DecodingCache(capacity, window=self.window if window is None else window, sinks=sink_tokens)
 
-    def cache_bytes(self, batch: int, positions: int, dtype: torch.dtype) -> int:
+    def cache_bytes(self, batch: int, positions: int, dtype: torch.dtype, *, window: int | None = None,
+                    sink_tokens: int = 0) -> int:
         """The bytes :meth:`new_cache`'s cache holds after ``positions`` positions (a sliding
-        window's cache holds its window and the room it slides in, however long it runs)."""
-        if self.window is not None:
-            positions = min(positions, self.window - 1 + max(1, DecodingCache.slide_room))
+        window's cache holds its window and the room it slides in, however long it runs);
+        ``window`` and ``sink_tokens``: under that streaming policy, as :meth:`new_cache`."""
+        window = self.window if window is None else window
+        if window is not None:
+            positions = min(positions, window - 1 + max(1, DecodingCache.slide_room) + sink_tokens)
         itemsize = torch.empty((), dtype=dtype).element_size()
         return 2 * batch * self.num_kv_heads * self.head_dim * positions * itemsize
 

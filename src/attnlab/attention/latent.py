@@ -40,13 +40,34 @@ from .cache import DecodingCache
 from .functional import check_heads, check_positive_int, scaled_dot_product_attention
 from .grouped import RMSNorm, _weight_of
 from .positions import init_inner_positions
-from .registry import register_attention
+from .contract import Option, Options
+from .registry import check_attention_options, register_attention
 
 __all__ = ["IndexedSparseAttention", "LatentAttention"]
 
 
 
-@register_attention("latent", forms_weights=True, keeps_cache=True,
+LATENT_OPTIONS = Options(
+    Option("dropout", float, 0.0, "on the attention weights, in training mode", low=0, high=1, high_open=True),
+    Option("bias", bool, False, "biases of the projections of x and of the output"),
+    Option("kv_rank", int, None, "the latent's size (None: 4 * head_dim, DeepSeek-V2's ratio)", low=1),
+    Option("q_rank", int, None, "the queries' own compression (None: one projection from x)", low=1),
+    Option("head_dim", int, None, "each head's query/key size taken from the latent (None: embed_dim / num_heads)",
+           low=1),
+    Option("rope_dim", int, None, "the rotary part of each query and key (None: head_dim / 2 with rope, else 0)", low=0),
+    Option("v_head_dim", int, None, "each head's value size (None: head_dim)", low=1),
+    Option("rope", bool, False, "rotary positions on the rotary part of each query and key"),
+    Option("rope_theta", float, 10000.0, "the rotary base", low=0, low_open=True),
+    Option("rope_scaling", dict, None, "the rotary scaling, as the exact kind's, which needs max_len"),
+    Option("max_len", int, None, "the longest context the model was made for", low=1),
+    Option("rope_interleave", bool, False, "DeepSeek's layout of the rotary part (pairs of neighbours)"),
+    Option("scale", float, None, "the logit scale (None: (head_dim + rope_dim) ** -0.5)", low=0, low_open=True),
+    Option("latent_norm_eps", float, 1e-6, "the eps of the two latents' RMSNorms", low=0, low_open=True),
+)
+
+
+@register_attention("latent", options=LATENT_OPTIONS, forms_weights=True, keeps_cache=True, decode_step=True,
+                    takes_positions=True, causal=True, padding=True, lora_roles=("attention",),
                     summary="latent attention (DeepSeek-V2/V3): keys and values from one small latent, which is cached")
 class LatentAttention(nn.Module):
     """Multi-head latent attention (see the module docstring).
@@ -71,11 +92,6 @@ class LatentAttention(nn.Module):
         bias: biases of the projections of ``x`` and of the output.
     """
 
-    supports_causal = True  # what it honours: a causal mask and key padding (the kinds' table)
-    supports_padding = True
-
-    lora_role = "attention"
-    position_options = ()
     _attn_capture: Callable[[Tensor], None] | None = None
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = False,
@@ -271,7 +287,17 @@ class LatentAttention(nn.Module):
         return ", ".join(parts)
 
 
-@register_attention("dsa", forms_weights=True, keeps_cache=True,
+DSA_OPTIONS = LATENT_OPTIONS.extend(
+    Option("q_rank", int, None, "the queries' compression, which the indexer reads (None: embed_dim / 2)", low=1),
+    Option("index_topk", int, 64, "the keys each query attends to, those the indexer scores highest (at least the "
+           "sequence's length: latent attention exactly)", low=1),
+    Option("index_heads", int, 4, "the indexer's heads", low=1),
+    Option("index_head_dim", int, None, "the size of the indexer's heads (None: head_dim)", low=1),
+    Option("index_loss", float, 1.0, "the weight of the indexer's own loss in training (0: none)", low=0))
+
+
+@register_attention("dsa", options=DSA_OPTIONS, forms_weights=True, keeps_cache=True, decode_step=True,
+                    takes_positions=True, causal=True, padding=True, lora_roles=("attention",),
                     summary="DeepSeek's sparse attention (V3.2): an indexer picks each query's top-k keys")
 class IndexedSparseAttention(LatentAttention):
     """DeepSeek's sparse attention (DeepSeek-V3.2, 2025): latent attention in which each query
@@ -298,18 +324,11 @@ class IndexedSparseAttention(LatentAttention):
     at random as far as the text is concerned.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = False,
-                 kv_rank: int | None = None, q_rank: int | None = None, head_dim: int | None = None,
-                 rope_dim: int | None = None, v_head_dim: int | None = None, rope: bool = False,
-                 rope_theta: float = 10000.0, rope_scaling: dict | None = None, max_len: int | None = None,
-                 rope_interleave: bool = False, scale: float | None = None, latent_norm_eps: float = 1e-6,
-                 index_topk: int = 64, index_heads: int = 4, index_head_dim: int | None = None,
-                 index_loss: float = 1.0) -> None:
-        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, kv_rank=kv_rank,
-                         q_rank=embed_dim // 2 if q_rank is None else q_rank, head_dim=head_dim, rope_dim=rope_dim,
-                         v_head_dim=v_head_dim, rope=rope, rope_theta=rope_theta, rope_scaling=rope_scaling,
-                         max_len=max_len, rope_interleave=rope_interleave, scale=scale,
-                         latent_norm_eps=latent_norm_eps)
+    def __init__(self, embed_dim: int, num_heads: int, *, q_rank: int | None = None, index_topk: int = 64,
+                 index_heads: int = 4, index_head_dim: int | None = None, index_loss: float = 1.0,
+                 **options: object) -> None:
+        check_attention_options("dsa", options)
+        super().__init__(embed_dim, num_heads, q_rank=embed_dim // 2 if q_rank is None else q_rank, **options)
         self.index_topk = check_positive_int("index_topk", index_topk)
         self.index_heads = check_positive_int("index_heads", index_heads)
         self.index_head_dim = check_positive_int("index_head_dim", self.head_dim if index_head_dim is None else index_head_dim)

@@ -35,13 +35,23 @@ from torch import Tensor, nn
 from ..errors import InputError
 from .cache import DecodingCache
 from .functional import check_positive_int, scaled_dot_product_attention
-from .grouped import GroupedQueryAttention
-from .registry import register_attention
+from .contract import Option
+from .grouped import EXACT_OPTIONS, GroupedQueryAttention
+from .registry import check_attention_options, register_attention
 
 __all__ = ["NativeSparseAttention"]
 
 
-@register_attention("nsa", keeps_cache=True, causal_only=True,
+# "window" here is the sliding branch's, not a sliding window of the whole layer.
+NSA_OPTIONS = EXACT_OPTIONS.extend(
+    Option("block", int, 16, "the positions a compressed and a selectable block hold", low=1, counts_positions=True),
+    Option("num_selected", int, 4, "the blocks each query selects besides its own", low=1),
+    Option("window", int, 64, "the keys of the sliding branch", low=1, counts_positions=True),
+    drop=("alibi", "softcap", "sinks", "output_gate"))
+
+
+@register_attention("nsa", options=NSA_OPTIONS, keeps_cache=True, decode_step=True, takes_positions=True, causal=True,
+                    padding=True, causal_only=True, lora_roles=("attention",),
                     summary="native sparse attention: compressed blocks, selected blocks and a window, gated")
 class NativeSparseAttention(GroupedQueryAttention):
     """Native sparse attention (see the module docstring) with the exact kind's projections,
@@ -50,17 +60,10 @@ class NativeSparseAttention(GroupedQueryAttention):
     besides its own, 4) and ``window`` (the sliding branch's keys, 64). It forms no weight
     matrix over the tokens (three branches, one of them over blocks)."""
 
-    position_options = ("block", "window")
-
-    def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
-                 num_kv_heads: int | None = None, head_dim: int | None = None, out_bias: bool | None = None,
-                 rope: bool = False, rope_theta: float = 10000.0, rope_scaling: dict | None = None,
-                 partial_rotary: float = 1.0, max_len: int | None = None, qk_norm: bool = False,
-                 scale: float | None = None, block: int = 16, num_selected: int = 4, window: int = 64) -> None:
-        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, num_kv_heads=num_kv_heads,
-                         head_dim=head_dim, out_bias=out_bias, rope=rope, rope_theta=rope_theta,
-                         rope_scaling=rope_scaling, partial_rotary=partial_rotary, max_len=max_len, qk_norm=qk_norm,
-                         scale=scale)
+    def __init__(self, embed_dim: int, num_heads: int, *, block: int = 16, num_selected: int = 4, window: int = 64,
+                 **options: object) -> None:
+        check_attention_options("nsa", options)
+        super().__init__(embed_dim, num_heads, **options)
         self.block = check_positive_int("block", block)
         self.num_selected = check_positive_int("num_selected", num_selected)
         self.branch_window = check_positive_int("window", window)

@@ -24,28 +24,33 @@ A decoder block and its attention
 ---------------------------------
 A decoder (:class:`~attnlab.models.gpt.GPT`) never names a kind. It calls its layers'
 attention as above with ``is_causal=True``, and, when generating, asks each for a cache.
-A kind registered with ``keeps_cache=True`` promises:
+What a kind can do is declared when it registers, once, as :class:`~attnlab.attention.contract.Capabilities`
+(read them with :func:`attention_capabilities`), and the options it takes as
+:class:`~attnlab.attention.contract.Options` (:func:`attention_options`): nothing outside this
+module looks into a kind's signature or methods to find out. A kind registered with
+``keeps_cache=True`` promises:
 
-* ``new_cache(batch, capacity, *, dtype, device)``: an object holding what later tokens
-  need of the earlier ones (keys and values, a window of them, a latent, a recurrent
-  state), for at most ``capacity`` positions, with ``seq_len`` (the positions it has seen)
-  and ``nbytes()`` (what it holds now). What is inside is the kind's business alone.
+* ``new_cache(batch, capacity, *, dtype, device)``: a :class:`~attnlab.attention.contract.Cache`
+  holding what later tokens need of the earlier ones (keys and values, a window of them, a
+  latent, a recurrent state), for at most ``capacity`` positions. What is inside is the kind's
+  business alone. A kind that ``streams`` takes ``window`` and ``sink_tokens`` there too: a
+  policy of the generation (StreamingLLM), apart from any window the layer has.
 * ``forward(x, ..., positions=None, cache=None)``: with a cache, ``x`` ``(B, L, E)`` are the
   next ``L`` tokens; the kind adds them to the cache and attends over everything it holds
   (``key_padding_mask`` then covers every position seen, ``(B, seq_len + L)``).
-  ``positions`` ``(L,)`` or ``(B, L)``, given by the decoder, are the new tokens' positions
-  (left-padded prompts start later); without them they follow the cache's ``seq_len``. A
-  kind without positions of its own ignores them.
+  ``positions`` ``(L,)`` or ``(B, L)``, given by the decoder to a kind that declares
+  ``takes_positions``, are the new tokens' positions (left-padded prompts start later);
+  without them they follow the cache's ``seq_len``.
 * ``cache_bytes(batch, positions, dtype)``: the bytes its cache takes after ``positions``
-  positions, before anything is allocated (the decoder refuses a generation that cannot fit).
-* optionally ``decode_step(x, cache, *, positions=None, key_padding_mask=None)``: one token
-  per row in eval mode, ``x`` ``(B, E)`` -> ``(B, E)``, equal to ``forward(x[:, None],
+  positions, before anything is allocated (the decoder refuses a generation that cannot fit);
+  with ``window`` and ``sink_tokens`` for a kind that streams, the bytes under that policy.
+* with ``decode_step=True``, ``decode_step(x, cache, *, positions=None, key_padding_mask=None)``:
+  one token per row in eval mode, ``x`` ``(B, E)`` -> ``(B, E)``, equal to ``forward(x[:, None],
   cache=cache, is_causal=True)``, without its checks and masks (the decoder uses it for the
   steps after the prompt when every layer has it). Per-generation values (weights joined
-  once, a table) may be kept in the cache. A cache with a ``scratch`` dict gets from the
-  decoder ``scratch["shared"]``, one dict for all its layers: values a step computes once for
-  every layer alike (the rotary angles of its position), under a key that says what they
-  depend on.
+  once, a table) may be kept in ``cache.scratch``; the decoder puts there under ``"shared"``
+  one dict for all its layers: values a step computes once for every layer alike (the rotary
+  angles of its position), under a key that says what they depend on.
 
 A kind without ``keeps_cache`` is decoded by running the whole sequence again at each step.
 
@@ -65,10 +70,13 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..suggest import did_you_mean
+from .contract import Capabilities, Option, Options
 
 __all__ = ["register_attention", "register_alias", "build_attention", "list_attention", "attention_family",
-           "attention_forms_weights", "attention_keeps_cache", "attention_honours", "attention_summary", "attention_causal_only", "attention_accepts", "attention_options_named",
-           "attention_takes", "kinds_taking", "attention_position_options", "attend_grid"]
+           "attention_capabilities", "attention_options", "attention_forms_weights", "attention_keeps_cache",
+           "attention_honours", "attention_summary", "attention_causal_only", "attention_options_named",
+           "attention_takes", "kinds_taking", "attention_position_options", "attend_grid",
+           "Capabilities", "Option", "Options"]
 
 
 @dataclass(frozen=True)
@@ -76,33 +84,93 @@ class AttentionEntry:
     name: str
     family: str  # "tokens" or "grid"
     cls: Callable[..., nn.Module]
-    forms_weights: bool  # computes the (B, H, Lq, Lk) weights, which capture_attention can record
-    keeps_cache: bool  # makes and advances a decoding cache (the contract in the module docstring)
-    causal_only: bool = False  # attends to earlier positions only: refuses is_causal=False (decoders only)
+    capabilities: Capabilities
+    options: Options
+    open_options: bool = False  # a plugin's kind whose constructor takes **options: names past `options` pass too
     summary: str = ""  # what the kind is, in one line (the README's and the guide's table of kinds)
+
+    # The flags by their older names (catalog, tests).
+    @property
+    def forms_weights(self) -> bool:
+        return self.capabilities.weights
+
+    @property
+    def keeps_cache(self) -> bool:
+        return self.capabilities.cache
+
+    @property
+    def causal_only(self) -> bool:
+        return self.capabilities.causal_only
 
 
 _KINDS: dict[str, AttentionEntry] = {}
 _ALIASES: dict[str, str] = {}  # an older name -> the kind's name (recipes and runs that say it still work)
 
 
-def register_attention(name: str, family: str = "tokens", *, forms_weights: bool = False,
-                       keeps_cache: bool = False, causal_only: bool = False,
-                       summary: str = "") -> Callable[[type], type]:
-    """Class decorator: make ``cls`` buildable as ``build_attention(name, ...)``.
+def _takes(function: Callable[..., Any], *names: str) -> bool:
+    params = inspect.signature(function).parameters
+    return all(n in params for n in names) or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
-    ``forms_weights``: the kind computes the full ``(B, heads, Lq, Lk)`` weight matrix
-    (on request), and its ``forward`` hands it to ``self._attn_capture`` when that is set,
-    so :func:`~attnlab.attention.capture_attention` records it. The efficient kinds never
-    form it; the decorator records the flag on the class, where capture looks for it.
 
-    ``keeps_cache``: the kind decodes with a cache of its own, as the module docstring's
-    contract says (checked here: it has ``new_cache`` and ``cache_bytes``).
+def _constructor_options(cls: type) -> tuple[list[inspect.Parameter], bool]:
+    """The keyword parameters of ``cls`` after the first two (the width and the heads, passed by
+    position: a plugin's kind may call them dim, heads), and whether it takes ``**options``."""
+    params = list(inspect.signature(cls).parameters.values())
+    named = [p for p in params[2:] if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    return named, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
-    ``causal_only``: the kind has no form for attending both ways (a recurrent state, blocks
-    seen once complete); it refuses ``is_causal=False`` in one line, and only a decoder can use it.
 
-    ``summary``: what the kind is, in one line, for the tables of kinds (:mod:`attnlab.catalog`)."""
+def _schema(name: str, cls: type, declared: Options | None) -> tuple[Options, bool]:
+    """The kind's options: ``declared``, checked against its constructor (every named keyword
+    declared with the same default, and, without ``**options``, nothing declared that it does not
+    take), so the schema and the code cannot drift apart; or, for a plugin's kind that declares
+    none, its constructor's keywords, untyped."""
+    named, open_ = _constructor_options(cls)
+    if declared is None:
+        return Options(*(Option(p.name, object, None if p.default is inspect.Parameter.empty else p.default,
+                                required=p.default is inspect.Parameter.empty) for p in named)), open_
+    for p in named:
+        if p.name not in declared:
+            raise InputError(f"attention kind {name!r}: its constructor takes {p.name!r}, which its options do not declare")
+        option = declared[p.name]
+        default = None if p.default is inspect.Parameter.empty else p.default
+        if option.required != (p.default is inspect.Parameter.empty) or (not option.required and option.default != default):
+            raise InputError(f"attention kind {name!r}: option {p.name!r} defaults to {option.default!r} in its "
+                             f"options and to {default!r} in its constructor")
+    if not open_:
+        missing = [o.name for o in declared if o.name not in {p.name for p in named}]
+        if missing:
+            raise InputError(f"attention kind {name!r} declares options its constructor does not take: "
+                             f"{', '.join(missing)}")
+    return declared, False
+
+
+def register_attention(name: str, family: str = "tokens", *, options: Options | None = None,
+                       forms_weights: bool = False, keeps_cache: bool = False, streams: bool = False,
+                       decode_step: bool = False, takes_positions: bool | None = None, causal: bool | None = None,
+                       padding: bool | None = None, causal_only: bool = False,
+                       lora_roles: tuple[str, ...] | None = None, summary: str = "") -> Callable[[type], type]:
+    """Class decorator: make ``cls`` buildable as ``build_attention(name, ...)``, with what it
+    can do declared here once (:class:`~attnlab.attention.contract.Capabilities`; checked
+    against the class where the class can show it).
+
+    ``options``: the options it takes (:class:`~attnlab.attention.contract.Options`). A kind
+    that declares none (a plugin's) takes its constructor's keyword parameters, unchecked
+    beyond their names.
+
+    ``forms_weights``: the kind computes the full ``(B, heads, Lq, Lk)`` weight matrix (on
+    request), and its ``forward`` hands it to ``self._attn_capture`` when that is set, so
+    :func:`~attnlab.attention.capture_attention` records it (the flag is set on the class, where
+    capture looks for it). ``keeps_cache``: it decodes with a cache of its own, as the module
+    docstring's contract says (it needs ``new_cache`` and ``cache_bytes``). ``streams``: its
+    cache takes a streaming policy (``window``, ``sink_tokens``). ``decode_step``: it has the
+    lean one-token step. ``takes_positions``: its ``forward`` takes ``positions`` (default:
+    whether its signature says so). ``causal``, ``padding``: it honours a causal mask and key
+    padding (default: its class's ``supports_causal`` and ``supports_padding``, which
+    :class:`~attnlab.attention.variants.base.TokenAttention` sets). ``causal_only``: it has no
+    form for attending both ways; it refuses ``is_causal=False`` in one line, and only a decoder
+    can use it. ``lora_roles``: the LoRA roles of its linear layers (default: its class's
+    ``lora_role``). ``summary``: what it is, in one line (:mod:`attnlab.catalog`)."""
     if family not in ("tokens", "grid"):
         raise InputError(f"family must be 'tokens' or 'grid'; got {family!r}")
 
@@ -111,10 +179,32 @@ def register_attention(name: str, family: str = "tokens", *, forms_weights: bool
             raise InputError(f"attention kind {name!r} is already registered")
         if keeps_cache and not all(callable(getattr(cls, m, None)) for m in ("new_cache", "cache_bytes")):
             raise InputError(f"attention kind {name!r} keeps a cache, so it needs new_cache and cache_bytes")
-        cls.forms_weights = forms_weights  # the capability, read by capture_attention
-        cls.keeps_cache = keeps_cache
-        cls.causal_only = causal_only
-        _KINDS[name] = AttentionEntry(name, family, cls, forms_weights, keeps_cache, causal_only, summary)
+        if streams and not (keeps_cache and _takes(cls.new_cache, "window", "sink_tokens")
+                            and _takes(cls.cache_bytes, "window", "sink_tokens")):
+            raise InputError(f"attention kind {name!r} streams, so it keeps a cache whose new_cache and cache_bytes "
+                             f"take window and sink_tokens")
+        if decode_step and not (keeps_cache and callable(getattr(cls, "decode_step", None))):
+            raise InputError(f"attention kind {name!r} declares decode_step, so it keeps a cache and has the method")
+        positions = _takes(cls.forward, "positions") if takes_positions is None else takes_positions
+        if positions and not _takes(cls.forward, "positions"):
+            raise InputError(f"attention kind {name!r} takes positions, so its forward has a positions argument")
+        grid = family == "grid"
+        roles = lora_roles if lora_roles is not None else \
+            ((cls.lora_role,) if isinstance(getattr(cls, "lora_role", None), str) else ())
+        caps = Capabilities(
+            causal=None if grid else getattr(cls, "supports_causal", None) if causal is None else causal,
+            padding=None if grid else getattr(cls, "supports_padding", None) if padding is None else padding,
+            weights=forms_weights, cache=keeps_cache, streaming=streams, decode_step=decode_step,
+            positions=positions, causal_only=causal_only, lora_roles=tuple(roles))
+        schema, open_ = _schema(name, cls, options)
+        # Set on the class, where the module's own code and capture_attention / LoRA read them.
+        cls.capabilities, cls.option_schema = caps, schema
+        cls.forms_weights, cls.keeps_cache, cls.causal_only = forms_weights, keeps_cache, causal_only
+        if caps.causal is not None:
+            cls.supports_causal, cls.supports_padding = caps.causal, caps.padding
+        if caps.lora_roles:
+            cls.lora_role = caps.lora_roles[0]  # what attnlab.layers.lora reads of any module
+        _KINDS[name] = AttentionEntry(name, family, cls, caps, schema, open_, summary)
         return cls
 
     return deco
@@ -141,60 +231,59 @@ def attention_family(name: str) -> str:
     return _entry(name).family
 
 
-def _options(name: str) -> list[str] | None:
-    """The options kind ``name`` takes: the keyword parameters after the first two, which take
-    the width and the heads (passed by position: a kind registered by a plugin may still call
-    them dim, heads); ``None`` when it takes any (``**options``)."""
-    params = inspect.signature(_entry(name).cls).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return None
-    return [n for n, p in list(params.items())[2:]
-            if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+def attention_capabilities(name: str) -> Capabilities:
+    """What kind ``name`` can do, as it declared when it registered."""
+    return _entry(name).capabilities
+
+
+def attention_options(name: str) -> Options:
+    """The options kind ``name`` takes (typed, with defaults and ranges)."""
+    return _entry(name).options
 
 
 def attention_takes(name: str, option: str) -> bool:
     """Whether kind ``name`` takes the build option ``option`` (``"rope"``, ``"alibi"``, ...)."""
-    known = _options(name)
-    return known is None or option in known
+    entry = _entry(name)
+    return entry.open_options or option in entry.options
 
 
 def attention_options_named(name: str) -> tuple[str, ...]:
-    """The build options kind ``name`` names (none for a kind that takes ``**options``)."""
-    return tuple(_options(name) or ())
-
-
-def attention_accepts(name: str, argument: str) -> bool:
-    """Whether kind ``name``'s ``forward`` takes the keyword ``argument`` (``"positions"``, ``"cache"``)."""
-    params = inspect.signature(_entry(name).cls.forward).parameters
-    return argument in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    """The build options kind ``name`` names."""
+    return _entry(name).options.names()
 
 
 def kinds_taking(option: str, family: str = "tokens") -> list[str]:
     """The kinds of ``family`` that take ``option``, sorted (for error messages)."""
-    return [n for n in list_attention(family) if option in (_options(n) or ())]
+    return [n for n in list_attention(family) if option in _KINDS[n].options]
+
+
+def check_attention_options(name: str, options: dict[str, Any]) -> None:
+    """Refuse, in one line, an option kind ``name`` does not take or a value it does not take."""
+    entry = _entry(name)
+    schema = entry.options
+    if entry.open_options:  # a plugin's **options: only what it names is checked
+        schema.check(name, {k: v for k, v in options.items() if k in schema})
+    else:
+        schema.check(name, options)
 
 
 def build_attention(name: str, embed_dim: int, num_heads: int, **options: Any) -> nn.Module:
     """Build attention kind ``name`` for width ``embed_dim`` and ``num_heads`` heads; an
-    option the kind does not take is an error naming it (with the close matches)."""
-    cls = _entry(name).cls
-    known = _options(name)
-    if known is not None:
-        for key in options:
-            if key not in known:
-                raise InputError(f"unknown option {key!r} of attention {name!r}" + did_you_mean(key, known, "options"))
-    return cls(embed_dim, num_heads, **options)
+    option the kind does not take, or a value outside what it takes, is an error naming it
+    (with the close matches)."""
+    check_attention_options(name, options)
+    return _entry(name).cls(embed_dim, num_heads, **options)
 
 
 def attention_position_options(name: str) -> tuple[str, ...]:
     """The options of kind ``name`` that count positions (a window, buckets, landmarks): a
     model refuses them above the positions it holds (its ``max_len``), where they mean nothing."""
-    return tuple(getattr(_entry(name).cls, "position_options", ()))
+    return tuple(o.name for o in _entry(name).options if o.counts_positions)
 
 
 def attention_forms_weights(name: str) -> bool:
     """Whether kind ``name`` forms the weight matrix that capture_attention records."""
-    return _entry(name).forms_weights
+    return _entry(name).capabilities.weights
 
 
 def attention_summary(name: str) -> str:
@@ -206,18 +295,18 @@ def attention_honours(name: str) -> dict[str, bool | None]:
     """What kind ``name`` honours of the masks: ``{"causal": ..., "padding": ...}``, each
     ``True`` or ``False`` for a ``"tokens"`` kind (one that cannot honour a mask refuses it
     in one line) and ``None`` for a ``"grid"`` kind, which takes no masks."""
-    cls = _entry(name).cls
-    return {what: getattr(cls, f"supports_{what}", None) for what in ("causal", "padding")}
+    caps = _entry(name).capabilities
+    return {"causal": caps.causal, "padding": caps.padding}
 
 
 def attention_causal_only(name: str) -> bool:
     """Whether kind ``name`` attends causally only (see :func:`register_attention`)."""
-    return _entry(name).causal_only
+    return _entry(name).capabilities.causal_only
 
 
 def attention_keeps_cache(name: str) -> bool:
     """Whether kind ``name`` decodes with a cache of its own (``new_cache``; see the contract)."""
-    return _entry(name).keeps_cache
+    return _entry(name).capabilities.cache
 
 
 def list_attention(family: str | None = None) -> list[str]:

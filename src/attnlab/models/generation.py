@@ -4,7 +4,7 @@
 A decoder-only model (:class:`~attnlab.models.gpt.GPT`) gives logits and a cache:
 ``model(ids, padding_mask=, positions=, cache=) -> (B, L, V)``, ``keeps_cache``,
 ``new_cache(batch, capacity)``, ``check_generation_size(batch, prompt, max_new_tokens,
-use_cache=)``, ``config.vocab_size``, and, for the steps after the prompt, ``has_decode_step``
+use_cache=, window=, sink_tokens=)``, ``config.vocab_size``, and, for the steps after the prompt, ``has_decode_step``
 and ``decode_step(ids (B, 1), cache, positions=, padding_mask=) -> (B, V)``. The choice of
 each token (:mod:`attnlab.models.sampling`) is the same for every model.
 
@@ -75,16 +75,16 @@ def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: f
                      min_p=min_p, repetition_penalty=repetition_penalty, seed=seed)
     decodable = check_decodable(decodable, model.config.vocab_size)
     batch, prompt = input_ids.shape
-    model.check_generation_size(batch, prompt, max_new_tokens, use_cache=use_cache)
+    streaming = {"window": window, "sink_tokens": sink_tokens} if window is not None or sink_tokens else {}
+    if streaming and (not use_cache or not model.keeps_cache):
+        raise InputError("window and sink_tokens are a policy of the cache: they need use_cache and a model whose "
+                         "attention keeps one")
+    model.check_generation_size(batch, prompt, max_new_tokens, use_cache=use_cache, **streaming)
     model.eval()
     device = input_ids.device
     gen = None if seed is None else torch.Generator(device=device).manual_seed(seed)
     pad = padding_mask
     positions = None if pad is None else (~pad).long().cumsum(1).sub(1).clamp(min=0)
-    streaming = {"window": window, "sink_tokens": sink_tokens} if window is not None or sink_tokens else {}
-    if streaming and (not use_cache or not model.keeps_cache):
-        raise InputError("window and sink_tokens are a policy of the cache: they need use_cache and a model whose "
-                         "attention keeps one")
     cache = model.new_cache(batch, prompt + max_new_tokens, **streaming) if use_cache and model.keeps_cache else None
     seen = None  # (B, V): the tokens each row holds, for the repetition penalty
     if repetition_penalty != 1:

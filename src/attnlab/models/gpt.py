@@ -32,7 +32,6 @@ sample through :mod:`attnlab.models.generation`, with the cache.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -41,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.grouped import KeepsJoinedWeights, RMSNorm, fused_linear, joined_weight
-from ..attention.registry import (attention_accepts, attention_family, attention_keeps_cache, attention_options_named,
+from ..attention.registry import (attention_capabilities, attention_family, attention_keeps_cache, attention_options,
                                   attention_takes, build_attention, kinds_taking, list_attention)
 from ..dropout import Dropout
 from ..errors import InputError, shape_str
@@ -50,7 +49,7 @@ from ..layers.norms import build_norm
 from ..layers.pos_encoding import inner_position_options, sinusoid_table
 from ..memory import available_memory, gib
 from . import generation
-from .registry import build_config, check_attention_options, check_attention_positions, register_model
+from .registry import build_config, check_attention_options, check_attention_values, register_model
 from .token_ids import check_token_ids
 
 __all__ = ["GPTConfig", "GPT", "SwiGLU", "GeluMlp", "LayerCaches", "document_positions"]
@@ -115,10 +114,10 @@ class GPTConfig:
         if attention_family(self.attention) != "tokens":
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         self._check_layers()
-        if self.pos_embed == "rope" and not attention_accepts(self.attention, "positions"):
+        if self.pos_embed == "rope" and not attention_capabilities(self.attention).positions:
             raise InputError(f"attention={self.attention!r} with pos_embed='rope' cannot take each row's positions "
                              f"(generation and packed documents need them); kinds that do: "
-                             f"{', '.join(k for k in kinds_taking('rope') if attention_accepts(k, 'positions'))}")
+                             f"{', '.join(k for k in kinds_taking('rope') if attention_capabilities(k).positions)}")
         inner_position_options(self.pos_embed, self.rope_theta, self.attention)  # a kind that cannot take them
         for key, field_name in self._kind_options().items():
             if not attention_takes(self.attention, key):
@@ -137,8 +136,8 @@ class GPTConfig:
                 raise InputError(f"linear_attention_options must be a mapping; got {self.linear_attention_options!r}")
             check_attention_options(self.linear_attention_options, {"dropout": "attn_drop_rate",
                                                                     "bias": "attention_bias"})
-        if isinstance(self.max_len, int):
-            check_attention_positions(GPTConfig, self.attention, self.attention_options, self.max_len)
+        check_attention_values(GPTConfig, self.attention, self.attention_options,
+                               self.max_len if isinstance(self.max_len, int) else None)
 
     def _check_layers(self) -> None:
         """The per-layer lists and the numbers the families' knobs take."""
@@ -227,12 +226,7 @@ class GPTConfig:
         """The options the attention of layer ``layer`` is built with (besides width and heads)."""
         if self.layer_kinds()[layer] == "linear":  # its own options; no positions (a recurrent state has its order)
             options = {k: v for k, v in self.linear_attention_options.items() if k != "num_heads"}
-            named = attention_options_named(self.linear_attention)
-            if "layer_index" in named:
-                options.setdefault("layer_index", layer)
-            if "norm_eps" in named:
-                options.setdefault("norm_eps", self.norm_eps)
-            return options
+            return self._placed(self.linear_attention, layer, options)
         options: dict[str, Any] = dict(self.attention_options)
         sliding = self.layer_kinds()[layer] == "sliding"
         rope = self.pos_embed == "rope" and layer not in (self.nope_layers or ())
@@ -256,11 +250,15 @@ class GPTConfig:
             options["scale"] = float(self.query_pre_attn_scalar) ** -0.5
         if self.attn_softcap is not None:
             options["softcap"] = self.attn_softcap
-        taken = attention_options_named(self.attention)  # what a kind needs of its place in the decoder
-        if "layer_index" in taken:
-            options.setdefault("layer_index", layer)
-        if "norm_eps" in taken:
-            options.setdefault("norm_eps", self.norm_eps)
+        return self._placed(self.attention, layer, options)
+
+    def _placed(self, kind: str, layer: int, options: dict[str, Any]) -> dict[str, Any]:
+        """``options`` with what kind ``kind`` declares it takes from its place in the decoder
+        (``from_model``: the layer's depth, the model's norm eps), where the recipe set none."""
+        place = {"layer_index": layer, "norm_eps": self.norm_eps}
+        for option in attention_options(kind):
+            if option.from_model in place:
+                options.setdefault(option.name, place[option.from_model])
         return options
 
     @property
@@ -481,25 +479,34 @@ class GPT(KeepsJoinedWeights, nn.Module):
             raise InputError(f"attention {self.config.attention!r} decodes without a cache; kinds that keep one: "
                              f"{', '.join(k for k in list_attention('tokens') if attention_keeps_cache(k))}")
         weight = self.tok_embed.weight
-        policy: dict[str, Any] = {}
-        if window is not None or sink_tokens:
-            if window is None or isinstance(window, bool) or not isinstance(window, int) or window < 1:
-                raise InputError(f"window must be a positive number of positions when streaming; got {window!r}")
-            policy = {"window": window, "sink_tokens": sink_tokens}
-            takes = [block for block in self.blocks if "window" in inspect.signature(block.attn.new_cache).parameters]
-            if not takes:
-                raise InputError(f"attention {self.config.attention!r} keeps no keys to stream: window and "
-                                 f"sink_tokens are for the exact kind and the kinds built on it")
+        policy = self._streaming_policy(window, sink_tokens)
         return LayerCaches(block.attn.new_cache(batch, capacity, dtype=weight.dtype, device=weight.device,
-                                                **(policy if "window" in inspect.signature(
-                                                    block.attn.new_cache).parameters else {}))
-                           for block in self.blocks)
+                                                **(policy if streams else {}))
+                           for block, streams in zip(self.blocks, self._streaming_layers()))
 
-    def check_generation_size(self, batch: int, prompt: int, max_new_tokens: int, *, use_cache: bool = True) -> None:
+    def _streaming_layers(self) -> list[bool]:
+        """Per layer, whether its attention's cache takes a streaming policy (its kind declares it)."""
+        return [attention_capabilities(self.config.attention_of(i)).streaming for i in range(self.config.depth)]
+
+    def _streaming_policy(self, window: int | None, sink_tokens: int) -> dict[str, int]:
+        """``{"window": ..., "sink_tokens": ...}`` for a streaming generation, ``{}`` otherwise;
+        refused in one line where no layer keeps keys to stream."""
+        if window is None and not sink_tokens:
+            return {}
+        if window is None or isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise InputError(f"window must be a positive number of positions when streaming; got {window!r}")
+        if not any(self._streaming_layers()):
+            raise InputError(f"attention {self.config.attention!r} keeps no keys to stream: window and "
+                             f"sink_tokens are for the exact kind and the kinds built on it")
+        return {"window": window, "sink_tokens": sink_tokens}
+
+    def check_generation_size(self, batch: int, prompt: int, max_new_tokens: int, *, use_cache: bool = True,
+                              window: int | None = None, sink_tokens: int = 0) -> None:
         """Refuse, before the first step, a generation the model cannot hold: more positions
         than learned or sinusoidal positions have, or a cache that could not fit in this
         machine's memory (its buffers grow as it goes, so a long ``max_new_tokens`` that ends
-        early costs nothing), with the limit it implies."""
+        early costs nothing), with the limit it implies. ``window`` and ``sink_tokens``: a
+        streaming generation's policy, under which the layers that stream hold that window only."""
         cfg, total = self.config, prompt + max_new_tokens
         if cfg.pos_embed in ("learned", "sinusoidal") and total > cfg.max_len:
             raise InputError(f"prompt and max_new_tokens make {total} positions; the model holds max_len={cfg.max_len}")
@@ -507,7 +514,9 @@ class GPT(KeepsJoinedWeights, nn.Module):
             return
         dtype = self.tok_embed.weight.dtype
         room = available_memory()
-        cost = lambda n: sum(block.attn.cache_bytes(batch, n, dtype) for block in self.blocks)  # noqa: E731
+        policy = self._streaming_policy(window, sink_tokens)
+        cost = lambda n: sum(block.attn.cache_bytes(batch, n, dtype, **(policy if streams else {}))  # noqa: E731
+                             for block, streams in zip(self.blocks, self._streaming_layers()))
         if room is None or cost(total) <= room:
             return
         per_position = max(cost(prompt + 1) - cost(prompt), 1)
@@ -571,7 +580,8 @@ class GPT(KeepsJoinedWeights, nn.Module):
     @property
     def has_decode_step(self) -> bool:
         """Whether every layer's attention has the lean one-token step (the contract's ``decode_step``)."""
-        return self.keeps_cache and all(callable(getattr(b.attn, "decode_step", None)) for b in self.blocks)
+        return self.keeps_cache and all(attention_capabilities(self.config.attention_of(i)).decode_step
+                                        for i in range(self.config.depth))
 
     def decode_step(self, ids: Tensor, cache: LayerCaches, *, positions: Tensor | None = None,
                     padding_mask: Tensor | None = None) -> Tensor:
@@ -588,9 +598,8 @@ class GPT(KeepsJoinedWeights, nn.Module):
             steps = scratch["steps"] = [block.step_function(dtype) for block in self.blocks]
             scratch["final"] = _step_norm(self.norm, dtype), _matmul(*joined_weight(self, "head", (self.head,)))
             shared = scratch["shared"] = {}  # what the layers share within a step (the rotary angles)
-            for layer_cache in cache:
-                if isinstance(getattr(layer_cache, "scratch", None), dict):
-                    layer_cache.scratch["shared"] = shared
+            for layer_cache in cache:  # a kind with a decode step keeps a scratch dict in its cache (the contract)
+                layer_cache.scratch["shared"] = shared
             if cfg.embed_scale is not None:
                 scratch["embed_scale"] = torch.tensor(cfg.embed_scale, dtype=dtype)
         embed = self.tok_embed

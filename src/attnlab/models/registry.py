@@ -10,13 +10,13 @@ from typing import Any, Callable, TypeVar
 import torch
 from torch import nn
 
-from ..attention.registry import attention_position_options
+from ..attention.registry import attention_options, attention_position_options, attention_takes
 from ..errors import InputError
 from ..suggest import did_you_mean
 
 __all__ = ["register_model", "create_model", "list_models", "model_entry", "build_config", "count_parameters",
            "config_class", "upgrade_options", "OptionError", "FIELD_RANGES", "check_ranges", "check_attention_options",
-           "check_attention_positions"]
+           "check_attention_values"]
 
 
 @dataclass(frozen=True)
@@ -112,11 +112,27 @@ def check_attention_options(options: dict[str, Any], owned: dict[str, str]) -> N
                              f"so set that")
 
 
-def check_attention_positions(cls: type, attention: str, options: dict[str, Any], max_len: int) -> None:
-    """:class:`OptionError` (key ``attention_options.NAME``) for an option of ``attention``
-    that counts positions (a window, buckets, landmarks) set above ``max_len``, the longest
-    sequence the model holds: a window wider than every sequence means nothing, and some
-    such options size buffers (LSH's rotations), so they are refused before anything is built."""
+def check_attention_values(cls: type, attention: str, options: dict[str, Any], max_len: int | None = None) -> None:
+    """Check a config's ``attention_options`` against the options kind ``attention`` declares,
+    before anything is built: a name it does not take is refused with the close ones, a value
+    outside what it takes is an :class:`OptionError` (key ``attention_options.NAME``), and so is
+    an option that counts positions (a window, buckets, landmarks) set above ``max_len``, the
+    longest sequence the model holds: a window wider than every sequence means nothing, and some
+    such options size buffers (LSH's rotations)."""
+    if not isinstance(options, dict):
+        raise InputError(f"{cls.__name__}.attention_options must be a mapping of option names to values; got "
+                         f"{options!r}")
+    schema = attention_options(attention)
+    for key, value in options.items():
+        if key not in schema:
+            if not attention_takes(attention, key):  # a plugin's kind with **options takes any name
+                raise InputError(f"{cls.__name__}.attention_options: unknown option {key!r} of attention "
+                                 f"{attention!r}" + did_you_mean(key, schema.names(), "options"))
+            continue
+        if not schema[key].accepts(value):
+            raise OptionError(cls, f"attention_options.{key}", value, schema[key].expected())
+    if max_len is None:
+        return
     for key in attention_position_options(attention):
         value = options.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > max_len:

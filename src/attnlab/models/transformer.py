@@ -22,7 +22,7 @@ from ..layers.transformer_layers import (
     TransformerEncoderLayer,
 )
 from .generation import beam_search, greedy_search
-from .registry import build_config, check_attention_options, check_attention_positions, register_model
+from .registry import build_config, check_attention_options, check_attention_values, register_model
 from .token_ids import check_token_ids
 
 __all__ = ["Transformer", "TransformerConfig", "Seq2SeqTransformer"]
@@ -217,7 +217,7 @@ class TransformerConfig:
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         check_attention_options(self.attention_options, {"dropout": "attn_drop_rate", "rope": "pos_embed",
                                                          "alibi": "pos_embed", "rope_theta": "rope_theta"})
-        check_attention_positions(TransformerConfig, self.attention, self.attention_options, self.max_len)
+        check_attention_values(TransformerConfig, self.attention, self.attention_options, self.max_len)
         if self.pos_embed not in ADDED + INNER:
             raise InputError(f"pos_embed must be one of {sorted(ADDED + INNER)}; got {self.pos_embed!r}")
         inner_position_options(self.pos_embed, self.rope_theta, self.attention)  # a kind that cannot take them

@@ -19,6 +19,7 @@ from typing import NamedTuple
 from torch import Tensor, nn
 
 from ..functional import check_heads, scaled_dot_product_attention
+from ..contract import Option, Options
 from ..registry import register_attention
 from .grid import check_map, grid_size
 
@@ -33,7 +34,13 @@ class AxialWeights(NamedTuple):
     cols: Tensor
 
 
-@register_attention("axial", family="grid", summary="axial attention over a feature map: along rows, then columns")
+AXIAL_OPTIONS = Options(
+    Option("size", tuple, None, "the feature map's (H, W), checked against each input when given"),
+    Option("dropout", float, 0.0, "on the attention weights, in training mode", low=0, high=1, high_open=True),
+    Option("bias", bool, True, "biases of the 1 x 1 projections"))
+
+
+@register_attention("axial", family="grid", options=AXIAL_OPTIONS, summary="axial attention over a feature map: along rows, then columns")
 class AxialAttention2d(nn.Module):
     r"""Multi-head axial self-attention over an ``H x W`` map: rows first, then columns.
 

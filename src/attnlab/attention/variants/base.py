@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import InputError, shape_str
+from ..contract import Option, Options
 from ..functional import check_heads
 from ..grouped import KeepsJoinedWeights, fused_linear
 from ..projections import UpgradesPackedProjections, init_torch_style
@@ -44,6 +45,17 @@ __all__ = ["TokenAttention", "MAX_POSITIONS"]
 MAX_POSITIONS = 1 << 20
 
 
+# The options every efficient kind takes (TokenAttention's), which each extends with its own.
+TOKEN_OPTIONS = Options(
+    Option("dropout", float, 0.0, "on the attention weights, in training mode, where the kind has any", low=0, high=1,
+           high_open=True),
+    Option("bias", bool, True, "biases on the query, key, value and output projections"),
+    Option("rope", bool, False, "rotate queries and keys by their positions"),
+    Option("rope_theta", float, 10000.0, "the rotary base", low=0, low_open=True),
+)
+PLAIN_TOKEN_OPTIONS = TOKEN_OPTIONS.extend(drop=("rope", "rope_theta"))  # the kinds without rotary positions
+
+
 class TokenAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Module):
     """Base of the efficient ``"tokens"`` kinds; see the module docstring.
 
@@ -52,8 +64,6 @@ class TokenAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Module):
     """
 
     kind = "tokens"
-    # The options that count positions: more than the sequence holds means nothing (see MAX_POSITIONS)
-    position_options: tuple[str, ...] = ()
     lora_role = "attention"  # LoRA (attnlab.layers.lora): the query, key, value and output projections
     supports_causal = True
     supports_padding = True

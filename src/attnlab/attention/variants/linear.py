@@ -30,8 +30,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...errors import InputError
+from ..contract import Option
 from ..registry import register_attention
-from .base import TokenAttention
+from .base import PLAIN_TOKEN_OPTIONS, TokenAttention
 
 __all__ = ["LinearAttention", "kernel_attention", "elu_feature_map", "elu_linear_attention"]
 
@@ -146,7 +147,12 @@ def elu_linear_attention(q: Tensor, k: Tensor, v: Tensor, eps: float = 1e-6) -> 
     return _KernelAttention.apply(q.to(ct), k.to(ct), v.to(ct), eps, True).to(v.dtype)
 
 
-@register_attention("linear", summary="linear attention with the elu + 1 feature map, linear in time")
+LINEAR_OPTIONS = PLAIN_TOKEN_OPTIONS.extend(Option("eps", float, 1e-6, "added to the normaliser", low=0, low_open=True))
+
+
+@register_attention("linear", options=LINEAR_OPTIONS, takes_positions=True, causal=True, padding=True,
+                    lora_roles=("attention",),
+                    summary="linear attention with the elu + 1 feature map, linear in time")
 class LinearAttention(TokenAttention):
     """Linear attention with ``phi(x) = elu(x) + 1`` (Katharopoulos et al., 2020).
 

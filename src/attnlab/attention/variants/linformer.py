@@ -32,13 +32,22 @@ from torch import Tensor, nn
 
 from ...errors import InputError
 from ..functional import scaled_dot_product_attention
+from ..contract import Option
 from ..registry import register_attention
-from .base import TokenAttention
+from .base import TOKEN_OPTIONS, TokenAttention
 
 __all__ = ["LinformerAttention"]
 
 
-@register_attention("linformer", summary="Linformer: keys and values projected to a fixed length k along the sequence")
+LINFORMER_OPTIONS = TOKEN_OPTIONS.extend(
+    Option("seq_len", int, 512, "the longest sequence (the projections' width)", low=1, counts_positions=True),
+    Option("k", int, 64, "the length keys and values are projected to", low=1, counts_positions=True),
+    Option("share_kv", bool, False, "one projection for keys and values"))
+
+
+@register_attention("linformer", options=LINFORMER_OPTIONS, takes_positions=True, causal=False, padding=True,
+                    lora_roles=("attention",),
+                    summary="Linformer: keys and values projected to a fixed length k along the sequence")
 class LinformerAttention(TokenAttention):
     """Linformer self-attention; see the module docstring.
 
@@ -55,9 +64,6 @@ class LinformerAttention(TokenAttention):
     """
 
     kind = "linformer"
-    position_options = ("seq_len", "k")
-    supports_causal = False
-    supports_padding = True
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  rope: bool = False, rope_theta: float = 10000.0,

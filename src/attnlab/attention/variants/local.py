@@ -38,8 +38,9 @@ from torch import Tensor
 
 from ...dropout import dropout
 from ...errors import InputError
+from ..contract import Option
 from ..registry import register_attention
-from .base import TokenAttention
+from .base import TOKEN_OPTIONS, TokenAttention
 
 __all__ = ["LocalAttention", "local_attention"]
 
@@ -106,7 +107,12 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, key_padding
     return out.reshape(batch, heads, lp, v.shape[-1])[:, :, :n]
 
 
-@register_attention("local", summary="sliding-window attention: each query sees the keys within w of it")
+LOCAL_OPTIONS = TOKEN_OPTIONS.extend(Option("window", int, 128, "each query sees the keys within window of it", low=1, counts_positions=True))
+
+
+@register_attention("local", options=LOCAL_OPTIONS, takes_positions=True, causal=True, padding=True,
+                    lora_roles=("attention",),
+                    summary="sliding-window attention: each query sees the keys within w of it")
 class LocalAttention(TokenAttention):
     """Sliding-window self-attention (see the module docstring).
 
@@ -122,7 +128,6 @@ class LocalAttention(TokenAttention):
     """
 
     kind = "local"
-    position_options = ("window",)
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  rope: bool = False, rope_theta: float = 10000.0, window: int = 128) -> None:

@@ -19,12 +19,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..registry import register_attention
-from .base import TokenAttention
+from .base import PLAIN_TOKEN_OPTIONS, TokenAttention
 
 __all__ = ["LocalitySelfAttention"]
 
 
-@register_attention("lsa",
+LSA_OPTIONS = PLAIN_TOKEN_OPTIONS
+
+
+@register_attention("lsa", options=LSA_OPTIONS, takes_positions=True, causal=True, padding=True,
+                    lora_roles=("attention",),
                     summary="locality self-attention: a learned temperature, no attention to oneself")
 class LocalitySelfAttention(TokenAttention):
     """Self-attention with a learned temperature and no attention to oneself (see the

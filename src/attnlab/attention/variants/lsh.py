@@ -40,8 +40,9 @@ from torch import Tensor
 from ...dropout import dropout
 from ...errors import InputError
 from ..functional import masked_softmax
+from ..contract import Option
 from ..registry import register_attention
-from .base import TokenAttention
+from .base import TOKEN_OPTIONS, TokenAttention
 
 __all__ = ["LSHAttention", "lsh_attention", "lsh_buckets"]
 
@@ -111,7 +112,15 @@ def lsh_attention(qk: Tensor, v: Tensor, rotations: Tensor, bucket_size: int, *,
     return out[:, :, :n]
 
 
-@register_attention("lsh",
+LSH_OPTIONS = TOKEN_OPTIONS.extend(
+    Option("bucket_size", int, 64, "the chunk length, and so each query's 2 x bucket_size keys", low=1,
+           counts_positions=True),
+    Option("n_buckets", int, 16, "the hash buckets, even", low=2, counts_positions=True),
+    Option("seed", int, 0, "the random rotations' seed"))
+
+
+@register_attention("lsh", options=LSH_OPTIONS, takes_positions=True, causal=True, padding=True,
+                    lora_roles=("attention",),
                     summary="Reformer's LSH attention: queries and keys hashed into buckets, attended within each")
 class LSHAttention(TokenAttention):
     """LSH self-attention with shared queries and keys (see the module docstring).
@@ -129,7 +138,6 @@ class LSHAttention(TokenAttention):
     """
 
     kind = "lsh"
-    position_options = ("bucket_size", "n_buckets")
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  rope: bool = False, rope_theta: float = 10000.0,

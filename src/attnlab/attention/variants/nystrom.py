@@ -43,8 +43,9 @@ from torch import Tensor, nn
 from ...dropout import dropout
 from ...errors import InputError
 from ..functional import scaled_dot_product_attention
+from ..contract import Option
 from ..registry import register_attention
-from .base import TokenAttention
+from .base import TOKEN_OPTIONS, TokenAttention
 
 __all__ = ["NystromAttention", "iterative_pinv"]
 
@@ -77,7 +78,15 @@ def _masked_softmax(logits: Tensor, blocked: Tensor | None) -> Tensor:
     return torch.softmax(logits, dim=-1)
 
 
-@register_attention("nystrom", summary="Nyströmformer: the softmax matrix approximated from landmark queries and keys")
+NYSTROM_OPTIONS = TOKEN_OPTIONS.extend(
+    Option("num_landmarks", int, 64, "the landmark queries and keys", low=1, counts_positions=True),
+    Option("pinv_iters", int, 6, "iterations of the pseudo-inverse", low=1),
+    Option("conv_kernel", int, None, "an odd depthwise convolution over the values (None: none)", low=1))
+
+
+@register_attention("nystrom", options=NYSTROM_OPTIONS, takes_positions=True, causal=False, padding=True,
+                    lora_roles=("attention",),
+                    summary="Nyströmformer: the softmax matrix approximated from landmark queries and keys")
 class NystromAttention(TokenAttention):
     """Nyström self-attention; see the module docstring.
 
@@ -95,9 +104,6 @@ class NystromAttention(TokenAttention):
     """
 
     kind = "nystrom"
-    position_options = ("num_landmarks",)
-    supports_causal = False
-    supports_padding = True
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  rope: bool = False, rope_theta: float = 10000.0,

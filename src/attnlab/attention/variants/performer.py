@@ -32,8 +32,9 @@ import torch
 from torch import Tensor
 
 from ...errors import InputError
+from ..contract import Option
 from ..registry import register_attention
-from .base import TokenAttention
+from .base import PLAIN_TOKEN_OPTIONS, TokenAttention
 from .linear import kernel_attention
 
 __all__ = ["PerformerAttention", "orthogonal_gaussian_projection", "favor_features", "favor_key_exponent",
@@ -142,7 +143,14 @@ def favor_causal(phi_q: Tensor, expo_k: Tensor, v: Tensor, eps: float = 1e-20, c
     return torch.cat(outs, dim=2).to(out_dtype)
 
 
-@register_attention("performer",
+PERFORMER_OPTIONS = PLAIN_TOKEN_OPTIONS.extend(
+    Option("num_features", int, None, "random features (None: head_dim * ln(head_dim))", low=1),
+    Option("redraw", bool, False, "draw new features at each training step"),
+    Option("seed", int, 0, "the features' seed"))
+
+
+@register_attention("performer", options=PERFORMER_OPTIONS, takes_positions=True, causal=True, padding=True,
+                    lora_roles=("attention",),
                     summary="Performer's FAVOR+: random features approximate the softmax, linear in time")
 class PerformerAttention(TokenAttention):
     """FAVOR+ attention with positive orthogonal random features (Choromanski et al., 2021).

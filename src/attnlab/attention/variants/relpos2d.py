@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ...errors import InputError
 from ..functional import check_heads, scaled_dot_product_attention
+from ..contract import Option, Options
 from ..registry import register_attention
 from .grid import grid_size
 
@@ -41,7 +42,13 @@ def _resized(table: Tensor, length: int) -> Tensor:
     return F.interpolate(table.t()[None], size=length, mode="linear", align_corners=True)[0].t()
 
 
-@register_attention("relpos2d", family="grid", forms_weights=True,
+RELPOS2D_OPTIONS = Options(
+    Option("size", tuple, None, "the feature map's (H, W), which sizes the relative positions", required=True),
+    Option("dropout", float, 0.0, "on the attention weights, in training mode", low=0, high=1, high_open=True),
+    Option("bias", bool, False, "biases of the 1 x 1 projections"))
+
+
+@register_attention("relpos2d", family="grid", options=RELPOS2D_OPTIONS, forms_weights=True,
                     summary="BoTNet's multi-head self-attention over a feature map with 2-D relative positions")
 class RelPosSelfAttention2d(nn.Module):
     r"""Multi-head self-attention over an ``H x W`` map with 2-D relative position logits.

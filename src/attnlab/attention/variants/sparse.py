@@ -43,8 +43,9 @@ from torch import Tensor
 
 from ...dropout import dropout
 from ...errors import InputError
+from ..contract import Option
 from ..registry import register_attention
-from .base import TokenAttention
+from .base import TOKEN_OPTIONS, TokenAttention
 
 __all__ = ["SparseAttention"]
 
@@ -59,13 +60,24 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     return value
 
 
-@register_attention("sparse", summary="block-sparse patterns: fixed, strided (Sparse Transformer) or BigBird's")
+SPARSE_OPTIONS = TOKEN_OPTIONS.extend(
+    Option("pattern", str, "bigbird", "the layout of the blocks", choices=("fixed", "strided", "bigbird")),
+    Option("block", int, 32, "positions a block", low=1, counts_positions=True),
+    Option("window_blocks", int, 3, "blocks of the window centred on the query's", low=1),
+    Option("global_blocks", int, 1, "blocks every query sees and that see every key", low=0),
+    Option("random_blocks", int, 2, "random blocks each query block sees (BigBird)", low=0, counts_positions=True),
+    Option("stride_blocks", int, 4, "the stride of the strided pattern, in blocks", low=1),
+    Option("seed", int, 0, "the random blocks' seed", low=0))
+
+
+@register_attention("sparse", options=SPARSE_OPTIONS, takes_positions=True, causal=True, padding=True,
+                    lora_roles=("attention",),
+                    summary="block-sparse patterns: fixed, strided (Sparse Transformer) or BigBird's")
 class SparseAttention(TokenAttention):
     """Block-sparse attention over the patterns ``"fixed"``, ``"strided"`` and ``"bigbird"``;
     see the module docstring."""
 
     kind = "sparse"
-    position_options = ("block", "random_blocks")
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  rope: bool = False, rope_theta: float = 10000.0,

@@ -25,13 +25,21 @@ from torch import Tensor, nn
 
 from ...errors import InputError
 from ..functional import check_heads, scaled_dot_product_attention
+from ..contract import Option, Options
 from ..registry import register_attention
 from .grid import check_map, grid_size
 
 __all__ = ["StandAloneSelfAttention2d"]
 
 
-@register_attention("standalone2d", family="grid",
+STANDALONE2D_OPTIONS = Options(
+    Option("size", tuple, None, "the feature map's (H, W), checked against each input when given"),
+    Option("kernel_size", int, 7, "the side of each query's window, odd", low=1),
+    Option("dropout", float, 0.0, "on the attention weights, in training mode", low=0, high=1, high_open=True),
+    Option("bias", bool, True, "biases of the 1 x 1 projections"))
+
+
+@register_attention("standalone2d", family="grid", options=STANDALONE2D_OPTIONS,
                     summary="stand-alone self-attention over k x k windows of a feature map, with relative positions")
 class StandAloneSelfAttention2d(nn.Module):
     r"""Multi-head local self-attention over ``k x k`` windows, with relative positions.

@@ -37,8 +37,9 @@ from torch import Tensor
 from ...dropout import dropout
 from ...errors import InputError
 from ..functional import masked_softmax
+from ..contract import Option
 from ..registry import register_attention
-from .base import TokenAttention
+from .base import TOKEN_OPTIONS, TokenAttention
 
 __all__ = ["TopKAttention", "topk_attention"]
 
@@ -69,7 +70,12 @@ def topk_attention(q: Tensor, k: Tensor, v: Tensor, top_k: int, *, key_padding_m
     return torch.matmul(weights.to(v.dtype), v)
 
 
-@register_attention("topk", summary="each query keeps only its k largest logits")
+TOPK_OPTIONS = TOKEN_OPTIONS.extend(Option("top_k", int, 8, "the logits each query keeps", low=1, counts_positions=True))
+
+
+@register_attention("topk", options=TOPK_OPTIONS, takes_positions=True, causal=True, padding=True,
+                    lora_roles=("attention",),
+                    summary="each query keeps only its k largest logits")
 class TopKAttention(TokenAttention):
     """Top-k self-attention (see the module docstring); ``top_k=1`` is hard attention.
 
@@ -84,7 +90,6 @@ class TopKAttention(TokenAttention):
     """
 
     kind = "topk"
-    position_options = ("top_k",)
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  rope: bool = False, rope_theta: float = 10000.0, top_k: int = 8) -> None:
