@@ -8,8 +8,11 @@
   :mod:`.text_files`, :mod:`.parallel_files`, :mod:`.text_documents`).
 * :mod:`.splits`: stratified and random hold-outs, per-class caps.
 * :mod:`.paths`: where data lives (``--data-dir``, ``$ATTNLAB_DATA_DIR``, ``~/.cache/attnlab``).
-* :mod:`.images`: digits, any ``root/<class>/<file>`` folder, CIFAR-10 (image folders
-  or the original pickled batches, read with a restricted unpickler).
+* Image data sets: :mod:`.image_datasets` (images in memory, digits, any ``root/<class>/<file>``
+  folder as :class:`ImageFolder`), :mod:`.cifar` (CIFAR-10: image folders or the original pickled
+  batches, read with a restricted unpickler), :mod:`.image_decode` (safe decoding with Pillow,
+  on threads), :mod:`.image_scan` (listing a folder of class folders), :mod:`.image_extensions`;
+  :mod:`.images` re-exports them for older imports.
 * :mod:`.transforms`: tensor transforms and the CIFAR-10 / digits presets.
 * :mod:`.mix`: mixup and cutmix with soft targets.
 * :mod:`.mr`, :mod:`.multi30k`: the MR sentence-polarity and Multi30k translation corpora.
@@ -20,16 +23,10 @@
 * :mod:`.lm_dataset`: :class:`LMDataset`, documents packed into windows for a language model.
 """
 
-from .images import (
-    CIFAR10,
-    CIFAR10_CLASSES,
-    IMG_EXTENSIONS,
-    ImageFolder,
-    ImageTensorDataset,
-    decode_images,
-    load_cifar_batch,
-    load_digits_dataset,
-)
+from .cifar import CIFAR10, CIFAR10_CLASSES, load_cifar_batch
+from .image_datasets import ImageFolder, ImageTensorDataset, load_digits_dataset
+from .image_decode import decode_images
+from .image_extensions import IMG_EXTENSIONS
 from .lm_dataset import LMDataset
 from .lm_tokenize import BPETokenizer, ByteTokenizer, CharTokenizer, LMTokenizer, load_tokenizer, train_tokenizer
 from .mix import Mixup, cutmix_box, one_hot

@@ -21,7 +21,8 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from ..errors import InputError
-from .images import ImageFolder, scan_images
+from .image_datasets import ImageFolder
+from .image_scan import scan_images
 from .labelled_images import ImageSource, ImageSourceConfig, ImageSpec, TransformedImages
 from .source import Splits, register_source
 from .splits import cap_per_class, stratified_split

@@ -19,8 +19,10 @@ from PIL import Image
 from torch import Tensor
 
 from ..errors import InputError
-from .images import CIFAR10, CIFAR10_CLASSES, ImageFolder, decode_image, decompression_bomb_sizes, load_digits_dataset, \
-    scan_images
+from .cifar import CIFAR10, CIFAR10_CLASSES
+from .image_datasets import ImageFolder, load_digits_dataset
+from .image_decode import decode_image, decompression_bomb_sizes
+from .image_scan import scan_images
 from .source import Source, SourceConfig, Splits, register_source
 from .splits import cap_per_class, stratified_split
 from .transforms import cifar_eval_transforms, cifar_train_transforms, digits_transforms

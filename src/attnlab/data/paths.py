@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import InputError
+from .image_extensions import IMG_EXTENSIONS
 
 __all__ = ["ENV_VAR", "DEFAULT_DATA_DIR", "data_dir", "require", "folder_contents"]
 
@@ -63,8 +64,6 @@ def folder_contents(path: str | Path, limit: int = 10_000) -> str:
     """What the folder ``path`` holds, for a message that refuses it: ``a folder of images
     (8 .png, 4 .jpg files)``, ``a folder (of 3 .bin files)``, ``an empty folder``. Hidden
     files and folders are left out; at most ``limit`` files are counted."""
-    from .images import IMG_EXTENSIONS  # (images imports this module)
-
     counts: dict[str, int] = {}
     seen = 0
     for folder, subfolders, files in os.walk(path):  # followlinks=False: no cycles
