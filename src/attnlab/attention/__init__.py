@@ -4,7 +4,8 @@ and capturing the weights of a model's attention (:func:`capture_attention`)."""
 from .alibi import alibi_bias, alibi_slopes
 from .cache import DecodingCache, KVCache
 from .functional import causal_mask, merge_masks, scaled_dot_product_attention
-from .grouped import GroupedQueryAttention, RMSNorm
+from .grouped import GroupedQueryAttention
+from .rmsnorm import RMSNorm
 from .differential import DifferentialAttention, SinkAttention
 from .latent import IndexedSparseAttention, LatentAttention
 from .delta import GatedDeltaNet

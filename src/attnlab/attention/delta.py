@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from ..errors import InputError, shape_str
 from .contract import Option, Options
 from .functional import check_positive_int
-from .grouped import KeepsJoinedWeights, joined_weight, product
+from .joined import KeepsJoinedWeights, joined_weight, product
 from .registry import register_attention
 
 __all__ = ["GatedDeltaNet", "RecurrentCache", "chunked", "recurrent"]

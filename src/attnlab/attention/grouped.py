@@ -14,47 +14,28 @@ value projections in ``in_proj``, load as they are (:mod:`~attnlab.attention.pro
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..errors import InputError, shape_str
 from .alibi import alibi_bias
 from .cache import DecodingCache
 from .contract import Option, Options
 from .functional import check_heads, combine_masks, scaled_dot_product_attention
+from .joined import KeepsJoinedWeights, fused_linear, joined_weight, product
 from .positions import init_inner_positions, inner_positions_repr
 from .projections import UpgradesPackedProjections, init_torch_style
 from .registry import register_alias, register_attention
+from .rmsnorm import _RMS_NORM, RMSNorm
 from .rotary import apply_rotary
 
-__all__ = ["GroupedQueryAttention", "KeepsJoinedWeights", "RMSNorm", "band_mask", "fused_linear", "joined_weight", "product"]
-
-_RMS_NORM = getattr(F, "rms_norm", None)  # torch >= 2.4
-
-
-class RMSNorm(nn.Module):
-    """``x / rms(x) · weight`` (Zhang and Sennrich, 2019), computed in float32 and cast back
-    (as Llama does, so half-precision inputs keep their accuracy). ``(..., dim)``."""
-
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-        if x.dtype == torch.float32 and _RMS_NORM is not None:  # one kernel: 25 µs against 50 (width 256, AVX2)
-            return _RMS_NORM(x, (x.shape[-1],), self.weight, self.eps)
-        y = x.float()
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * y.to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
-
+# KeepsJoinedWeights, RMSNorm, fused_linear, joined_weight and product live in joined.py and rmsnorm.py; named here
+# still for code that imported them from this module.
+__all__ = ["GroupedQueryAttention", "EXACT_OPTIONS", "band_mask", "KeepsJoinedWeights", "RMSNorm", "fused_linear",
+           "joined_weight", "product"]
 
 def band_mask(q_slots: Tensor, k_slots: Tensor, *, causal: bool, window: int | None) -> Tensor | None:
     """Bool ``(Lq, Lk)``, ``True`` = blocked: future keys (``causal``) and keys ``window`` or
@@ -70,98 +51,6 @@ def band_mask(q_slots: Tensor, k_slots: Tensor, *, causal: bool, window: int | N
         if not causal:
             blocked |= distance <= -window
     return blocked
-
-
-def _weight_of(layer: nn.Linear) -> Tensor:
-    merged = getattr(layer, "merged_weight", None)
-    return layer.weight if merged is None else merged()
-
-
-def joined_weight(owner: nn.Module, name: str, layers: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor | None]:
-    """The layers' weights joined and transposed, ``(in, sum of out)``, and their joined bias
-    (or None): kept on ``owner`` under ``name`` and joined again when a weight changes (its
-    version counter moves on an optimizer step or a load). A layer with a low-rank update
-    (LoRA's :class:`~attnlab.layers.lora.LoRALinear`) gives its ``merged_weight``: what it
-    computes in eval mode, the only mode these joined weights serve. Every optimizer step
-    (counted by a torch hook) counts as a change too: torch's fused AdamW writes without
-    moving the version counters."""
-    key = (_OPTIMIZER_STEPS[0], *((p.data_ptr(), p._version) for layer in layers for p in layer.parameters(recurse=False)))
-    cached = owner.__dict__.get(f"_fused_{name}")
-    if cached is None or cached[0] != key:
-        with torch.no_grad():
-            weight = torch.cat([_weight_of(layer) for layer in layers]).t().contiguous()
-            bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])  # type: ignore[misc]
-        cached = (key, weight, bias)
-        owner.__dict__[f"_fused_{name}"] = cached
-    return cached[1], cached[2]
-
-
-def product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``x @ weight + bias`` for ``x`` ``(..., in)`` and a joined ``weight`` ``(in, out)``."""
-    if x.dim() == 2:  # a decoding step's (B, E): 5.6 µs against 9.0 through reshape, @ and view (width 256,
-        # batch 1; 13.6 against 17.6 at batch 8), 17 products a step (AMD EPYC AVX-512, torch 2.13, 2 threads)
-        return torch.mm(x, weight) if bias is None else torch.addmm(bias, x, weight)
-    flat = x.reshape(-1, x.shape[-1])
-    out = flat @ weight if bias is None else torch.addmm(bias, flat, weight)
-    return out.view(*x.shape[:-1], out.shape[-1])
-
-
-# Optimizer steps taken in this process, counted by a global torch hook: part of the key of every
-# joined weight, since torch's fused AdamW (``fused=True``, attnlab's default) leaves the version
-# counters as they were (a model evaluated, trained a step and evaluated again kept its first weights).
-_OPTIMIZER_STEPS = [0]
-
-
-def _count_optimizer_step(*_: Any) -> None:
-    _OPTIMIZER_STEPS[0] += 1
-
-
-register_optimizer_step_post_hook(_count_optimizer_step)
-
-
-class KeepsJoinedWeights:
-    """Mixin of the modules that keep joined weights (:func:`joined_weight`): they drop them
-    when training starts or ends (``train()`` from eval mode, ``eval()`` from training), for
-    the writes that neither the version counters nor an optimizer step show (through
-    ``.data``). ``eval()`` on a model already in eval mode keeps them: every ``generate``
-    sets eval mode, and joining the weights again cost 6.5 ms a call (4-layer width-256
-    model, AMD EPYC AVX-512, 2 threads), 3% of 256 new tokens."""
-
-    def train(self, mode: bool = True):  # type: ignore[no-untyped-def]
-        if mode or self.training:  # type: ignore[attr-defined]
-            for key in [k for k in vars(self) if k.startswith("_fused_")]:
-                del self.__dict__[key]
-        return super().train(mode)  # type: ignore[misc]
-
-
-_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
-
-
-def _tracing() -> bool:
-    """Under ``torch.compile`` or ``torch.export`` (ONNX): the weights are fake tensors there,
-    with no data to key a cache by."""
-    return _is_compiling()
-
-
-def fused_linear(owner: nn.Module, name: str, layers: tuple[nn.Linear, ...], x: Tensor) -> tuple[Tensor, ...]:
-    """``tuple(layer(x) for layer in layers)``; when no gradient is wanted (decoding), as one
-    product ``x @ W`` with the layers' weights joined and kept transposed
-    (:func:`joined_weight`). On the CPU a product with one or a few rows costs 20 µs against
-    ``F.linear``'s 30 µs for a width-256 layer (AVX2 EPYC, ``benchmarks/lm_generate.py``),
-    and joining the query, key and value projections makes three such products one."""
-    if torch.is_grad_enabled() or owner.training or _tracing():  # a trace keeps no weights of its own: no cache
-        if len(layers) == 1 or not all(type(layer) is nn.Linear for layer in layers):  # LoRA's train their own way
-            return tuple(layer(x) for layer in layers)
-        # Training: one product with the weights joined (autograd splits the gradient back), as the packed
-        # in_proj of exact attention always computed it, so a run trains bit for bit as it did, and a layer
-        # whose output a kind leaves unused (LSH's keys) still takes part, as a packed projection's rows did.
-        bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])  # type: ignore[misc]
-        out = F.linear(x, torch.cat([layer.weight for layer in layers]), bias)
-        return tuple(out.split([layer.out_features for layer in layers], dim=-1))
-    out = product(x, *joined_weight(owner, name, layers))
-    if len(layers) == 1:
-        return (out,)
-    return tuple(out.split([layer.out_features for layer in layers], dim=-1))
 
 
 # The options of the exact kind, which the kinds built on it extend (sinks, differential, nsa).

@@ -38,7 +38,8 @@ from torch import Tensor, nn
 from ..errors import InputError, shape_str
 from .cache import DecodingCache
 from .functional import check_heads, check_positive_int, scaled_dot_product_attention
-from .grouped import RMSNorm, _weight_of
+from .joined import _weight_of
+from .rmsnorm import RMSNorm
 from .positions import init_inner_positions
 from .contract import Option, Options
 from .registry import check_attention_options, register_attention

@@ -11,7 +11,7 @@ from typing import Callable
 
 from torch import Tensor, nn
 
-from ..attention.grouped import RMSNorm
+from ..attention.rmsnorm import RMSNorm
 from ..errors import InputError, shape_str
 
 __all__ = ["LayerNorm", "TokenBatchNorm", "build_norm", "freeze_batch_norm", "NORMS"]

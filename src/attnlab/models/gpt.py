@@ -32,303 +32,30 @@ sample through :mod:`attnlab.models.generation`, with the cache.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, ClassVar, Iterator
+from dataclasses import asdict
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention.grouped import KeepsJoinedWeights, RMSNorm, fused_linear, joined_weight
-from ..attention.registry import (attention_capabilities, attention_family, attention_keeps_cache, attention_options,
-                                  attention_takes, build_attention, kinds_taking, list_attention)
+from ..attention.joined import KeepsJoinedWeights, bound_product, fused_linear, joined_weight
+from ..attention.registry import attention_capabilities, attention_keeps_cache, build_attention, list_attention
+from ..attention.rmsnorm import RMSNorm
 from ..dropout import Dropout
 from ..errors import InputError, shape_str
 from ..layers.init import normal_init_
+from ..layers.mlp import GeluMlp, SwiGLU
 from ..layers.norms import build_norm
-from ..layers.pos_encoding import inner_position_options, sinusoid_table
+from ..layers.pos_encoding import sinusoid_table
 from ..memory import available_memory, gib
 from . import generation
-from .registry import build_config, check_attention_options, check_attention_values, register_model
+from .gpt_config import LAYER_TYPES, MLPS, POS_EMBEDS, GPTConfig  # noqa: F401  (GPTConfig's home is gpt_config)
+from .registry import build_config, register_model
 from .token_ids import check_token_ids
 
 __all__ = ["GPTConfig", "GPT", "SwiGLU", "GeluMlp", "LayerCaches", "document_positions"]
 
-POS_EMBEDS = ("learned", "sinusoidal", "rope", "alibi", "none")
-MLPS = ("gelu", "gelu_tanh", "swiglu", "geglu")
-LAYER_TYPES = ("full", "sliding", "linear")
-
-
-@dataclass
-class GPTConfig:
-    vocab_size: int = 50257
-    max_len: int = 1024  # the longest context (learned positions have this many rows)
-    embed_dim: int = 768
-    depth: int = 12
-    num_heads: int = 12
-    num_kv_heads: int | None = None  # grouped-query attention (None: num_heads; 1: multi-query)
-    head_dim: int | None = None  # the size of one head (None: embed_dim / num_heads; Gemma's and Qwen3's differ)
-    mlp_ratio: float = 4.0
-    mlp_hidden_dim: int | None = None  # the MLP width itself (Llama's intermediate_size); overrides mlp_ratio
-    mlp: str = "gelu"  # "gelu", "gelu_tanh" (GPT-2's), "swiglu" (Llama's), "geglu" (Gemma's: tanh-GELU gate)
-    norm: str = "layernorm"  # or "rmsnorm"
-    norm_eps: float = 1e-5
-    pos_embed: str = "learned"  # learned, sinusoidal, rope, alibi, none
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None  # {"rope_type": "linear"|"dynamic"|"yarn"|"llama3"|"longrope", ...} (full layers)
-    partial_rotary: float = 1.0  # the share of each head that rotary positions rotate (Phi-4-mini: 0.75)
-    window: int | None = None  # sliding-window attention: each token sees the last `window` tokens
-    layer_types: list | None = None  # per layer "sliding" (sees `window`), "full" or "linear" (linear_attention)
-    linear_attention: str = "gated_delta"  # the kind of the "linear" layers of layer_types (Qwen3.5's 3 in 4)
-    linear_attention_options: dict = field(default_factory=dict)  # its options
-    window_pattern: int | None = None  # instead of layer_types: every window_pattern-th layer full, others sliding
-    rope_local_theta: float | None = None  # the plain rotary base of the sliding layers (Gemma 3: 10,000)
-    nope_layers: list | None = None  # indices of layers without positions (SmolLM3: every fourth)
-    qk_norm: bool = False
-    query_pre_attn_scalar: float | None = None  # logits scaled by its -1/2 power instead of head_dim's (Gemma)
-    attn_softcap: float | None = None  # attention logits squashed to cap * tanh(logits / cap) (Gemma 2: 50)
-    logit_softcap: float | None = None  # the output logits alike (Gemma 2: 30)
-    post_norms: bool = False  # norms after the attention and the MLP too, before the residual sum (Gemma 2, 3)
-    embed_scale: float | None = None  # token embeddings times this (Gemma: sqrt(embed_dim))
-    bias: bool = True  # biases of the attention projections and the MLP (each set apart below)
-    attention_bias: bool | None = None  # biases of the query, key and value projections (None: bias)
-    attention_out_bias: bool | None = None  # of the attention's output projection (None: attention_bias)
-    mlp_bias: bool | None = None  # of the MLP's layers (None: bias)
-    attention_output_gate: bool = False  # each head's output gated by a sigmoid the query projection gives (Qwen3.5)
-    norm_bias: bool = True  # the layernorms' biases (nanoGPT's bias=False leaves them out as well)
-    tie_embeddings: bool = True
-    drop_rate: float = 0.0
-    attn_drop_rate: float = 0.0
-    attention: str = "exact"  # any "tokens" kind; "exact" (older name "gqa") keeps a cache
-    attention_options: dict = field(default_factory=dict)
-    grad_checkpointing: bool = False
-
-    renamed: ClassVar[dict[str, str]] = {"n_layer": "depth", "n_head": "num_heads", "n_embd": "embed_dim",
-                                          "dropout": "drop_rate", "block_size": "max_len"}
-
-    def __post_init__(self) -> None:
-        if self.pos_embed not in POS_EMBEDS:
-            raise InputError(f"pos_embed must be one of {', '.join(POS_EMBEDS)}; got {self.pos_embed!r}")
-        if self.mlp not in MLPS:
-            raise InputError(f"mlp must be one of {', '.join(MLPS)}; got {self.mlp!r}")
-        if attention_family(self.attention) != "tokens":
-            raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
-        self._check_layers()
-        if self.pos_embed == "rope" and not attention_capabilities(self.attention).positions:
-            raise InputError(f"attention={self.attention!r} with pos_embed='rope' cannot take each row's positions "
-                             f"(generation and packed documents need them); kinds that do: "
-                             f"{', '.join(k for k in kinds_taking('rope') if attention_capabilities(k).positions)}")
-        inner_position_options(self.pos_embed, self.rope_theta, self.attention)  # a kind that cannot take them
-        for key, field_name in self._kind_options().items():
-            if not attention_takes(self.attention, key):
-                raise InputError(f"{field_name} is not an option of attention {self.attention!r}; kinds that take "
-                                 f"it: {', '.join(kinds_taking(key))}")
-        check_attention_options(self.attention_options, {
-            "dropout": "attn_drop_rate", "bias": "attention_bias", "out_bias": "attention_out_bias",
-            "num_kv_heads": "num_kv_heads", "head_dim": "head_dim", "window": "window", "rope": "pos_embed",
-            "alibi": "pos_embed", "rope_theta": "rope_theta", "rope_scaling": "rope_scaling",
-            "partial_rotary": "partial_rotary", "max_len": "max_len", "qk_norm": "qk_norm",
-            "scale": "query_pre_attn_scalar", "softcap": "attn_softcap", "output_gate": "attention_output_gate"})
-        if self.layer_types is not None and "linear" in self.layer_types:
-            if attention_family(self.linear_attention) != "tokens":
-                raise InputError(f"linear_attention must be a 'tokens' kind; {self.linear_attention!r} is a grid kind")
-            if not isinstance(self.linear_attention_options, dict):
-                raise InputError(f"linear_attention_options must be a mapping; got {self.linear_attention_options!r}")
-            check_attention_options(self.linear_attention_options, {"dropout": "attn_drop_rate",
-                                                                    "bias": "attention_bias"})
-        check_attention_values(GPTConfig, self.attention, self.attention_options,
-                               self.max_len if isinstance(self.max_len, int) else None)
-
-    def _check_layers(self) -> None:
-        """The per-layer lists and the numbers the families' knobs take."""
-        depth = self.depth if isinstance(self.depth, int) and not isinstance(self.depth, bool) else None
-        if self.layer_types is not None:
-            if not isinstance(self.layer_types, (list, tuple)) or any(t not in LAYER_TYPES for t in self.layer_types):
-                raise InputError(f"layer_types must be a list of {' or '.join(map(repr, LAYER_TYPES))}, one per "
-                                 f"layer; got {self.layer_types!r}")
-            if depth is not None and len(self.layer_types) != depth:
-                raise InputError(f"layer_types must name one type per layer, {depth}; got {len(self.layer_types)}")
-            if self.window_pattern is not None:
-                raise InputError("layer_types and window_pattern both say which layers slide; give one")
-        if self.window_pattern is not None and (not isinstance(self.window_pattern, int)
-                                                or isinstance(self.window_pattern, bool) or self.window_pattern < 1):
-            raise InputError(f"window_pattern must be a positive integer (every window_pattern-th layer is full); "
-                             f"got {self.window_pattern!r}")
-        if self._has_sliding() and self.window is None:
-            raise InputError("layer_types has sliding layers, which need window (the positions each token sees)")
-        if self.nope_layers is not None:
-            if not isinstance(self.nope_layers, (list, tuple)) or any(
-                    not isinstance(i, int) or isinstance(i, bool) or depth is not None and not 0 <= i < depth
-                    for i in self.nope_layers):
-                raise InputError(f"nope_layers must be a list of layer indices in [0, {depth}); "
-                                 f"got {self.nope_layers!r}")
-            if self.pos_embed != "rope":
-                raise InputError(f"nope_layers leave rotary positions out of some layers; pos_embed is "
-                                 f"{self.pos_embed!r}, not 'rope'")
-        if self.rope_local_theta is not None and (self.pos_embed != "rope" or not self._has_sliding()):
-            raise InputError("rope_local_theta is the rotary base of sliding layers: it needs pos_embed='rope' and "
-                             "sliding layers")
-        if (self.rope_scaling is not None or self.partial_rotary != 1.0) and self.pos_embed != "rope":
-            raise InputError(f"rope_scaling and partial_rotary scale rotary positions; pos_embed is "
-                             f"{self.pos_embed!r}, not 'rope'")
-        for name in ("query_pre_attn_scalar", "attn_softcap", "logit_softcap", "embed_scale", "rope_local_theta"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not 0 < value < float("inf")):
-                raise InputError(f"{name} must be a positive number; got {value!r}")
-        if self.head_dim is None and isinstance(self.embed_dim, int) and isinstance(self.num_heads, int) \
-                and self.num_heads > 0 and self.embed_dim % self.num_heads:
-            raise InputError(f"embed_dim must be divisible by num_heads unless head_dim is given; got "
-                             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}")
-
-    def _has_sliding(self) -> bool:
-        """Whether some layer slides (without listing the layers: the depth is not checked yet)."""
-        if self.layer_types is not None:
-            return "sliding" in self.layer_types
-        if self.window_pattern is not None:
-            return self.window_pattern > 1
-        return self.window is not None
-
-    def layer_kinds(self) -> list[str]:
-        """Each layer's type, ``"sliding"`` or ``"full"``: ``layer_types``, else every
-        ``window_pattern``-th layer full (Gemma 3's 5 sliding to 1 full is 6), else all sliding
-        when there is a ``window``, else all full."""
-        depth = self.depth if isinstance(self.depth, int) else 0
-        if self.layer_types is not None:
-            return list(self.layer_types)
-        if self.window_pattern is not None:
-            return ["full" if (i + 1) % self.window_pattern == 0 else "sliding" for i in range(depth)]
-        return ["sliding" if self.window is not None else "full"] * depth
-
-    def _kind_options(self) -> dict[str, str]:
-        """The attention options this config sets (beyond the defaults), by the field that sets them."""
-        asked = {"num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim, "window": self.window,
-                 "qk_norm": self.qk_norm or None, "rope_scaling": self.rope_scaling,
-                 "partial_rotary": None if self.partial_rotary == 1.0 else self.partial_rotary,
-                 "scale": self.query_pre_attn_scalar, "softcap": self.attn_softcap,
-                 "out_bias": self.attention_out_bias, "output_gate": self.attention_output_gate or None}
-        names = {"scale": "query_pre_attn_scalar", "softcap": "attn_softcap", "out_bias": "attention_out_bias",
-                 "output_gate": "attention_output_gate"}
-        return {k: names.get(k, k) for k, v in asked.items() if v is not None}
-
-    def attention_of(self, layer: int) -> str:
-        """The attention kind of layer ``layer``: ``linear_attention`` in the "linear" layers, else ``attention``."""
-        return self.linear_attention if self.layer_kinds()[layer] == "linear" else self.attention
-
-    def heads_of(self, layer: int) -> int:
-        """The heads of layer ``layer``'s attention: ``linear_attention_options["num_heads"]`` in the
-        "linear" layers when given (Qwen3.5's linear layers have heads of their own), else ``num_heads``."""
-        if self.layer_kinds()[layer] == "linear":
-            return self.linear_attention_options.get("num_heads", self.num_heads)
-        return self.num_heads
-
-    def attention_options_of(self, layer: int) -> dict[str, Any]:
-        """The options the attention of layer ``layer`` is built with (besides width and heads)."""
-        if self.layer_kinds()[layer] == "linear":  # its own options; no positions (a recurrent state has its order)
-            options = {k: v for k, v in self.linear_attention_options.items() if k != "num_heads"}
-            return self._placed(self.linear_attention, layer, options)
-        options: dict[str, Any] = dict(self.attention_options)
-        sliding = self.layer_kinds()[layer] == "sliding"
-        rope = self.pos_embed == "rope" and layer not in (self.nope_layers or ())
-        if self.pos_embed == "alibi":
-            options["alibi"] = True
-        elif rope:
-            local = sliding and self.rope_local_theta is not None  # Gemma 3: plain rotary on the sliding layers
-            options.update(rope=True, rope_theta=self.rope_local_theta if local else self.rope_theta)
-            if self.rope_scaling is not None and not local:
-                options.update(rope_scaling=self.rope_scaling, max_len=self.max_len)
-            if self.partial_rotary != 1.0:
-                options["partial_rotary"] = self.partial_rotary
-        kind = self._kind_options()
-        if "window" in kind and sliding:
-            options["window"] = self.window
-        for key in ("num_kv_heads", "head_dim", "qk_norm", "out_bias", "output_gate"):
-            if key in kind:
-                options[key] = {"out_bias": self.attention_out_bias,
-                                "output_gate": self.attention_output_gate}.get(key, getattr(self, key, None))
-        if self.query_pre_attn_scalar is not None:
-            options["scale"] = float(self.query_pre_attn_scalar) ** -0.5
-        if self.attn_softcap is not None:
-            options["softcap"] = self.attn_softcap
-        return self._placed(self.attention, layer, options)
-
-    def _placed(self, kind: str, layer: int, options: dict[str, Any]) -> dict[str, Any]:
-        """``options`` with what kind ``kind`` declares it takes from its place in the decoder
-        (``from_model``: the layer's depth, the model's norm eps), where the recipe set none."""
-        place = {"layer_index": layer, "norm_eps": self.norm_eps}
-        for option in attention_options(kind):
-            if option.from_model in place:
-                options.setdefault(option.name, place[option.from_model])
-        return options
-
-    @property
-    def head_size(self) -> int:
-        """The size of one head: ``head_dim``, or ``embed_dim / num_heads``."""
-        return self.head_dim if self.head_dim is not None else self.embed_dim // self.num_heads
-
-    @property
-    def hidden_dim(self) -> int:
-        return self.mlp_hidden_dim if self.mlp_hidden_dim is not None else round(self.embed_dim * self.mlp_ratio)
-
-
-class GeluMlp(KeepsJoinedWeights, nn.Module):
-    """``c_proj(gelu(c_fc(x)))``, GPT-2's MLP (``gelu_tanh``: its tanh approximation)."""
-
-    lora_role = "mlp"  # LoRA (attnlab.layers.lora): c_fc and c_proj are feed-forward layers
-
-    def __init__(self, dim: int, hidden: int, *, tanh: bool, bias: bool, drop_rate: float) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(dim, hidden, bias=bias)
-        self.c_proj = nn.Linear(hidden, dim, bias=bias)
-        self.approximate = "tanh" if tanh else "none"
-        self.drop = Dropout(drop_rate)
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = F.gelu(fused_linear(self, "fc", (self.c_fc,), x)[0], approximate=self.approximate)
-        return fused_linear(self, "proj", (self.c_proj,), self.drop(h))[0]
-
-    def step_function(self) -> Callable[[Tensor], Tensor]:
-        """:meth:`forward` of a decoding step's ``(B, E)`` in eval mode, its weights joined and bound."""
-        fc, proj, approximate = _matmul(*joined_weight(self, "fc", (self.c_fc,))), \
-            _matmul(*joined_weight(self, "proj", (self.c_proj,))), self.approximate
-        return lambda x: proj(F.gelu(fc(x), approximate=approximate))
-
-
-class SwiGLU(KeepsJoinedWeights, nn.Module):
-    """``down_proj(act(gate_proj(x)) * up_proj(x))`` (Shazeer, 2020): SwiGLU with ``act="silu"``
-    (Llama's MLP), GeGLU with ``act="gelu_tanh"`` (Gemma's)."""
-
-    lora_role = "mlp"  # LoRA (attnlab.layers.lora): gate_proj, up_proj and down_proj
-
-    def __init__(self, dim: int, hidden: int, *, bias: bool, drop_rate: float, act: str = "silu") -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=bias)
-        self.up_proj = nn.Linear(dim, hidden, bias=bias)
-        self.down_proj = nn.Linear(hidden, dim, bias=bias)
-        self.drop = Dropout(drop_rate)
-        if act not in ("silu", "gelu_tanh"):
-            raise InputError(f"act must be 'silu' or 'gelu_tanh'; got {act!r}")
-        self.act = act
-
-    def _gate(self, x: Tensor) -> Tensor:
-        return F.silu(x) if self.act == "silu" else F.gelu(x, approximate="tanh")
-
-    def forward(self, x: Tensor) -> Tensor:
-        gate, up = fused_linear(self, "gate_up", (self.gate_proj, self.up_proj), x)
-        return fused_linear(self, "down", (self.down_proj,), self.drop(self._gate(gate) * up))[0]
-
-    def step_function(self) -> Callable[[Tensor], Tensor]:
-        """:meth:`forward` of a decoding step's ``(B, E)`` in eval mode, its weights joined and bound."""
-        gate_up = _matmul(*joined_weight(self, "gate_up", (self.gate_proj, self.up_proj)))
-        down, act = _matmul(*joined_weight(self, "down", (self.down_proj,))), self._gate
-
-        def mlp(x: Tensor) -> Tensor:
-            gate, up = gate_up(x).chunk(2, dim=-1)
-            return down(act(gate) * up)
-        return mlp
-
-    def extra_repr(self) -> str:
-        return "" if self.act == "silu" else f"act={self.act}"
 
 
 class DecoderBlock(nn.Module):
@@ -391,13 +118,6 @@ class DecoderBlock(nn.Module):
             x = x + post_attn(attend(norm1(x), cache, positions=positions, key_padding_mask=key_padding_mask))
             return x + post_mlp(mlp(norm2(x)))
         return step_post_norms
-
-
-def _matmul(weight: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor]:
-    """``x @ weight + bias`` of a step's ``(B, in)`` with a joined ``weight`` ``(in, out)``."""
-    if bias is None:
-        return lambda x: torch.mm(x, weight)
-    return lambda x: torch.addmm(bias, x, weight)
 
 
 def _step_norm(norm: nn.Module | None, dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
@@ -596,7 +316,7 @@ class GPT(KeepsJoinedWeights, nn.Module):
         if steps is None:
             dtype = self.tok_embed.weight.dtype
             steps = scratch["steps"] = [block.step_function(dtype) for block in self.blocks]
-            scratch["final"] = _step_norm(self.norm, dtype), _matmul(*joined_weight(self, "head", (self.head,)))
+            scratch["final"] = _step_norm(self.norm, dtype), bound_product(*joined_weight(self, "head", (self.head,)))
             shared = scratch["shared"] = {}  # what the layers share within a step (the rotary angles)
             for layer_cache in cache:  # a kind with a decode step keeps a scratch dict in its cache (the contract)
                 layer_cache.scratch["shared"] = shared

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from ...errors import InputError, shape_str
 from ..contract import Option, Options
 from ..functional import check_heads
-from ..grouped import KeepsJoinedWeights, fused_linear
+from ..joined import KeepsJoinedWeights, fused_linear
 from ..projections import UpgradesPackedProjections, init_torch_style
 from ..rotary import RotaryEmbedding, apply_rotary
 
