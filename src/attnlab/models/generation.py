@@ -28,11 +28,29 @@ from .sampling import check_decodable, check_generation, choose_next
 __all__ = ["generate", "stream", "greedy_search", "beam_search"]
 
 
+# What beam search takes besides the prompt (the rest are sampling's or a stream's).
+_BEAM_OPTIONS = ("eos_id", "pad_id", "use_cache", "decodable", "length_penalty", "early_stopping")
+
+
 @torch.no_grad()
-def generate(model: Any, input_ids: Tensor, max_new_tokens: int, **options: Any) -> Tensor:
+def generate(model: Any, input_ids: Tensor, max_new_tokens: int, *, num_beams: int = 1, **options: Any) -> Tensor:
     """``(B, L + n)`` ids, ``n <= max_new_tokens``: the prompts ``input_ids`` ``(B, L)`` and what
     follows (fewer than ``max_new_tokens`` when every row has ended with ``eos_id``), as
-    :func:`stream` chooses them."""
+    :func:`stream` chooses them; with ``num_beams`` above 1, the best hypothesis of a beam search
+    (:func:`~attnlab.models.beam.beam_search_decoder`: ``eos_id``, ``pad_id``, ``length_penalty``,
+    ``early_stopping``, ``use_cache``, ``decodable``), as transformers' ``generate(num_beams=...)``
+    finds it."""
+    if num_beams != 1 or "length_penalty" in options or "early_stopping" in options:
+        from .beam import beam_search_decoder
+
+        quiet = {"temperature": 0, "repetition_penalty": 1, "compile": False, "sink_tokens": 0}  # stream's defaults
+        other = sorted(k for k, v in options.items() if k not in _BEAM_OPTIONS and v is not None
+                       and not (k in quiet and not isinstance(v, Tensor) and v == quiet[k]))
+        if other:
+            raise InputError(f"beam search takes no {', '.join(other)} (they are sampling's or a stream's); "
+                             f"options it takes: {', '.join(_BEAM_OPTIONS)}")
+        return beam_search_decoder(model, input_ids, max_new_tokens, num_beams=num_beams,
+                                   **{k: v for k, v in options.items() if k in _BEAM_OPTIONS})
     steps = list(stream(model, input_ids, max_new_tokens, **options))
     return torch.cat([input_ids, *(t[:, None] for t in steps)], dim=1)
 

@@ -151,6 +151,11 @@ class LayerCaches(list):
     def nbytes(self) -> int:
         return sum(c.nbytes() for c in self)
 
+    def reorder(self, index: Tensor) -> None:
+        """Keep the batch rows ``index`` names, in every layer (beam search)."""
+        for cache in self:
+            cache.reorder(index)
+
 
 def document_positions(doc_ids: Tensor) -> Tensor:
     """``(B, L)`` positions that restart at 0 where ``doc_ids`` ``(B, L)`` changes."""
