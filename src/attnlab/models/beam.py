@@ -116,8 +116,8 @@ def beam_search_decoder(model: Any, input_ids: Tensor, max_new_tokens: int, *, n
         if not bool(improvable.any()) or bool(ended.all()) or (early_stopping is True and bool(pool_full.all())):
             break
         last = generated[..., -1].reshape(-1, 1)
-        if cache is not None:
-            logits = model(last, cache=cache)[:, -1]
+        if cache is not None:  # the lean one-token step where every layer has it
+            logits = model.decode_step(last, cache) if model.has_decode_step else model(last, cache=cache)[:, -1]
         else:
             rows = torch.cat([rows.index_select(0, (offsets + from_beam).view(-1)), last], dim=1)
             logits = model(rows)[:, -1]
