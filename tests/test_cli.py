@@ -61,6 +61,7 @@ def test_data_list_and_unknown_download(tmp_path, capsys):
 
 def test_an_internal_error_is_not_a_usage_error_it_shows_the_traceback_and_says_it_is_a_bug(monkeypatch, capsys):
     import attnlab.cli as cli
+    from attnlab.cli import catalog_cmds  # the module that registers `attnlab recipes`
 
     def broken(args):
         return {}["no such key"]  # a bug in a command, not the user's input
@@ -69,7 +70,7 @@ def test_an_internal_error_is_not_a_usage_error_it_shows_the_traceback_and_says_
         raise ValueError("math domain error")  # e.g. from numpy deep inside: still ours, not the user's
 
     for fn in (broken, plain_value_error):
-        monkeypatch.setattr(cli, "cmd_recipes", fn)
+        monkeypatch.setattr(catalog_cmds, "cmd_recipes", fn)
         assert cli.main(["recipes"]) == 1
         err = capsys.readouterr().err
         assert "Traceback (most recent call last)" in err
@@ -97,9 +98,10 @@ def test_every_command_works_on_a_run_of_the_demo_task(tmp_path, capsys):
 @pytest.mark.parametrize("value, kept", [(None, True), ("1", True), ("0", False)])
 def test_the_command_keeps_freed_memory_unless_told_not_to(monkeypatch, capsys, value, kept):
     import attnlab.cli as cli
+    from attnlab.cli import app  # where console() looks keep_freed_memory up
 
     calls = []
-    monkeypatch.setattr(cli, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(app, "keep_freed_memory", lambda: calls.append(1) or True)
     monkeypatch.setattr(sys, "argv", ["attnlab", "--version"])
     if value is None:
         monkeypatch.delenv("ATTNLAB_KEEP_FREED_MEMORY", raising=False)

@@ -1,0 +1,5 @@
+"""``python -m attnlab.cli``: the ``attnlab`` command."""
+
+from .app import console
+
+console()
