@@ -61,8 +61,12 @@ def test_one_beam_is_greedy_search():
     ({"num_beams": 0}, "num_beams must be a positive integer; got 0"),
     ({"num_beams": 2, "temperature": 0.8}, "beam search takes no temperature"),
     ({"num_beams": 2, "early_stopping": "sometimes"}, "early_stopping must be true, false or 'never'"),
+    ({"num_beams": 2, "length_penalty": float("nan")}, "length_penalty must be a finite number"),
+    ({"num_beams": 65}, "num_beams must be at most the vocabulary's 64 tokens; got 65"),
+    ({"num_beams": 2, "max_new_tokens": 10**12}, "max_new_tokens must be at most"),  # its cache, before any step
 ])
 def test_beam_search_refuses_what_it_cannot_do_in_one_line(options, message):
-    model = create_model("gpt_tiny", vocab_size=64).eval()
+    model = create_model("gpt_tiny", vocab_size=64, pos_embed="rope").eval()
+    new = options.pop("max_new_tokens", 4)
     with pytest.raises(InputError, match=message):
-        model.generate(torch.randint(0, 64, (1, 3)), 4, **options)
+        model.generate(torch.randint(0, 64, (1, 3)), new, **options)

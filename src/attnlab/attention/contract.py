@@ -141,11 +141,6 @@ class Option:
                 return False
         return True
 
-    def describe(self) -> str:
-        """One line for ``attnlab kinds KIND``: what it takes, its default and what it does."""
-        default = "required" if self.required else f"default {self.default!r}"
-        return f"{self.name}: {self.expected()} ({default}). {self.help}".rstrip(". ") + "."
-
 
 class Options:
     """The options of a kind, in order; immutable. ``extend`` makes a kind's options from its

@@ -89,19 +89,6 @@ class AttentionEntry:
     open_options: bool = False  # a plugin's kind whose constructor takes **options: names past `options` pass too
     summary: str = ""  # what the kind is, in one line (the README's and the guide's table of kinds)
 
-    # The flags by their older names (catalog, tests).
-    @property
-    def forms_weights(self) -> bool:
-        return self.capabilities.weights
-
-    @property
-    def keeps_cache(self) -> bool:
-        return self.capabilities.cache
-
-    @property
-    def causal_only(self) -> bool:
-        return self.capabilities.causal_only
-
 
 _KINDS: dict[str, AttentionEntry] = {}
 _ALIASES: dict[str, str] = {}  # an older name -> the kind's name (recipes and runs that say it still work)

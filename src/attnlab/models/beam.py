@@ -15,6 +15,7 @@ length). The search ends when no prompt can improve or every continuation has en
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import InputError
+from ..memory import require_memory
 from .sampling import check_decodable, only_decodable
 
 __all__ = ["beam_search_decoder"]
@@ -32,8 +34,9 @@ _NEVER = -1.0e9  # the score of what may not be chosen (transformers' constant: 
 def _check(num_beams: Any, length_penalty: Any, early_stopping: Any) -> None:
     if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
         raise InputError(f"num_beams must be a positive integer; got {num_beams!r}")
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)):
-        raise InputError(f"length_penalty must be a number; got {length_penalty!r}")
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) \
+            or not math.isfinite(length_penalty):
+        raise InputError(f"length_penalty must be a finite number; got {length_penalty!r}")
     if early_stopping not in (True, False, "never"):
         raise InputError(f"early_stopping must be true, false or 'never'; got {early_stopping!r}")
 
@@ -55,8 +58,13 @@ def beam_search_decoder(model: Any, input_ids: Tensor, max_new_tokens: int, *, n
     decodable = check_decodable(decodable, model.config.vocab_size)
     batch, prompt = input_ids.shape
     k, device = num_beams, input_ids.device
+    vocab = model.config.vocab_size
+    if k > vocab:
+        raise InputError(f"num_beams must be at most the vocabulary's {vocab:,} tokens; got {k:,}")
     pad = pad_id if pad_id is not None else eos_id if eos_id is not None else 0
     model.check_generation_size(batch * k, prompt, max_new_tokens, use_cache=use_cache)
+    # A step holds a few (B*k, V) float32 tensors (the logits, their log-softmax, the scores).
+    require_memory(4 * 4 * batch * k * vocab, f"num_beams={k:,} for a batch of {batch} over {vocab:,} tokens")
     model.eval()
     rows = input_ids.repeat_interleave(k, dim=0)  # (B*k, L): every beam starts from its prompt
     cache = model.new_cache(batch * k, prompt + max_new_tokens) if use_cache and model.keeps_cache else None
@@ -66,7 +74,7 @@ def beam_search_decoder(model: Any, input_ids: Tensor, max_new_tokens: int, *, n
     generated = rows.new_full((batch, k, 0), pad)  # the running beams' tokens
     running = torch.zeros(batch, k, device=device)
     running[:, 1:] = _NEVER  # all beams start equal: expand the first only
-    pool = rows.new_full((batch, k, max_new_tokens), pad)  # finished hypotheses
+    pool = rows.new_full((batch, k, 0), pad)  # finished hypotheses, as long as the longest so far
     pool_scores = torch.full((batch, k), _NEVER, device=device)
     pool_full = torch.zeros(batch, k, dtype=torch.bool, device=device)
     pool_len = torch.zeros(batch, k, dtype=torch.long, device=device)  # each hypothesis's generated tokens
@@ -76,7 +84,6 @@ def beam_search_decoder(model: Any, input_ids: Tensor, max_new_tokens: int, *, n
     logits = model(rows, cache=cache)[:, -1]
     for step in range(max_new_tokens):
         logits = only_decodable(logits.float(), decodable)
-        vocab = logits.shape[-1]
         scores = (F.log_softmax(logits, dim=-1).view(batch, k, vocab) + running[..., None]).view(batch, k * vocab)
         top_scores, top_index = scores.topk(keep, dim=1)
         beam, token = top_index // vocab, top_index % vocab
@@ -99,10 +106,9 @@ def beam_search_decoder(model: Any, input_ids: Tensor, max_new_tokens: int, *, n
         normed += (~improvable).float() * _NEVER
         just_ended = ended & first_k[None, :]
         normed += (~just_ended).float() * _NEVER
-        padded = F.pad(candidates, (0, max_new_tokens - step - 1), value=pad)
         merged = torch.cat([pool_scores, normed], dim=1)
         best = merged.topk(k, dim=1).indices
-        pool = torch.cat([pool, padded], dim=1).gather(1, best[..., None].expand(-1, -1, max_new_tokens))
+        pool = torch.cat([F.pad(pool, (0, 1), value=pad), candidates], dim=1).gather(1, best[..., None].expand(-1, -1, step + 1))
         pool_scores = merged.gather(1, best)
         pool_full = torch.cat([pool_full, just_ended], dim=1).gather(1, best)
         pool_len = torch.cat([pool_len, torch.full_like(just_ended, step + 1, dtype=torch.long)], dim=1).gather(1, best)
