@@ -7,17 +7,39 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ..suggest import did_you_mean
+
 from ..attention.registry import (attention_capabilities, attention_family, attention_options, attention_takes,
                                   kinds_taking)
 from ..errors import InputError
 from ..layers.pos_encoding import inner_position_options
 from .registry import check_attention_options, check_attention_values
 
-__all__ = ["GPTConfig", "POS_EMBEDS", "MLPS", "LAYER_TYPES"]
+__all__ = ["GPTConfig", "LayerPlan", "POS_EMBEDS", "MLPS", "LAYER_TYPES", "LAYER_KEYS"]
 
 POS_EMBEDS = ("learned", "sinusoidal", "rope", "alibi", "none")
 MLPS = ("gelu", "gelu_tanh", "swiglu", "geglu")
 LAYER_TYPES = ("full", "sliding", "linear")
+# What an entry of GPTConfig.layers may say of its layer.
+LAYER_KEYS = ("attention", "options", "sliding", "positions", "num_heads")
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """One layer of a decoder as it is built: its attention kind, the options it is built with
+    (besides width, heads, dropout and bias), its heads, whether it sees a sliding window of
+    ``sliding_window`` positions, and whether it takes rotary positions."""
+
+    attention: str
+    options: dict
+    heads: int
+    sliding: bool
+    positions: bool
+
+    @property
+    def type(self) -> str:
+        """``"sliding"`` or ``"full"`` (a layer of a kind without a window is ``"full"``)."""
+        return "sliding" if self.sliding else "full"
 
 
 @dataclass
@@ -62,6 +84,9 @@ class GPTConfig:
     attn_drop_rate: float = 0.0
     attention: str = "exact"  # any "tokens" kind; "exact" (older name "gqa") keeps a cache
     attention_options: dict = field(default_factory=dict)
+    # One entry per layer, or a pattern repeated to depth: a kind's name, or {"attention": kind, "options": {...},
+    # "sliding": bool, "positions": bool, "num_heads": int}. Instead of layer_types, window_pattern and nope_layers.
+    layers: list | None = None
     grad_checkpointing: bool = False
 
     renamed: ClassVar[dict[str, str]] = {"n_layer": "depth", "n_head": "num_heads", "n_embd": "embed_dim",
@@ -90,6 +115,7 @@ class GPTConfig:
             "alibi": "pos_embed", "rope_theta": "rope_theta", "rope_scaling": "rope_scaling",
             "partial_rotary": "partial_rotary", "max_len": "max_len", "qk_norm": "qk_norm",
             "scale": "query_pre_attn_scalar", "softcap": "attn_softcap", "output_gate": "attention_output_gate"})
+        self._check_layer_entries()
         if self.layer_types is not None and "linear" in self.layer_types:
             if attention_family(self.linear_attention) != "tokens":
                 raise InputError(f"linear_attention must be a 'tokens' kind; {self.linear_attention!r} is a grid kind")
@@ -115,7 +141,7 @@ class GPTConfig:
                                                 or isinstance(self.window_pattern, bool) or self.window_pattern < 1):
             raise InputError(f"window_pattern must be a positive integer (every window_pattern-th layer is full); "
                              f"got {self.window_pattern!r}")
-        if self._has_sliding() and self.window is None:
+        if self.layers is None and self._has_sliding() and self.window is None:
             raise InputError("layer_types has sliding layers, which need window (the positions each token sees)")
         if self.nope_layers is not None:
             if not isinstance(self.nope_layers, (list, tuple)) or any(
@@ -142,8 +168,129 @@ class GPTConfig:
             raise InputError(f"embed_dim must be divisible by num_heads unless head_dim is given; got "
                              f"embed_dim={self.embed_dim}, num_heads={self.num_heads}")
 
+    def _entries(self) -> list[dict[str, Any]]:
+        """``layers`` as one mapping per layer (names become ``{"attention": name}``; a pattern
+        shorter than ``depth`` is repeated), checked for its form."""
+        if not isinstance(self.layers, (list, tuple)) or not self.layers:
+            raise InputError(f"layers must be a list of one entry per layer (a kind's name, or a mapping of "
+                             f"{', '.join(LAYER_KEYS)}), or a pattern of them repeated to depth; got {self.layers!r}")
+        depth = self.depth if isinstance(self.depth, int) and not isinstance(self.depth, bool) else len(self.layers)
+        if depth % len(self.layers):
+            raise InputError(f"layers must list depth={depth} entries, or a pattern whose length divides it; got "
+                             f"{len(self.layers)} entries")
+        entries = []
+        for i, entry in enumerate(self.layers):
+            if isinstance(entry, str):
+                entry = {"attention": entry}
+            if not isinstance(entry, dict):
+                raise InputError(f"layers[{i}] must be a kind's name or a mapping of {', '.join(LAYER_KEYS)}; "
+                                 f"got {entry!r}")
+            for key in entry:
+                if key not in LAYER_KEYS:
+                    raise InputError(f"layers[{i}]: unknown key {key!r}" + did_you_mean(str(key), LAYER_KEYS, "keys"))
+            for key in ("sliding", "positions"):
+                if key in entry and not isinstance(entry[key], bool):
+                    raise InputError(f"layers[{i}].{key} must be true or false; got {entry[key]!r}")
+            if "options" in entry and not isinstance(entry["options"], dict):
+                raise InputError(f"layers[{i}].options must be a mapping of option names to values; got "
+                                 f"{entry['options']!r}")
+            heads = entry.get("num_heads")
+            if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
+                raise InputError(f"layers[{i}].num_heads must be a positive integer; got {heads!r}")
+            entries.append(entry)
+        return [entries[i % len(entries)] for i in range(depth)]
+
+    def _check_layer_entries(self) -> None:
+        """``layers``: each entry's kind, options, window and positions, before anything is built."""
+        if self.layers is None:
+            return
+        for other in ("layer_types", "window_pattern", "nope_layers"):
+            if getattr(self, other) is not None:
+                raise InputError(f"layers and {other} both say what each layer is; give layers alone")
+        max_len = self.max_len if isinstance(self.max_len, int) else None
+        for i, entry in enumerate(self._entries()[: len(self.layers)]):
+            kind = entry.get("attention", self.attention)
+            if attention_family(kind) != "tokens":  # unknown names fail here, with suggestions
+                raise InputError(f"layers[{i}].attention must be a 'tokens' kind; {kind!r} is a grid kind")
+            options = entry.get("options", {})
+            check_attention_options(options, {"dropout": "attn_drop_rate", "bias": "attention_bias",
+                                              "rope": "pos_embed", "alibi": "pos_embed"})
+            check_attention_values(GPTConfig, kind, options, max_len, key=f"layers[{i}].options")
+            if entry.get("sliding") and (self.window is None or not attention_takes(kind, "window")):
+                raise InputError(f"layers[{i}].sliding needs sliding_window set and a kind with a sliding window; "
+                                 f"got sliding_window={self.window!r} and attention {kind!r}")
+            if entry.get("positions") is False and self.pos_embed != "rope":
+                raise InputError(f"layers[{i}].positions=false leaves rotary positions out of a layer; pos_embed is "
+                                 f"{self.pos_embed!r}, not 'rope'")
+            rope = self.pos_embed == "rope" and entry.get("positions", True) and attention_takes(kind, "rope")
+            if rope and not attention_capabilities(kind).positions:
+                raise InputError(f"layers[{i}]: attention {kind!r} with pos_embed='rope' cannot take each row's "
+                                 f"positions")
+
+    def layer_plan(self) -> list[LayerPlan]:
+        """Each layer as it is built (:class:`LayerPlan`): from ``layers`` when given, else from
+        ``attention`` with ``layer_types`` (its ``"linear"`` layers ``linear_attention``),
+        ``window_pattern`` and ``nope_layers``, the knobs the families' configs have."""
+        if self.layers is not None:
+            plan = []
+            for i, entry in enumerate(self._entries()):
+                kind = entry.get("attention", self.attention)
+                sliding = entry.get("sliding", self.window is not None and attention_takes(kind, "window"))
+                rope = self.pos_embed == "rope" and entry.get("positions", True) and attention_takes(kind, "rope")
+                base = dict(self.attention_options) if kind == self.attention else {}
+                options = {**base, **self._model_options(kind, i, sliding=sliding, rope=rope), **entry.get("options", {})}
+                plan.append(LayerPlan(kind, self._placed(kind, i, options), entry.get("num_heads", self.num_heads),
+                                      bool(sliding), bool(rope)))
+            return plan
+        plan = []
+        for i, layer_type in enumerate(self.layer_kinds()):
+            if layer_type == "linear":  # its own options; no positions (a recurrent state has its order)
+                options = {k: v for k, v in self.linear_attention_options.items() if k != "num_heads"}
+                plan.append(LayerPlan(self.linear_attention, self._placed(self.linear_attention, i, options),
+                                      self.linear_attention_options.get("num_heads", self.num_heads), False, False))
+                continue
+            sliding = layer_type == "sliding"
+            rope = self.pos_embed == "rope" and i not in (self.nope_layers or ())
+            options = {**self.attention_options, **self._model_options(self.attention, i, sliding=sliding, rope=rope)}
+            plan.append(LayerPlan(self.attention, self._placed(self.attention, i, options), self.num_heads, sliding,
+                                  rope))
+        return plan
+
+    def _model_options(self, kind: str, layer: int, *, sliding: bool, rope: bool) -> dict[str, Any]:
+        """The options the model's own fields give a layer of kind ``kind`` (positions, a window,
+        heads' sizes, QK-norm, logit scale and soft-capping): those ``kind`` takes, for the kinds
+        of ``layers`` other than ``attention`` (whose options were checked against it)."""
+        options: dict[str, Any] = {}
+        sliding_rope = sliding and self.rope_local_theta is not None  # Gemma 3: plain rotary on the sliding layers
+        if self.pos_embed == "alibi":
+            options["alibi"] = True
+        elif rope:
+            options.update(rope=True, rope_theta=self.rope_local_theta if sliding_rope else self.rope_theta)
+            if self.rope_scaling is not None and not sliding_rope:
+                options.update(rope_scaling=self.rope_scaling, max_len=self.max_len)
+            if self.partial_rotary != 1.0:
+                options["partial_rotary"] = self.partial_rotary
+        kind_options = self._kind_options()
+        if "window" in kind_options and sliding:
+            options["window"] = self.window
+        for key in ("num_kv_heads", "head_dim", "qk_norm", "out_bias", "output_gate"):
+            if key in kind_options:
+                options[key] = {"out_bias": self.attention_out_bias,
+                                "output_gate": self.attention_output_gate}.get(key, getattr(self, key, None))
+        if self.query_pre_attn_scalar is not None:
+            options["scale"] = float(self.query_pre_attn_scalar) ** -0.5
+        if self.attn_softcap is not None:
+            options["softcap"] = self.attn_softcap
+        if kind != self.attention:
+            options = {k: v for k, v in options.items() if attention_takes(kind, k)}
+        return options
+
     def _has_sliding(self) -> bool:
         """Whether some layer slides (without listing the layers: the depth is not checked yet)."""
+        if self.layers is not None:
+            return isinstance(self.layers, (list, tuple)) and any(
+                isinstance(e, dict) and e.get("sliding", self.window is not None) or isinstance(e, str)
+                and self.window is not None for e in self.layers)
         if self.layer_types is not None:
             return "sliding" in self.layer_types
         if self.window_pattern is not None:
@@ -151,10 +298,12 @@ class GPTConfig:
         return self.window is not None
 
     def layer_kinds(self) -> list[str]:
-        """Each layer's type, ``"sliding"`` or ``"full"``: ``layer_types``, else every
+        """Each layer's type, ``"sliding"``, ``"full"`` or ``"linear"``: ``layer_types``, else every
         ``window_pattern``-th layer full (Gemma 3's 5 sliding to 1 full is 6), else all sliding
-        when there is a ``window``, else all full."""
+        when there is a ``window``, else all full; with ``layers``, each entry's sliding or full."""
         depth = self.depth if isinstance(self.depth, int) else 0
+        if self.layers is not None:
+            return [layer.type for layer in self.layer_plan()]
         if self.layer_types is not None:
             return list(self.layer_types)
         if self.window_pattern is not None:
@@ -173,45 +322,20 @@ class GPTConfig:
         return {k: names.get(k, k) for k, v in asked.items() if v is not None}
 
     def attention_of(self, layer: int) -> str:
-        """The attention kind of layer ``layer``: ``linear_attention`` in the "linear" layers, else ``attention``."""
-        return self.linear_attention if self.layer_kinds()[layer] == "linear" else self.attention
+        """The attention kind of layer ``layer`` (:meth:`layer_plan`)."""
+        return self.layer_plan()[layer].attention
 
     def heads_of(self, layer: int) -> int:
-        """The heads of layer ``layer``'s attention: ``linear_attention_options["num_heads"]`` in the
-        "linear" layers when given (Qwen3.5's linear layers have heads of their own), else ``num_heads``."""
-        if self.layer_kinds()[layer] == "linear":
-            return self.linear_attention_options.get("num_heads", self.num_heads)
-        return self.num_heads
+        """The heads of layer ``layer``'s attention (:meth:`layer_plan`)."""
+        return self.layer_plan()[layer].heads
 
     def attention_options_of(self, layer: int) -> dict[str, Any]:
-        """The options the attention of layer ``layer`` is built with (besides width and heads)."""
-        if self.layer_kinds()[layer] == "linear":  # its own options; no positions (a recurrent state has its order)
-            options = {k: v for k, v in self.linear_attention_options.items() if k != "num_heads"}
-            return self._placed(self.linear_attention, layer, options)
-        options: dict[str, Any] = dict(self.attention_options)
-        sliding = self.layer_kinds()[layer] == "sliding"
-        rope = self.pos_embed == "rope" and layer not in (self.nope_layers or ())
-        if self.pos_embed == "alibi":
-            options["alibi"] = True
-        elif rope:
-            local = sliding and self.rope_local_theta is not None  # Gemma 3: plain rotary on the sliding layers
-            options.update(rope=True, rope_theta=self.rope_local_theta if local else self.rope_theta)
-            if self.rope_scaling is not None and not local:
-                options.update(rope_scaling=self.rope_scaling, max_len=self.max_len)
-            if self.partial_rotary != 1.0:
-                options["partial_rotary"] = self.partial_rotary
-        kind = self._kind_options()
-        if "window" in kind and sliding:
-            options["window"] = self.window
-        for key in ("num_kv_heads", "head_dim", "qk_norm", "out_bias", "output_gate"):
-            if key in kind:
-                options[key] = {"out_bias": self.attention_out_bias,
-                                "output_gate": self.attention_output_gate}.get(key, getattr(self, key, None))
-        if self.query_pre_attn_scalar is not None:
-            options["scale"] = float(self.query_pre_attn_scalar) ** -0.5
-        if self.attn_softcap is not None:
-            options["softcap"] = self.attn_softcap
-        return self._placed(self.attention, layer, options)
+        """The options the attention of layer ``layer`` is built with, besides width and heads (:meth:`layer_plan`)."""
+        return dict(self.layer_plan()[layer].options)
+
+    def attention_kinds(self) -> list[str]:
+        """Each layer's attention kind, in order."""
+        return [layer.attention for layer in self.layer_plan()]
 
     def _placed(self, kind: str, layer: int, options: dict[str, Any]) -> dict[str, Any]:
         """``options`` with what kind ``kind`` declares it takes from its place in the decoder

@@ -112,7 +112,8 @@ def check_attention_options(options: dict[str, Any], owned: dict[str, str]) -> N
                              f"so set that")
 
 
-def check_attention_values(cls: type, attention: str, options: dict[str, Any], max_len: int | None = None) -> None:
+def check_attention_values(cls: type, attention: str, options: dict[str, Any], max_len: int | None = None, *,
+                           key: str = "attention_options") -> None:
     """Check a config's ``attention_options`` against the options kind ``attention`` declares,
     before anything is built: a name it does not take is refused with the close ones, a value
     outside what it takes is an :class:`OptionError` (key ``attention_options.NAME``), and so is
@@ -120,23 +121,22 @@ def check_attention_values(cls: type, attention: str, options: dict[str, Any], m
     longest sequence the model holds: a window wider than every sequence means nothing, and some
     such options size buffers (LSH's rotations)."""
     if not isinstance(options, dict):
-        raise InputError(f"{cls.__name__}.attention_options must be a mapping of option names to values; got "
-                         f"{options!r}")
+        raise InputError(f"{cls.__name__}.{key} must be a mapping of option names to values; got {options!r}")
     schema = attention_options(attention)
-    for key, value in options.items():
-        if key not in schema:
-            if not attention_takes(attention, key):  # a plugin's kind with **options takes any name
-                raise InputError(f"{cls.__name__}.attention_options: unknown option {key!r} of attention "
-                                 f"{attention!r}" + did_you_mean(key, schema.names(), "options"))
+    for name, value in options.items():
+        if name not in schema:
+            if not attention_takes(attention, name):  # a plugin's kind with **options takes any name
+                raise InputError(f"{cls.__name__}.{key}: unknown option {name!r} of attention "
+                                 f"{attention!r}" + did_you_mean(name, schema.names(), "options"))
             continue
-        if not schema[key].accepts(value):
-            raise OptionError(cls, f"attention_options.{key}", value, schema[key].expected())
+        if not schema[name].accepts(value):
+            raise OptionError(cls, f"{key}.{name}", value, schema[name].expected())
     if max_len is None:
         return
-    for key in attention_position_options(attention):
-        value = options.get(key)
+    for name in attention_position_options(attention):
+        value = options.get(name)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > max_len:
-            raise OptionError(cls, f"attention_options.{key}", value,
+            raise OptionError(cls, f"{key}.{name}", value,
                               f"<= {max_len}, the model's max_len (it counts positions, and no sequence the model "
                               f"reads is longer)")
 
