@@ -234,13 +234,13 @@ def test_multihead_attention_with_no_keys_gives_zero_attention(mode, call):
     # Queries with no key at all: as with every key blocked, the attention output is 0,
     # so the module's output is the output projection's bias (and no NaN anywhere).
     module = CrossAttention(DIM, HEADS, dropout=0.1).train(MODES[mode])
-    torch.nn.init.normal_(module.out_proj.bias)  # zero at initialisation
+    torch.nn.init.normal_(module.o_proj.bias)  # zero at initialisation
     x = torch.randn(2, 3, DIM, requires_grad=True)
     context = torch.randn(2, 0, DIM, requires_grad=True)
     kwargs = _mha_kwargs(call, 2, 0)
     kwargs.pop("is_causal", None)  # cross-attention takes no is_causal
     out, weights = module(x, context, **kwargs)
-    torch.testing.assert_close(out, module.out_proj.bias.detach().expand(2, 3, DIM))
+    torch.testing.assert_close(out, module.o_proj.bias.detach().expand(2, 3, DIM))
     if call == "need_weights":
         assert weights.shape == (2, 3, 0)
     elif call == "need_weights per head":

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
-from attnlab.attention import (CrossAttention, GroupedQueryAttention, KVCache, MultiHeadAttention, RelPosSelfAttention2d, SelfAttention,
+from attnlab.attention import (CrossAttention, GroupedQueryAttention, DecodingCache, MultiHeadAttention, RelPosSelfAttention2d, SelfAttention,
                                capture_attention)
 from attnlab.models import create_model
 
@@ -184,7 +184,7 @@ def test_cross_attention_and_relpos2d_modules():
 def test_a_kv_cache_records_one_step_at_a_time_over_all_cached_keys():
     m = SelfAttention(16, 2).eval()
     x = torch.randn(2, 4, 16)
-    cache = KVCache()
+    cache = DecodingCache()
     with capture_attention(m) as maps:
         for t in range(4):
             m(x[:, t : t + 1], is_causal=True, cache=cache)

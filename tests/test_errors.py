@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from attnlab.attention import CrossAttention, KVCache, MultiHeadAttention, scaled_dot_product_attention as sdpa
+from attnlab.attention import CrossAttention, DecodingCache, MultiHeadAttention, scaled_dot_product_attention as sdpa
 
 E, H = 16, 4
 
@@ -24,29 +24,29 @@ def test_bad_dropout():
 
 
 def test_query_of_wrong_rank(mha):
-    with pytest.raises(ValueError, match=r"query must have shape \(B, Lq, 16\); got \(5, 16\)"):
+    with pytest.raises(ValueError, match=r"x must have shape \(B, L, 16\); got \(5, 16\)"):
         mha(torch.randn(5, E))
 
 
 def test_query_feature_size(mha):
-    with pytest.raises(ValueError, match=r"query must have shape \(B, Lq, 16\); got \(2, 5, 12\)"):
+    with pytest.raises(ValueError, match=r"x must have shape \(B, L, 16\); got \(2, 5, 12\)"):
         mha(torch.randn(2, 5, 12))
 
 
 def test_key_feature_size_and_rank(mha):
-    with pytest.raises(ValueError, match=r"key must have shape \(B, Lk, 16\); got \(2, 7, 8\)"):
+    with pytest.raises(ValueError, match=r"context must have shape \(B, Lk, 16\); got \(2, 7, 8\)"):
         mha(torch.randn(2, 5, E), torch.randn(2, 7, 8))
-    with pytest.raises(ValueError, match=r"key must have shape \(B, Lk, 16\); got \(7, 16\)"):
+    with pytest.raises(ValueError, match=r"context must have shape \(B, Lk, 16\); got \(7, 16\)"):
         mha(torch.randn(2, 5, E), torch.randn(7, E))
 
 
 def test_mismatched_batch(mha):
-    with pytest.raises(ValueError, match=r"key must have the batch size 2 of query; got shape \(3, 7, 16\)"):
+    with pytest.raises(ValueError, match=r"context must have the batch size 2 of x; got shape \(3, 7, 16\)"):
         mha(torch.randn(2, 5, E), torch.randn(3, 7, E))
 
 
 def test_value_length_differs_from_key(mha):
-    with pytest.raises(ValueError, match=r"value must have key's length 7; got \(2, 6, 16\) for key \(2, 7, 16\)"):
+    with pytest.raises(ValueError, match=r"value must have context's length 7; got \(2, 6, 16\) for context \(2, 7, 16\)"):
         mha(torch.randn(2, 5, E), torch.randn(2, 7, E), torch.randn(2, 6, E))
 
 
@@ -71,9 +71,9 @@ def test_mask_of_wrong_dtype(mha):
 
 
 def test_cache_from_another_batch_size(mha):
-    cache = KVCache()
+    cache = DecodingCache()
     mha(torch.randn(2, 3, E), cache=cache)
-    with pytest.raises(ValueError, match=r"cache holds batch size 2 but query has shape \(3, 1, 16\)"):
+    with pytest.raises(ValueError, match=r"the cache holds batch size 2 but the step has 3 rows"):
         mha(torch.randn(3, 1, E), cache=cache)
 
 

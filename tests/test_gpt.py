@@ -51,6 +51,7 @@ def test_cached_steps_equal_the_whole_sequence(options):
     assert torch.allclose(torch.cat(steps, dim=1), whole, atol=1e-6)
 
 
+@torch.no_grad()  # as a generation runs (with autograd recording, the cache makes new tensors)
 def test_the_cache_stores_the_key_value_heads_alone_and_a_window_bounds_it():
     attn = build_attention("gqa", 64, 8, dropout=0.0, bias=False, num_kv_heads=2).eval()
     cache = DecodingCache(40)

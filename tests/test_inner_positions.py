@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from attnlab.attention import KVCache, SelfAttention, alibi_slopes, build_attention
+from attnlab.attention import DecodingCache, SelfAttention, alibi_slopes, build_attention
 from attnlab.attention.multihead import CrossAttention
 from attnlab.errors import InputError
 from attnlab.models import create_model
@@ -25,9 +25,9 @@ def rotate_by_hand(x, positions, theta=10000.0):
 
 
 def heads(module, x):
-    """``(q, k, v)`` ``(B, H, L, D)`` of a packed SelfAttention, by hand."""
+    """``(q, k, v)`` ``(B, H, L, D)`` of exact attention, by hand."""
     b, n, e = x.shape
-    q, k, v = (x @ module.in_proj.weight.T + module.in_proj.bias).chunk(3, dim=-1)
+    q, k, v = (x @ getattr(module, f"{name}_proj").weight.T + getattr(module, f"{name}_proj").bias for name in "qkv")
     split = lambda t: t.view(b, n, module.num_heads, e // module.num_heads).transpose(1, 2)
     return split(q), split(k), split(v)
 
@@ -40,7 +40,7 @@ def test_exact_attention_with_rope_equals_the_rotation_written_by_hand():
     pos = torch.arange(7)
     logits = rotate_by_hand(q, pos) @ rotate_by_hand(k, pos).transpose(-1, -2) / math.sqrt(8)
     logits = logits.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
-    expected = (logits.softmax(-1) @ v).transpose(1, 2).reshape(2, 7, 32) @ attn.out_proj.weight.T + attn.out_proj.bias
+    expected = (logits.softmax(-1) @ v).transpose(1, 2).reshape(2, 7, 32) @ attn.o_proj.weight.T + attn.o_proj.bias
     out, _ = attn(x, is_causal=True)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.attention import CrossAttention, KVCache, MultiHeadAttention, SelfAttention
+from attnlab.attention import CrossAttention, DecodingCache, MultiHeadAttention, SelfAttention
 
 E, H, B = 16, 4, 3
 
@@ -69,13 +69,13 @@ def test_distinct_key_and_value_parity():
 
 def test_kdim_vdim_differ_from_embed_dim():
     ref, ours = pair(kdim=6, vdim=10)
-    assert not ours.packed
+    assert ours.k_proj.in_features == 6 and ours.v_proj.in_features == 10
     assert_parity(ref, ours, rand(B, 5, E), rand(B, 9, 6), rand(B, 9, 10))
 
 
 def test_without_bias():
     ref, ours = pair(bias=False)
-    assert ours.in_proj.bias is None and ours.out_proj.bias is None
+    assert all(getattr(ours, f"{n}_proj").bias is None for n in "qkvo")
     x = rand(B, 7, E)
     assert_parity(ref, ours, x, x, x)
 
@@ -146,7 +146,7 @@ def test_self_attention_cache_equals_recomputation(chunks):
     mha = MultiHeadAttention(E, H).eval()
     x = torch.randn(B, sum(chunks), E)
     full, _ = mha(x, is_causal=True)
-    cache, outs, start = KVCache(), [], 0
+    cache, outs, start = DecodingCache(), [], 0
     with torch.no_grad():
         for n in chunks:
             outs.append(mha(x[:, start : start + n], is_causal=True, cache=cache)[0])
@@ -158,7 +158,7 @@ def test_self_attention_cache_equals_recomputation(chunks):
 def test_cache_works_while_autograd_records():
     mha = MultiHeadAttention(E, H)
     x = torch.randn(B, 4, E, requires_grad=True)
-    cache = KVCache()
+    cache = DecodingCache()
     outs = [mha(x[:, i : i + 1], is_causal=True, cache=cache)[0] for i in range(4)]
     torch.stack(outs).sum().backward()
     full_x = x.detach().clone().requires_grad_()
@@ -171,7 +171,7 @@ def test_static_cache_projects_memory_once():
     x, mem = torch.randn(B, 1, E), torch.randn(B, 9, E)
     pad = torch.zeros(B, 9, dtype=torch.bool)
     pad[0, 5:] = True
-    cache = KVCache(static=True)
+    cache = DecodingCache(static=True)
     first = ca(x, mem, key_padding_mask=pad, cache=cache)[0]
     again = ca(x, None, key_padding_mask=pad, cache=cache)[0]  # memory not needed any more
     torch.testing.assert_close(again, first)
@@ -183,10 +183,44 @@ def test_static_cache_projects_memory_once():
 def test_cache_reorder_selects_rows():
     mha = MultiHeadAttention(E, H).eval()
     x = torch.randn(B, 5, E)
-    cache = KVCache()
+    cache = DecodingCache()
     with torch.no_grad():
         mha(x[:, :4], is_causal=True, cache=cache)
         cache.reorder(torch.tensor([2, 0]))
         step = mha(x[[2, 0], 4:], is_causal=True, cache=cache)[0]
         full = mha(x[[2, 0]], is_causal=True)[0][:, 4:]
     torch.testing.assert_close(step, full, atol=1e-5, rtol=0)
+
+
+def test_kv_cache_is_the_older_name_of_the_one_cache_and_says_so():
+    """Code written against KVCache keeps working: the same cache, its update returning
+    (keys, values) as it did, with a deprecation warning naming the new class."""
+    from attnlab.attention import KVCache
+
+    with pytest.warns(DeprecationWarning, match="KVCache is DecodingCache now"):
+        cache = KVCache()
+    assert isinstance(cache, DecodingCache)
+    mha = MultiHeadAttention(E, H).eval()
+    x = torch.randn(B, 5, E)
+    with torch.no_grad():
+        mha(x[:, :4], is_causal=True, cache=cache)
+        step = mha(x[:, 4:], is_causal=True, cache=cache)[0]
+        full = mha(x, is_causal=True)[0][:, 4:]
+    torch.testing.assert_close(step, full, atol=1e-5, rtol=0)
+    k, v = cache.update(torch.zeros(B, H, 1, E // H), torch.zeros(B, H, 1, E // H))
+    assert k.shape == (B, H, 6, E // H) and cache.seq_len == 6
+    with pytest.warns(DeprecationWarning):
+        assert KVCache(static=True).static
+
+
+def test_training_through_a_cache_keeps_the_gradient_of_every_step():
+    """While autograd records, the cache joins new tensors instead of writing into its buffers,
+    so the backward pass of an earlier step is intact."""
+    mha = MultiHeadAttention(E, H)
+    x = torch.randn(B, 5, E, requires_grad=True)
+    cache = DecodingCache()
+    out = torch.cat([mha(x[:, :3], is_causal=True, cache=cache)[0], mha(x[:, 3:], is_causal=True, cache=cache)[0]], 1)
+    out.sum().backward()
+    expected = x.detach().clone().requires_grad_(True)
+    mha(expected, is_causal=True)[0].sum().backward()
+    torch.testing.assert_close(x.grad, expected.grad, atol=1e-5, rtol=0)

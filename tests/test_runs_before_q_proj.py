@@ -12,7 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attnlab.attention import GroupedQueryAttention, SelfAttention, build_attention
+from torch import nn
+
+from attnlab.attention import GroupedQueryAttention, build_attention
 from attnlab.attention.projections import upgrade_packed_projections
 from attnlab.tasks import load_run
 
@@ -74,15 +76,23 @@ def test_the_upgrade_cuts_in_proj_into_query_key_value_and_lora_adapters_alike()
 
 
 def test_exact_attention_starts_from_the_weights_the_packed_module_drew_for_a_seed():
-    """The same draws as before, so a seeded run trains as it did: Xavier over the three
-    projections as one (3E, E) matrix, after nn.Linear's own draws of the same sizes."""
+    """The same draws as before, so a seeded run trains as it did. The packed module of earlier
+    versions made nn.Linear(E, 3E) and nn.Linear(E, E), then drew Xavier over the (3E, E) matrix and
+    zeroed the biases: the same draws made here with torch's classes."""
     torch.manual_seed(0)
-    old = SelfAttention(32, 4)
+    torch.manual_seed(0)
+    in_proj, out_proj = nn.Linear(32, 96), nn.Linear(32, 32)
+    packed = nn.init.xavier_uniform_(torch.empty(96, 32))
+    after = torch.randn(3)
     torch.manual_seed(0)
     new = build_attention("exact", 32, 4)
-    packed = torch.cat([new.q_proj.weight, new.k_proj.weight, new.v_proj.weight])
-    assert torch.equal(packed, old.in_proj.weight) and torch.equal(new.o_proj.weight, old.out_proj.weight)
-    assert torch.equal(torch.randn(3), (torch.manual_seed(0), SelfAttention(32, 4), torch.randn(3))[2])
+    joined = torch.cat([new.q_proj.weight, new.k_proj.weight, new.v_proj.weight])
+    assert torch.equal(joined, packed) and torch.equal(new.o_proj.weight, out_proj.weight)
+    assert torch.equal(torch.randn(3), after)  # and as many numbers drawn
+    assert all(not p.any() for p in (new.q_proj.bias, new.k_proj.bias, new.v_proj.bias, new.o_proj.bias))
     x = torch.randn(2, 7, 32)
-    new.load_state_dict(old.state_dict())  # torch's names, upgraded on loading
-    torch.testing.assert_close(new(x, is_causal=True)[0], old(x, is_causal=True)[0], atol=1e-6, rtol=0)
+    old_state = {"in_proj.weight": packed, "in_proj.bias": torch.zeros(96), "out_proj.weight": out_proj.weight,
+                 "out_proj.bias": torch.zeros(32)}
+    again = build_attention("exact", 32, 4)
+    again.load_state_dict(old_state)  # the packed names, upgraded on loading
+    torch.testing.assert_close(again(x, is_causal=True)[0], new(x, is_causal=True)[0], atol=0, rtol=0)

@@ -299,11 +299,11 @@ def test_a_lora_rank_above_the_smaller_side_of_a_layer_is_refused_naming_it():
     with pytest.raises(InputError, match=r"^rank must be at most 32, the smaller side of layer "
                                          r"encoder.layers.0.self_attn.q_proj \(32 inputs, 32 outputs\); got 100000$"):
         apply_lora(model, rank=100000, targets=["q_proj"])
-    cross = create_model("transformer_tiny", embed_dim=32, num_heads=2)  # torch's packed in_proj: per projection
+    cross = create_model("transformer_tiny", embed_dim=32, num_heads=2)  # cross-attention is the exact kind too
     with pytest.raises(InputError, match=r"^rank must be at most 32, the smaller side of layer "
-                                         r"transformer.decoder.layers.0.self_attn.in_proj \(32 inputs, 32 outputs per "
-                                         r"projection of its 3 packed ones\); got 100000$"):
-        apply_lora(cross, rank=100000, targets=["in_proj"])
+                                         r"transformer.decoder.layers.0.cross_attn.q_proj \(32 inputs, 32 outputs\); "
+                                         r"got 100000$"):
+        apply_lora(cross, rank=100000, targets=["transformer.decoder.layers.*.cross_attn.q_proj"])
     assert apply_lora(model, rank=32, targets=["attention"])  # full rank is the limit, and allowed
 
 

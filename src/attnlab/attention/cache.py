@@ -1,92 +1,17 @@
-"""Key/value cache for incremental decoding."""
+"""The key/value cache of every attention that keeps keys: :class:`DecodingCache`, with a
+window and sinks as its policies, and ``static`` for cross-attention (the encoder's memory,
+projected once). :class:`KVCache` is its older name for the growing and static caches."""
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import Tensor
 
 from ..errors import InputError
 
-__all__ = ["KVCache", "DecodingCache"]
-
-
-class KVCache:
-    """Projected keys and values of the steps decoded so far, ``(B, H, L, D)`` each.
-
-    A self-attention cache grows by the new step's keys and values on every call. A
-    ``static`` cache (cross-attention) is filled once from the encoder memory and then
-    reused: its attention module skips projecting the memory again.
-
-    Storage grows by doubling, so appending one step costs O(step) instead of copying
-    the whole prefix as ``torch.cat`` would. While autograd records (training through a
-    cache), appends fall back to ``torch.cat`` so no saved tensor is overwritten.
-    """
-
-    def __init__(self, static: bool = False) -> None:
-        self.static = static
-        self._k: Tensor | None = None
-        self._v: Tensor | None = None
-        self._len = 0
-
-    @property
-    def seq_len(self) -> int:
-        """Number of cached positions."""
-        return self._len
-
-    @property
-    def batch_size(self) -> int | None:
-        return None if self._k is None else self._k.shape[0]
-
-    @property
-    def filled(self) -> bool:
-        return self._k is not None
-
-    @property
-    def k(self) -> Tensor | None:
-        return None if self._k is None else self._k[:, :, : self._len]
-
-    @property
-    def v(self) -> Tensor | None:
-        return None if self._v is None else self._v[:, :, : self._len]
-
-    def update(self, k: Tensor | None, v: Tensor | None) -> tuple[Tensor, Tensor]:
-        """Append ``k``, ``v`` ``(B, H, L_new, D)`` (ignored once a static cache is
-        filled) and return all cached keys and values."""
-        if self.static and self.filled:
-            return self.k, self.v  # type: ignore[return-value]
-        if k is None or v is None:
-            raise InputError("KVCache.update needs k and v until the cache is filled")
-        if self._k is None or self.static:
-            self._k, self._v, self._len = k, v, k.shape[2]
-            return k, v
-        n = k.shape[2]
-        if torch.is_grad_enabled() and (k.requires_grad or self._k.requires_grad):
-            self._k = torch.cat([self.k, k], dim=2)
-            self._v = torch.cat([self.v, v], dim=2)
-        else:
-            if self._len + n > self._k.shape[2]:
-                self._k = self._grow(self._k, self._len + n)
-                self._v = self._grow(self._v, self._len + n)
-            self._k[:, :, self._len : self._len + n] = k
-            self._v[:, :, self._len : self._len + n] = v
-        self._len += n
-        return self.k, self.v  # type: ignore[return-value]
-
-    def _grow(self, buf: Tensor, need: int) -> Tensor:
-        cap = max(need, 2 * buf.shape[2], 16)
-        new = buf.new_empty(buf.shape[0], buf.shape[1], cap, buf.shape[3])
-        new[:, :, : self._len] = buf[:, :, : self._len]
-        return new
-
-    def reorder(self, index: Tensor) -> None:
-        """Select batch rows (beam search reorders and drops hypotheses this way)."""
-        if self._k is not None:
-            self._k = self._k.index_select(0, index)
-            self._v = self._v.index_select(0, index)  # type: ignore[union-attr]
-
-    def __repr__(self) -> str:
-        kind = "static" if self.static else "growing"
-        return f"KVCache({kind}, batch={self.batch_size}, len={self._len})"
+__all__ = ["DecodingCache", "KVCache"]
 
 
 class DecodingCache:
@@ -103,6 +28,13 @@ class DecodingCache:
     is used up, the last ``window - 1`` move to the front of a new buffer (one copy every
     ``slide_room`` steps), so memory is bounded however long the generation runs.
 
+    ``capacity`` None: no bound (the buffers keep doubling). ``static`` (cross-attention): the
+    first update holds the keys and values of another sequence (the encoder's memory), and every
+    later one returns them as they are (``k`` and ``v`` may then be None), so the memory is
+    projected once per generation. While autograd records (training through a cache), an update
+    makes new tensors instead of writing into the buffers, so no tensor saved for the backward
+    pass is overwritten.
+
     :meth:`update` returns all the keys and values a step attends to and ``start``, the
     slot index of the first of them (slots count every position the cache has seen).
     """
@@ -110,15 +42,18 @@ class DecodingCache:
     slide_room = 64  # positions a windowed cache writes before it moves its window to the front
     grow_room = 256  # positions past the first step that a cache without a window holds before it grows
 
-    def __init__(self, capacity: int, *, window: int | None = None, sinks: int = 0) -> None:
-        if capacity < 1:
-            raise InputError(f"capacity must be a positive number of positions; got {capacity}")
-        if window is not None and window < 1:
-            raise InputError(f"window must be a positive number of positions; got {window}")
+    def __init__(self, capacity: int | None = None, *, window: int | None = None, sinks: int = 0,
+                 static: bool = False) -> None:
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+            raise InputError(f"capacity must be a positive number of positions or None; got {capacity!r}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise InputError(f"window must be a positive number of positions; got {window!r}")
         if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0 or sinks and window is None:
             raise InputError(f"sinks must be a number of first positions, 0 or more, kept beside a window; got "
                              f"sinks={sinks!r} with window={window!r}")
-        self.capacity, self.window, self.sinks = capacity, window, sinks
+        if static and (window is not None or sinks):
+            raise InputError("a static cache holds another sequence's keys whole: it takes no window or sinks")
+        self.capacity, self.window, self.sinks, self.static = capacity, window, sinks, bool(static)
         self._sink_k: Tensor | None = None  # the first `sinks` positions, kept for good (StreamingLLM)
         self._sink_v: Tensor | None = None
         self.sinks_in_last = 0  # how many of the keys the last update returned are those, at their front
@@ -128,6 +63,26 @@ class DecodingCache:
         self.seq_len = 0  # positions seen
         self.start = 0  # slot of the first stored position
         self.scratch: dict = {}  # what the attention keeps for one generation (its joined weights)
+
+    @property
+    def filled(self) -> bool:
+        """Whether it holds keys (a static cache: whether the memory is in)."""
+        return self._k is not None
+
+    @property
+    def batch_size(self) -> int | None:
+        """The rows it holds (None while empty)."""
+        return None if self._k is None else self._k.shape[0]
+
+    @property
+    def k(self) -> Tensor | None:
+        """The keys held now, ``(B, Hkv, stored, D)`` (the sinks apart)."""
+        return None if self._k is None else self._k[:, :, self._end - self.stored : self._end]
+
+    @property
+    def v(self) -> Tensor | None:
+        """The values held now, as :attr:`k`."""
+        return None if self._v is None else self._v[:, :, self._end - self.stored : self._end]
 
     @property
     def stored(self) -> int:
@@ -145,23 +100,40 @@ class DecodingCache:
                 new_v[:, :, :keep] = self._v[:, :, self._end - keep : self._end]  # type: ignore[index]
         self._k, self._v, self._end = new_k, new_v, keep
 
-    def update(self, k: Tensor, v: Tensor | None) -> tuple[Tensor, Tensor | None, int]:
+    def update(self, k: Tensor | None, v: Tensor | None) -> tuple[Tensor, Tensor | None, int]:
         """Add this step's ``k``, ``v`` ``(B, Hkv, L_new, D)``; returns ``(keys, values,
         start)`` of everything the step attends to. ``v`` None: a cache of one tensor a
         position (latent attention keeps its latent there, the values being part of it)."""
+        if self.static:
+            if self.filled:
+                return self._k, self._v, 0  # type: ignore[return-value]
+            if k is None:
+                raise InputError("a static cache needs the keys and values of the first step that fills it")
+            self._k, self._v, self._end = k, v, k.shape[2]
+            self.seq_len = k.shape[2]
+            return k, v, 0
+        if self._k is not None and k.shape[0] != self._k.shape[0]:
+            raise InputError(f"the cache holds batch size {self._k.shape[0]} but the step has {k.shape[0]} rows; "
+                             f"use a fresh cache, or reorder it, for a new batch")
         n = k.shape[2]
         keep = self.stored if self.window is None else min(self.window - 1, self.stored)  # seen besides this step
+        if torch.is_grad_enabled() and (k.requires_grad or (v is not None and v.requires_grad)
+                                        or (self._k is not None and self._k.requires_grad)):
+            return self._update_recorded(k, v, n, keep)
         if self.window is None:
-            if self.seq_len + n > self.capacity:
+            if self.capacity is not None and self.seq_len + n > self.capacity:
                 raise InputError(f"the cache holds {self.capacity} positions; {self.seq_len} are used and the step "
                                  f"adds {n}: make it larger (max_new_tokens plus the prompt)")
             if self._k is None or self._end + n > self._k.shape[2]:
                 held = 0 if self._k is None else self._k.shape[2]
-                self._buffers(k, v, min(self.capacity, max(self._end + n + self.grow_room, 2 * held)), keep)
+                size = max(self._end + n + self.grow_room, 2 * held)
+                self._buffers(k, v, size if self.capacity is None else min(self.capacity, size), keep)
         elif self._k is None or self._end + n > self._k.shape[2]:
             # A window wider than the generation (a config's sliding_window of 10^12: full attention in
             # effect) never slides: its buffers are those of the positions the generation can take.
-            size = min(self.window - 1 + max(n, self.slide_room), max(self.capacity, keep + n))
+            size = self.window - 1 + max(n, self.slide_room)
+            if self.capacity is not None:
+                size = min(size, max(self.capacity, keep + n))
             self._buffers(k, v, size, keep)
         first, start = self._end - keep, self.seq_len - keep
         self._k[:, :, self._end : self._end + n] = k  # type: ignore[index]
@@ -173,6 +145,29 @@ class DecodingCache:
             self.start = self.seq_len - min(self.window - 1, self.seq_len)
         values = None if v is None else self._v[:, :, first : self._end]  # type: ignore[index]
         keys = self._k[:, :, first : self._end]  # type: ignore[index]
+        return self._with_sinks(k, v, n, start, keys, values)
+
+    def _update_recorded(self, k: Tensor, v: Tensor | None, n: int, keep: int) -> tuple[Tensor, Tensor | None, int]:
+        """:meth:`update` while autograd records: the held positions and the new ones joined into
+        new tensors (never written into), trimmed to the window."""
+        if self.window is None and self.capacity is not None and self.seq_len + n > self.capacity:
+            raise InputError(f"the cache holds {self.capacity} positions; {self.seq_len} are used and the step "
+                             f"adds {n}: make it larger (max_new_tokens plus the prompt)")
+        start = self.seq_len - keep
+        held_k = None if self._k is None else self._k[:, :, self._end - keep : self._end]
+        held_v = None if self._v is None or v is None else self._v[:, :, self._end - keep : self._end]
+        # new tensors of their own (a clone rather than a view of the step's projection, kept alive otherwise)
+        keys = k.clone() if held_k is None else torch.cat([held_k, k], dim=2)
+        values = None if v is None else v.clone() if held_v is None else torch.cat([held_v, v], dim=2)
+        self._k, self._v, self._end = keys, values, keys.shape[2]
+        self.seq_len += n
+        if self.window is not None:
+            self.start = self.seq_len - min(self.window - 1, self.seq_len)
+        return self._with_sinks(k, v, n, start, keys, values)
+
+    def _with_sinks(self, k: Tensor, v: Tensor | None, n: int, start: int, keys: Tensor,
+                    values: Tensor | None) -> tuple[Tensor, Tensor | None, int]:
+        """The step's keys and values with the sinks in front once the window has moved past them."""
         self.sinks_in_last = 0
         if self.sinks:
             seen_before = self.seq_len - n
@@ -190,6 +185,8 @@ class DecodingCache:
                 self.sinks_in_last = m
         return keys, values, start
 
+    append = update  # the name the exact attention calls, which KVCache, the older name, keeps apart
+
     def nbytes(self) -> int:
         """Bytes of the buffers held now."""
         return sum(t.untyped_storage().nbytes() for t in (self._k, self._v, self._sink_k, self._sink_v)
@@ -202,5 +199,30 @@ class DecodingCache:
             None if t is None else t.index_select(0, index) for t in (self._k, self._v, self._sink_k, self._sink_v))
 
     def __repr__(self) -> str:
+        if self.static:
+            return f"DecodingCache(static, batch={self.batch_size}, len={self.seq_len})"
         return (f"DecodingCache(capacity={self.capacity}, window={self.window}, seen={self.seq_len}, "
                 f"stored={self.stored})")
+
+
+class KVCache(DecodingCache):
+    """The older name of :class:`DecodingCache` as a growing (``KVCache()``) or a static
+    (``KVCache(static=True)``) cache, kept for code written against it: the same cache, whose
+    :meth:`update` returns ``(keys, values)`` as it did (a :class:`DecodingCache` also returns
+    the slot of the first key). New code makes ``DecodingCache()`` or asks the attention
+    module's ``new_cache``."""
+
+    def __init__(self, static: bool = False) -> None:
+        warnings.warn("KVCache is DecodingCache now: make DecodingCache() or DecodingCache(static=True), or ask the "
+                      "attention module's new_cache()", DeprecationWarning, stacklevel=2)
+        super().__init__(None, static=static)
+
+    def update(self, k: Tensor | None, v: Tensor | None) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        if not self.static and (k is None or v is None):
+            raise InputError("KVCache.update needs k and v until the cache is filled")
+        keys, values, _ = DecodingCache.update(self, k, v)
+        return keys, values  # type: ignore[return-value]
+
+    def append(self, k: Tensor | None, v: Tensor | None) -> tuple[Tensor, Tensor | None, int]:
+        """:class:`DecodingCache`'s update, which attnlab's attention calls."""
+        return DecodingCache.update(self, k, v)

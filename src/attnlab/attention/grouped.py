@@ -171,9 +171,9 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None
 
     # ------------------------------------------------------------------ the cache (the decoder contract)
-    def new_cache(self, batch: int, capacity: int, *, dtype: torch.dtype | None = None,
+    def new_cache(self, batch: int | None = None, capacity: int | None = None, *, dtype: torch.dtype | None = None,
                   device: torch.device | str | None = None, window: int | None = None,
-                  sink_tokens: int = 0) -> DecodingCache:
+                  sink_tokens: int = 0, static: bool = False) -> DecodingCache:
         """A cache of this layer's keys and values for at most ``capacity`` positions (its
         buffers are made, in the keys' dtype and device, by the first step that fills them).
 
@@ -181,7 +181,11 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         policy of generation whatever the layer was trained with (StreamingLLM, Xiao et al.,
         2023): each token attends to the first ``sink_tokens`` positions and the last ``window``,
         and memory stays flat however long it runs. With sink tokens, rotary positions are
-        those of the cache's slots (the sinks just before the window), as StreamingLLM places them."""
+        those of the cache's slots (the sinks just before the window), as StreamingLLM places them.
+        ``static``: the cache of a cross-attention, filled once by the other sequence's keys and
+        values. ``capacity`` None: a cache without bound (the buffers keep doubling)."""
+        if static:
+            return DecodingCache(capacity, static=True)
         if sink_tokens and self.alibi_slopes is not None:
             raise InputError("sink_tokens place the first positions beside the window with rotary positions; ALiBi "
                              "layers are not supported")
@@ -203,18 +207,26 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         b, n, _ = x.shape
         return x.view(b, n, heads, self.head_dim).transpose(1, 2)  # (B, heads, L, D)
 
-    def forward(self, x: Tensor, *, key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None,
-                is_causal: bool = False, need_weights: bool = False, average_attn_weights: bool = True,
-                positions: Tensor | None = None, cache: DecodingCache | None = None,
-                ) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, context: Tensor | None = None, value: Tensor | None = None, *,
+                key_padding_mask: Tensor | None = None, attn_mask: Tensor | None = None, is_causal: bool = False,
+                need_weights: bool = False, average_attn_weights: bool = True, positions: Tensor | None = None,
+                cache: DecodingCache | None = None) -> tuple[Tensor, Tensor | None]:
+        """Self-attention over ``x``, or, with ``context`` ``(B, Lk, kdim)`` (and ``value``
+        ``(B, Lk, vdim)``, default ``context``), cross-attention from ``x``'s queries to another
+        sequence's keys and values: ``torch.nn.MultiheadAttention``'s ``(query, key, value)``
+        called by position. A static cache (:meth:`new_cache` with ``static=True``) keeps the
+        context's projected keys and values after the first call, which then passes ``context``
+        None."""
+        if context is x and (value is None or value is x):
+            context = value = None  # torch's m(x, x, x): self-attention, with the positions it may have
+        if context is not None or value is not None or (cache is not None and cache.static):
+            return self._cross(x, context, value, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                               is_causal=is_causal, need_weights=need_weights,
+                               average_attn_weights=average_attn_weights, cache=cache)
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise InputError(f"x must have shape (B, L, {self.embed_dim}); got {shape_str(x)}")
         batch, n, _ = x.shape
-        if attn_mask is not None and attn_mask.dim() == 3:  # torch's (B*H, Lq, Lk) -> (B, H, Lq, Lk)
-            if attn_mask.shape[0] != batch * self.num_heads:
-                raise InputError(f"a 3-D attn_mask must have shape (B*H, Lq, Lk) with B*H = "
-                                 f"{batch * self.num_heads}; got {shape_str(attn_mask)}")
-            attn_mask = attn_mask.view(batch, self.num_heads, *attn_mask.shape[1:])
+        attn_mask = self._heads_mask(attn_mask, batch)
         past = cache.seq_len if cache is not None else 0
         if cache is not None and cache.sinks and n > 1 and past + n > cache.sinks + cache.window:  # type: ignore[operator]
             # A prompt longer than the sinks and the window: each of its tokens sees the sinks at other slots,
@@ -239,7 +251,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
             q, k = self.rotary(q, k, positions)
         start = 0
         if cache is not None:
-            k, v, start = cache.update(k, v)
+            k, v, start = cache.append(k, v)
         lk = k.shape[2]
         mask = attn_mask
         if streaming:
@@ -270,8 +282,81 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
             if cache is not None and window is not None and key_padding_mask.shape[-1] > lk:
                 key_padding_mask = key_padding_mask[:, -lk:]  # the keys a sliding window still holds
             else:
-                raise InputError(f"key_padding_mask must cover the {lk} keys of this step; got "
+                raise InputError(f"key_padding_mask must have shape (B, Lk) = ({batch}, {lk}); got "
                                  f"{shape_str(key_padding_mask)}")
+        return self._finish(q, k, v, gate, batch, n, mask=mask, key_padding_mask=key_padding_mask,
+                            is_causal=is_causal, need_weights=need_weights, average_attn_weights=average_attn_weights)
+
+    def _heads_mask(self, attn_mask: Tensor | None, batch: int) -> Tensor | None:
+        """torch's 3-D mask ``(B*H, Lq, Lk)`` as ``(B, H, Lq, Lk)``; other masks as given."""
+        if attn_mask is None or attn_mask.dim() != 3:
+            return attn_mask
+        if attn_mask.shape[0] != batch * self.num_heads:
+            raise InputError(f"a 3-D attn_mask must have shape (B*H, Lq, Lk) with B*H = "
+                             f"{batch * self.num_heads}; got {shape_str(attn_mask)}")
+        return attn_mask.view(batch, self.num_heads, *attn_mask.shape[1:])
+
+    def _cross(self, x: Tensor, context: Tensor | None, value: Tensor | None, *, key_padding_mask: Tensor | None,
+               attn_mask: Tensor | None, is_causal: bool, need_weights: bool, average_attn_weights: bool,
+               cache: DecodingCache | None) -> tuple[Tensor, Tensor | None]:
+        """Cross-attention (:meth:`forward` with a ``context``): no positions, no window."""
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
+            raise InputError(f"x must have shape (B, Lq, {self.embed_dim}); got {shape_str(x)}")
+        if self.rotary is not None or self.alibi_slopes is not None or self.window is not None:
+            raise InputError("rope, alibi and window give the positions of one sequence's queries and keys: they "
+                             "apply to self-attention, not to attention over another sequence (cross-attention)")
+        batch, n, _ = x.shape
+        filled = cache is not None and cache.static and cache.filled
+        if cache is not None and not cache.static:
+            raise InputError("cross-attention keeps the other sequence's keys in a static cache: "
+                             "new_cache(static=True)")
+        if filled:
+            if cache.batch_size != batch:  # type: ignore[union-attr]
+                raise InputError(f"the cache holds batch size {cache.batch_size} but x has shape {shape_str(x)}; "  # type: ignore[union-attr]
+                                 "use a fresh cache, or reorder it, for a new batch")
+        else:
+            if context is None:
+                raise InputError("context is required unless a filled static cache is given")
+            value = context if value is None else value
+            for name, t, dim in (("context", context, self.k_proj.in_features), ("value", value, self.v_proj.in_features)):
+                if t.dim() != 3 or t.shape[-1] != dim:
+                    raise InputError(f"{name} must have shape (B, Lk, {dim}); got {shape_str(t)}")
+                if t.shape[0] != batch:
+                    raise InputError(f"{name} must have the batch size {batch} of x; got shape {shape_str(t)}")
+            if value.shape[1] != context.shape[1]:
+                raise InputError(f"value must have context's length {context.shape[1]}; got {shape_str(value)} for "
+                                 f"context {shape_str(context)}")
+        q = fused_linear(self, "q", (self.q_proj,), x)[0]
+        gate = None
+        if self.output_gate:
+            q, gate = q.view(batch, n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            q, gate = q.reshape(batch, n, -1), gate.reshape(batch, n, -1)
+        q = self._heads(q, self.num_heads)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if filled:
+            k, v, _ = cache.append(None, None)  # type: ignore[union-attr]
+        else:
+            if value is context and self.k_proj.in_features == self.v_proj.in_features:
+                k, v = fused_linear(self, "kv", (self.k_proj, self.v_proj), context)
+            else:
+                k, v = self.k_proj(context), self.v_proj(value)
+            k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+            if self.k_norm is not None:
+                k = self.k_norm(k)
+            if cache is not None:
+                k, v, _ = cache.append(k, v)
+        if key_padding_mask is not None and key_padding_mask.shape[-1] != k.shape[2]:
+            raise InputError(f"key_padding_mask must have shape (B, Lk) = ({batch}, {k.shape[2]}); got "
+                             f"{shape_str(key_padding_mask)}")
+        return self._finish(q, k, v, gate, batch, n, mask=self._heads_mask(attn_mask, batch),
+                            key_padding_mask=key_padding_mask, is_causal=is_causal, need_weights=need_weights,
+                            average_attn_weights=average_attn_weights)
+
+    def _finish(self, q: Tensor, k: Tensor, v: Tensor, gate: Tensor | None, batch: int, n: int, *,
+                mask: Tensor | None, key_padding_mask: Tensor | None, is_causal: bool, need_weights: bool,
+                average_attn_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """Attention on the heads, recorded inside :func:`capture_attention`, and the output projection."""
         if self.num_kv_heads != self.num_heads:  # each key/value head serves a group of query heads
             group = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from ..attention.cache import KVCache
-from ..attention.multihead import MultiHeadAttention
-from ..attention.registry import attention_family, build_attention
+from ..attention.cache import DecodingCache
+from ..attention.grouped import GroupedQueryAttention
+from ..attention.registry import attention_capabilities, attention_family, build_attention
 from ..dropout import Dropout
 from ..errors import InputError
 from .checkpointing import checkpointed
@@ -24,6 +24,7 @@ __all__ = [
     "TransformerEncoder",
     "TransformerDecoder",
     "DecoderCache",
+    "check_decoder_attention",
 ]
 
 
@@ -133,22 +134,27 @@ class TransformerEncoderLayer(EncoderBlock):
 
 @dataclass
 class DecoderCache:
-    """Per-layer caches of a decoder: a growing self-attention cache and a static
-    cross-attention cache (the encoder memory, projected once)."""
+    """Per-layer caches of a decoder: each self-attention's own (made by its kind) and each
+    cross-attention's static one (the encoder memory, projected once)."""
 
-    self_attn: list[KVCache] = field(default_factory=list)
-    cross_attn: list[KVCache] = field(default_factory=list)
+    self_attn: list = field(default_factory=list)
+    cross_attn: list[DecodingCache] = field(default_factory=list)
 
     @classmethod
     def empty(cls, num_layers: int) -> "DecoderCache":
-        """Caches made here rather than by the layers' attention: for code written before
-        :meth:`TransformerDecoder.new_cache`, which asks each layer's modules."""
-        return cls([KVCache() for _ in range(num_layers)], [KVCache(static=True) for _ in range(num_layers)])
+        """Caches made here rather than by the layers' attention (exact self-attention's): for
+        code written before :meth:`TransformerDecoder.new_cache`, which asks each layer's modules."""
+        return cls([DecodingCache() for _ in range(num_layers)],
+                   [DecodingCache(static=True) for _ in range(num_layers)])
 
     @property
     def seq_len(self) -> int:
         """Target positions decoded so far."""
         return self.self_attn[0].seq_len if self.self_attn else 0
+
+    def nbytes(self) -> int:
+        """Bytes the caches hold now."""
+        return sum(c.nbytes() for c in self.self_attn + self.cross_attn)
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search: reorder beams, drop finished sentences)."""
@@ -156,12 +162,24 @@ class DecoderCache:
             c.reorder(index)
 
 
+def check_decoder_attention(attention: str, name: str = "attention") -> None:
+    """Refuse, in one line, a kind that cannot be a decoder's self-attention: a grid kind, or one
+    that does not honour a causal mask."""
+    if attention_family(attention) != "tokens":  # unknown names fail here, with suggestions
+        raise InputError(f"{name} must be a 'tokens' kind of the registry; {attention!r} is a grid kind")
+    if attention_capabilities(attention).causal is False:
+        raise InputError(f"{name} must be a kind that honours a causal mask for a decoder's self-attention; "
+                         f"{attention!r} does not")
+
+
 class TransformerDecoderLayer(nn.Module):
     """Causal self-attention, cross-attention to the encoder memory, feed-forward;
-    post-norm or pre-norm, with the arguments of :class:`TransformerEncoderLayer` (its
-    attention is always exact: the key/value cache and the cross-attention need it).
-    ``position_options`` (``{"rope": True, "rope_theta": ...}`` or ``{"alibi": True}``) give
-    the self-attention its positions; the cross-attention has none.
+    post-norm or pre-norm, with the arguments of :class:`TransformerEncoderLayer`.
+
+    The self-attention is any ``"tokens"`` kind that honours a causal mask (``attention`` and
+    ``attention_options``; default the exact kind), with ``position_options`` (``{"rope": True,
+    "rope_theta": ...}`` or ``{"alibi": True}``) giving it positions; it keeps its own cache when
+    its kind does. The cross-attention is exact attention over the memory, without positions.
 
     Shapes: ``x`` ``(B, Lt, E)``, ``memory`` ``(B, Ls, E)`` -> ``(B, Lt, E)``.
     """
@@ -170,13 +188,17 @@ class TransformerDecoderLayer(nn.Module):
         self, embed_dim: int, num_heads: int, *, mlp_ratio: float = 4.0, drop_rate: float = 0.1,
         attn_drop_rate: float | None = None, activation: str = "relu", norm_first: bool = False,
         norm: str = "layernorm", norm_eps: float = 1e-5, bias: bool = True, position_options: dict | None = None,
+        attention: str = "exact", attention_options: dict | None = None,
     ) -> None:
         super().__init__()
         attn_drop = drop_rate if attn_drop_rate is None else attn_drop_rate
-        self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(embed_dim, num_heads, dropout=attn_drop, bias=bias,
-                                            **(position_options or {}))
-        self.cross_attn = MultiHeadAttention(embed_dim, num_heads, dropout=attn_drop, bias=bias)
+        check_decoder_attention(attention)
+        if "dropout" in (attention_options or {}):
+            raise InputError("attention_options must not set 'dropout'; use attn_drop_rate")
+        self.norm_first, self.attention = norm_first, attention
+        self.self_attn = build_attention(attention, embed_dim, num_heads, dropout=attn_drop, bias=bias,
+                                         **(attention_options or {}), **(position_options or {}))
+        self.cross_attn = GroupedQueryAttention(embed_dim, num_heads, dropout=attn_drop, bias=bias)
         self.ff = Mlp(embed_dim, round(embed_dim * mlp_ratio), activation=activation, dropout=drop_rate, bias=bias)
         self.norm1 = build_norm(norm, embed_dim, norm_eps)
         self.norm2 = build_norm(norm, embed_dim, norm_eps)
@@ -187,22 +209,19 @@ class TransformerDecoderLayer(nn.Module):
         self, x: Tensor, memory: Tensor | None, *, tgt_key_padding_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None, tgt_is_causal: bool = True,
         memory_key_padding_mask: Tensor | None = None, memory_mask: Tensor | None = None,
-        self_cache: KVCache | None = None, cross_cache: KVCache | None = None,
+        self_cache=None, cross_cache: DecodingCache | None = None,
     ) -> Tensor:
         pad = _token_padding(tgt_key_padding_mask)
 
         def sa(h: Tensor) -> Tensor:
-            out, _ = self.self_attn(
-                h, key_padding_mask=tgt_key_padding_mask, attn_mask=tgt_mask, is_causal=tgt_is_causal,
-                cache=self_cache,
-            )
+            cache = {} if self_cache is None else {"cache": self_cache}  # a kind without a cache takes none
+            out, _ = self.self_attn(h, key_padding_mask=tgt_key_padding_mask, attn_mask=tgt_mask,
+                                    is_causal=tgt_is_causal, **cache)
             return self.drop(out)
 
         def ca(h: Tensor) -> Tensor:
-            mem = h if memory is None else memory  # memory is None only with a filled cache
-            out, _ = self.cross_attn(
-                h, mem, key_padding_mask=memory_key_padding_mask, attn_mask=memory_mask, cache=cross_cache
-            )
+            out, _ = self.cross_attn(h, memory, key_padding_mask=memory_key_padding_mask, attn_mask=memory_mask,
+                                     cache=cross_cache)  # memory is None only with a filled cache
             return self.drop(out)
 
         if self.norm_first:
@@ -258,10 +277,19 @@ class TransformerDecoder(_Stack):
     ``None`` once the cache is filled.
     """
 
+    @property
+    def keeps_cache(self) -> bool:
+        """Whether every layer's self-attention decodes with a cache of its own (its kind declares it)."""
+        return all(attention_capabilities(layer.attention).cache for layer in self.layers)
+
     def new_cache(self, batch: int | None = None, capacity: int | None = None) -> DecoderCache:
         """Each layer's caches, made by its attention modules (``new_cache``): its
-        self-attention's growing one and its cross-attention's static one."""
-        return DecoderCache([layer.self_attn.new_cache(batch, capacity) for layer in self.layers],
+        self-attention's own and its cross-attention's static one."""
+        if not self.keeps_cache:
+            raise InputError("the decoder's self-attention keeps no cache: decode with use_cache=False")
+        p = next(self.parameters(), None)
+        where = {} if p is None else {"dtype": p.dtype, "device": p.device}
+        return DecoderCache([layer.self_attn.new_cache(batch, capacity, **where) for layer in self.layers],
                             [layer.cross_attn.new_cache(batch, capacity, static=True) for layer in self.layers])
 
     def forward(

@@ -9,6 +9,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from ..attention.grouped import GroupedQueryAttention
 from ..attention.registry import attention_family
 from ..dropout import Dropout
 from ..errors import InputError
@@ -20,6 +21,7 @@ from ..layers.transformer_layers import (
     TransformerDecoderLayer,
     TransformerEncoder,
     TransformerEncoderLayer,
+    check_decoder_attention,
 )
 from .generation import beam_search, greedy_search
 from .registry import build_config, check_attention_options, check_attention_values, register_model
@@ -50,6 +52,7 @@ class Transformer(nn.Module):
         activation: str = "relu", norm_first: bool = False, norm: str = "layernorm", norm_eps: float = 1e-5,
         final_norm: bool | None = None, bias: bool = True, attention: str = "exact",
         attention_options: dict | None = None, position_options: dict | None = None,
+        decoder_attention: str = "exact", decoder_attention_options: dict | None = None,
     ) -> None:
         super().__init__()
         kw = dict(
@@ -58,8 +61,8 @@ class Transformer(nn.Module):
         )
         final = norm_first if final_norm is None else final_norm
         self.embed_dim, self.num_heads = embed_dim, num_heads
-        # The encoder's self-attention is any "tokens" kind; the decoder keeps exact attention
-        # (its key/value cache and its cross-attention need the weights over every key).
+        # Each self-attention is a "tokens" kind of the registry (the decoder's one that honours a causal mask);
+        # the cross-attention is exact attention over the memory.
         self.encoder = TransformerEncoder(
             [TransformerEncoderLayer(embed_dim, num_heads, attention=attention,
                                      attention_options={**(attention_options or {}), **(position_options or {})},
@@ -67,17 +70,33 @@ class Transformer(nn.Module):
             build_norm(norm, embed_dim, norm_eps) if final else None,
         )
         self.decoder = TransformerDecoder(
-            [TransformerDecoderLayer(embed_dim, num_heads, position_options=position_options, **kw)
+            [TransformerDecoderLayer(embed_dim, num_heads, position_options=position_options,
+                                     attention=decoder_attention, attention_options=decoder_attention_options, **kw)
              for _ in range(decoder_depth)],
             build_norm(norm, embed_dim, norm_eps) if final else None,
         )
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
-        # As torch.nn.Transformer: Xavier-uniform on every matrix.
-        for p in self.parameters():
-            if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
+        # As torch.nn.Transformer: Xavier-uniform on every matrix, in the order of the parameters. The decoder's
+        # exact attention draws its query, key and value weights as one (3E, E) matrix, as the packed in_proj of
+        # torch's (and of this decoder's module before it became the exact kind) did, so that a seeded run starts
+        # from the weights it always had; the encoder's have been drawn one by one since it took registry kinds.
+        joined = {id(m.q_proj.weight): (m.q_proj, m.k_proj, m.v_proj) for layer in self.decoder.layers
+                  for m in (layer.self_attn, layer.cross_attn) if isinstance(m, GroupedQueryAttention)}
+        skip = {id(lin.weight) for parts in joined.values() for lin in parts[1:]}
+        with torch.no_grad():
+            for p in self.parameters():
+                if p.dim() <= 1 or id(p) in skip:
+                    continue
+                if id(p) in joined:
+                    parts = [lin.weight for lin in joined[id(p)]]
+                    packed = nn.init.xavier_uniform_(torch.empty(sum(w.shape[0] for w in parts), p.shape[1],
+                                                                 dtype=p.dtype, device=p.device))
+                    for w, part in zip(parts, packed.split([w.shape[0] for w in parts])):
+                        w.copy_(part)
+                else:
+                    nn.init.xavier_uniform_(p)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.encoder.set_grad_checkpointing(enable)
@@ -161,9 +180,12 @@ class TransformerConfig:
     bos_id: int = 1
     eos_id: int = 2
     # The encoder's self-attention kind (a "tokens" kind of attnlab.attention.list_attention()).
-    # The decoder keeps exact attention: its cache and cross-attention need it.
     attention: str = "exact"
     attention_options: dict = field(default_factory=dict)
+    # The decoder's self-attention kind: a "tokens" kind that honours a causal mask (its cache is its own;
+    # a kind without one decodes by recomputing). The cross-attention is exact attention.
+    decoder_attention: str = "exact"
+    decoder_attention_options: dict = field(default_factory=dict)
 
     # Names before attnlab took timm's (torch.nn.Transformer's): read in older runs, pointed to in errors.
     renamed: ClassVar[dict[str, str]] = {"d_model": "embed_dim", "nhead": "num_heads",
@@ -218,9 +240,15 @@ class TransformerConfig:
         check_attention_options(self.attention_options, {"dropout": "attn_drop_rate", "rope": "pos_embed",
                                                          "alibi": "pos_embed", "rope_theta": "rope_theta"})
         check_attention_values(TransformerConfig, self.attention, self.attention_options, self.max_len)
+        check_decoder_attention(self.decoder_attention, "decoder_attention")
+        check_attention_options(self.decoder_attention_options, {"dropout": "attn_drop_rate", "rope": "pos_embed",
+                                                                 "alibi": "pos_embed", "rope_theta": "rope_theta"})
+        check_attention_values(TransformerConfig, self.decoder_attention, self.decoder_attention_options,
+                               self.max_len, key="decoder_attention_options")
         if self.pos_embed not in ADDED + INNER:
             raise InputError(f"pos_embed must be one of {sorted(ADDED + INNER)}; got {self.pos_embed!r}")
         inner_position_options(self.pos_embed, self.rope_theta, self.attention)  # a kind that cannot take them
+        inner_position_options(self.pos_embed, self.rope_theta, self.decoder_attention)
         if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
             raise InputError(f"pad_id, bos_id and eos_id must differ; got {self.pad_id}, {self.bos_id}, {self.eos_id}")
 
@@ -249,6 +277,7 @@ class Seq2SeqTransformer(nn.Module):
             norm=cfg.norm, norm_eps=cfg.norm_eps, final_norm=cfg.final_norm, attention=cfg.attention,
             attention_options=cfg.attention_options,
             position_options=inner_position_options(cfg.pos_embed, cfg.rope_theta, cfg.attention),
+            decoder_attention=cfg.decoder_attention, decoder_attention_options=cfg.decoder_attention_options,
         )
         self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=cfg.pad_id)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=cfg.pad_id)
@@ -332,6 +361,7 @@ class Seq2SeqTransformer(nn.Module):
             raise InputError(f"max_new_tokens must be in [1, {self.config.max_len}]; got {max_new_tokens}")
         if not isinstance(num_beams, int) or num_beams < 1:
             raise InputError(f"num_beams must be a positive integer; got {num_beams!r}")
+        use_cache = use_cache and self.transformer.decoder.keeps_cache  # a kind without a cache recomputes
         if num_beams == 1:
             return greedy_search(self, src, max_new_tokens, use_cache=use_cache)[0]
         return beam_search(self, src, num_beams, max_new_tokens, length_penalty=length_penalty, use_cache=use_cache)[0]
