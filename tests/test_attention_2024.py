@@ -97,7 +97,7 @@ def _gpt_oss_attention(window: int | None):
         for p in theirs.parameters():
             p.normal_(0, 0.3)
     ours = SinkAttention(48, 4, num_kv_heads=2, head_dim=16, rope=True, rope_theta=150000.0, max_len=64,
-                         rope_scaling=config.rope_parameters, window=window).eval()
+                         rope_scaling=config.rope_parameters, sliding_window=window).eval()
     state = {k: v for k, v in theirs.state_dict().items()}
     ours.load_state_dict(state)
     return theirs, GptOssRotaryEmbedding(config), ours
@@ -152,7 +152,7 @@ def test_the_registry_says_what_each_kind_does(kind):
 def test_cached_decoding_equals_recomputation(kind, window):
     torch.manual_seed(0)
     model = GPT(vocab_size=50, max_len=64, embed_dim=32, depth=2, num_heads=4, num_kv_heads=2, pos_embed="rope",
-                norm="rmsnorm", mlp="swiglu", attention=kind, window=window).eval()
+                norm="rmsnorm", mlp="swiglu", attention=kind, sliding_window=window).eval()
     for p in model.parameters():  # sinks start at zero: give them a value
         if p.dim() == 1:
             torch.nn.init.normal_(p, 0.0, 0.5)
@@ -801,11 +801,11 @@ def test_sink_tokens_keep_the_first_positions_beside_the_window_at_cache_slots()
     x = torch.randn(1, 30, 32)
     with torch.no_grad():
         expected = _streamed_by_hand(attn, x, window=8, sinks=2)
-        cache = attn.new_cache(1, 30, window=8, sink_tokens=2)  # a prompt of 5, then one token at a time
+        cache = attn.new_cache(1, 30, cache_window=8, sink_tokens=2)  # a prompt of 5, then one token at a time
         steps = [attn(x[:, :5], is_causal=True, cache=cache)[0]]
         steps += [attn.decode_step(x[:, t], cache)[:, None] for t in range(5, 30)]
-        long_prompt, _ = attn(x, is_causal=True, cache=attn.new_cache(1, 30, window=8, sink_tokens=2))
-        window_alone = [attn(x[:, :5], is_causal=True, cache=(c := attn.new_cache(1, 30, window=8)))[0]]
+        long_prompt, _ = attn(x, is_causal=True, cache=attn.new_cache(1, 30, cache_window=8, sink_tokens=2))
+        window_alone = [attn(x[:, :5], is_causal=True, cache=(c := attn.new_cache(1, 30, cache_window=8)))[0]]
         window_alone += [attn.decode_step(x[:, t], c)[:, None] for t in range(5, 30)]
     torch.testing.assert_close(torch.cat(steps, 1), expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(long_prompt, expected, atol=1e-5, rtol=0)
@@ -817,23 +817,23 @@ def test_a_streaming_generation_keeps_flat_memory_and_equals_plain_while_everyth
     model = GPT(vocab_size=50, max_len=64, embed_dim=32, depth=2, num_heads=4, num_kv_heads=2, pos_embed="rope",
                 norm="rmsnorm", mlp="swiglu").eval()
     ids = torch.randint(0, 50, (1, 6))
-    assert torch.equal(model.generate(ids, 20, window=100, sink_tokens=4), model.generate(ids, 20))
+    assert torch.equal(model.generate(ids, 20, cache_window=100, sink_tokens=4), model.generate(ids, 20))
     sizes = []
     with torch.no_grad():
         for n in (150, 300):
-            cache = model.new_cache(1, 6 + n, window=16, sink_tokens=4)
+            cache = model.new_cache(1, 6 + n, cache_window=16, sink_tokens=4)
             token = model(ids, cache=cache)[:, -1:].argmax(-1)
             for _ in range(n):
                 token = model.decode_step(token, cache).argmax(-1, keepdim=True)
             sizes.append(cache.nbytes())
     assert sizes[0] == sizes[1]  # past the model's 64 positions, memory flat
-    assert model.generate(ids, 100, window=16, sink_tokens=4).shape == (1, 106)
+    assert model.generate(ids, 100, cache_window=16, sink_tokens=4).shape == (1, 106)
 
 
 @pytest.mark.parametrize("build,call,message", [
-    ({"pos_embed": "alibi"}, {"window": 8, "sink_tokens": 2}, "ALiBi layers are not supported"),
-    ({}, {"sink_tokens": 2}, "window must be a positive number of positions when streaming"),
-    ({"layer_types": ["linear", "linear"], "pos_embed": "none"}, {"window": 8, "sink_tokens": 2}, "keeps no keys"),
+    ({"pos_embed": "alibi"}, {"cache_window": 8, "sink_tokens": 2}, "ALiBi layers are not supported"),
+    ({}, {"sink_tokens": 2}, "cache_window must be a positive number of positions when streaming"),
+    ({"layer_types": ["linear", "linear"], "pos_embed": "none"}, {"cache_window": 8, "sink_tokens": 2}, "keeps no keys"),
 ])
 def test_streaming_settings_that_cannot_work_are_one_line(build, call, message):
     model = GPT(vocab_size=50, max_len=64, embed_dim=32, depth=2, num_heads=4, **build).eval()
@@ -847,4 +847,4 @@ def test_sink_tokens_refuse_padded_prompts():
     pad = torch.zeros(2, 4, dtype=torch.bool)
     pad[0, 0] = True
     with pytest.raises(InputError, match="padded rows are not supported"):
-        model.generate(torch.randint(0, 50, (2, 4)), 4, window=8, sink_tokens=2, padding_mask=pad)
+        model.generate(torch.randint(0, 50, (2, 4)), 4, cache_window=8, sink_tokens=2, padding_mask=pad)

@@ -80,7 +80,7 @@ def test_bad_config():
 
 
 def test_the_conv_sa_bn_block_takes_its_attention_kind_at_construction():
-    m = create_model("conv_sa_bn_cifar", widths=(8, 16), attention="local", attention_options={"window": 8}).eval()
-    assert type(m.attention.attn).__name__ == "LocalAttention" and m.attention.attn.window == 8
+    m = create_model("conv_sa_bn_cifar", widths=(8, 16), attention="local", attention_options={"sliding_window": 8}).eval()
+    assert type(m.attention.attn).__name__ == "LocalAttention" and m.attention.attn.sliding_window == 8
     with torch.no_grad():
         assert m(torch.randn(2, 3, 32, 32)).shape == (2, 10)

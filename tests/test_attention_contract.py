@@ -158,12 +158,12 @@ def test_a_kind_that_streams_sizes_and_makes_its_cache_under_the_policy(kind):
     module = build(kind)
     caps = registry.attention_capabilities(kind)
     if not caps.streaming:
-        assert "window" not in inspect.signature(module.cache_bytes).parameters or kind == "nsa"
+        assert "cache_window" not in inspect.signature(module.cache_bytes).parameters or kind == "nsa"
         return
     whole = module.cache_bytes(1, 100_000, torch.float32)
-    streamed = module.cache_bytes(1, 100_000, torch.float32, window=16, sink_tokens=4)
+    streamed = module.cache_bytes(1, 100_000, torch.float32, cache_window=16, sink_tokens=4)
     assert streamed < whole / 100
-    cache = module.new_cache(1, 100_000, dtype=torch.float32, device="cpu", window=16, sink_tokens=4)
+    cache = module.new_cache(1, 100_000, dtype=torch.float32, device="cpu", cache_window=16, sink_tokens=4)
     with torch.no_grad():
         for t in range(60):
             module(torch.randn(1, 1, E), cache=cache, is_causal=True)
@@ -188,7 +188,7 @@ def test_a_long_streaming_generation_on_a_full_attention_model_is_sized_by_its_w
     ids = torch.randint(0, 64, (1, 4))
     with pytest.raises(InputError, match="max_new_tokens must be at most"):
         model.generate(ids, 300)  # the whole cache does not fit
-    out = model.generate(ids, 300, window=16, sink_tokens=4)  # refused before: sized as the whole cache
+    out = model.generate(ids, 300, cache_window=16, sink_tokens=4)  # refused before: sized as the whole cache
     assert out.shape == (1, 304)
 
 
@@ -222,7 +222,7 @@ def test_a_kind_built_on_another_extends_its_options_without_repeating_them():
     assert "softcap" not in schema  # dropped: differential attention has no soft-capped form
     with pytest.raises(InputError, match="unknown option 'softcap' of attention 'differential'"):
         DifferentialAttention(E, H, softcap=30.0)  # built directly, as from the registry
-    assert registry.attention_options("nsa")["window"].default == 64  # nsa's window is its sliding branch's
+    assert registry.attention_options("nsa")["branch_window"].default == 64  # its sliding branch's, by its own name
     assert "alibi" not in registry.attention_options("nsa")
     with pytest.raises(InputError, match="unknown option 'alibi' of attention 'nsa'"):
         NativeSparseAttention(E, H, alibi=True)
@@ -266,7 +266,7 @@ def test_attnlab_kinds_lists_every_kind_and_a_kinds_options_with_defaults_and_ra
     assert listed == registry.list_attention()
     code, out, _ = _attnlab("kinds", "local")
     assert code == 0
-    assert re.search(r"^  window\s+an integer >= 1\s+128\s+each query sees", out, re.M), out
+    assert re.search(r"^  sliding_window\s+an integer >= 1\s+128\s+each query sees", out, re.M), out
     code, out, err = _attnlab("kinds", "locla")
     assert code == 2 and out == "" and err.strip().endswith("unknown attention 'locla'; did you mean local?")
     assert len(err.strip().splitlines()) == 1

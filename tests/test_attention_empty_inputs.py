@@ -36,7 +36,7 @@ GRID_EMPTY_MAPS = {"height 0": (0, MAP[1]), "width 0": (MAP[0], 0), "height and 
 MODES = {"train": True, "eval": False}  # dropout is on in training mode
 # Options that cut the non-empty length into several blocks / landmarks, so that an empty
 # batch reaches the blocked code paths; any other kind is built with its defaults.
-TOKEN_OPTIONS = {"local": {"window": 2}, "sparse": {"block": 2}, "nystrom": {"num_landmarks": 2}}
+TOKEN_OPTIONS = {"local": {"sliding_window": 2}, "sparse": {"block": 2}, "nystrom": {"num_landmarks": 2}}
 
 
 def _check_backward(out, inputs, module=None, weights=None):

@@ -36,7 +36,7 @@ def test_full_window_equals_exact_attention(causal: bool, padded: bool, n: int, 
     torch.manual_seed(0)
     b, dim, heads = 3, 32, 4
     exact = SelfAttention(dim, heads).eval()
-    local = LocalAttention(dim, heads, window=window).eval()
+    local = LocalAttention(dim, heads, sliding_window=window).eval()
     local.load_state_dict(exact.state_dict())
     mask = _pad_mask(b, n) if padded else None
     x = torch.randn(b, n, dim)
@@ -61,7 +61,7 @@ def test_attend_equals_dense_band(causal: bool, padded: bool, n: int, window: in
     b, h, d = 3, 2, 8
     q, k, v = (torch.randn(b, h, n, d, requires_grad=True) for _ in range(3))
     mask = _pad_mask(b, n, seed=n + window) if padded else None
-    module = LocalAttention(h * d, h, window=window).eval()
+    module = LocalAttention(h * d, h, sliding_window=window).eval()
     out = module.attend(q, k, v, key_padding_mask=mask, is_causal=causal)
     band = _band_mask(n, window, causal).view(1, 1, n, n)
     full = band if mask is None else band | mask.view(b, 1, 1, n)
@@ -82,7 +82,7 @@ def test_dead_queries_output_zero() -> None:
     q, k, v = (torch.randn(b, h, n, d) for _ in range(3))
     mask = torch.zeros(b, n, dtype=torch.bool)
     mask[:, :6] = True  # with window 3 (causal), queries 0..5 see only padding
-    module = LocalAttention(h * d, h, window=3)
+    module = LocalAttention(h * d, h, sliding_window=3)
     out = module.attend(q, k, v, key_padding_mask=mask, is_causal=True)
     assert torch.isfinite(out).all()
     assert (out[:, :, :6] == 0).all()
@@ -92,7 +92,7 @@ def test_dead_queries_output_zero() -> None:
 def test_causal_ignores_future_tokens() -> None:
     torch.manual_seed(3)
     n, dim, window = 23, 16, 4
-    module = LocalAttention(dim, 2, window=window).eval()
+    module = LocalAttention(dim, 2, sliding_window=window).eval()
     x = torch.randn(2, n, dim)
     out, _ = module(x, is_causal=True)
     for i in (0, 5, 11, 22):
@@ -112,7 +112,7 @@ def test_half_precision_softmax_is_float32() -> None:
     torch.manual_seed(4)
     b, h, n, d = 2, 2, 19, 8
     q, k, v = (torch.randn(b, h, n, d) for _ in range(3))
-    module = LocalAttention(h * d, h, window=4)
+    module = LocalAttention(h * d, h, sliding_window=4)
     ref = module.attend(q, k, v, key_padding_mask=None, is_causal=False)
     out = module.attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), key_padding_mask=None, is_causal=False)
     assert out.dtype == torch.bfloat16
@@ -121,7 +121,7 @@ def test_half_precision_softmax_is_float32() -> None:
 
 def test_dropout_in_training_only() -> None:
     torch.manual_seed(5)
-    module = LocalAttention(16, 2, window=4, dropout=0.5)
+    module = LocalAttention(16, 2, sliding_window=4, dropout=0.5)
     x = torch.randn(2, 13, 16)
     module.train()
     a, _ = module(x)
@@ -136,11 +136,11 @@ def test_dropout_in_training_only() -> None:
 @pytest.mark.parametrize("window", [0, -3, 2.5, "8", True, None])
 def test_bad_window(window) -> None:
     with pytest.raises(ValueError, match="window"):
-        LocalAttention(32, 4, window=window)
+        LocalAttention(32, 4, sliding_window=window)
 
 
 def test_rejects_attn_mask_and_need_weights() -> None:
-    module = LocalAttention(32, 4, window=8)
+    module = LocalAttention(32, 4, sliding_window=8)
     x = torch.randn(1, 5, 32)
     with pytest.raises(ValueError, match="attn_mask"):
         module(x, attn_mask=torch.zeros(5, 5, dtype=torch.bool))
@@ -149,9 +149,9 @@ def test_rejects_attn_mask_and_need_weights() -> None:
 
 
 def test_build_from_registry() -> None:
-    module = build_attention("local", 32, 4, window=8)
+    module = build_attention("local", 32, 4, sliding_window=8)
     assert isinstance(module, LocalAttention)
-    assert module.window == 8 and module.kind == "local"
+    assert module.sliding_window == 8 and module.kind == "local"
     assert "window=8" in repr(module)
     out, w = module(torch.randn(2, 21, 32), key_padding_mask=torch.zeros(2, 21, dtype=torch.bool))
     assert out.shape == (2, 21, 32) and w is None

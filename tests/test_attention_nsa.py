@@ -13,7 +13,7 @@ from attnlab.attention import (GroupedQueryAttention, NativeSparseAttention, att
 from attnlab.errors import InputError
 from attnlab.models.gpt import GPT
 
-OPTIONS = dict(num_kv_heads=2, block=4, num_selected=2, window=6, rope=True, bias=False)
+OPTIONS = dict(num_kv_heads=2, block=4, num_selected=2, branch_window=6, rope=True, bias=False)
 
 
 def _module(**overrides):
@@ -97,7 +97,7 @@ def test_keeping_every_block_or_only_the_window_is_exact_attention(branch, exact
     with torch.no_grad():
         attn.gate.zero_()
         attn.gate_bias.copy_(torch.tensor([-50.0, 50.0, -50.0] if branch == "selected" else [-50.0, -50.0, 50.0]))
-    exact = GroupedQueryAttention(32, 4, num_kv_heads=2, rope=True, bias=False, window=exact_window).eval()
+    exact = GroupedQueryAttention(32, 4, num_kv_heads=2, rope=True, bias=False, sliding_window=exact_window).eval()
     exact.load_state_dict({k: v for k, v in attn.state_dict().items() if k.split(".")[0] in
                            ("q_proj", "k_proj", "v_proj", "o_proj")})
     x = torch.randn(2, 29, 32)
@@ -117,8 +117,8 @@ def test_nsa_is_causal():
 def _decoder():
     torch.manual_seed(0)
     model = GPT(vocab_size=40, max_len=96, embed_dim=32, depth=2, num_heads=4, num_kv_heads=2, pos_embed="rope",
-                norm="rmsnorm", mlp="swiglu", attention="nsa", window=6,  # the window branch's (the model's window)
-                attention_options={"block": 4, "num_selected": 2})
+                norm="rmsnorm", mlp="swiglu", attention="nsa",
+                attention_options={"block": 4, "num_selected": 2, "branch_window": 6})
     with torch.no_grad():
         for block in model.blocks:
             block.attn.gate.normal_(0, 0.5)
@@ -174,7 +174,7 @@ def test_a_decoder_with_nsa_trains_every_part_of_it():
 @pytest.mark.parametrize("options, message", [
     ({"block": 0}, "block must be an integer >= 1"),
     ({"num_selected": -1}, "num_selected must be an integer >= 1"),
-    ({"window": 0}, "window must be an integer >= 1"),
+    ({"branch_window": 0}, "branch_window must be an integer >= 1"),
 ])
 def test_nsa_refuses_sizes_that_are_not_positive(options, message):
     with pytest.raises(InputError, match=message):
@@ -189,7 +189,7 @@ def test_nsa_refuses_what_it_cannot_do_in_one_line():
     cases = [(lambda: attn(x), "causal only"),
              (lambda: attn(x, is_causal=True, key_padding_mask=pad), "padding on the left of a row only"),
              (lambda: attn(x, is_causal=True, need_weights=True), "forms no weight matrix"),
-             (lambda: attn.new_cache(1, 10, window=4), "streaming cache"),
+             (lambda: attn.new_cache(1, 10, cache_window=4), "streaming cache"),
              (lambda: attn(x, is_causal=True, attn_mask=torch.zeros(9, 9, dtype=torch.bool)), "takes no attn_mask")]
     for call, message in cases:
         with pytest.raises(InputError, match=message) as caught:

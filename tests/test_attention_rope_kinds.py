@@ -13,13 +13,13 @@ from attnlab.models import create_model
 from attnlab.recipes import load_recipe
 from attnlab.tasks import get_task
 
-ROPE_KINDS = {"local": {"window": 4}, "sparse": {"block": 4}, "topk": {"top_k": 3},
+ROPE_KINDS = {"local": {"sliding_window": 4}, "sparse": {"block": 4}, "topk": {"top_k": 3},
               "lsh": {"bucket_size": 4, "n_buckets": 4}, "nystrom": {"num_landmarks": 4},
               "linformer": {"seq_len": 12, "k": 4}}
 
 
 @pytest.mark.parametrize("kind, options, causal", [("topk", {"top_k": 12}, True), ("topk", {"top_k": 12}, False),
-                                                    ("local", {"window": 12}, True), ("local", {"window": 12}, False)])
+                                                    ("local", {"sliding_window": 12}, True), ("local", {"sliding_window": 12}, False)])
 def test_a_kind_that_is_exact_at_its_settings_equals_exact_attention_with_rope(kind, options, causal):
     torch.manual_seed(0)
     exact = build_attention("exact", 32, 4, rope=True, rope_theta=500.0).eval()

@@ -9,7 +9,7 @@ import torch
 from attnlab.attention import attention_capabilities, attention_causal_only, list_attention
 from attnlab.models import create_model
 
-TOKEN_OPTIONS = {"exact": {}, "local": {"window": 8}, "sparse": {"block": 8}, "linear": {}, "performer": {},
+TOKEN_OPTIONS = {"exact": {}, "local": {"sliding_window": 8}, "sparse": {"block": 8}, "linear": {}, "performer": {},
                  "linformer": {"seq_len": 64, "k": 16}, "nystrom": {"num_landmarks": 8}, "lsa": {},
                  "topk": {"top_k": 4}, "lsh": {"bucket_size": 8, "n_buckets": 4}, "differential": {}, "sinks": {}, "latent": {}, "gated_delta": {}, "dsa": {"index_topk": 4},
                  "nsa": {"block": 4, "num_selected": 1}}  # rotary positions: the models' pos_embed="rope" (test_inner_positions.py)
@@ -126,7 +126,7 @@ def test_build_attention_options_are_the_keywords_after_width_and_heads(monkeypa
 
     # The width and the heads are no options, whatever a kind calls them.
     with pytest.raises(ValueError,
-                       match="unknown option 'dim' of attention 'local'; options: bias, dropout, rope, rope_theta, window$"):
+                       match="unknown option 'dim' of attention 'local'; options: bias, dropout, rope, rope_theta, sliding_window$"):
         registry.build_attention("local", 32, 4, dim=32)
 
     class Plugin(SelfAttention):  # a kind registered by a plugin, with its own names for the first two

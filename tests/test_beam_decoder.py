@@ -43,7 +43,7 @@ def test_beam_search_equals_transformers(tmp_path, seed, eos_boost, num_beams, l
 
 def test_beam_search_reorders_every_kind_of_cache_a_hybrid_decoder_holds():
     torch.manual_seed(0)
-    model = create_model("llama_tiny", vocab_size=64, depth=3, layer_types=["linear", "full", "sliding"], window=4,
+    model = create_model("llama_tiny", vocab_size=64, depth=3, layer_types=["linear", "full", "sliding"], sliding_window=4,
                          attention_options={}).eval()
     ids = torch.randint(0, 64, (2, 5))
     cached = model.generate(ids, 8, num_beams=3, eos_id=7)

@@ -154,7 +154,7 @@ def test_needle_dataset():
 
 
 def test_needle_training_runs_for_a_kind():
-    r = needle_accuracy("local", {"window": 8}, n=64, steps=3, batch_size=4, train_size=32, test_size=16,
+    r = needle_accuracy("local", {"sliding_window": 8}, n=64, steps=3, batch_size=4, train_size=32, test_size=16,
                         depth=1, heads=2, width=16)
     assert 0.0 <= r["accuracy"] <= 1.0 and r["steps"] == 3 and r["kind"] == "local"
 
@@ -265,10 +265,10 @@ def _mr_dir() -> Path | None:
 
 @pytest.mark.skipif(_mr_dir() is None, reason="needs the MR data under $ATTNLAB_DATA_DIR/mr")
 def test_mr_accuracy_with_an_efficient_kind(tmp_path):
-    r = mr_accuracy("local", {"window": 4}, tmp_path / "run",
+    r = mr_accuracy("local", {"sliding_window": 4}, tmp_path / "run",
                     overrides=["train.steps=3", "train.warmup_steps=1", "train.eval_every=0",
                                "train.checkpoint_every=0", "text.vocab_size=500"])
     assert 0.0 <= r["accuracy"] <= 1.0 and r["kind"] == "local"
     cfg = (tmp_path / "run" / "config.yaml").read_text()
-    assert "attention: local" in cfg and "window: 4" in cfg
+    assert "attention: local" in cfg and "sliding_window: 4" in cfg
     assert math.isfinite(r["train_seconds"])

@@ -43,7 +43,7 @@ def test_recorded_queries_keys_values_give_the_layers_own_output():
     torch.testing.assert_close(again[real], outputs[0][real], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind, options", [("topk", {"top_k": 12}), ("local", {"window": 12}),
+@pytest.mark.parametrize("kind, options", [("topk", {"top_k": 12}), ("local", {"sliding_window": 12}),
                                            ("lsh", {"bucket_size": 12, "n_buckets": 4})])
 def test_a_kind_that_is_exact_at_these_settings_has_no_error(kind, options):
     model, batches = _model_and_batches()
@@ -59,7 +59,7 @@ def test_approximations_have_errors_that_fall_with_k_and_kept_mass_that_grows():
     recs = [relative_errors("topk", {"top_k": k}, inputs) for k in (1, 3, 6)]
     errors, kept = [r["error"] for r in recs], [r["kept_mass"] for r in recs]
     assert errors[0] > errors[1] > errors[2] > 0 and kept[0] < kept[1] < kept[2] < 1
-    assert relative_errors("local", {"window": 1}, inputs)["error"] > 0.01
+    assert relative_errors("local", {"sliding_window": 1}, inputs)["error"] > 0.01
     assert relative_errors("lsh", {"bucket_size": 2, "n_buckets": 4}, inputs)["reference"].startswith("one-chunk")
 
 

@@ -124,7 +124,7 @@ def test_efficient_kinds_form_no_weights_and_capture_says_so():
 
 def test_a_model_mixing_kinds_records_the_exact_ones_and_warns_of_the_others():
     model = create_model("transformer_tiny", src_vocab_size=30, tgt_vocab_size=30, attention="local",
-                         attention_options={"window": 2}).eval()
+                         attention_options={"sliding_window": 2}).eval()
     src, tgt = torch.randint(3, 30, (2, 5)), torch.randint(3, 30, (2, 4))
     with pytest.warns(UserWarning, match=r"records no weights of transformer.encoder.layers.0.self_attn "
                                          r"\(LocalAttention\), transformer.encoder.layers.1.self_attn"):

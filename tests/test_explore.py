@@ -83,7 +83,7 @@ def test_head_figures_single_out_previous_token_sink_and_broad_heads():
 
 
 # ----------------------------------------------------------------------------- a language model's continuation
-@pytest.mark.parametrize("options", [{}, {"window": 4}, {"num_kv_heads": 1, "pos_embed": "rope"}])
+@pytest.mark.parametrize("options", [{}, {"sliding_window": 4}, {"num_kv_heads": 1, "pos_embed": "rope"}])
 def test_each_generated_token_row_is_its_cached_steps_weights_equal_to_one_pass(options):
     torch.manual_seed(0)
     model = GPT(vocab_size=40, max_len=64, embed_dim=32, depth=2, num_heads=4, **options).eval()

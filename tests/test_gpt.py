@@ -12,7 +12,7 @@ from attnlab.models import create_model
 from attnlab.models.gpt import document_positions
 
 OPTIONS = [{}, {"num_kv_heads": 2, "rope": True}, {"num_kv_heads": 1}, {"alibi": True},
-           {"window": 3, "rope": True, "num_kv_heads": 2}, {"qk_norm": True, "rope": True}]
+           {"sliding_window": 3, "rope": True, "num_kv_heads": 2}, {"qk_norm": True, "rope": True}]
 
 
 def greedy_without_cache(model, ids, new):
@@ -57,7 +57,7 @@ def test_the_cache_stores_the_key_value_heads_alone_and_a_window_bounds_it():
     cache = DecodingCache(40)
     attn(torch.randn(1, 30, 64), is_causal=True, cache=cache)
     assert cache.nbytes() == 2 * 1 * 2 * 40 * 8 * 4  # k and v, batch 1, 2 heads, 40 slots, head size 8, float32
-    windowed = build_attention("gqa", 64, 8, dropout=0.0, bias=False, num_kv_heads=2, window=5).eval()
+    windowed = build_attention("gqa", 64, 8, dropout=0.0, bias=False, num_kv_heads=2, sliding_window=5).eval()
     cache = DecodingCache(10_000, window=5)
     windowed(torch.randn(1, 30, 64), is_causal=True, cache=cache)  # a prompt longer than the window
     for _ in range(200):
@@ -69,7 +69,7 @@ def test_the_cache_stores_the_key_value_heads_alone_and_a_window_bounds_it():
 
 def test_a_sliding_window_sees_the_last_window_tokens_only():
     torch.manual_seed(0)
-    attn = build_attention("gqa", 16, 2, dropout=0.0, bias=False, window=3).eval()
+    attn = build_attention("gqa", 16, 2, dropout=0.0, bias=False, sliding_window=3).eval()
     x = torch.randn(1, 8, 16)
     _, weights = attn(x, is_causal=True, need_weights=True)
     visible = weights[0] > 0
@@ -79,7 +79,7 @@ def test_a_sliding_window_sees_the_last_window_tokens_only():
 
 @pytest.mark.parametrize("name, options", [
     ("gpt_tiny", {}), ("gpt_tiny", {"pos_embed": "alibi"}), ("gpt_tiny", {"pos_embed": "sinusoidal"}),
-    ("llama_tiny", {}), ("llama_tiny", {"window": 4}), ("llama_tiny", {"num_kv_heads": 1, "qk_norm": True}),
+    ("llama_tiny", {}), ("llama_tiny", {"sliding_window": 4}), ("llama_tiny", {"num_kv_heads": 1, "qk_norm": True}),
     ("gpt_tiny", {"attention": "linear"}),  # a kind without a cache decodes by recomputing
 ])
 def test_cached_greedy_generation_equals_recomputing_every_step(name, options):
@@ -95,13 +95,13 @@ def test_cached_greedy_generation_equals_recomputing_every_step(name, options):
 
 @pytest.mark.parametrize("name, options", [
     ("gpt_tiny", {}), ("gpt_tiny", {"pos_embed": "sinusoidal"}), ("gpt_tiny", {"mlp": "gelu_tanh", "bias": True}),
-    ("llama_tiny", {}), ("llama_tiny", {"window": 3}), ("llama_tiny", {"num_kv_heads": 1, "qk_norm": True}),
+    ("llama_tiny", {}), ("llama_tiny", {"sliding_window": 3}), ("llama_tiny", {"num_kv_heads": 1, "qk_norm": True}),
     ("llama_tiny", {"num_kv_heads": 8}),
     # the families' knobs, as a recipe sets them (model.options.*): Gemma-, Qwen3-, Phi- and SmolLM3-like blocks
-    ("llama_tiny", {"head_dim": 48, "qk_norm": True, "window": 3, "window_pattern": 2, "rope_local_theta": 1e4,
+    ("llama_tiny", {"head_dim": 48, "qk_norm": True, "sliding_window": 3, "window_pattern": 2, "rope_local_theta": 1e4,
                     "rope_theta": 1e6, "attn_softcap": 20.0, "logit_softcap": 15.0, "query_pre_attn_scalar": 40,
                     "post_norms": True, "embed_scale": 16.0, "mlp": "geglu"}),
-    ("llama_tiny", {"layer_types": ["full", "sliding", "sliding", "full"], "window": 4, "nope_layers": [3],
+    ("llama_tiny", {"layer_types": ["full", "sliding", "sliding", "full"], "sliding_window": 4, "nope_layers": [3],
                     "partial_rotary": 0.5, "attention_bias": True, "attention_out_bias": False,
                     "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}}),
     ("llama_tiny", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [3.0] * 8,
@@ -171,7 +171,7 @@ def test_top_p_keeps_the_smallest_set_that_reaches_p():
 @pytest.mark.parametrize("options, message", [
     ({"num_kv_heads": 3}, "num_kv_heads must be a positive divisor of num_heads=4"),
     ({"rope": True, "alibi": True}, "choose one"),
-    ({"window": 0}, "window must be an integer >= 1, or None"),
+    ({"sliding_window": 0}, "sliding_window must be an integer >= 1, or None"),
 ])
 def test_attention_options_that_cannot_work_are_one_clear_error(options, message):
     with pytest.raises(InputError, match=message):
@@ -193,8 +193,8 @@ def test_the_sliding_window_has_one_name_for_the_gqa_and_the_local_kinds():
     and the window - 1 keys before it), as attention_options could not set it."""
     torch.manual_seed(0)
     for kind in ("gqa", "local"):
-        model = create_model("gpt_tiny", vocab_size=50, depth=2, attention=kind, window=3).eval()
-        assert model.blocks[0].attn.window == 3
+        model = create_model("gpt_tiny", vocab_size=50, depth=2, attention=kind, sliding_window=3).eval()
+        assert model.blocks[0].attn.sliding_window == 3
         ids = torch.randint(0, 50, (1, 12))
         changed = ids.clone()
         changed[0, 0] = (ids[0, 0] + 1) % 50
@@ -202,11 +202,11 @@ def test_the_sliding_window_has_one_name_for_the_gqa_and_the_local_kinds():
             a, b = model(ids), model(changed)
         # two layers of windows of 3 reach 4 positions back: positions 5.. never see position 0
         assert torch.equal(a[0, 5:], b[0, 5:]) and not torch.allclose(a[0, :5], b[0, :5])
-    with pytest.raises(InputError, match="the model sets it from window"):
-        create_model("gpt_tiny", attention="local", attention_options={"window": 3})
-    with pytest.raises(InputError, match="window is not an option of attention 'linear'; kinds that take it: differential, "
-                                         "exact, local, nsa, sinks"):
-        create_model("gpt_tiny", attention="linear", window=3)
+    with pytest.raises(InputError, match="the model sets it from sliding_window"):
+        create_model("gpt_tiny", attention="local", attention_options={"sliding_window": 3})
+    with pytest.raises(InputError, match="sliding_window is not an option of attention 'linear'; kinds that take it: "
+                                         "differential, exact, local, sinks"):
+        create_model("gpt_tiny", attention="linear", sliding_window=3)
 
 
 def test_every_token_model_can_use_grouped_query_attention_with_rope():
@@ -227,11 +227,11 @@ def test_a_compiled_decoding_step_generates_the_same_tokens():
 
 
 def test_the_families_knobs_reach_each_layer():
-    model = create_model("llama_tiny", head_dim=48, window=3, window_pattern=2, rope_local_theta=1e4, rope_theta=1e6,
+    model = create_model("llama_tiny", head_dim=48, sliding_window=3, window_pattern=2, rope_local_theta=1e4, rope_theta=1e6,
                          nope_layers=[3], attention_bias=True, attention_out_bias=False, mlp_bias=True,
                          post_norms=True, mlp="geglu")
     attn = [b.attn for b in model.blocks]
-    assert [a.window for a in attn] == [3, None, 3, None]  # every second layer full
+    assert [a.sliding_window for a in attn] == [3, None, 3, None]  # every second layer full
     assert [a.rotary.theta if a.rotary else None for a in attn] == [1e4, 1e6, 1e4, None]
     assert attn[0].q_proj.weight.shape == (8 * 48, 256) and attn[0].q_proj.bias is not None
     assert attn[0].o_proj.bias is None and model.blocks[0].mlp.up_proj.bias is not None
@@ -244,8 +244,8 @@ def test_the_families_knobs_reach_each_layer():
 @pytest.mark.parametrize("options, message", [
     ({"layer_types": ["full", "sliding"]}, "layer_types must name one type per layer, 4; got 2"),
     ({"layer_types": ["full", "local", "full", "full"]}, "layer_types must be a list of 'full' or 'sliding'"),
-    ({"layer_types": ["full", "sliding", "full", "full"]}, "sliding layers, which need window"),
-    ({"window": 4, "window_pattern": 0}, "window_pattern must be a positive integer"),
+    ({"layer_types": ["full", "sliding", "full", "full"]}, "sliding layers, which need sliding_window"),
+    ({"sliding_window": 4, "window_pattern": 0}, "window_pattern must be a positive integer"),
     ({"nope_layers": [4]}, r"nope_layers must be a list of layer indices in \[0, 4\)"),
     ({"rope_local_theta": 1e4}, "rope_local_theta is the rotary base of sliding layers"),
     ({"attn_softcap": -1.0}, "attn_softcap must be a positive number; got -1.0"),

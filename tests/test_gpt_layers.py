@@ -14,11 +14,11 @@ TINY = dict(vocab_size=64, embed_dim=32, num_heads=4, max_len=64, pos_embed="rop
 
 def test_a_hybrid_of_three_kinds_is_one_key_and_decodes_with_each_kinds_cache():
     torch.manual_seed(0)
-    m = create_model("gpt_tiny", depth=3, window=8, **TINY,
+    m = create_model("gpt_tiny", depth=3, sliding_window=8, **TINY,
                      layers=["gated_delta", "exact", {"attention": "differential", "sliding": False}]).eval()
     kinds = [type(b.attn).__name__ for b in m.blocks]
     assert kinds == ["GatedDeltaNet", "GroupedQueryAttention", "DifferentialAttention"], kinds
-    assert m.blocks[1].attn.window == 8 and m.blocks[2].attn.window is None
+    assert m.blocks[1].attn.sliding_window == 8 and m.blocks[2].attn.sliding_window is None
     assert [p.positions for p in m.config.layer_plan()] == [False, True, True]
     ids = torch.randint(0, 64, (2, 10))
     with torch.no_grad():
@@ -49,8 +49,8 @@ def test_layer_types_and_layers_build_the_same_model():
 
 
 def test_sliding_patterns_and_layers_without_positions_are_one_plan_too():
-    gemma = GPTConfig(depth=4, **TINY, window=16, window_pattern=2, rope_local_theta=10000.0, rope_theta=1e6)
-    written = GPTConfig(depth=4, **TINY, window=16, rope_local_theta=10000.0, rope_theta=1e6,
+    gemma = GPTConfig(depth=4, **TINY, sliding_window=16, window_pattern=2, rope_local_theta=10000.0, rope_theta=1e6)
+    written = GPTConfig(depth=4, **TINY, sliding_window=16, rope_local_theta=10000.0, rope_theta=1e6,
                         layers=[{"sliding": True}, {"sliding": False}])
     assert gemma.layer_plan() == written.layer_plan()
     assert [p.options["rope_theta"] for p in written.layer_plan()] == [10000.0, 1e6, 10000.0, 1e6]
@@ -60,8 +60,8 @@ def test_sliding_patterns_and_layers_without_positions_are_one_plan_too():
 
 
 def test_per_layer_options_are_checked_against_their_kind():
-    cfg = GPTConfig(depth=2, **TINY, layers=[{"attention": "local", "options": {"window": 4}}, "exact"])
-    assert cfg.attention_options_of(0)["window"] == 4
+    cfg = GPTConfig(depth=2, **TINY, layers=[{"attention": "local", "options": {"sliding_window": 4}}, "exact"])
+    assert cfg.attention_options_of(0)["sliding_window"] == 4
     with pytest.raises(ValueError, match=r"layers\[0\]\.options: unknown option 'windw' of attention 'local'"):
         GPTConfig(depth=2, **TINY, layers=[{"attention": "local", "options": {"windw": 4}}])
     with pytest.raises(ValueError, match=r"layers\[0\]: unknown key 'option'; did you mean options"):
@@ -71,7 +71,7 @@ def test_per_layer_options_are_checked_against_their_kind():
     with pytest.raises(ValueError, match=r"layers\[0\]\.sliding needs sliding_window set"):
         GPTConfig(depth=2, **TINY, layers=[{"sliding": True}])
     with pytest.raises(ValueError, match=r"layers\[0\]\.sliding needs .* a kind with a sliding window"):
-        GPTConfig(depth=2, **TINY, window=4, layers=[{"attention": "gated_delta", "sliding": True}])
+        GPTConfig(depth=2, **TINY, sliding_window=4, layers=[{"attention": "gated_delta", "sliding": True}])
     with pytest.raises(ValueError, match="layers and layer_types both say what each layer is"):
         GPTConfig(depth=2, **TINY, layers=["exact"], layer_types=["full", "full"])
     with pytest.raises(ValueError, match=r"layers\[0\]\.positions=false .* pos_embed is 'learned'"):

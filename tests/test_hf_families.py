@@ -76,18 +76,19 @@ def folders(tmp_path_factory):
 def test_each_family_has_what_makes_it_itself(folders):
     cfgs = {name: from_hf(folder).config for name, (_, folder) in folders.items()}
     assert cfgs["qwen2"].attention_bias and cfgs["qwen2"].attention_out_bias is False
-    assert cfgs["qwen2"].layer_types == ["full", "full", "sliding", "sliding"]
+    # each family's per-layer knobs (layer_types, sliding patterns, layers without positions) become one list
+    assert cfgs["qwen2"].layer_types is None and cfgs["qwen2"].layer_kinds() == ["full", "full", "sliding", "sliding"]
     assert cfgs["qwen3"].qk_norm and cfgs["qwen3"].head_dim == 16
     assert cfgs["llama3"].rope_scaling["rope_type"] == "llama3" and cfgs["llama-yarn"].rope_scaling["rope_type"] == "yarn"
     g2 = cfgs["gemma2"]
     assert (g2.attn_softcap, g2.logit_softcap, g2.query_pre_attn_scalar, g2.post_norms, g2.mlp) == \
         (50.0, 30.0, 24.0, True, "geglu")
-    assert g2.layer_types == ["sliding", "full"] * 2 and g2.embed_scale == pytest.approx(32 ** 0.5)
+    assert g2.layers == [{"sliding": True}, {"sliding": False}] and g2.embed_scale == pytest.approx(32 ** 0.5)
     g3 = cfgs["gemma3_text"]
-    assert g3.layer_types == ["sliding"] * 5 + ["full"] and g3.rope_local_theta == 10000.0
+    assert g3.layer_kinds() == ["sliding"] * 5 + ["full"] and g3.rope_local_theta == 10000.0
     assert g3.rope_theta == 1e6 and g3.rope_scaling["rope_type"] == "linear" and g3.qk_norm
     assert cfgs["phi3"].partial_rotary == 0.5 and cfgs["phi3"].rope_scaling["rope_type"] == "longrope"
-    assert cfgs["smollm3"].nope_layers == [1, 3]
+    assert [p.positions for p in cfgs["smollm3"].layer_plan()] == [True, False, True, False]
     assert cfgs["smollm2"].tie_embeddings
 
 

@@ -155,7 +155,7 @@ def test_a_sliding_window_of_ten_to_the_twelve_generates_in_the_memory_of_its_to
     folder = variant(llama, tmp_path, model_type="mistral", architectures=["MistralForCausalLM"],
                      sliding_window=10**12, max_position_embeddings=10**12)
     model = from_hf(folder)
-    assert model.config.window == 10**12
+    assert model.config.sliding_window == 10**12
     ids = torch.tensor([[1, 5, 9, 13]])
     cache = model.new_cache(1, 4 + 6)
     model(ids, cache=cache)

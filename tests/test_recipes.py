@@ -51,9 +51,9 @@ def test_model_and_attention_options_are_checked_when_the_recipe_is_loaded(tmp_p
 
 
 def test_attention_options_of_another_kind_are_checked_against_it():
-    with pytest.raises(ConfigError, match="unknown option 'windw' of attention 'local'; did you mean window"):
-        load_recipe("sentiment-mr", ["model.options.attention=local", "model.options.attention_options={windw: 4}"])
-    load_recipe("sentiment-mr", ["model.options.attention=local", "model.options.attention_options={window: 4}"])
+    with pytest.raises(ConfigError, match="unknown option 'sliding_windw' of attention 'local'; did you mean sliding_window"):
+        load_recipe("sentiment-mr", ["model.options.attention=local", "model.options.attention_options={sliding_windw: 4}"])
+    load_recipe("sentiment-mr", ["model.options.attention=local", "model.options.attention_options={sliding_window: 4}"])
 
 
 def test_recipes_command_prints_the_resolved_recipe_and_its_keys(capsys):

@@ -269,14 +269,14 @@ def test_the_training_memory_counts_weights_gradients_and_the_optimizer_state(tm
 
 MODELS = [("sentiment_transformer_tiny", {"vocab_size": 100}, "SentimentConfig"), ("gpt_tiny", {}, "GPTConfig"),
           ("transformer_tiny", {"src_vocab_size": 50, "tgt_vocab_size": 50}, "TransformerConfig")]
-OPTIONS = [("local", "window"), ("topk", "top_k"), ("lsh", "n_buckets"), ("lsh", "bucket_size"),
+OPTIONS = [("local", "sliding_window"), ("topk", "top_k"), ("lsh", "n_buckets"), ("lsh", "bucket_size"),
            ("nystrom", "num_landmarks"), ("linformer", "seq_len"), ("sparse", "block")]
 
 
-# (a language model takes no kind that cannot be causal, and sets the local window itself: model.options.window)
+# (a language model takes no kind that cannot be causal, and sets the local window itself: model.options.sliding_window)
 @pytest.mark.parametrize("name, options, config, kind, option", [
     (*m, *o) for m in MODELS for o in OPTIONS
-    if not (m[0] == "gpt_tiny" and (o[0] in ("nystrom", "linformer") or o[1] == "window"))])
+    if not (m[0] == "gpt_tiny" and (o[0] in ("nystrom", "linformer") or o[1] == "sliding_window"))])
 def test_an_option_counting_positions_must_fit_the_models_max_len(name, options, config, kind, option):
     max_len = 64
     with pytest.raises(OptionError, match=rf"^{config}.attention_options.{option} must be <= {max_len}, the "

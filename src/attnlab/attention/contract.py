@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Mapping, Protocol, runtime_checkable
 
@@ -36,7 +37,7 @@ class Capabilities:
     :func:`~attnlab.attention.capture_attention`.
     ``cache``: it decodes with a cache of its own (``new_cache``, ``cache_bytes``; the cache is a
     :class:`Cache`).
-    ``streaming``: its cache takes a generation's policy, ``window`` and ``sink_tokens``
+    ``streaming``: its cache takes a generation's policy, ``cache_window`` and ``sink_tokens``
     (StreamingLLM), in ``new_cache`` and ``cache_bytes`` alike.
     ``decode_step``: it has the lean one-token step ``decode_step(x, cache, *, positions,
     key_padding_mask)`` and its cache a ``scratch`` dict.
@@ -90,6 +91,8 @@ class Option:
     ``counts_positions``: it counts positions (a window, buckets, landmarks): a model refuses it
     above the positions it holds. ``from_model``: a model fills it from the layer's place when
     the recipe does not (``"layer_index"``: the layer's depth; ``"norm_eps"``: the model's).
+    ``was``: the option's former name, which recipes and saved runs may still use (read as this
+    one, with a one-line notice naming the new name).
     """
 
     name: str
@@ -104,6 +107,7 @@ class Option:
     required: bool = False
     counts_positions: bool = False
     from_model: str | None = None
+    was: str | None = None
 
     def __post_init__(self) -> None:
         if self.type not in _TYPES:
@@ -184,6 +188,26 @@ class Options:
     def __repr__(self) -> str:
         return f"Options({', '.join(self._by_name)})"
 
+    def upgrade(self, kind: str, given: Mapping[str, Any]) -> dict[str, Any]:
+        """``given`` with options under their former names (:attr:`Option.was`) renamed, each
+        with a :class:`FutureWarning` naming the new name; a copy, in the same order."""
+        former = {o.was: o.name for o in self._by_name.values() if o.was is not None}
+        if not any(name in former and name not in self._by_name for name in given):
+            return dict(given)
+        out: dict[str, Any] = {}
+        for name, value in given.items():
+            new = former.get(name) if name not in self._by_name else None
+            if new is None:
+                out[name] = value
+                continue
+            if new in given:
+                raise InputError(f"{name} and {new} of attention {kind!r} are the same option (its former name and "
+                                 f"its name): give {new} alone")
+            warnings.warn(f"option {name!r} of attention {kind!r} is now called {new!r}; the old name still works "
+                          f"for now", FutureWarning, stacklevel=3)
+            out[new] = value
+        return out
+
     def problem(self, given: Mapping[str, Any]) -> tuple[str, Any, str | None] | None:
         """The first of ``given`` that the options refuse, as ``(name, value, expected)``
         (``expected`` ``None``: no such option), or ``None`` when all are fine."""
@@ -217,7 +241,7 @@ class Cache(Protocol):
     keeps per-generation values in (joined weights, a plan); the decoder puts one dict of its
     own under ``scratch["shared"]`` for what a step computes once for every layer. What is stored
     is the kind's business alone. Its size before it exists is the kind's
-    ``cache_bytes(batch, positions, dtype)`` (with ``window`` and ``sink_tokens`` for a kind that
+    ``cache_bytes(batch, positions, dtype)`` (with ``cache_window`` and ``sink_tokens`` for a kind that
     streams)."""
 
     seq_len: int

@@ -66,8 +66,8 @@ EXACT_OPTIONS = Options(
     Option("partial_rotary", float, 1.0, "the share of each head that is rotated", low=0, high=1, low_open=True),
     Option("max_len", int, None, "the longest context the model was made for (the scaling's reference)", low=1),
     Option("alibi", bool, False, "ALiBi's per-head distance penalty on the logits"),
-    Option("window", int, None, "a sliding window: each query sees the window latest keys, itself included",
-           low=1, counts_positions=True),
+    Option("sliding_window", int, None, "a sliding window: each query sees the sliding_window latest keys, itself "
+           "included", low=1, counts_positions=True, was="window"),
     Option("qk_norm", bool, False, "RMSNorm on each head's queries and keys"),
     Option("scale", float, None, "the logit scale (None: head_dim ** -0.5)", low=0, low_open=True),
     Option("softcap", float, None, "logits squashed to softcap * tanh(logits / softcap) (Gemma 2)", low=0,
@@ -104,8 +104,8 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
             carries no position.
         max_len: the longest context the model was made for (the scaling's reference).
         alibi: add ALiBi's per-head distance penalty to the logits.
-        window: each query sees the ``window`` latest keys, itself included (a sliding
-            window; both sides when not causal). With a cache, only those are stored.
+        sliding_window: each query sees the ``sliding_window`` latest keys, itself included
+            (both sides when not causal). With a cache, only those are stored.
         qk_norm: RMSNorm on each head's queries and keys before the product (Qwen3, Gemma 3).
         scale: the logit scale (default ``D ** -0.5``; Gemma's ``query_pre_attn_scalar ** -0.5``).
         softcap: logits squashed to ``softcap * tanh(logits / softcap)`` (Gemma 2).
@@ -133,7 +133,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
                  num_kv_heads: int | None = None, head_dim: int | None = None, out_bias: bool | None = None,
                  rope: bool = False, rope_theta: float = 10000.0, rope_scaling: dict | None = None,
                  partial_rotary: float = 1.0, max_len: int | None = None, alibi: bool = False,
-                 window: int | None = None, qk_norm: bool = False, scale: float | None = None,
+                 sliding_window: int | None = None, qk_norm: bool = False, scale: float | None = None,
                  softcap: float | None = None, sinks: bool = False, output_gate: bool = False) -> None:
         super().__init__()
         if head_dim is None:
@@ -148,13 +148,13 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         kv = num_heads if num_kv_heads is None else num_kv_heads
         if not isinstance(kv, int) or kv < 1 or num_heads % kv:
             raise InputError(f"num_kv_heads must be a positive divisor of num_heads={num_heads}; got {num_kv_heads!r}")
-        if window is not None and (not isinstance(window, int) or window < 1):
-            raise InputError(f"window must be a positive number of positions; got {window!r}")
+        if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
+            raise InputError(f"sliding_window must be a positive number of positions; got {sliding_window!r}")
         for name, value in (("scale", scale), ("softcap", softcap)):
             if value is not None and not (isinstance(value, (int, float)) and 0 < value < float("inf")):
                 raise InputError(f"{name} must be a positive number; got {value!r}")
         self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim = embed_dim, num_heads, kv, head_dim
-        self.dropout, self.window = dropout, window
+        self.dropout, self.sliding_window = dropout, sliding_window
         self.scale = None if scale is None else float(scale)
         self.softcap = None if softcap is None else float(softcap)
         self.output_gate = bool(output_gate)
@@ -172,14 +172,15 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
 
     # ------------------------------------------------------------------ the cache (the decoder contract)
     def new_cache(self, batch: int | None = None, capacity: int | None = None, *, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None, window: int | None = None,
+                  device: torch.device | str | None = None, cache_window: int | None = None,
                   sink_tokens: int = 0, static: bool = False) -> DecodingCache:
         """A cache of this layer's keys and values for at most ``capacity`` positions (its
         buffers are made, in the keys' dtype and device, by the first step that fills them).
 
-        ``window`` (default: the layer's own) and ``sink_tokens`` make it a streaming cache, a
-        policy of generation whatever the layer was trained with (StreamingLLM, Xiao et al.,
-        2023): each token attends to the first ``sink_tokens`` positions and the last ``window``,
+        ``cache_window`` (default: the layer's sliding window) and ``sink_tokens`` make it a
+        streaming cache, a policy of generation whatever the layer was trained with (StreamingLLM,
+        Xiao et al., 2023): each token attends to the first ``sink_tokens`` positions and the last
+        ``cache_window``,
         and memory stays flat however long it runs. With sink tokens, rotary positions are
         those of the cache's slots (the sinks just before the window), as StreamingLLM places them.
         ``static``: the cache of a cross-attention, filled once by the other sequence's keys and
@@ -189,14 +190,15 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         if sink_tokens and self.alibi_slopes is not None:
             raise InputError("sink_tokens place the first positions beside the window with rotary positions; ALiBi "
                              "layers are not supported")
-        return DecodingCache(capacity, window=self.window if window is None else window, sinks=sink_tokens)
+        window = self.sliding_window if cache_window is None else cache_window
+        return DecodingCache(capacity, window=window, sinks=sink_tokens)
 
-    def cache_bytes(self, batch: int, positions: int, dtype: torch.dtype, *, window: int | None = None,
+    def cache_bytes(self, batch: int, positions: int, dtype: torch.dtype, *, cache_window: int | None = None,
                     sink_tokens: int = 0) -> int:
         """The bytes :meth:`new_cache`'s cache holds after ``positions`` positions (a sliding
         window's cache holds its window and the room it slides in, however long it runs);
-        ``window`` and ``sink_tokens``: under that streaming policy, as :meth:`new_cache`."""
-        window = self.window if window is None else window
+        ``cache_window`` and ``sink_tokens``: under that streaming policy, as :meth:`new_cache`."""
+        window = self.sliding_window if cache_window is None else cache_window
         if window is not None:
             positions = min(positions, window - 1 + max(1, DecodingCache.slide_room) + sink_tokens)
         itemsize = torch.empty((), dtype=dtype).element_size()
@@ -243,7 +245,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         q, k, v = self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
-        window = self.window if cache is None or cache.window is None else cache.window
+        window = self.sliding_window if cache is None or cache.window is None else cache.window
         streaming = cache is not None and cache.sinks > 0  # rotary positions are the cache's slots
         if self.rotary is not None and not streaming:
             if positions is None:
@@ -302,8 +304,8 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         """Cross-attention (:meth:`forward` with a ``context``): no positions, no window."""
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise InputError(f"x must have shape (B, Lq, {self.embed_dim}); got {shape_str(x)}")
-        if self.rotary is not None or self.alibi_slopes is not None or self.window is not None:
-            raise InputError("rope, alibi and window give the positions of one sequence's queries and keys: they "
+        if self.rotary is not None or self.alibi_slopes is not None or self.sliding_window is not None:
+            raise InputError("rope, alibi and sliding_window give the positions of one sequence's queries and keys: they "
                              "apply to self-attention, not to attention over another sequence (cross-attention)")
         batch, n, _ = x.shape
         filled = cache is not None and cache.static and cache.filled
@@ -520,7 +522,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         if self.head_dim * self.num_heads != self.embed_dim:
             parts.append(f"head_dim={self.head_dim}")
         parts += inner_positions_repr(self)
-        for name in ("window", "scale", "softcap"):
+        for name in ("sliding_window", "scale", "softcap"):
             if getattr(self, name) is not None:
                 parts.append(f"{name}={getattr(self, name):g}")
         if self.sinks is not None:

@@ -3,7 +3,7 @@ Natively Trainable Sparse Attention", DeepSeek): each query attends through thre
 outputs a learned gate mixes,
 
     o_t = g_cmp * attn(q_t, compressed blocks) + g_slc * attn(q_t, selected blocks)
-          + g_win * attn(q_t, the last ``window`` keys),
+          + g_win * attn(q_t, the last ``branch_window`` keys),
 
 * **compressed**: the keys and values of each complete block of ``block`` positions, with a
   learned position embedding inside the block, flattened and mapped by a learned linear layer
@@ -12,7 +12,7 @@ outputs a learned gate mixes,
   that share a key/value head, scores the blocks; the query attends, token by token, to the
   ``num_selected`` best complete blocks and to the block it is in (the paper keeps the local
   blocks always);
-* **window**: the last ``window`` keys, itself included.
+* **window**: the last ``branch_window`` keys, itself included.
 
 The gates are ``sigmoid`` of a learned linear map of each head's query (``(D, 3)`` per head,
 the paper's gate MLP on the input made per head and linear). The three branches share the
@@ -42,12 +42,12 @@ from .registry import check_attention_options, register_attention
 __all__ = ["NativeSparseAttention"]
 
 
-# "window" here is the sliding branch's, not a sliding window of the whole layer.
+# branch_window is the sliding branch's, not a sliding window of the whole layer (nsa has none).
 NSA_OPTIONS = EXACT_OPTIONS.extend(
     Option("block", int, 16, "the positions a compressed and a selectable block hold", low=1, counts_positions=True),
     Option("num_selected", int, 4, "the blocks each query selects besides its own", low=1),
-    Option("window", int, 64, "the keys of the sliding branch", low=1, counts_positions=True),
-    drop=("alibi", "softcap", "sinks", "output_gate"))
+    Option("branch_window", int, 64, "the keys of the sliding branch", low=1, counts_positions=True, was="window"),
+    drop=("alibi", "softcap", "sinks", "output_gate", "sliding_window"))
 
 
 @register_attention("nsa", options=NSA_OPTIONS, keeps_cache=True, decode_step=True, takes_positions=True, causal=True,
@@ -57,16 +57,16 @@ class NativeSparseAttention(GroupedQueryAttention):
     """Native sparse attention (see the module docstring) with the exact kind's projections,
     grouped key/value heads, rotary positions, QK-norm and cache, and ``block`` (positions a
     compressed and a selectable block hold, 16), ``num_selected`` (blocks each query selects
-    besides its own, 4) and ``window`` (the sliding branch's keys, 64). It forms no weight
+    besides its own, 4) and ``branch_window`` (the sliding branch's keys, 64). It forms no weight
     matrix over the tokens (three branches, one of them over blocks)."""
 
-    def __init__(self, embed_dim: int, num_heads: int, *, block: int = 16, num_selected: int = 4, window: int = 64,
+    def __init__(self, embed_dim: int, num_heads: int, *, block: int = 16, num_selected: int = 4, branch_window: int = 64,
                  **options: object) -> None:
         check_attention_options("nsa", options)
         super().__init__(embed_dim, num_heads, **options)
         self.block = check_positive_int("block", block)
         self.num_selected = check_positive_int("num_selected", num_selected)
-        self.branch_window = check_positive_int("window", window)
+        self.branch_window = check_positive_int("branch_window", branch_window)
         d = self.head_dim
         self.block_pos = nn.Parameter(torch.zeros(self.block, d))  # the position inside a block, learned
         self.compress_k = nn.Linear(self.block * d, d, bias=False)
@@ -79,11 +79,11 @@ class NativeSparseAttention(GroupedQueryAttention):
 
     # ------------------------------------------------------------------ the cache (the decoder contract)
     def new_cache(self, batch: int, capacity: int, *, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None, window: int | None = None,
+                  device: torch.device | str | None = None, cache_window: int | None = None,
                   sink_tokens: int = 0) -> DecodingCache:
         """A cache of every position's keys and values (the selection may pick any block)."""
-        if window is not None or sink_tokens:
-            raise InputError("nsa keeps every key (its selection may pick any block): a streaming cache (window, "
+        if cache_window is not None or sink_tokens:
+            raise InputError("nsa keeps every key (its selection may pick any block): a streaming cache (cache_window, "
                              "sink_tokens) is not supported")
         return DecodingCache(capacity)
 
@@ -146,7 +146,7 @@ class NativeSparseAttention(GroupedQueryAttention):
         keep &= (j[None, None, :] <= t[:, :, None])[:, None]
         blocked = ~keep.repeat_interleave(group, dim=1)  # (B, H, Lq, Lk)
         o_slc, _ = scaled_dot_product_attention(q, k, v, attn_mask=blocked, scale=self.scale, dropout_p=drop)
-        # window: the last `window` keys
+        # window: the last `branch_window` keys
         distance = t[:, :, None] - j[None, None, :]  # (B, Lq, Lk)
         band = (distance < 0) | (distance >= self.branch_window)
         o_win, _ = scaled_dot_product_attention(q, k, v, attn_mask=band[:, None], scale=self.scale, dropout_p=drop)
@@ -172,4 +172,4 @@ class NativeSparseAttention(GroupedQueryAttention):
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, block={self.block}, num_selected={self.num_selected}, "
-                f"window={self.branch_window}")
+                f"branch_window={self.branch_window}")

@@ -33,8 +33,8 @@ module looks into a kind's signature or methods to find out. A kind registered w
 * ``new_cache(batch, capacity, *, dtype, device)``: a :class:`~attnlab.attention.contract.Cache`
   holding what later tokens need of the earlier ones (keys and values, a window of them, a
   latent, a recurrent state), for at most ``capacity`` positions. What is inside is the kind's
-  business alone. A kind that ``streams`` takes ``window`` and ``sink_tokens`` there too: a
-  policy of the generation (StreamingLLM), apart from any window the layer has.
+  business alone. A kind that ``streams`` takes ``cache_window`` and ``sink_tokens`` there too: a
+  policy of the generation (StreamingLLM), apart from any sliding window the layer has.
 * ``forward(x, ..., positions=None, cache=None)``: with a cache, ``x`` ``(B, L, E)`` are the
   next ``L`` tokens; the kind adds them to the cache and attends over everything it holds
   (``key_padding_mask`` then covers every position seen, ``(B, seq_len + L)``).
@@ -43,7 +43,7 @@ module looks into a kind's signature or methods to find out. A kind registered w
   without them they follow the cache's ``seq_len``.
 * ``cache_bytes(batch, positions, dtype)``: the bytes its cache takes after ``positions``
   positions, before anything is allocated (the decoder refuses a generation that cannot fit);
-  with ``window`` and ``sink_tokens`` for a kind that streams, the bytes under that policy.
+  with ``cache_window`` and ``sink_tokens`` for a kind that streams, the bytes under that policy.
 * with ``decode_step=True``, ``decode_step(x, cache, *, positions=None, key_padding_mask=None)``:
   one token per row in eval mode, ``x`` ``(B, E)`` -> ``(B, E)``, equal to ``forward(x[:, None],
   cache=cache, is_causal=True)``, without its checks and masks (the decoder uses it for the
@@ -150,7 +150,7 @@ def register_attention(name: str, family: str = "tokens", *, options: Options | 
     :func:`~attnlab.attention.capture_attention` records it (the flag is set on the class, where
     capture looks for it). ``keeps_cache``: it decodes with a cache of its own, as the module
     docstring's contract says (it needs ``new_cache`` and ``cache_bytes``). ``streams``: its
-    cache takes a streaming policy (``window``, ``sink_tokens``). ``decode_step``: it has the
+    cache takes a streaming policy (``cache_window``, ``sink_tokens``). ``decode_step``: it has the
     lean one-token step. ``takes_positions``: its ``forward`` takes ``positions`` (default:
     whether its signature says so). ``causal``, ``padding``: it honours a causal mask and key
     padding (default: its class's ``supports_causal`` and ``supports_padding``, which
@@ -166,10 +166,10 @@ def register_attention(name: str, family: str = "tokens", *, options: Options | 
             raise InputError(f"attention kind {name!r} is already registered")
         if keeps_cache and not all(callable(getattr(cls, m, None)) for m in ("new_cache", "cache_bytes")):
             raise InputError(f"attention kind {name!r} keeps a cache, so it needs new_cache and cache_bytes")
-        if streams and not (keeps_cache and _takes(cls.new_cache, "window", "sink_tokens")
-                            and _takes(cls.cache_bytes, "window", "sink_tokens")):
+        if streams and not (keeps_cache and _takes(cls.new_cache, "cache_window", "sink_tokens")
+                            and _takes(cls.cache_bytes, "cache_window", "sink_tokens")):
             raise InputError(f"attention kind {name!r} streams, so it keeps a cache whose new_cache and cache_bytes "
-                             f"take window and sink_tokens")
+                             f"take cache_window and sink_tokens")
         if decode_step and not (keeps_cache and callable(getattr(cls, "decode_step", None))):
             raise InputError(f"attention kind {name!r} declares decode_step, so it keeps a cache and has the method")
         positions = _takes(cls.forward, "positions") if takes_positions is None else takes_positions
@@ -244,6 +244,11 @@ def kinds_taking(option: str, family: str = "tokens") -> list[str]:
     return [n for n in list_attention(family) if option in _KINDS[n].options]
 
 
+def upgrade_attention_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` of kind ``name`` with former option names renamed (a notice each)."""
+    return _entry(name).options.upgrade(name, options)
+
+
 def check_attention_options(name: str, options: dict[str, Any]) -> None:
     """Refuse, in one line, an option kind ``name`` does not take or a value it does not take."""
     entry = _entry(name)
@@ -258,6 +263,7 @@ def build_attention(name: str, embed_dim: int, num_heads: int, **options: Any) -
     """Build attention kind ``name`` for width ``embed_dim`` and ``num_heads`` heads; an
     option the kind does not take, or a value outside what it takes, is an error naming it
     (with the close matches)."""
+    options = upgrade_attention_options(name, options)
     check_attention_options(name, options)
     return _entry(name).cls(embed_dim, num_heads, **options)
 

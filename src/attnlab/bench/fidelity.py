@@ -84,7 +84,7 @@ def attention_inputs(model: torch.nn.Module, batches: list[dict[str, Tensor]]) -
         raise InputError("model has no exact self-attention layer ('exact' kind) to take queries and keys from")
     for m in layers:
         if m.rotary is not None or m.alibi_slopes is not None or m.num_kv_heads != m.num_heads or \
-                m.q_norm is not None or m.window is not None:
+                m.q_norm is not None or m.sliding_window is not None:
             raise InputError("the model's attention must be plain multi-head self-attention (no rope, alibi, "
                              "grouped heads, QK-norm or window): its projections alone give the queries and keys")
     seen: list[list[tuple[Tensor, ...]]] = [[] for _ in layers]

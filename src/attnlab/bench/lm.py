@@ -70,9 +70,9 @@ KINDS = {
     "3:1 hybrid": ("model.options.layer_types=[linear, linear, linear, full]",),
     "sparse selection (dsa, 32 keys)": ("model.options.attention=dsa",
                                         "model.options.attention_options={kv_rank: 64, rope_dim: 16, index_topk: 32}"),
-    "sliding window (32)": ("model.options.window=32",),
-    "native sparse (nsa: 2 blocks of 8 + window 32)": ("model.options.attention=nsa", "model.options.window=32",
-                                                       "model.options.attention_options={block: 8, num_selected: 2}"),
+    "sliding window (32)": ("model.options.sliding_window=32",),
+    "native sparse (nsa: 2 blocks of 8 + window 32)": (
+        "model.options.attention=nsa", "model.options.attention_options={block: 8, num_selected: 2, branch_window: 32}"),
 }
 
 TIME_TOLERANCE = 0.10  # a kind's training time further than this from the budget is trained again
@@ -128,7 +128,7 @@ def cache_point(variant: str, *, lengths: Sequence[int], window: int, prompt: in
     from ..attention.cache import DecodingCache
 
     kv_heads, windowed = CACHE_VARIANTS[variant]
-    model = _model(prompt + max(lengths), num_kv_heads=kv_heads, window=window if windowed else None)
+    model = _model(prompt + max(lengths), num_kv_heads=kv_heads, sliding_window=window if windowed else None)
     ids = torch.randint(0, LLAMA_STYLE["vocab_size"], (batch, prompt), generator=torch.Generator().manual_seed(1))
 
     def decode(n: int) -> tuple[torch.Tensor, list[DecodingCache], list[float]]:
@@ -281,8 +281,9 @@ def streaming_point(run_dir: str | Path, *, factor: int = 4, sinks: int = 4) -> 
     text = val if isinstance(val, str) else "".join(val)
     ids = torch.tensor(run.tokenizer.encode(text)[: factor * context + 1])[None]
     rows = {}
-    for name, policy in (("whole cache", {}), (f"window of {context}", {"window": context}),
-                         (f"window of {context} + {sinks} sink tokens", {"window": context, "sink_tokens": sinks})):
+    for name, policy in (("whole cache", {}), (f"window of {context}", {"cache_window": context}),
+                         (f"window of {context} + {sinks} sink tokens", {"cache_window": context,
+                                                                          "sink_tokens": sinks})):
         losses = []
         with torch.no_grad():
             cache = model.new_cache(1, ids.shape[1], **policy)

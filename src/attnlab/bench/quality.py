@@ -113,7 +113,7 @@ def mr_accuracy(kind: str, options: dict[str, Any], run_dir: str | Path, *, over
 
 
 def _yaml_flow(options: dict[str, Any]) -> str:
-    """``{"window": 16}`` -> ``{window: 16}``, an override value read back as YAML."""
+    """``{"sliding_window": 16}`` -> ``{sliding_window: 16}``, an override value read back as YAML."""
     return "{" + ", ".join(f"{k}: {v}" for k, v in options.items()) + "}"
 
 
@@ -124,7 +124,7 @@ def _yaml_flow(options: dict[str, Any]) -> str:
 QUALITY_KINDS = ("exact", "local", "sparse", "linear", "performer", "linformer", "nystrom", "topk", "lsh", "latent",
                  "sinks", "differential", "dsa")  # gated_delta is causal only: the needle is read at position 0
 MR_OPTIONS: dict[str, dict[str, Any]] = {
-    "local": {"window": 8},
+    "local": {"sliding_window": 8},
     "sparse": {"pattern": "bigbird", "block": 8, "window_blocks": 3, "global_blocks": 1, "random_blocks": 1},
     "performer": {"num_features": 64},
     "linformer": {"seq_len": 96, "k": 32},

@@ -80,7 +80,7 @@ VARIANTS: dict[str, Variant] = {
                              note="explicit path, per-head n x n weights returned"),
     # the reference of the causal kinds below: the fused kernel skips the blocks above the diagonal
     "exact_causal": Variant("exact", call=dict(is_causal=True), note="fused scaled_dot_product_attention, causal"),
-    "local": Variant("local", lambda n: dict(window=256), note="window 256 (511 keys), blocked"),
+    "local": Variant("local", lambda n: dict(sliding_window=256), note="window 256 (511 keys), blocked"),
     "sparse": Variant("sparse", lambda n: dict(pattern="bigbird", block=64, window_blocks=3, global_blocks=1,
                                                random_blocks=2),
                       note="BigBird blocks of 64: 3 window + 1 global + 2 random"),
@@ -105,7 +105,7 @@ VARIANTS: dict[str, Variant] = {
                    note="latent attention on the 256 keys an indexer of 4 heads picks; n x n scores; causal"),
     # NSA at the paper's sizes for heads of 64 (selection blocks of 64, 16 of them, a window of 512), one block
     # size for compression and selection
-    "nsa": Variant("nsa", lambda n: dict(block=64, num_selected=16, window=512), call=dict(is_causal=True),
+    "nsa": Variant("nsa", lambda n: dict(block=64, num_selected=16, branch_window=512), call=dict(is_causal=True),
                    note="blocks of 64 compressed, 16 selected + its own, window 512; dense with n x n masks; causal"),
 }
 

@@ -190,9 +190,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _one_line_warnings(prefix: str):
     """``warnings.showwarning`` for the command line: ``attnlab train: warning: ...``, one
-    line, without the Python source line that the default format adds."""
+    line, without the Python source line that the default format adds, and each text once (a
+    recipe is read on more than one path; warnings' own "once" forgets what it showed whenever a
+    library imported on the way adds a filter)."""
+    shown: set[str] = set()
+
     def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
         text = " ".join(str(message).split())
+        if text in shown:
+            return
+        shown.add(text)
         print(f"{prefix}: warning: {text}", file=file or sys.stderr)
 
     return show

@@ -4,7 +4,7 @@
 A decoder-only model (:class:`~attnlab.models.gpt.GPT`) gives logits and a cache:
 ``model(ids, padding_mask=, positions=, cache=) -> (B, L, V)``, ``keeps_cache``,
 ``new_cache(batch, capacity)``, ``check_generation_size(batch, prompt, max_new_tokens,
-use_cache=, window=, sink_tokens=)``, ``config.vocab_size``, and, for the steps after the prompt, ``has_decode_step``
+use_cache=, cache_window=, sink_tokens=)``, ``config.vocab_size``, and, for the steps after the prompt, ``has_decode_step``
 and ``decode_step(ids (B, 1), cache, positions=, padding_mask=) -> (B, V)``. The choice of
 each token (:mod:`attnlab.models.sampling`) is the same for every model.
 
@@ -60,7 +60,7 @@ def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: f
            top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
            repetition_penalty: float = 1.0, seed: int | None = None, eos_id: int | None = None,
            padding_mask: Tensor | None = None, compile: bool = False, use_cache: bool = True,
-           window: int | None = None, sink_tokens: int = 0, decodable: int | None = None) -> Iterator[Tensor]:
+           cache_window: int | None = None, sink_tokens: int = 0, decodable: int | None = None) -> Iterator[Tensor]:
     """The next token of every row, ``(B,)``, one step after the other; it stops early once
     every row has emitted ``eos_id`` (a row that has is continued with ``eos_id``).
 
@@ -82,8 +82,8 @@ def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: f
     4-layer width-256 model, AVX2 EPYC, ``benchmarks/lm_generate.py``), which pays for long
     or repeated generations. ``use_cache=False``, or a model whose attention keeps no cache,
     runs the whole sequence through the model at every step (the same tokens, slower).
-    ``window`` and ``sink_tokens`` stream: the cache holds the first ``sink_tokens`` positions
-    and the last ``window`` (StreamingLLM), so memory stays flat past the model's context
+    ``cache_window`` and ``sink_tokens`` stream: the cache holds the first ``sink_tokens``
+    positions and the last ``cache_window`` (StreamingLLM), so memory stays flat past the model's context
     (``model.new_cache``'s policy; not with padded prompts). ``decodable``: the number of ids
     the caller's tokenizer decodes (``None``: every row of ``config.vocab_size``); the rows
     past it (an embedding padded past its tokenizer's vocabulary) are never chosen, greedy or
@@ -93,9 +93,10 @@ def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: f
                      min_p=min_p, repetition_penalty=repetition_penalty, seed=seed)
     decodable = check_decodable(decodable, model.config.vocab_size)
     batch, prompt = input_ids.shape
-    streaming = {"window": window, "sink_tokens": sink_tokens} if window is not None or sink_tokens else {}
+    streaming = {"cache_window": cache_window, "sink_tokens": sink_tokens} \
+        if cache_window is not None or sink_tokens else {}
     if streaming and (not use_cache or not model.keeps_cache):
-        raise InputError("window and sink_tokens are a policy of the cache: they need use_cache and a model whose "
+        raise InputError("cache_window and sink_tokens are a policy of the cache: they need use_cache and a model whose "
                          "attention keeps one")
     model.check_generation_size(batch, prompt, max_new_tokens, use_cache=use_cache, **streaming)
     model.eval()

@@ -195,16 +195,17 @@ class GPT(KeepsJoinedWeights, nn.Module):
         """Whether every layer's attention decodes with a cache of its own."""
         return all(attention_keeps_cache(k) for k in {self.config.attention_of(i) for i in range(self.config.depth)})
 
-    def new_cache(self, batch: int, capacity: int, *, window: int | None = None, sink_tokens: int = 0) -> LayerCaches:
+    def new_cache(self, batch: int, capacity: int, *, cache_window: int | None = None,
+                  sink_tokens: int = 0) -> LayerCaches:
         """Each layer's cache, made by its attention, for ``batch`` rows and at most ``capacity``
-        positions. ``window`` and ``sink_tokens``: a streaming cache in the layers whose attention
+        positions. ``cache_window`` and ``sink_tokens``: a streaming cache in the layers whose attention
         keeps keys (``exact`` and the kinds built on it; a recurrent state is flat already): each
-        token sees the first ``sink_tokens`` positions and the last ``window`` (StreamingLLM)."""
+        token sees the first ``sink_tokens`` positions and the last ``cache_window`` (StreamingLLM)."""
         if not self.keeps_cache:
             raise InputError(f"attention {self.config.attention!r} decodes without a cache; kinds that keep one: "
                              f"{', '.join(k for k in list_attention('tokens') if attention_keeps_cache(k))}")
         weight = self.tok_embed.weight
-        policy = self._streaming_policy(window, sink_tokens)
+        policy = self._streaming_policy(cache_window, sink_tokens)
         return LayerCaches(block.attn.new_cache(batch, capacity, dtype=weight.dtype, device=weight.device,
                                                 **(policy if streams else {}))
                            for block, streams in zip(self.blocks, self._streaming_layers()))
@@ -213,24 +214,26 @@ class GPT(KeepsJoinedWeights, nn.Module):
         """Per layer, whether its attention's cache takes a streaming policy (its kind declares it)."""
         return [attention_capabilities(self.config.attention_of(i)).streaming for i in range(self.config.depth)]
 
-    def _streaming_policy(self, window: int | None, sink_tokens: int) -> dict[str, int]:
-        """``{"window": ..., "sink_tokens": ...}`` for a streaming generation, ``{}`` otherwise;
-        refused in one line where no layer keeps keys to stream."""
-        if window is None and not sink_tokens:
+    def _streaming_policy(self, cache_window: int | None, sink_tokens: int) -> dict[str, int]:
+        """``{"cache_window": ..., "sink_tokens": ...}`` for a streaming generation, ``{}``
+        otherwise; refused in one line where no layer keeps keys to stream."""
+        if cache_window is None and not sink_tokens:
             return {}
-        if window is None or isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise InputError(f"window must be a positive number of positions when streaming; got {window!r}")
+        if cache_window is None or isinstance(cache_window, bool) or not isinstance(cache_window, int) \
+                or cache_window < 1:
+            raise InputError(f"cache_window must be a positive number of positions when streaming; got "
+                             f"{cache_window!r}")
         if not any(self._streaming_layers()):
-            raise InputError(f"attention {self.config.attention!r} keeps no keys to stream: window and "
+            raise InputError(f"attention {self.config.attention!r} keeps no keys to stream: cache_window and "
                              f"sink_tokens are for the exact kind and the kinds built on it")
-        return {"window": window, "sink_tokens": sink_tokens}
+        return {"cache_window": cache_window, "sink_tokens": sink_tokens}
 
     def check_generation_size(self, batch: int, prompt: int, max_new_tokens: int, *, use_cache: bool = True,
-                              window: int | None = None, sink_tokens: int = 0) -> None:
+                              cache_window: int | None = None, sink_tokens: int = 0) -> None:
         """Refuse, before the first step, a generation the model cannot hold: more positions
         than learned or sinusoidal positions have, or a cache that could not fit in this
         machine's memory (its buffers grow as it goes, so a long ``max_new_tokens`` that ends
-        early costs nothing), with the limit it implies. ``window`` and ``sink_tokens``: a
+        early costs nothing), with the limit it implies. ``cache_window`` and ``sink_tokens``: a
         streaming generation's policy, under which the layers that stream hold that window only."""
         cfg, total = self.config, prompt + max_new_tokens
         if cfg.pos_embed in ("learned", "sinusoidal") and total > cfg.max_len:
@@ -239,7 +242,7 @@ class GPT(KeepsJoinedWeights, nn.Module):
             return
         dtype = self.tok_embed.weight.dtype
         room = available_memory()
-        policy = self._streaming_policy(window, sink_tokens)
+        policy = self._streaming_policy(cache_window, sink_tokens)
         cost = lambda n: sum(block.attn.cache_bytes(batch, n, dtype, **(policy if streams else {}))  # noqa: E731
                              for block, streams in zip(self.blocks, self._streaming_layers()))
         if room is None or cost(total) <= room:

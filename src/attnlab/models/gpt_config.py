@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from ..suggest import did_you_mean
 
 from ..attention.registry import (attention_capabilities, attention_family, attention_options, attention_takes,
+                                  upgrade_attention_options,
                                   kinds_taking)
 from ..errors import InputError
 from ..layers.pos_encoding import inner_position_options
@@ -60,8 +61,8 @@ class GPTConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None  # {"rope_type": "linear"|"dynamic"|"yarn"|"llama3"|"longrope", ...} (full layers)
     partial_rotary: float = 1.0  # the share of each head that rotary positions rotate (Phi-4-mini: 0.75)
-    window: int | None = None  # sliding-window attention: each token sees the last `window` tokens
-    layer_types: list | None = None  # per layer "sliding" (sees `window`), "full" or "linear" (linear_attention)
+    sliding_window: int | None = None  # sliding-window attention: each token sees the last `sliding_window` tokens
+    layer_types: list | None = None  # per layer "sliding" (sees `sliding_window`), "full" or "linear"
     linear_attention: str = "gated_delta"  # the kind of the "linear" layers of layer_types (Qwen3.5's 3 in 4)
     linear_attention_options: dict = field(default_factory=dict)  # its options
     window_pattern: int | None = None  # instead of layer_types: every window_pattern-th layer full, others sliding
@@ -91,8 +92,12 @@ class GPTConfig:
 
     renamed: ClassVar[dict[str, str]] = {"n_layer": "depth", "n_head": "num_heads", "n_embd": "embed_dim",
                                           "dropout": "drop_rate", "block_size": "max_len"}
+    # former names that still work, with a notice naming the new one (models.registry.build_config)
+    deprecated: ClassVar[dict[str, str]] = {"window": "sliding_window"}
 
     def __post_init__(self) -> None:
+        if isinstance(self.attention_options, dict) and isinstance(self.attention, str):
+            self.attention_options = upgrade_attention_options(self.attention, self.attention_options)
         if self.pos_embed not in POS_EMBEDS:
             raise InputError(f"pos_embed must be one of {', '.join(POS_EMBEDS)}; got {self.pos_embed!r}")
         if self.mlp not in MLPS:
@@ -111,7 +116,7 @@ class GPTConfig:
                                  f"it: {', '.join(kinds_taking(key))}")
         check_attention_options(self.attention_options, {
             "dropout": "attn_drop_rate", "bias": "attention_bias", "out_bias": "attention_out_bias",
-            "num_kv_heads": "num_kv_heads", "head_dim": "head_dim", "window": "window", "rope": "pos_embed",
+            "num_kv_heads": "num_kv_heads", "head_dim": "head_dim", "sliding_window": "sliding_window", "rope": "pos_embed",
             "alibi": "pos_embed", "rope_theta": "rope_theta", "rope_scaling": "rope_scaling",
             "partial_rotary": "partial_rotary", "max_len": "max_len", "qk_norm": "qk_norm",
             "scale": "query_pre_attn_scalar", "softcap": "attn_softcap", "output_gate": "attention_output_gate"})
@@ -141,8 +146,9 @@ class GPTConfig:
                                                 or isinstance(self.window_pattern, bool) or self.window_pattern < 1):
             raise InputError(f"window_pattern must be a positive integer (every window_pattern-th layer is full); "
                              f"got {self.window_pattern!r}")
-        if self.layers is None and self._has_sliding() and self.window is None:
-            raise InputError("layer_types has sliding layers, which need window (the positions each token sees)")
+        if self.layers is None and self._has_sliding() and self.sliding_window is None:
+            raise InputError("layer_types has sliding layers, which need sliding_window (the positions each token "
+                             "sees)")
         if self.nope_layers is not None:
             if not isinstance(self.nope_layers, (list, tuple)) or any(
                     not isinstance(i, int) or isinstance(i, bool) or depth is not None and not 0 <= i < depth
@@ -216,9 +222,9 @@ class GPTConfig:
             check_attention_options(options, {"dropout": "attn_drop_rate", "bias": "attention_bias",
                                               "rope": "pos_embed", "alibi": "pos_embed"})
             check_attention_values(GPTConfig, kind, options, max_len, key=f"layers[{i}].options")
-            if entry.get("sliding") and (self.window is None or not attention_takes(kind, "window")):
+            if entry.get("sliding") and (self.sliding_window is None or not attention_takes(kind, "sliding_window")):
                 raise InputError(f"layers[{i}].sliding needs sliding_window set and a kind with a sliding window; "
-                                 f"got sliding_window={self.window!r} and attention {kind!r}")
+                                 f"got sliding_window={self.sliding_window!r} and attention {kind!r}")
             if entry.get("positions") is False and self.pos_embed != "rope":
                 raise InputError(f"layers[{i}].positions=false leaves rotary positions out of a layer; pos_embed is "
                                  f"{self.pos_embed!r}, not 'rope'")
@@ -235,7 +241,8 @@ class GPTConfig:
             plan = []
             for i, entry in enumerate(self._entries()):
                 kind = entry.get("attention", self.attention)
-                sliding = entry.get("sliding", self.window is not None and attention_takes(kind, "window"))
+                sliding = entry.get("sliding", self.sliding_window is not None
+                                    and attention_takes(kind, "sliding_window"))
                 rope = self.pos_embed == "rope" and entry.get("positions", True) and attention_takes(kind, "rope")
                 base = dict(self.attention_options) if kind == self.attention else {}
                 options = {**base, **self._model_options(kind, i, sliding=sliding, rope=rope), **entry.get("options", {})}
@@ -271,8 +278,8 @@ class GPTConfig:
             if self.partial_rotary != 1.0:
                 options["partial_rotary"] = self.partial_rotary
         kind_options = self._kind_options()
-        if "window" in kind_options and sliding:
-            options["window"] = self.window
+        if "sliding_window" in kind_options and sliding:
+            options["sliding_window"] = self.sliding_window
         for key in ("num_kv_heads", "head_dim", "qk_norm", "out_bias", "output_gate"):
             if key in kind_options:
                 options[key] = {"out_bias": self.attention_out_bias,
@@ -289,18 +296,18 @@ class GPTConfig:
         """Whether some layer slides (without listing the layers: the depth is not checked yet)."""
         if self.layers is not None:
             return isinstance(self.layers, (list, tuple)) and any(
-                isinstance(e, dict) and e.get("sliding", self.window is not None) or isinstance(e, str)
-                and self.window is not None for e in self.layers)
+                isinstance(e, dict) and e.get("sliding", self.sliding_window is not None) or isinstance(e, str)
+                and self.sliding_window is not None for e in self.layers)
         if self.layer_types is not None:
             return "sliding" in self.layer_types
         if self.window_pattern is not None:
             return self.window_pattern > 1
-        return self.window is not None
+        return self.sliding_window is not None
 
     def layer_kinds(self) -> list[str]:
         """Each layer's type, ``"sliding"``, ``"full"`` or ``"linear"``: ``layer_types``, else every
         ``window_pattern``-th layer full (Gemma 3's 5 sliding to 1 full is 6), else all sliding
-        when there is a ``window``, else all full; with ``layers``, each entry's sliding or full."""
+        when there is a ``sliding_window``, else all full; with ``layers``, each entry's sliding or full."""
         depth = self.depth if isinstance(self.depth, int) else 0
         if self.layers is not None:
             return [layer.type for layer in self.layer_plan()]
@@ -308,11 +315,11 @@ class GPTConfig:
             return list(self.layer_types)
         if self.window_pattern is not None:
             return ["full" if (i + 1) % self.window_pattern == 0 else "sliding" for i in range(depth)]
-        return ["sliding" if self.window is not None else "full"] * depth
+        return ["sliding" if self.sliding_window is not None else "full"] * depth
 
     def _kind_options(self) -> dict[str, str]:
         """The attention options this config sets (beyond the defaults), by the field that sets them."""
-        asked = {"num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim, "window": self.window,
+        asked = {"num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim, "sliding_window": self.sliding_window,
                  "qk_norm": self.qk_norm or None, "rope_scaling": self.rope_scaling,
                  "partial_rotary": None if self.partial_rotary == 1.0 else self.partial_rotary,
                  "scale": self.query_pre_attn_scalar, "softcap": self.attn_softcap,

@@ -95,6 +95,17 @@ _LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
 _ACTIVATIONS = {"silu": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu_tanh": "geglu"}
 
 
+def _per_layer(entries: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """One :attr:`GPTConfig.layers` entry per layer as its shortest pattern (Gemma 3's six
+    entries for 5 sliding layers to 1 full one, repeated to the depth), or ``None`` when every
+    layer is the same plain layer (the config's own fields say it all)."""
+    if all(e == entries[0] for e in entries) and set(entries[0]) <= {"sliding"}:
+        return None
+    n = len(entries)
+    period = next(p for p in range(1, n + 1) if n % p == 0 and entries == entries[:p] * (n // p))
+    return entries[:period]
+
+
 def _refuse_unsupported(c: dict[str, Any]) -> None:
     for key, what in _UNSUPPORTED.items():
         if c.get(key):  # absent, null, false, 0 and {} mean the option is off
@@ -203,10 +214,11 @@ def _decoder_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GP
         head_dim=head_dim if head_dim not in (None, hidden // heads) or hidden % heads else None,
         mlp_hidden_dim=c["intermediate_size"], mlp=_ACTIVATIONS[act], norm="rmsnorm",
         norm_eps=c.get("rms_norm_eps", 1e-6), pos_embed="rope", rope_theta=theta, rope_scaling=scaling,
-        partial_rotary=fraction, window=window if "sliding" in types else None,
-        layer_types=types if len(set(types)) > 1 else None,
+        partial_rotary=fraction, sliding_window=window if "sliding" in types else None,
+        layers=_per_layer([{"sliding": t == "sliding", **({"positions": False} if i in (nope or ()) else {})}
+                           for i, t in enumerate(types)]),
         rope_local_theta=local if local is not None and local != theta and "sliding" in types else None,
-        nope_layers=nope, qk_norm=family in ("qwen3", "gemma3_text"),
+        qk_norm=family in ("qwen3", "gemma3_text"),
         query_pre_attn_scalar=float(scalar) if gemma and scalar is not None else None,
         attn_softcap=c.get("attn_logit_softcapping") if gemma else None,
         logit_softcap=c.get("final_logit_softcapping") if gemma else None,
@@ -278,7 +290,8 @@ def _qwen35_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GPT
     heads, hidden = c["num_attention_heads"], c["hidden_size"]
     head_dim = c.get("head_dim") or hidden // heads
     theta, scaling, _, fraction = _rope(c, head_dim, family)
-    linear = {"num_heads": c["linear_num_value_heads"], "num_key_heads": c["linear_num_key_heads"],
+    linear_heads = c["linear_num_value_heads"]
+    linear = {"num_key_heads": c["linear_num_key_heads"],
               "head_dim": c["linear_key_head_dim"], "v_head_dim": c["linear_value_head_dim"],
               "conv_size": c.get("linear_conv_kernel_dim", 4), "norm_eps": c.get("rms_norm_eps", 1e-6)}
     return GPTConfig(
@@ -288,7 +301,8 @@ def _qwen35_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GPT
         mlp_hidden_dim=c["intermediate_size"], mlp="swiglu", norm="rmsnorm", norm_eps=c.get("rms_norm_eps", 1e-6),
         pos_embed="rope", rope_theta=theta, rope_scaling=scaling, partial_rotary=fraction, qk_norm=True,
         attention_output_gate=True, bias=False, attention_bias=bool(c.get("attention_bias", False)), mlp_bias=False,
-        layer_types=[known[t] for t in types], linear_attention="gated_delta", linear_attention_options=linear,
+        layers=_per_layer([{"attention": "gated_delta", "options": linear, "num_heads": linear_heads}
+                           if t == "linear_attention" else {"attention": "exact"} for t in types]),
         tie_embeddings=bool(c.get("tie_word_embeddings", False)))
 
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import warnings
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, TypeVar
 
 import torch
 from torch import nn
 
-from ..attention.registry import attention_options, attention_position_options, attention_takes
+from ..attention.registry import (attention_options, attention_position_options, attention_takes,
+                                  upgrade_attention_options)
 from ..errors import InputError
 from ..suggest import did_you_mean
 
@@ -122,6 +124,10 @@ def check_attention_values(cls: type, attention: str, options: dict[str, Any], m
     such options size buffers (LSH's rotations)."""
     if not isinstance(options, dict):
         raise InputError(f"{cls.__name__}.{key} must be a mapping of option names to values; got {options!r}")
+    upgraded = upgrade_attention_options(attention, options)  # former option names, with a notice each
+    if list(upgraded) != list(options):
+        options.clear()
+        options.update(upgraded)
     schema = attention_options(attention)
     for name, value in options.items():
         if name not in schema:
@@ -147,6 +153,7 @@ def build_config(cls: type[C], defaults: dict[str, Any], overrides: dict[str, An
     its range (:data:`FIELD_RANGES`: a dropout rate of 2, an ``mlp_ratio`` of 0)."""
     valid = [f.name for f in fields(cls)]  # type: ignore[arg-type]
     renamed = getattr(cls, "renamed", {})
+    overrides = upgrade_fields(cls, overrides, notice=True)
     for key in overrides:
         if key in renamed and key not in valid:
             raise InputError(f"{cls.__name__} field {key!r} is now called {renamed[key]!r} (attnlab's models use "
@@ -166,11 +173,36 @@ def config_class(name: str) -> type | None:
     return type(config) if is_dataclass(config) else None
 
 
+def upgrade_fields(cls: type, options: dict[str, Any], *, notice: bool) -> dict[str, Any]:
+    """``options`` with the config class's former field names (its ``deprecated`` map) renamed,
+    each with a one-line :class:`FutureWarning` naming the new name when ``notice``."""
+    deprecated = getattr(cls, "deprecated", {})
+    if not any(k in deprecated for k in options):
+        return options
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        new = deprecated.get(key)
+        if new is None:
+            out[key] = value
+            continue
+        if new in options:
+            raise InputError(f"{cls.__name__} fields {key!r} and {new!r} are the same (its former name and its "
+                             f"name): give {new!r} alone")
+        if notice:
+            warnings.warn(f"{cls.__name__} field {key!r} is now called {new!r}; the old name still works for now",
+                          FutureWarning, stacklevel=3)
+        out[new] = value
+    return out
+
+
 def upgrade_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """``model.options`` of a run trained by an older attnlab, in today's names (the
     config class's ``upgrade``, else its ``renamed`` map); unchanged when nothing was renamed."""
     cls = config_class(name) if name in _REGISTRY else None
-    if cls is None or not any(k in getattr(cls, "renamed", {}) for k in options):
+    if cls is None:
+        return dict(options)
+    options = upgrade_fields(cls, options, notice=False)  # a saved run: read as it is, without a notice
+    if not any(k in getattr(cls, "renamed", {}) for k in options):
         return dict(options)
     if hasattr(cls, "upgrade"):
         return cls.upgrade(options)

@@ -4,7 +4,7 @@ Each query attends only to the keys near it in the sequence: the banded attentio
 the Sparse Transformer's local pattern (Child et al., 2019) and of Longformer's
 sliding window (Beltagy et al., 2020), without their global or strided tokens.
 
-Window (``w`` = ``window``), for query position ``i`` and key position ``j``:
+Band (``w`` = ``sliding_window``), for query position ``i`` and key position ``j``:
 
 * bidirectional: ``j`` is seen when ``|i - j| < w`` (``2w - 1`` keys, ``w - 1`` on
   each side); so ``w >= L`` is exact (full) attention;
@@ -107,7 +107,9 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, key_padding
     return out.reshape(batch, heads, lp, v.shape[-1])[:, :, :n]
 
 
-LOCAL_OPTIONS = TOKEN_OPTIONS.extend(Option("window", int, 128, "each query sees the keys within window of it", low=1, counts_positions=True))
+# The same band as the exact kind's sliding_window (causal: itself and the w - 1 keys before it), so the same name.
+LOCAL_OPTIONS = TOKEN_OPTIONS.extend(Option("sliding_window", int, 128, "each query sees the keys less than "
+                                            "sliding_window positions away", low=1, counts_positions=True, was="window"))
 
 
 @register_attention("local", options=LOCAL_OPTIONS, takes_positions=True, causal=True, padding=True,
@@ -123,24 +125,24 @@ class LocalAttention(TokenAttention):
         bias: as :class:`~.base.TokenAttention`.
         rope: rotary positions on queries and keys, as :class:`~.base.TokenAttention`.
         rope_theta: the base of the rotary wavelengths.
-        window: positive int ``w``; bidirectional queries see ``|i - j| < w``, causal
+        sliding_window: positive int ``w``; bidirectional queries see ``|i - j| < w``, causal
             ones ``0 <= i - j < w``.
     """
 
     kind = "local"
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
-                 rope: bool = False, rope_theta: float = 10000.0, window: int = 128) -> None:
-        if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window <= 0:
-            raise InputError(f"{self.kind}: window must be a positive int; got window={window!r}")
-        self.check_positions(window=window)
+                 rope: bool = False, rope_theta: float = 10000.0, sliding_window: int = 128) -> None:
+        if isinstance(sliding_window, bool) or not isinstance(sliding_window, numbers.Integral) or sliding_window <= 0:
+            raise InputError(f"{self.kind}: sliding_window must be a positive int; got {sliding_window!r}")
+        self.check_positions(sliding_window=sliding_window)
         super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, rope=rope, rope_theta=rope_theta)
-        self.window = int(window)
+        self.sliding_window = int(sliding_window)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: Tensor | None,
                is_causal: bool) -> Tensor:
-        return local_attention(q, k, v, self.window, key_padding_mask=key_padding_mask, is_causal=is_causal,
+        return local_attention(q, k, v, self.sliding_window, key_padding_mask=key_padding_mask, is_causal=is_causal,
                                dropout_p=self.dropout if self.training else 0.0)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", window={self.window}"
+        return super().extra_repr() + f", sliding_window={self.sliding_window}"
