@@ -121,3 +121,45 @@ def test_beam_search_with_cache_equals_without(length_penalty):
     torch.testing.assert_close(s1, s2, atol=1e-4, rtol=0)
     assert torch.equal(m.generate(src, max_new_tokens=12, num_beams=3, use_cache=False,
                                   length_penalty=length_penalty), with_cache)
+
+
+def test_a_translation_samples_reproducibly_with_a_seed():
+    m = model(vocab=50)
+    src = sources(vocab=50)
+    a = m.generate(src, max_new_tokens=10, temperature=1.0, top_k=20, seed=3)
+    assert torch.equal(a, m.generate(src, max_new_tokens=10, temperature=1.0, top_k=20, seed=3))
+    draws = {tuple(m.generate(src, max_new_tokens=10, temperature=1.0, seed=s)[0].tolist()) for s in range(6)}
+    assert len(draws) > 1 and not torch.equal(a, m.generate(src, max_new_tokens=10))  # draws differ, greedy too
+    cfg = m.config
+    assert not (a == cfg.bos_id).any()  # padding and a second start are never drawn (padding only after EOS)
+    for row in a.tolist():
+        end = row.index(cfg.eos_id) if cfg.eos_id in row else len(row)
+        assert cfg.pad_id not in row[:end] and all(t == cfg.pad_id for t in row[end + 1:])
+
+
+def test_the_gru_translator_samples_and_beams_through_the_same_api():
+    torch.manual_seed(0)
+    m = create_model("gru_attention_tiny").eval()
+    src = sources(vocab=1000)
+    assert torch.equal(m.generate(src, max_new_tokens=8, temperature=0.7, seed=1),
+                       m.generate(src, max_new_tokens=8, temperature=0.7, seed=1))
+    assert m.generate(src, max_new_tokens=8, num_beams=3).shape[0] == 5
+
+
+def test_an_observer_sees_every_step_of_a_translation_and_of_a_beam_search():
+    m = model(vocab=8)
+    src = sources(vocab=8)
+    seen = []
+    out = m.generate(src, max_new_tokens=12, observer=seen.append)
+    assert [s.index for s in seen] == list(range(len(seen))) and len(seen) == out.shape[1]
+    assert torch.equal(torch.stack([s.tokens for s in seen], dim=1), out)
+    assert all(s.logits.shape == (5, 8) and s.cache is not None for s in seen)
+    beams = []
+    m.generate(src, max_new_tokens=12, num_beams=3, observer=beams.append)
+    assert beams and all(s.tokens.shape == (15,) for s in beams)  # 5 sentences x 3 beams
+
+
+def test_beam_search_refuses_sampling_options_in_one_line():
+    m = model(vocab=8)
+    with pytest.raises(ValueError, match="beam search takes no temperature"):
+        m.generate(sources(vocab=8), max_new_tokens=4, num_beams=2, temperature=0.5)

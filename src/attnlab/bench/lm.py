@@ -126,20 +126,16 @@ def cache_point(variant: str, *, lengths: Sequence[int], window: int, prompt: in
     here so that the cache can be read at the end (first checked to give ``generate``'s
     tokens)."""
     from ..attention.cache import DecodingCache
+    from ..models.generation import DecoderSession, search
 
     kv_heads, windowed = CACHE_VARIANTS[variant]
     model = _model(prompt + max(lengths), num_kv_heads=kv_heads, sliding_window=window if windowed else None)
     ids = torch.randint(0, LLAMA_STYLE["vocab_size"], (batch, prompt), generator=torch.Generator().manual_seed(1))
 
     def decode(n: int) -> tuple[torch.Tensor, list[DecodingCache], list[float]]:
-        cache = model.new_cache(batch, prompt + n)
-        tokens = [model(ids, cache=cache)[:, -1].argmax(-1)]
-        steps = []
-        for _ in range(n - 1):
-            start = time.perf_counter()
-            tokens.append(model.decode_step(tokens[-1][:, None], cache).argmax(-1))
-            steps.append(time.perf_counter() - start)
-        return torch.stack(tokens, dim=1), cache, steps
+        session, steps = DecoderSession(model, ids, n), _StepClock()
+        tokens = torch.stack(list(search(session, n, [], observer=steps)), dim=1)
+        return tokens, session.cache, steps.times
 
     check = min(max(lengths), window + 16 if windowed else 64)  # a window must slide within the check
     if not torch.equal(decode(check)[0], model.generate(ids, check)[:, prompt:]):
@@ -247,23 +243,37 @@ def kind_point(name: str, folder: Path, *, steps: int, budget: float, lengths: S
             "decoding": speeds}
 
 
+class _StepClock:
+    """An observer of a generation (:class:`~attnlab.models.generation.Step`) that keeps the
+    seconds between one chosen token and the next: a decoding step and the choice after it
+    (the first choice, after the prompt, is not a step)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.last: float | None = None
+
+    def __call__(self, step: Any) -> None:
+        now = time.perf_counter()
+        if self.last is not None:
+            self.times.append(now - self.last)
+        self.last = now
+
+
 @torch.no_grad()
 def decoding_point(model: torch.nn.Module, *, lengths: Sequence[int], prompt: int) -> list[dict[str, Any]]:
     """Greedy decoding with the cache from a random prompt of ``prompt`` tokens, one run per
     length of ``lengths``: tokens per second, the last tenth's ms a token, the cache's bytes."""
+    from ..models.generation import DecoderSession, search
+
     ids = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(1))
     speeds = []
     for n in lengths:
-        cache = model.new_cache(1, prompt + n)
-        token = model(ids, cache=cache)[:, -1].argmax(-1)
-        tenth, times = max(1, n // 10), []
-        for _ in range(n - 1):
-            start = time.perf_counter()
-            token = model.decode_step(token[:, None], cache).argmax(-1) if model.has_decode_step else \
-                model(token[:, None], cache=cache)[:, -1].argmax(-1)
-            times.append(time.perf_counter() - start)
+        session, clock = DecoderSession(model, ids, n), _StepClock()
+        for _ in search(session, n, [], observer=clock):  # generate's greedy search, each step timed
+            pass
+        tenth, times = max(1, n // 10), clock.times
         speeds.append({"new_tokens": n, "tokens_per_s": len(times) / sum(times),
-                       "ms_last_tenth": 1000 * sum(times[-tenth:]) / tenth, "cache_bytes": cache.nbytes()})
+                       "ms_last_tenth": 1000 * sum(times[-tenth:]) / tenth, "cache_bytes": session.cache.nbytes()})
     return speeds
 
 

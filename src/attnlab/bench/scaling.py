@@ -147,7 +147,9 @@ def first_call_peak(step: Callable[[], None], dev: Any) -> tuple[float, int]:
         return time.perf_counter() - t0, torch.cuda.max_memory_allocated(dev) - before
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current resident size
-    before = _rss_kb("VmRSS")
+    # the mark just set, not VmRSS read again: the resident size may have dropped in between (another
+    # thread freeing), which made the memory a small step added come out negative (-0.14 MB, seen)
+    before = _rss_kb("VmHWM")
     t0 = time.perf_counter()
     step()
     seconds = time.perf_counter() - t0

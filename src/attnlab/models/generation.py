@@ -1,35 +1,197 @@
-"""Generation, one module for every decoder: the decoder-only loop (:func:`generate`,
-:func:`stream`) and greedy and beam search for encoder-decoders.
+"""Generation, one API for every model that gives logits and keeps a cache: greedy search,
+sampling and beam search, for decoder-only models and encoder-decoders alike.
 
-A decoder-only model (:class:`~attnlab.models.gpt.GPT`) gives logits and a cache:
-``model(ids, padding_mask=, positions=, cache=) -> (B, L, V)``, ``keeps_cache``,
-``new_cache(batch, capacity)``, ``check_generation_size(batch, prompt, max_new_tokens,
-use_cache=, cache_window=, sink_tokens=)``, ``config.vocab_size``, and, for the steps after the prompt, ``has_decode_step``
-and ``decode_step(ids (B, 1), cache, positions=, padding_mask=) -> (B, V)``. The choice of
-each token (:mod:`attnlab.models.sampling`) is the same for every model.
+A generation is a loop over a *session*, the model's side of it (:class:`DecoderSession`,
+:class:`Seq2SeqSession`): ``first()`` reads the prompt (a decoder's prompt; an
+encoder-decoder's source, then its start token) and gives the logits of the first choice;
+``next(tokens)`` feeds the chosen tokens and gives the next logits; ``reorder(index)`` keeps
+the rows a beam search chose; ``ids`` are the rows as the model reads them. The choice of
+each token is a list of logits processors (:mod:`attnlab.models.processors`: temperature,
+top-k, top-p, min-p, the repetition penalty, the caller's own), and an ``observer`` sees every
+step (:class:`Step`: the tokens, the logits, the cache), which the explorer and the decoding
+benchmarks use instead of loops of their own.
 
-An encoder-decoder is usable here when it has ``encode(src) -> (memory, memory_pad)``,
-``decode(tgt, memory, memory_pad, cache=..., last_only=...) -> logits``, ``new_cache(batch,
-capacity)`` (the same protocol: the decoder's caches, made by its layers) and a
-``config`` with ``pad_id``, ``bos_id`` and ``eos_id``.
+A decoder-only model (:class:`~attnlab.models.gpt.GPT`) gives ``model(ids, padding_mask=,
+positions=, cache=) -> (B, L, V)``, ``keeps_cache``, ``new_cache(batch, capacity,
+cache_window=, sink_tokens=)``, ``check_generation_size(...)``, ``config.vocab_size``, and,
+for the steps after the prompt, ``has_decode_step`` and ``decode_step(ids (B, 1), cache,
+positions=, padding_mask=) -> (B, V)``. An encoder-decoder gives ``encode(src) -> (memory,
+memory_pad)``, ``decode(tgt, memory, memory_pad, cache=, last_only=) -> logits``,
+``new_cache(batch, capacity)`` and a ``config`` with ``pad_id``, ``bos_id`` and ``eos_id``.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Iterator, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 from torch import Tensor
 
 from ..errors import InputError
-from .sampling import check_decodable, check_generation, choose_next
+from .processors import LogitsProcessor, StopStrings, choose, processors_for, samples
+from .sampling import check_decodable, check_generation
 
-__all__ = ["generate", "stream", "greedy_search", "beam_search"]
+__all__ = ["generate", "stream", "translate", "greedy_search", "beam_search", "Step", "DecoderSession",
+           "Seq2SeqSession", "search"]
 
 
 # What beam search takes besides the prompt (the rest are sampling's or a stream's).
-_BEAM_OPTIONS = ("eos_id", "pad_id", "use_cache", "decodable", "length_penalty", "early_stopping")
+_BEAM_OPTIONS = ("eos_id", "pad_id", "use_cache", "decodable", "length_penalty", "early_stopping", "observer")
+
+
+@dataclass(frozen=True)
+class Step:
+    """What an observer sees after each choice: ``index`` (0 for the first new token),
+    ``tokens`` ``(B,)`` chosen, ``logits`` ``(B, V)`` float32 they were chosen from (before the
+    processors), the ``cache`` (``None`` without one), and, at index 0 of a decoder's
+    generation, ``prompt_logits`` ``(B, L, V)``: the logits after every prompt position."""
+
+    index: int
+    tokens: Tensor
+    logits: Tensor
+    cache: Any
+    prompt_logits: Tensor | None = None
+
+
+Observer = Callable[[Step], None]
+
+
+class DecoderSession:
+    """A decoder-only model's side of a generation: the prompt ``input_ids`` ``(B, L)``
+    (left-padded where ``padding_mask`` says) read once, then one token a row per step, with
+    the model's cache (streaming under ``cache_window`` and ``sink_tokens``) or, without one,
+    the whole sequence again at every step. ``lean=False``: every step through the model's
+    ``forward`` instead of its lean ``decode_step`` (which records no attention weights)."""
+
+    def __init__(self, model: Any, input_ids: Tensor, max_new_tokens: int, *, padding_mask: Tensor | None = None,
+                 use_cache: bool = True, cache_window: int | None = None, sink_tokens: int = 0,
+                 compile: bool = False, lean: bool = True) -> None:
+        streaming = {"cache_window": cache_window, "sink_tokens": sink_tokens} \
+            if cache_window is not None or sink_tokens else {}
+        if streaming and (not use_cache or not model.keeps_cache):
+            raise InputError("cache_window and sink_tokens are a policy of the cache: they need use_cache and a model "
+                             "whose attention keeps one")
+        batch, prompt = input_ids.shape
+        model.check_generation_size(batch, prompt, max_new_tokens, use_cache=use_cache, **streaming)
+        model.eval()
+        self.model, self.ids, self.pad = model, input_ids, padding_mask
+        self.positions = None if padding_mask is None else (~padding_mask).long().cumsum(1).sub(1).clamp(min=0)
+        self.cache = model.new_cache(batch, prompt + max_new_tokens, **streaming) \
+            if use_cache and model.keeps_cache else None
+        self.step_fn = model.decode_step if lean and self.cache is not None and model.has_decode_step else None
+        if compile and self.step_fn is not None:
+            if "_compiled_step" not in model.__dict__:
+                model.__dict__["_compiled_step"] = torch.compile(model.decode_step, dynamic=True)
+            self.step_fn = model.__dict__["_compiled_step"]
+        self.prompt_logits: Tensor | None = None
+
+    def first(self) -> Tensor:
+        out = self.model(self.ids, padding_mask=self.pad, positions=self.positions, cache=self.cache)
+        self.prompt_logits = out
+        return out[:, -1]
+
+    def next(self, tokens: Tensor) -> Tensor:
+        self.ids = torch.cat([self.ids, tokens[:, None]], dim=1)
+        step_pos = None
+        if self.pad is not None:
+            self.pad = torch.cat([self.pad, torch.zeros_like(self.pad[:, :1])], dim=1)
+            step_pos = self.positions[:, -1:] + 1  # type: ignore[index]
+            self.positions = torch.cat([self.positions, step_pos], dim=1)  # type: ignore[list-item]
+        if self.cache is None:  # no cache: the whole sequence again
+            return self.model(self.ids, padding_mask=self.pad, positions=self.positions)[:, -1]
+        if self.step_fn is not None:
+            return self.step_fn(tokens[:, None], self.cache, positions=step_pos, padding_mask=self.pad)
+        return self.model(tokens[:, None], padding_mask=self.pad, positions=step_pos, cache=self.cache)[:, -1]
+
+    def reorder(self, index: Tensor) -> None:
+        self.ids = self.ids.index_select(0, index)
+        if self.pad is not None:
+            self.pad, self.positions = self.pad.index_select(0, index), self.positions.index_select(0, index)  # type: ignore[union-attr]
+        if self.cache is not None:
+            self.cache.reorder(index)
+
+
+class Seq2SeqSession:
+    """An encoder-decoder's side of a generation: the source ``src`` ``(B, Ls)`` encoded once
+    (each row ``repeat`` times, for beams), then the target from its start token, one token a
+    row per step, with the decoder's caches (or the whole target again without them)."""
+
+    def __init__(self, model: Any, src: Tensor, max_new_tokens: int, *, use_cache: bool = True,
+                 repeat: int = 1) -> None:
+        model.eval()
+        memory, memory_pad = model.encode(src)
+        memory_pad = memory_pad if bool(memory_pad.any()) else None  # unpadded sources skip the masking
+        if repeat > 1:
+            memory = memory.repeat_interleave(repeat, dim=0)
+            memory_pad = None if memory_pad is None else memory_pad.repeat_interleave(repeat, dim=0)
+        self.model, self.memory, self.memory_pad = model, memory, memory_pad
+        self.ids = src.new_full((src.shape[0] * repeat, 1), model.config.bos_id)
+        self.cache = model.new_cache(self.ids.shape[0], max_new_tokens + 1) if use_cache else None
+        self.prompt_logits = None
+
+    def _logits(self, tgt: Tensor) -> Tensor:
+        return self.model.decode(tgt, self.memory, self.memory_pad, cache=self.cache, last_only=True)[:, -1]
+
+    def first(self) -> Tensor:
+        return self._logits(self.ids)
+
+    def next(self, tokens: Tensor) -> Tensor:
+        self.ids = torch.cat([self.ids, tokens[:, None]], dim=1)
+        return self._logits(tokens[:, None] if self.cache is not None else self.ids)
+
+    def reorder(self, index: Tensor) -> None:
+        self.ids = self.ids.index_select(0, index)
+        self.memory = self.memory.index_select(0, index)
+        if self.memory_pad is not None:
+            self.memory_pad = self.memory_pad.index_select(0, index)
+        if self.cache is not None:
+            self.cache.reorder(index)
+
+
+def search(session: Any, max_new_tokens: int, processors: Sequence[LogitsProcessor], *, eos_id: int | None = None,
+           fill: int | None = None, generator: torch.Generator | None = None, observer: Observer | None = None,
+           stops: Sequence[Callable[[Tensor], Tensor]] = (), scores: Tensor | None = None) -> Iterator[Tensor]:
+    """Greedy search or sampling over ``session``: the next token of every row, ``(B,)``, one
+    step after the other, chosen through ``processors`` (:func:`~attnlab.models.processors.choose`).
+    A row ends at ``eos_id`` or when a rule of ``stops`` says so (called with the new tokens so
+    far); it is continued with ``fill`` (default ``eos_id``); the loop stops once every row has
+    ended. ``scores`` ``(B,)``: summed with each row's log-probability of its tokens (until it
+    ends), under the processors that mask tokens only (greedy search's score)."""
+    if max_new_tokens == 0:
+        return
+    logits = session.first()
+    batch = logits.shape[0]
+    done = torch.zeros(batch, dtype=torch.bool, device=logits.device)
+    fill = eos_id if fill is None else fill
+    new: list[Tensor] = []
+    for index in range(max_new_tokens):
+        logits = logits.float()
+        processed = logits
+        for processor in processors:
+            processed = processor(session.ids, processed)
+        if samples(processors):
+            nxt = torch.multinomial(processed.softmax(-1), 1, generator=generator)[:, 0]
+        else:
+            nxt = processed.argmax(-1)
+        if scores is not None:
+            masked = torch.where(torch.isinf(processed) & (processed < 0), float("-inf"), 0.0)
+            logp = torch.log_softmax(logits, dim=-1) + masked
+            scores += logp.gather(1, nxt[:, None])[:, 0].masked_fill(done, 0.0)
+        if fill is not None:
+            nxt = torch.where(done, torch.full_like(nxt, fill), nxt)
+        if eos_id is not None:
+            done |= nxt == eos_id
+        if observer is not None:
+            observer(Step(index, nxt, logits, session.cache, session.prompt_logits if index == 0 else None))
+        yield nxt
+        new.append(nxt)
+        for rule in stops:
+            done |= rule(torch.stack(new, dim=1))
+        if bool(done.all()) and (eos_id is not None or stops):
+            return
+        if index + 1 < max_new_tokens:
+            logits = session.next(nxt)
 
 
 @torch.no_grad()
@@ -60,7 +222,9 @@ def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: f
            top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
            repetition_penalty: float = 1.0, seed: int | None = None, eos_id: int | None = None,
            padding_mask: Tensor | None = None, compile: bool = False, use_cache: bool = True,
-           cache_window: int | None = None, sink_tokens: int = 0, decodable: int | None = None) -> Iterator[Tensor]:
+           cache_window: int | None = None, sink_tokens: int = 0, decodable: int | None = None,
+           processors: Sequence[LogitsProcessor] = (), stop: StopStrings | None = None,
+           observer: Observer | None = None) -> Iterator[Tensor]:
     """The next token of every row, ``(B,)``, one step after the other; it stops early once
     every row has emitted ``eos_id`` (a row that has is continued with ``eos_id``).
 
@@ -68,11 +232,13 @@ def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: f
     ``logits / temperature``, within the ``top_k`` most probable tokens (0: all), the
     smallest set whose probability reaches ``top_p`` and the tokens at least ``min_p`` times
     as probable as the likeliest, drawn with ``seed`` (reproducible); ``repetition_penalty``
-    above 1 makes the tokens a row already holds less likely
-    (:func:`~attnlab.models.sampling.penalize_repeats`). The options are checked as
-    :func:`~attnlab.models.sampling.check_generation` says, and the model's room
-    (``check_generation_size``) before the first step. Prompts of different lengths are
-    left-padded, with ``padding_mask`` ``(B, L)`` ``True`` at the padding.
+    above 1 makes the tokens a row already holds less likely. These options become the list
+    of :mod:`~attnlab.models.processors`; ``processors``: the caller's own, applied after
+    them. ``stop``: a :class:`~attnlab.models.processors.StopStrings` rule that ends a row
+    (and with ``eos_id`` continues it). ``observer``: called with each :class:`Step`. The
+    options are checked as :func:`~attnlab.models.sampling.check_generation` says, and the
+    model's room (``check_generation_size``) before the first step. Prompts of different
+    lengths are left-padded, with ``padding_mask`` ``(B, L)`` ``True`` at the padding.
 
     The prompt goes through the model with a cache from ``model.new_cache``; each later
     token through ``model.decode_step`` (every layer's lean step). ``compile``: run that step
@@ -83,66 +249,25 @@ def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: f
     or repeated generations. ``use_cache=False``, or a model whose attention keeps no cache,
     runs the whole sequence through the model at every step (the same tokens, slower).
     ``cache_window`` and ``sink_tokens`` stream: the cache holds the first ``sink_tokens``
-    positions and the last ``cache_window`` (StreamingLLM), so memory stays flat past the model's context
-    (``model.new_cache``'s policy; not with padded prompts). ``decodable``: the number of ids
-    the caller's tokenizer decodes (``None``: every row of ``config.vocab_size``); the rows
-    past it (an embedding padded past its tokenizer's vocabulary) are never chosen, greedy or
-    sampled (:func:`~attnlab.models.sampling.only_decodable`).
+    positions and the last ``cache_window`` (StreamingLLM), so memory stays flat past the
+    model's context (``model.new_cache``'s policy; not with padded prompts). ``decodable``: the
+    number of ids the caller's tokenizer decodes (``None``: every row of ``config.vocab_size``);
+    the rows past it (an embedding padded past its tokenizer's vocabulary) are never chosen,
+    greedy or sampled (:class:`~attnlab.models.processors.Decodable`).
     """
     check_generation(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                      min_p=min_p, repetition_penalty=repetition_penalty, seed=seed)
     decodable = check_decodable(decodable, model.config.vocab_size)
-    batch, prompt = input_ids.shape
-    streaming = {"cache_window": cache_window, "sink_tokens": sink_tokens} \
-        if cache_window is not None or sink_tokens else {}
-    if streaming and (not use_cache or not model.keeps_cache):
-        raise InputError("cache_window and sink_tokens are a policy of the cache: they need use_cache and a model whose "
-                         "attention keeps one")
-    model.check_generation_size(batch, prompt, max_new_tokens, use_cache=use_cache, **streaming)
-    model.eval()
-    device = input_ids.device
-    gen = None if seed is None else torch.Generator(device=device).manual_seed(seed)
-    pad = padding_mask
-    positions = None if pad is None else (~pad).long().cumsum(1).sub(1).clamp(min=0)
-    cache = model.new_cache(batch, prompt + max_new_tokens, **streaming) if use_cache and model.keeps_cache else None
-    seen = None  # (B, V): the tokens each row holds, for the repetition penalty
-    if repetition_penalty != 1:
-        real = input_ids if pad is None else input_ids.masked_fill(pad, 0)
-        seen = torch.zeros(batch, model.config.vocab_size, dtype=torch.bool, device=device)
-        seen.scatter_(1, real, True)
-        if pad is not None:  # padding's placeholder id 0 is not a token of the row, unless the row has it
-            seen[:, 0] = (input_ids.masked_fill(pad, -1) == 0).any(1)
-    step_fn = model.decode_step if cache is not None and model.has_decode_step else None
-    if compile and step_fn is not None:
-        if "_compiled_step" not in model.__dict__:
-            model.__dict__["_compiled_step"] = torch.compile(model.decode_step, dynamic=True)
-        step_fn = model.__dict__["_compiled_step"]
-    ids, done = input_ids, torch.zeros(batch, dtype=torch.bool, device=device)
-    step_ids, step_pos = input_ids, positions
-    for step in range(max_new_tokens):
-        if cache is None:  # no cache: the whole sequence again
-            logits = model(ids, padding_mask=pad, positions=positions)[:, -1]
-        elif step_fn is not None and step > 0:
-            logits = step_fn(step_ids, cache, positions=step_pos, padding_mask=pad)
-        else:
-            logits = model(step_ids, padding_mask=pad, positions=step_pos, cache=cache)[:, -1]
-        nxt = choose_next(logits.float(), temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                          generator=gen, decodable=decodable, seen=seen, repetition_penalty=repetition_penalty)
-        if seen is not None:
-            seen.scatter_(1, nxt[:, None], True)
-        if eos_id is not None:
-            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
-            done |= nxt == eos_id
-        yield nxt
-        if eos_id is not None and bool(done.all()):
-            return
-        ids = torch.cat([ids, nxt[:, None]], dim=1) if cache is None else ids
-        step_ids = nxt[:, None]
-        if pad is not None:
-            pad = torch.cat([pad, torch.zeros_like(pad[:, :1])], dim=1)
-            last = positions[:, -1:] + 1  # type: ignore[index]
-            positions = torch.cat([positions, last], dim=1)  # type: ignore[list-item]
-            step_pos = last
+    session = DecoderSession(model, input_ids, max_new_tokens, padding_mask=padding_mask, use_cache=use_cache,
+                             cache_window=cache_window, sink_tokens=sink_tokens, compile=compile)
+    chosen = processors_for(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repetition_penalty=repetition_penalty, decodable=decodable)
+    for processor in chosen:
+        if hasattr(processor, "pad"):
+            processor.pad = padding_mask  # the prompt's padding is not a token of the row
+    gen = None if seed is None else torch.Generator(device=input_ids.device).manual_seed(seed)
+    yield from search(session, max_new_tokens, [*chosen, *processors], eos_id=eos_id, generator=gen,
+                      observer=observer, stops=[stop] if stop is not None else [])
 
 
 class EncoderDecoder(Protocol):
@@ -155,137 +280,58 @@ class EncoderDecoder(Protocol):
     def new_cache(self, batch: int, capacity: int) -> Any: ...
 
 
-def _encode(model: EncoderDecoder, src: Tensor) -> tuple[Tensor, Tensor | None]:
-    memory, memory_pad = model.encode(src)
-    # Unpadded sources need no mask: every step's cross-attention then skips masking.
-    return memory, memory_pad if bool(memory_pad.any()) else None
-
-
-def _next_log_probs(logits: Tensor, cfg: Any) -> Tensor:
-    """log-softmax in float32, never choosing padding or a second BOS."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    logp[:, cfg.pad_id] = -math.inf
-    logp[:, cfg.bos_id] = -math.inf
-    return logp
-
-
 @torch.no_grad()
-def greedy_search(
-    model: EncoderDecoder, src: Tensor, max_new_tokens: int, *, use_cache: bool = True
-) -> tuple[Tensor, Tensor]:
-    """Pick the most probable token at each step.
-
-    Returns tokens ``(B, T)`` (no BOS; EOS then ``pad_id`` after a sentence ends) and
-    their summed log-probabilities ``(B,)``. ``use_cache=False`` re-decodes the whole
-    prefix at every step (the slow reference the cache is measured against).
-    """
+def translate(model: EncoderDecoder, src: Tensor, max_new_tokens: int, *, num_beams: int = 1,
+              length_penalty: float = 1.0, early_stopping: bool | str = True, temperature: float = 0.0,
+              top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+              repetition_penalty: float = 1.0, seed: int | None = None, use_cache: bool = True,
+              processors: Sequence[LogitsProcessor] = (), observer: Observer | None = None) -> tuple[Tensor, Tensor]:
+    """An encoder-decoder's generation: tokens ``(B, T)`` (no start token; after a row's EOS,
+    ``pad_id``) and each row's score ``(B,)``. Greedy by default; ``temperature`` above 0
+    samples (``top_k``, ``top_p``, ``min_p``, drawn with ``seed``: the same tokens for the
+    same seed); ``num_beams`` above 1 is the beam search decoders have
+    (:func:`~attnlab.models.beam.beam_search_session`, its score ``sum log p / length **
+    length_penalty``); the score of greedy search and sampling is the summed log-probability.
+    Padding and a second start token are never chosen."""
     cfg = model.config
-    memory, memory_pad = _encode(model, src)
-    batch = src.shape[0]
-    tokens = src.new_full((batch, 1), cfg.bos_id)
-    scores = memory.new_zeros(batch, dtype=torch.float32)
-    finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
-    cache = model.new_cache(batch, max_new_tokens + 1) if use_cache else None
-    for _ in range(max_new_tokens):
-        inp = tokens[:, -1:] if use_cache else tokens
-        logp = _next_log_probs(model.decode(inp, memory, memory_pad, cache=cache, last_only=True)[:, -1], cfg)
-        best, nxt = logp.max(dim=-1)
-        scores += best.masked_fill(finished, 0.0)
-        nxt = nxt.masked_fill(finished, cfg.pad_id)
-        tokens = torch.cat([tokens, nxt.unsqueeze(1)], dim=1)
-        finished |= nxt == cfg.eos_id
-        if bool(finished.all()):
-            break
-    return tokens[:, 1:], scores
+    check_generation(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                     min_p=min_p, repetition_penalty=repetition_penalty, seed=seed)
+    forbid = (cfg.pad_id, cfg.bos_id)
+    if num_beams > 1:
+        if temperature or repetition_penalty != 1 or processors:
+            raise InputError("beam search takes no temperature, repetition_penalty or processors (they are "
+                             "sampling's)")
+        from .beam import beam_search_session
+
+        session = Seq2SeqSession(model, src, max_new_tokens, use_cache=use_cache, repeat=num_beams)
+        new, scores = beam_search_session(session, src.shape[0], max_new_tokens, num_beams=num_beams,
+                                          eos_id=cfg.eos_id, pad=cfg.pad_id, length_penalty=length_penalty,
+                                          early_stopping=early_stopping, processors=processors_for(forbid=forbid),
+                                          observer=observer)
+        return new, scores
+    session = Seq2SeqSession(model, src, max_new_tokens, use_cache=use_cache)
+    chosen = [*processors_for(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                              repetition_penalty=repetition_penalty, forbid=forbid), *processors]
+    gen = None if seed is None else torch.Generator(device=src.device).manual_seed(seed)
+    scores = torch.zeros(src.shape[0], device=src.device)
+    steps = list(search(session, max_new_tokens, chosen, eos_id=cfg.eos_id, fill=cfg.pad_id, generator=gen,
+                        observer=observer, scores=scores))
+    return torch.stack(steps, dim=1), scores
 
 
-@torch.no_grad()
-def beam_search(
-    model: EncoderDecoder, src: Tensor, num_beams: int, max_new_tokens: int, *, length_penalty: float = 1.0,
-    use_cache: bool = True,
-) -> tuple[Tensor, Tensor]:
-    """Batched beam search with a key/value cache (``use_cache=False``: re-decode every
-    hypothesis's whole prefix at each step, the slow reference the cache is measured against).
+def greedy_search(model: EncoderDecoder, src: Tensor, max_new_tokens: int, *,
+                  use_cache: bool = True) -> tuple[Tensor, Tensor]:
+    """The most probable token at each step (:func:`translate`): tokens ``(B, T)`` (no BOS;
+    EOS then ``pad_id`` after a sentence ends) and their summed log-probabilities ``(B,)``.
+    ``use_cache=False`` re-decodes the whole prefix at every step (the slow reference the cache
+    is measured against)."""
+    return translate(model, src, max_new_tokens, use_cache=use_cache)
 
-    Each step scores ``num_beams x V`` continuations per sentence and keeps the best
-    ``2 * num_beams``: those ending in EOS among the top ``num_beams`` become finished
-    hypotheses, scored ``sum log p / length ** length_penalty``; the best
-    ``num_beams`` others stay active. A sentence is done once it has ``num_beams``
-    finished hypotheses, and leaves the batch (its cache rows are dropped). At the
-    length limit unfinished sentences are completed by their active beams. With one
-    beam this is exactly greedy search.
 
-    Returns the best hypothesis per sentence ``(B, T)`` (no BOS, right-padded with
-    ``pad_id``) and its normalized score ``(B,)``.
-    """
-    cfg = model.config
-    k = num_beams
-    batch = src.shape[0]
-    device = src.device
-    memory, memory_pad = _encode(model, src)
-    rows = torch.arange(batch, device=device).repeat_interleave(k)
-    memory = memory.index_select(0, rows)
-    memory_pad = None if memory_pad is None else memory_pad.index_select(0, rows)
-    cache = model.new_cache(batch * k, max_new_tokens + 1) if use_cache else None
-
-    tokens = src.new_full((batch * k, 1), cfg.bos_id)  # active hypotheses, BOS first
-    scores = torch.full((batch, k), -math.inf, device=device)
-    scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    alive = list(range(batch))  # original sentence index of each active group
-    finished: list[list[tuple[float, Tensor]]] = [[] for _ in range(batch)]
-    rank = torch.arange(2 * k, device=device)
-
-    def penalty(length: int) -> float:
-        return length**length_penalty
-
-    for step in range(max_new_tokens):
-        n = len(alive)  # sentences still searching; rows are n * k
-        inp = tokens[:, -1:] if use_cache else tokens
-        step_logits = model.decode(inp, memory, memory_pad, cache=cache, last_only=True)[:, -1]
-        logp = _next_log_probs(step_logits, cfg)
-        vocab = logp.shape[-1]
-        cand = (scores.unsqueeze(-1) + logp.view(n, k, vocab)).view(n, k * vocab)
-        top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)
-        top_beam, top_tok = top_idx // vocab, top_idx % vocab
-        is_eos = top_tok == cfg.eos_id
-
-        # Finish hypotheses whose EOS ranks among the top k.
-        ends = (is_eos[:, :k] & torch.isfinite(top_scores[:, :k])).nonzero().tolist()
-        for i, j in ends:
-            sent = alive[i]
-            if len(finished[sent]) < k:
-                hyp = torch.cat([tokens[i * k + int(top_beam[i, j]), 1:], top_tok[i, j : j + 1]])
-                finished[sent].append((float(top_scores[i, j]) / penalty(step + 1), hyp))
-
-        # Keep the k best continuations that did not end.
-        order = (is_eos.long() * top_idx.shape[1] + rank[: top_idx.shape[1]]).topk(k, largest=False).indices
-        act_scores = top_scores.gather(1, order)
-        act_beam = top_beam.gather(1, order)
-        act_tok = top_tok.gather(1, order)
-
-        keep = [i for i, s in enumerate(alive) if len(finished[s]) < k]
-        if not keep:
-            break
-        keep_t = torch.tensor(keep, device=device)
-        src_rows = (keep_t.unsqueeze(1) * k + act_beam.index_select(0, keep_t)).view(-1)
-        tokens = torch.cat([tokens.index_select(0, src_rows), act_tok.index_select(0, keep_t).view(-1, 1)], dim=1)
-        scores = act_scores.index_select(0, keep_t)
-        if cache is not None:
-            cache.reorder(src_rows)
-        memory = memory.index_select(0, src_rows)
-        memory_pad = None if memory_pad is None else memory_pad.index_select(0, src_rows)
-        alive = [alive[i] for i in keep]
-    else:
-        # Length limit reached: complete the sentences still open with their active beams.
-        length = tokens.shape[1] - 1
-        for i, sent in enumerate(alive):
-            for j in range(k):
-                if len(finished[sent]) < k and math.isfinite(float(scores[i, j])):
-                    finished[sent].append((float(scores[i, j]) / penalty(length), tokens[i * k + j, 1:]))
-
-    best = [max(hyps, key=lambda h: h[0]) for hyps in finished]
-    width = max(h[1].numel() for h in best)
-    out = src.new_full((batch, width), cfg.pad_id)
-    for i, (_, hyp) in enumerate(best):
-        out[i, : hyp.numel()] = hyp
-    return out, torch.tensor([s for s, _ in best], device=device)
+def beam_search(model: EncoderDecoder, src: Tensor, num_beams: int, max_new_tokens: int, *,
+                length_penalty: float = 1.0, use_cache: bool = True) -> tuple[Tensor, Tensor]:
+    """Beam search (:func:`translate` with ``num_beams``; a sentence is done once it has
+    ``num_beams`` finished hypotheses): the best hypothesis per sentence ``(B, T)`` (no BOS,
+    right-padded with ``pad_id``) and its normalized score ``(B,)``. One beam is greedy search."""
+    return translate(model, src, max_new_tokens, num_beams=num_beams, length_penalty=length_penalty,
+                     use_cache=use_cache)

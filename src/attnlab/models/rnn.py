@@ -26,14 +26,14 @@ Shapes: ``src`` ``(B, Ls)``, ``tgt`` ``(B, Lt)`` token ids -> logits ``(B, Lt, V
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from ..dropout import Dropout
 from ..errors import InputError
-from .generation import beam_search, greedy_search
+from .generation import translate
 from .registry import build_config, register_model
 from .token_ids import check_token_ids
 
@@ -203,14 +203,14 @@ class RNNSeq2Seq(nn.Module):
 
     @torch.no_grad()
     def generate(self, src: Tensor, *, max_new_tokens: int | None = None, num_beams: int = 1,
-                 length_penalty: float = 1.0, use_cache: bool = True) -> Tensor:
+                 **options: Any) -> Tensor:
         """Translate ``src`` ``(B, Ls)``: token ids ``(B, T)`` without BOS, as
         :meth:`Seq2SeqTransformer.generate <attnlab.models.Seq2SeqTransformer.generate>`."""
         self._check_ids("src", src)
         n = min(self.config.max_len, src.shape[1] + 50) if max_new_tokens is None else max_new_tokens
-        if num_beams == 1:
-            return greedy_search(self, src, n, use_cache=use_cache)[0]
-        return beam_search(self, src, num_beams, n, length_penalty=length_penalty, use_cache=use_cache)[0]
+        if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
+            raise InputError(f"num_beams must be a positive integer; got {num_beams!r}")
+        return translate(self, src, n, num_beams=num_beams, **options)[0]
 
 
 @register_model("rnn")

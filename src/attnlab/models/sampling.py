@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from .processors import Decodable, choose, penalize_repeats, processors_for
 
 __all__ = ["GENERATION_OPTIONS", "check_generation", "check_decodable", "only_decodable", "choose_next",
            "penalize_repeats"]
@@ -98,46 +99,20 @@ def check_decodable(decodable: Any, vocab_size: int, name: str = "decodable") ->
 
 def only_decodable(logits: Tensor, decodable: int | None) -> Tensor:
     """``logits`` ``(..., V)`` with ``-inf`` at every id ``>= decodable`` (rows of the
-    embedding that the tokenizer has no token for); ``None`` or ``V``: unchanged."""
-    if decodable is None or decodable >= logits.shape[-1]:
-        return logits
-    logits = logits.clone()
-    logits[..., decodable:] = float("-inf")
-    return logits
-
-
-def penalize_repeats(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
-    """CTRL's repetition penalty (Keskar et al., 2019): the logit of every token already
-    in the row (``seen`` ``(B, V)`` bool) is divided by ``penalty`` when positive and
-    multiplied by it when negative, so a penalty above 1 makes repeats less likely."""
-    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+    embedding that the tokenizer has no token for); ``None`` or ``V``: unchanged
+    (:class:`~attnlab.models.processors.Decodable`)."""
+    return logits if decodable is None else Decodable(decodable)(logits, logits)
 
 
 def choose_next(logits: Tensor, *, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                 min_p: float | None = None, generator: torch.Generator | None = None, decodable: int | None = None,
                 seen: Tensor | None = None, repetition_penalty: float = 1.0) -> Tensor:
-    """The next token of each row of ``logits`` ``(B, V)`` (float32): the arg-max when
-    ``temperature`` is 0, else a draw from ``softmax(logits / temperature)`` within the
-    ``top_k`` most probable tokens, the smallest set whose probability reaches ``top_p``,
-    and the tokens at least ``min_p`` times as probable as the likeliest (Nguyen et al.,
-    2024), in that order (transformers' order). First, either way, the ids past
-    ``decodable`` are masked out (:func:`only_decodable`), then the tokens of ``seen``
-    ``(B, V)`` are penalized by ``repetition_penalty`` (:func:`penalize_repeats`)."""
-    logits = only_decodable(logits, decodable)
+    """The next token of each row of ``logits`` ``(B, V)`` (float32) under a generation's
+    options, through the same processors as :func:`~attnlab.models.generation.stream`
+    (:func:`~attnlab.models.processors.processors_for`): the ids past ``decodable`` masked, the
+    tokens of ``seen`` ``(B, V)`` penalized by ``repetition_penalty``, then the arg-max when
+    ``temperature`` is 0, else a draw within ``top_k``, ``top_p`` and ``min_p``."""
     if seen is not None and repetition_penalty != 1:
-        logits = penalize_repeats(logits, seen, repetition_penalty)
-    if temperature == 0:
-        return logits.argmax(-1)
-    logits = logits / temperature
-    if top_k:
-        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs >= top_p  # the tokens past the nucleus
-        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-    if min_p:
-        probs = logits.softmax(-1)
-        logits = logits.masked_fill(probs < min_p * probs.max(-1, keepdim=True).values, float("-inf"))
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
+        logits = penalize_repeats(only_decodable(logits, decodable), seen, repetition_penalty)
+    chosen = processors_for(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, decodable=decodable)
+    return choose(logits, logits, chosen, generator)

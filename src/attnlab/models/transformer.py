@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -23,7 +23,7 @@ from ..layers.transformer_layers import (
     TransformerEncoderLayer,
     check_decoder_attention,
 )
-from .generation import beam_search, greedy_search
+from .generation import translate
 from .registry import build_config, check_attention_options, check_attention_values, register_model
 from .token_ids import check_token_ids
 
@@ -343,16 +343,18 @@ class Seq2SeqTransformer(nn.Module):
 
     @torch.no_grad()
     def generate(
-        self, src: Tensor, *, max_new_tokens: int | None = None, num_beams: int = 1, length_penalty: float = 1.0,
-        use_cache: bool = True,
+        self, src: Tensor, *, max_new_tokens: int | None = None, num_beams: int = 1, use_cache: bool = True,
+        **options: Any,
     ) -> Tensor:
         """Translate ``src`` ``(B, Ls)``: token ids ``(B, T)`` without BOS, ending at EOS
         when one was produced, right-padded with ``pad_id``.
 
-        ``num_beams=1`` is greedy search; more is beam search, whose finished hypotheses
-        are ranked by ``log p / length ** length_penalty``. ``use_cache=False`` decodes
-        without the key/value cache (same result, slower: for measurements). ``max_new_tokens`` defaults
-        to ``Ls + 50`` (capped by ``max_len``).
+        ``num_beams=1`` is greedy search, or sampling with ``temperature`` above 0 (``top_k``,
+        ``top_p``, ``min_p``, ``repetition_penalty``, ``seed``: the same tokens for the same
+        seed); more is beam search, whose finished hypotheses are ranked by ``log p / length **
+        length_penalty`` (:func:`attnlab.models.generation.translate`; ``observer`` sees each
+        step). ``use_cache=False`` decodes without the key/value cache (same result, slower: for
+        measurements). ``max_new_tokens`` defaults to ``Ls + 50`` (capped by ``max_len``).
         """
         self._check_ids("src", src)
         if max_new_tokens is None:
@@ -362,9 +364,7 @@ class Seq2SeqTransformer(nn.Module):
         if not isinstance(num_beams, int) or num_beams < 1:
             raise InputError(f"num_beams must be a positive integer; got {num_beams!r}")
         use_cache = use_cache and self.transformer.decoder.keeps_cache  # a kind without a cache recomputes
-        if num_beams == 1:
-            return greedy_search(self, src, max_new_tokens, use_cache=use_cache)[0]
-        return beam_search(self, src, num_beams, max_new_tokens, length_penalty=length_penalty, use_cache=use_cache)[0]
+        return translate(self, src, max_new_tokens, num_beams=num_beams, use_cache=use_cache, **options)[0]
 
 
 # --------------------------------------------------------------------------- registry

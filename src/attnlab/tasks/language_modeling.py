@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Optional, Sequence
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ..attention.capture import capture_attention
 from ..data.lm_dataset import LMDataset
@@ -53,7 +53,9 @@ from ..families import decoder_names
 from ..io import atomic_write_bytes, read_json_mapping
 from ..models.gpt import GPT
 from ..models.hf import HF_FAMILIES, from_hf, hf_model_spec, is_hf_folder
-from ..models.sampling import GENERATION_OPTIONS, check_generation, choose_next, only_decodable
+from ..models.generation import DecoderSession, search
+from ..models.processors import processors_for
+from ..models.sampling import GENERATION_OPTIONS, check_generation, only_decodable
 from .base import (ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_texts, get_task,
                    register_task)
 from .run_files import train_config
@@ -670,7 +672,7 @@ def generation_attention(model: GPT, ids: Sequence[int], label: Callable[[int], 
     the cache, as ``generate`` reads it (its rows are those steps' weights); otherwise the
     whole sequence goes through again after the continuation is chosen. ``decodable``: the ids
     the tokenizer decodes; the rows past them are neither chosen nor among the next tokens
-    (:func:`~attnlab.models.sampling.choose_next`'s rule, as ``generate`` has it)."""
+    (:class:`~attnlab.models.processors.Decodable`, as ``generate`` has it)."""
     from ..attention.capture import attention_modules
     from ..memory import require_memory
 
@@ -692,16 +694,21 @@ def generation_attention(model: GPT, ids: Sequence[int], label: Callable[[int], 
         require_memory(3 * 4 * heads * total * total, f"the attention of {total} positions ({n} prompt tokens and "
                                                       f"{new_tokens} new; {heads} heads in all)")
         with capture_attention(model, include=recordable, cpu=True) as maps:  # the view names the others
+            # generate's own session and search (greedy, the tokenizer's ids only), watched step by step
+            session = DecoderSession(model, torch.tensor([seq], device=device), new_tokens, use_cache=cached,
+                                     lean=False)  # through forward, which records the weights
+            logits: list[Tensor] = []
+            watch = lambda step: logits.append(  # noqa: E731
+                step.prompt_logits[0].float() if step.index == 0 and cached else step.logits)
+            chosen = [int(t) for t in search(session, new_tokens, processors_for(decodable=decodable), observer=watch)]
+            seq += chosen
             if cached:
-                cache = model.new_cache(1, total)
-                logits = [model(torch.tensor([seq], device=device), cache=cache)[0].float()]
-                for _ in range(new_tokens):
-                    seq.append(int(choose_next(logits[-1][-1:], decodable=decodable)))
-                    logits.append(model(torch.tensor([seq[-1:]], device=device), cache=cache)[0].float())
+                if chosen:  # the last token read too: its row of weights, and what would follow it
+                    logits.append(session.next(torch.tensor(chosen[-1:], device=device)).float())
+                else:  # nothing to generate: the prompt alone
+                    session.first()
+                    logits = [session.prompt_logits[0].float()]  # type: ignore[index]
             else:
-                for _ in range(new_tokens):
-                    step = model(torch.tensor([seq], device=device))[0, -1:].float()
-                    seq.append(int(choose_next(step, decodable=decodable)))
                 for calls in maps.values():
                     calls.clear()  # only the last pass, over everything, is kept
                 logits = [model(torch.tensor([seq], device=device))[0].float()]
