@@ -94,7 +94,7 @@ def bench_mha(shape: tuple[int, int, int, int], mode: str, repeats: int, warmup:
 
 def bench_decoding(new_tokens: int, repeats: int) -> list[dict]:
     torch.manual_seed(0)
-    model = create_model("transformer_base", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.0).eval()
+    model = create_model("transformer_base", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, drop_rate=0.0).eval()
     src = torch.randint(3, VOCAB, (DEC_BATCH, SRC_LEN))
     outputs: dict[bool, Tensor] = {}
 

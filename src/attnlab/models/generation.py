@@ -157,7 +157,7 @@ def search(session: Any, max_new_tokens: int, processors: Sequence[LogitsProcess
     A row ends at ``eos_id`` or when a rule of ``stops`` says so (called with the new tokens so
     far); it is continued with ``fill`` (default ``eos_id``); the loop stops once every row has
     ended. ``scores`` ``(B,)``: summed with each row's log-probability of its tokens (until it
-    ends), under the processors that mask tokens only (greedy search's score)."""
+    ends) before the processors (greedy search's score, whose processors only mask tokens)."""
     if max_new_tokens == 0:
         return
     logits = session.first()
@@ -174,10 +174,8 @@ def search(session: Any, max_new_tokens: int, processors: Sequence[LogitsProcess
             nxt = torch.multinomial(processed.softmax(-1), 1, generator=generator)[:, 0]
         else:
             nxt = processed.argmax(-1)
-        if scores is not None:
-            masked = torch.where(torch.isinf(processed) & (processed < 0), float("-inf"), 0.0)
-            logp = torch.log_softmax(logits, dim=-1) + masked
-            scores += logp.gather(1, nxt[:, None])[:, 0].masked_fill(done, 0.0)
+        if scores is not None:  # a chosen token is never one the processors masked: its raw log-probability
+            scores += torch.log_softmax(logits, dim=-1).gather(1, nxt[:, None])[:, 0].masked_fill(done, 0.0)
         if fill is not None:
             nxt = torch.where(done, torch.full_like(nxt, fill), nxt)
         if eos_id is not None:
