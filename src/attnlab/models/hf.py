@@ -36,6 +36,7 @@ from ..memory import gib, require_memory
 from .convert import Rule, apply_map, expand
 from .encoder import TextEncoder, TextEncoderConfig
 from .gpt import GPT, GPTConfig
+from .hf_keys import Reading, check_keys, check_switched_off
 from .vit import VisionTransformer, ViTConfig
 
 __all__ = ["from_hf", "read_hf", "hf_model_spec", "is_hf_folder", "weight_files", "HF_FAMILIES"]
@@ -86,11 +87,6 @@ def _stored_layers(sd: dict[str, Tensor]) -> set[str]:
 
 
 # --------------------------------------------------------------------------- decoder configs
-# Options of config.json that change what a model computes and that attnlab does not implement:
-# refused by name, never loaded approximately.
-_UNSUPPORTED = {"quantization_config": "quantized weights", "num_experts": "a mixture-of-experts MLP",
-                "num_local_experts": "a mixture-of-experts MLP", "use_bidirectional_attention": "bidirectional attention",
-                "attention_chunk_size": "chunked attention", "use_mrope": "multimodal rotary positions"}
 _LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
 _ACTIVATIONS = {"silu": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu_tanh": "geglu"}
 
@@ -104,13 +100,6 @@ def _per_layer(entries: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     n = len(entries)
     period = next(p for p in range(1, n + 1) if n % p == 0 and entries == entries[:p] * (n // p))
     return entries[:period]
-
-
-def _refuse_unsupported(c: dict[str, Any]) -> None:
-    for key, what in _UNSUPPORTED.items():
-        if c.get(key):  # absent, null, false, 0 and {} mean the option is off
-            raise InputError(f"config.json: {key} {c[key]!r} is not supported ({what}; attnlab does not implement "
-                             f"it, and loading without it would compute something else)")
 
 
 def _rope(c: dict[str, Any], rotary_dim: int, family: str = "") -> tuple[float, dict | None, float | None, float]:
@@ -134,7 +123,8 @@ def _rope(c: dict[str, Any], rotary_dim: int, family: str = "") -> tuple[float, 
         local = float(sliding["rope_theta"]) if "rope_theta" in sliding else None
         params, key = params.get("full_attention") or {}, f"{key}.full_attention"
     theta = float(params.get("rope_theta") or c.get("rope_theta") or 10000.0)
-    fraction = float(params.get("partial_rotary_factor") or c.get("partial_rotary_factor") or 1.0)
+    top = c.get("partial_rotary_factor")  # read either way: transformers 5 writes it in both places
+    fraction = float(params.get("partial_rotary_factor") or top or 1.0)
     scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
     if scaling.get("rope_type", scaling.get("type", "default")) in ("default", None):
         return theta, None, local, fraction
@@ -173,7 +163,6 @@ def _decoder_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GP
     Gemma 2/3, Phi-3); ``family``'s own fixed choices (Gemma's norms, Qwen3's QK-norm) added.
     Keys of folders written before transformers 5 (no ``layer_types``; Gemma 3's
     ``sliding_window_pattern`` and ``rope_local_base_freq``) are read as transformers reads them."""
-    _refuse_unsupported(c)
     gemma = family in ("gemma2", "gemma3_text")
     act_key = "hidden_activation" if gemma and "hidden_activation" in c else "hidden_act"
     act = c.get(act_key, "gelu_pytorch_tanh" if gemma else "silu")
@@ -186,6 +175,7 @@ def _decoder_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GP
         raise InputError(f"config.json: hidden_size {hidden} is not divisible by num_attention_heads {heads}, and "
                          f"head_dim is not given")
     depth = c["num_hidden_layers"]
+    c.get("sliding_window")  # read: it matters to the sliding layers, and where none slides it changes nothing
     if "layer_types" in c and c["layer_types"] is not None:
         unknown = [t for t in c["layer_types"] if t not in _LAYER_TYPES]
         if unknown:
@@ -234,8 +224,11 @@ def _deepseek_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> G
     of ``qk_nope_head_dim`` + ``qk_rope_head_dim`` and values of ``v_head_dim``), Llama's MLP.
     With yarn rotary positions and ``mscale_all_dim``, the logits are scaled by ``mscale**2``
     as DeepSeek's attention does."""
-    _refuse_unsupported(c)
     depth = c["num_hidden_layers"]
+    types, kind = c.get("layer_types"), "indexed_attention" if family == "deepseek_v32" else "full_attention"
+    if types is not None and any(t != kind for t in types):  # every layer the same kind, as attnlab builds them
+        raise InputError(f"config.json: layer_types {sorted(set(types) - {kind})} are not supported in a "
+                         f"{family} folder (its layers are all {kind})")
     dense = c.get("first_k_dense_replace", 3)
     if dense is None or (isinstance(depth, int) and dense < depth):
         raise InputError(f"config.json: first_k_dense_replace {dense!r} is below num_hidden_layers {depth}: layers "
@@ -269,7 +262,8 @@ def _deepseek_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> G
         vocab_size=c["vocab_size"], max_len=c.get("max_position_embeddings", 4096), embed_dim=c["hidden_size"],
         depth=depth, num_heads=heads, head_dim=nope, mlp_hidden_dim=c["intermediate_size"], mlp=_ACTIVATIONS[act],
         norm="rmsnorm", norm_eps=c.get("rms_norm_eps", 1e-6), pos_embed="rope", rope_theta=theta,
-        rope_scaling=scaling, bias=False, attention_bias=bool(c.get("attention_bias", False)), mlp_bias=False,
+        rope_scaling=scaling, bias=False, attention_bias=bool(c.get("attention_bias", False)),
+        mlp_bias=bool(c.get("mlp_bias", False)),
         tie_embeddings=bool(c.get("tie_word_embeddings", False)), query_pre_attn_scalar=scalar, attention=kind,
         attention_options=options)
 
@@ -278,7 +272,6 @@ def _qwen35_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GPT
     """Qwen3.5's text decoder: ``layer_types`` of gated delta layers (``linear_attention``, with
     heads and sizes of their own) and full attention with QK-norm, an output gate and partial
     rotary positions."""
-    _refuse_unsupported(c)
     types = c.get("layer_types")
     known = {"linear_attention": "linear", "full_attention": "full"}
     if not isinstance(types, list) or any(t not in known for t in types):
@@ -337,7 +330,6 @@ def _deepseek_weights(cfg: GPTConfig) -> list[Rule]:
 
 
 def _gpt2_config(c: dict[str, Any], sd: dict[str, Tensor]) -> GPTConfig:
-    _refuse_unsupported(c)
     activation = c.get("activation_function", "gelu_new")
     if activation not in ("gelu_new", "gelu_pytorch_tanh", "gelu"):
         raise InputError(f"config.json: activation_function {activation!r} is not supported for GPT-2")
@@ -641,8 +633,12 @@ def _inspect_hf(folder: Path) -> tuple[str, Any, nn.Module, dict[str, Tensor], d
                          f"{', '.join(HF_FAMILIES)}")
     spec = HF_FAMILIES[family]
     headers = _read_headers(folder)
+    config = Reading(config)  # the keys its conversion reads are recorded: every other one is accounted for
+    config.read.add("model_type")
     try:
+        check_switched_off(config)
         cfg = spec.config(config, headers)
+        check_keys(config, family)
     except KeyError as exc:
         raise InputError(f"{config_file} lacks the key {exc.args[0]!r} of a {family} config") from None
     except InputError as exc:  # (an InputError is a ValueError: first)
