@@ -31,7 +31,8 @@ from attnlab.engine.config import ConfigError
 from attnlab.errors import InputError
 from attnlab.layers.lora import apply_lora
 from attnlab.models import create_model, from_hf
-from attnlab.models.hf import _read_headers, hf_model_spec, read_hf
+from attnlab.models.hf import hf_model_spec, read_hf
+from attnlab.models.hf_files import read_headers as _read_headers
 from attnlab.models.registry import OptionError
 from attnlab.recipes import load_recipe
 from attnlab.tasks import get_task

@@ -297,10 +297,12 @@ class Task:
         cannot start from its kind of model, before it is read (:func:`pretrained_model`); by
         default any folder that :func:`~attnlab.models.from_hf` reads is taken."""
 
-    def check(self, recipe: Recipe) -> None:
+    def check(self, recipe: Recipe) -> nn.Module | None:
         """Checks that the dataclasses cannot make: ``model.options`` against the model's
-        configuration, by building it on the meta device (no memory, no weights)."""
-        self.check_model(recipe)
+        configuration, by building it on the meta device (no memory, no weights). Returns that
+        model (``None`` when the recipe names none yet), for a task's own checks to read
+        without building it again."""
+        model = self.check_model(recipe)
         source = recipe.model.checkpoint
         if source is not None:
             path = Path(source).expanduser()
@@ -316,13 +318,15 @@ class Task:
                               "model.freeze_backbone (false) and model.backbone_lr_scale (1.0) out; got "
                               f"freeze_backbone={recipe.model.freeze_backbone}, "
                               f"backbone_lr_scale={recipe.model.backbone_lr_scale}")
+        return model
 
-    def check_model(self, recipe: Recipe) -> None:
+    def check_model(self, recipe: Recipe) -> nn.Module | None:
         """``model.options`` against the model's configuration, named by their recipe keys
         (none yet for a recipe whose model is to come from ``model.checkpoint``: training
-        refuses it until one is given, :func:`require_model`)."""
+        refuses it until one is given, :func:`require_model`); the model built on the meta
+        device, or ``None``."""
         if not recipe.model.name:
-            return
+            return None
         try:
             with torch.device("meta"):
                 model = self.build_model(recipe)
@@ -338,6 +342,7 @@ class Task:
                            f"trained float32 parameter: {_STATE.get(recipe.train.optimizer, 'weights and gradients')})")
         except InputError as exc:
             raise ConfigError(str(exc)) from None
+        return model
 
     # ------------------------------------------------------------------ the training skeleton's steps
     def read_data(self, recipe: Recipe, log: Callable[[str], None]) -> Any:

@@ -296,7 +296,7 @@ class LanguageModeling(Task):
         """A language model starts from a decoder's folder (:data:`DECODER_TYPES`)."""
         _check_decoder(folder, f"model.checkpoint={folder}")
 
-    def check(self, recipe: Recipe) -> None:
+    def check(self, recipe: Recipe) -> nn.Module | None:
         """Also: a model with absolute positions (learned or sinusoidal) cannot continue a
         prompt past its context, so the samples a finished run writes must fit in it; said
         before training, not after it. A run from a Hugging Face folder
@@ -307,14 +307,13 @@ class LanguageModeling(Task):
         ``tokenizer.json`` are refused, naming the key."""
         folder = _folder(recipe)
         tokenizer = self._check_folder_recipe(recipe, folder) if folder is not None else None
-        super().check(recipe)
-        if not recipe.model.name or (recipe.model.checkpoint is not None and folder is None):
-            return
-        with torch.device("meta"):
-            cfg = getattr(self.build_model(recipe), "config", None)
+        model = super().check(recipe)  # built once, on the meta device
+        if model is None or (recipe.model.checkpoint is not None and folder is None):
+            return model
+        cfg = getattr(model, "config", None)
         pos, max_len = getattr(cfg, "pos_embed", None), getattr(cfg, "max_len", None)
         if pos not in ("learned", "sinusoidal") or not isinstance(max_len, int):
-            return
+            return model
         sample = recipe.generate
         if tokenizer is not None:
             prompt = max(len(tokenizer.encode_prompt(p)) for p in sample.prompts)
@@ -327,6 +326,7 @@ class LanguageModeling(Task):
                               f"generate.prompts takes {prompt}; got generate.max_new_tokens={sample.max_new_tokens} "
                               f"(at most {max(max_len - prompt, 0)}, or use pos_embed rope or alibi, which have no "
                               f"such limit)")
+        return model
 
     @staticmethod
     def _check_folder_recipe(recipe: Recipe, folder: Path) -> HFTokenizer:

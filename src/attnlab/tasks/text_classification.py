@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
+from torch import nn
 
 from ..attention.capture import capture_attention
 from ..data.labelled_texts import Labelled, TextSource, TextSourceConfig, TextSplits
@@ -98,17 +99,17 @@ class TextClassification(Task):
             vocab, classes = info.tokenizer.vocab_size, len(info.classes)
         return {"vocab_size": vocab, "num_classes": classes, "max_len": recipe.text.max_length}
 
-    def check(self, recipe: Recipe) -> None:
+    def check(self, recipe: Recipe) -> nn.Module | None:
         """The base checks, and ``text.max_length`` within the positions of a model that has a
         fixed number of them (a pretrained encoder's)."""
-        super().check(recipe)
-        if not recipe.model.name:
-            return
-        with torch.device("meta"):
-            longest = getattr(getattr(self.build_model(recipe), "config", None), "longest", None)
+        model = super().check(recipe)  # built once, on the meta device
+        if model is None:
+            return None
+        longest = getattr(getattr(model, "config", None), "longest", None)
         if longest is not None and recipe.text.max_length > longest:
             raise ConfigError(f"text.max_length must be at most {longest}, the positions of model "
                               f"{recipe.model.name!r}; got {recipe.text.max_length}")
+        return model
 
     def describe(self, recipe: Recipe) -> str:
         return (f"{_source(recipe).describe(recipe.data)}, "
