@@ -19,21 +19,29 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["UpgradesPackedProjections", "init_torch_style", "upgrade_packed_projections", "upgrade_weights"]
+from ..weight_rules import Rule, apply_map
 
-_PARTS = ("q_proj", "k_proj", "v_proj")
+__all__ = ["UpgradesPackedProjections", "init_torch_style", "upgrade_packed_projections", "upgrade_weights",
+           "PACKED_PROJECTIONS"]
+
+# The older names, as rules of attnlab.weight_rules: each tensor under them (weight, bias, a LoRA
+# adapter's lora_A and lora_B) split into three equal blocks of rows, or renamed.
+PACKED_PROJECTIONS: list[Rule] = [("in_proj", ("q_proj", "k_proj", "v_proj"), "split"), ("out_proj", "o_proj", "")]
 
 
 def upgrade_packed_projections(state: dict[str, Tensor], prefix: str) -> None:
     """Rewrite, in place, the packed ``{prefix}in_proj.*`` and ``{prefix}out_proj.*`` entries
-    of ``state`` as ``{prefix}q_proj.*``, ``k_proj``, ``v_proj`` and ``o_proj``."""
-    for key in [k for k in state if k.startswith(prefix + "in_proj.")]:
-        rest = key[len(prefix) + len("in_proj."):]
-        tensor = state.pop(key)
-        for name, part in zip(_PARTS, tensor.chunk(3, dim=0)):
-            state[f"{prefix}{name}.{rest}"] = part
-    for key in [k for k in state if k.startswith(prefix + "out_proj.")]:
-        state[f"{prefix}o_proj.{key[len(prefix) + len('out_proj.'):]}"] = state.pop(key)
+    of ``state`` as ``{prefix}q_proj.*``, ``k_proj``, ``v_proj`` and ``o_proj``
+    (:data:`PACKED_PROJECTIONS`, for every tensor the module has under those names)."""
+    rules: list[Rule] = []
+    for old, new, how in PACKED_PROJECTIONS:
+        for key in [k for k in state if k.startswith(f"{prefix}{old}.")]:
+            rest = key[len(prefix) + len(old):]
+            rules.append((key, tuple(f"{prefix}{n}{rest}" for n in new) if isinstance(new, tuple)
+                          else f"{prefix}{new}{rest}", how))
+    if rules:
+        converted, _, _ = apply_map({key: state.pop(key) for key, _, _ in rules}, rules)
+        state.update(converted)
 
 
 class UpgradesPackedProjections:

@@ -12,13 +12,13 @@ from ..errors import InputError
 from ..io import read_state_dict
 from ..layers.lora import is_adapter_key
 from ..layers.pos_embed_2d import resample_pos_embed
-from .convert import Rule, apply_map, expand
+from ..weight_rules import Rule, apply_map, expand, their_name
 
 __all__ = ["read_state_dict", "timm_vit_to_attnlab", "attnlab_vit_to_timm", "load_checkpoint", "load_pretrained",
            "classifier_name", "CLASSIFIER_NAMES"]
 
 
-# timm's ViT names -> ours (attnlab.models.convert's table). Everything else (blocks.i.norm1,
+# timm's ViT names -> ours (attnlab.weight_rules' rules). Everything else (blocks.i.norm1,
 # mlp.fc1, ...) is named alike.
 _TIMM_VIT: list[Rule] = [("blocks.{i}.attn.qkv", tuple(f"blocks.{{i}}.attn.{n}_proj" for n in "qkv"), "split"),
                          ("blocks.{i}.attn.proj", "blocks.{i}.attn.o_proj", "")]
@@ -44,10 +44,8 @@ def attnlab_vit_to_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def _timm_name(key: str) -> str:
-    """The timm name of attnlab's ``key`` (for messages)."""
-    for part in ("q_proj", "k_proj", "v_proj"):
-        key = key.replace(f".attn.{part}.", ".attn.qkv.")
-    return key.replace(".attn.o_proj.", ".attn.proj.")
+    """The timm name of attnlab's ``key`` (for messages), by the same rules."""
+    return their_name(key, _TIMM_VIT)
 
 
 CLASSIFIER_NAMES = ("head", "fc")  # where attnlab's (and timm's) classifiers keep their final linear layer

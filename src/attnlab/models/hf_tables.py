@@ -17,7 +17,7 @@ from typing import Any, Callable
 from torch import Tensor, nn
 
 from ..errors import InputError
-from .convert import Rule, apply_map, expand
+from ..weight_rules import Rule, apply_map, expand
 from .encoder import TextEncoder, TextEncoderConfig
 from .gpt import GPT, GPTConfig
 from .vit import VisionTransformer, ViTConfig

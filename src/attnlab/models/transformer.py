@@ -23,6 +23,7 @@ from ..layers.transformer_layers import (
     TransformerEncoderLayer,
     check_decoder_attention,
 )
+from ..weight_rules import Rule, apply_map, expand
 from .generation import translate
 from .registry import build_config, check_attention_options, check_attention_values, register_model
 from .token_ids import check_token_ids
@@ -130,26 +131,27 @@ class Transformer(nn.Module):
             norm_first=enc0.norm_first, norm_eps=enc0.norm1.eps, final_norm=module.encoder.norm is not None,
             bias=enc0.linear1.bias is not None,
         )
-        state = {_from_torch_key(k): v for k, v in module.state_dict().items()}
-        new.load_state_dict(state)
+        rules = expand(_TORCH_ENCODER, len(module.encoder.layers)) + expand(_TORCH_DECODER, len(module.decoder.layers))
+        state, _, left = apply_map(module.state_dict(), rules)
+        new.load_state_dict({**left, **state})  # left: the final norms, under the same names
         p = next(module.parameters())
         return new.to(device=p.device, dtype=p.dtype).train(module.training)
 
 
-# torch.nn.Transformer parameter names -> ours, read left to right.
-_TORCH_RENAMES = (
-    ("multihead_attn.", "cross_attn."),
-    ("in_proj_weight", "in_proj.weight"),
-    ("in_proj_bias", "in_proj.bias"),
-    ("linear1.", "ff.fc1."),
-    ("linear2.", "ff.fc2."),
-)
+# torch.nn.Transformer's names -> ours (attnlab.weight_rules): the packed projections split, the rest renamed.
+def _torch_attention(theirs: str, ours: str) -> list[Rule]:
+    return [(f"{theirs}.in_proj_{p}", tuple(f"{ours}.{n}_proj.{p}" for n in "qkv"), "split") for p in ("weight", "bias")] \
+        + [(f"{theirs}.out_proj", f"{ours}.o_proj", "")]
 
 
-def _from_torch_key(key: str) -> str:
-    for old, new in _TORCH_RENAMES:
-        key = key.replace(old, new)
-    return key
+_TORCH_FF: list[Rule] = [("{L}.linear1", "{L}.ff.fc1", ""), ("{L}.linear2", "{L}.ff.fc2", "")]
+_TORCH_ENCODER: list[Rule] = [(t.replace("{L}", "encoder.layers.{i}"), o.replace("{L}", "encoder.layers.{i}"), h)
+                              for t, o, h in _TORCH_FF] + _torch_attention("encoder.layers.{i}.self_attn",
+                                                                           "encoder.layers.{i}.self_attn")
+_TORCH_DECODER: list[Rule] = [(t.replace("{L}", "decoder.layers.{i}"), o.replace("{L}", "decoder.layers.{i}"), h)
+                              for t, o, h in _TORCH_FF] + _torch_attention("decoder.layers.{i}.self_attn",
+                                                                           "decoder.layers.{i}.self_attn") \
+    + _torch_attention("decoder.layers.{i}.multihead_attn", "decoder.layers.{i}.cross_attn")
 
 
 @dataclass

@@ -1,6 +1,8 @@
-"""Foreign checkpoints in attnlab's names, in one declarative style for every source (the
-Hugging Face families of :mod:`attnlab.models.hf`, timm's ViT of
-:mod:`attnlab.models.checkpoint`): a table of rules ``(theirs, ours, how)``.
+"""Weights under other names, in one declarative style for every source (the Hugging Face
+families of :mod:`attnlab.models.hf_tables`, timm's ViT of :mod:`attnlab.models.checkpoint`,
+``torch.nn.Transformer`` in :mod:`attnlab.models.transformer`, and the packed projections of
+attnlab's own older runs in :mod:`attnlab.attention.projections`): a table of rules
+``(theirs, ours, how)``.
 
 * ``{i}`` in a name stands for each layer (:func:`expand`).
 * A name without ``.weight``/``.bias`` moves both, those the checkpoint has; a full name
@@ -12,19 +14,21 @@ Hugging Face families of :mod:`attnlab.models.hf`, timm's ViT of
   packed into one (the inverse of a split).
 
 :func:`apply_map` returns what it converted, where each came from (for messages in the
-checkpoint's own names) and what no rule took.
+checkpoint's own names) and what no rule took; :func:`their_name` the checkpoint's name of one
+of attnlab's (for messages).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..errors import InputError, shape_str
+from .errors import InputError, shape_str
 
-__all__ = ["Rule", "expand", "apply_map"]
+__all__ = ["Rule", "expand", "apply_map", "their_name"]
 
 Rule = tuple[Any, Any, str]
 
@@ -84,3 +88,17 @@ def apply_map(state: dict[str, Tensor], rules: list[Rule], expected: dict[str, T
             for target, part in zip(targets, t.split(sizes)):
                 out[target] = part
     return out, source, state
+
+
+def their_name(key: str, rules: list[Rule]) -> str:
+    """The checkpoint's name of attnlab's tensor ``key`` under ``rules`` (``{i}`` matching any
+    layer): the packed tensor a split part comes from, the first of a join; ``key`` itself
+    when no rule makes it."""
+    for theirs, ours, _ in rules:
+        names = (theirs,) if isinstance(theirs, str) else theirs
+        for target in (ours,) if isinstance(ours, str) else ours:
+            found = re.fullmatch(re.escape(target).replace(re.escape("{i}"), r"(\d+)") + r"(\..*)?", key)
+            if found:
+                layer, suffix = (found.group(1), found.group(2)) if "{i}" in target else (None, found.group(1))
+                return _name(names[0], None if layer is None else int(layer)) + (suffix or "")
+    return key
