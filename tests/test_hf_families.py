@@ -51,6 +51,8 @@ def family_configs():
                              "short_factor": [1.0, 1.1], "long_factor": [2.0, 3.5]})),
         "smollm3": (t.SmolLM3ForCausalLM, t.SmolLM3Config(**SMALL, no_rope_layer_interval=2)),
         "smollm2": (t.LlamaForCausalLM, t.LlamaConfig(**SMALL, tie_word_embeddings=True)),
+        "ministral": (t.MinistralForCausalLM, t.MinistralConfig(**SMALL, sliding_window=4, head_dim=8,
+                                                                layer_types=["sliding_attention", "full_attention"] * 2)),
     }
 
 

@@ -12,6 +12,7 @@ DECODERS = {
     "gpt2": ("GPT-2", "GPT-2"),
     "llama": ("Llama", "Llama 2, Llama 3.x, SmolLM2"),
     "mistral": ("Mistral", "Mistral"),
+    "ministral": ("Ministral", "Ministral 8B"),
     "qwen2": ("Qwen2.5", "Qwen2, Qwen2.5"),
     "qwen3": ("Qwen3", "Qwen3 (dense)"),
     "smollm3": ("SmolLM3", "SmolLM3"),

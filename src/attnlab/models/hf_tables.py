@@ -477,6 +477,7 @@ HF_FAMILIES: dict[str, HFFamily] = {
                      buffers=r"\.attn\.(bias|masked_bias)$"),
     "llama": _decoder("llama"),
     "mistral": _decoder("mistral"),
+    "ministral": _decoder("ministral"),
     "qwen2": _decoder("qwen2"),
     "qwen3": _decoder("qwen3"),
     "smollm3": _decoder("smollm3"),
