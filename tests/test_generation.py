@@ -163,3 +163,23 @@ def test_beam_search_refuses_sampling_options_in_one_line():
     m = model(vocab=8)
     with pytest.raises(ValueError, match="beam search takes no temperature"):
         m.generate(sources(vocab=8), max_new_tokens=4, num_beams=2, temperature=0.5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_lean_decoder_step_gives_the_logits_of_the_whole_target(norm_first):
+    m = model(vocab=50, norm_first=norm_first)
+    assert m.transformer.decoder.has_step
+    src, tgt = sources(vocab=50), torch.randint(3, 50, (5, 9))
+    tgt[:, 0] = m.config.bos_id
+    with torch.no_grad():
+        memory, pad = m.encode(src)
+        whole = m.decode(tgt, memory, pad)
+        cache = m.new_cache(5, 9)
+        steps = [m.decode(tgt[:, t:t + 1], memory, pad, cache=cache, last_only=True) for t in range(9)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), whole, atol=1e-5, rtol=0)
+
+
+def test_a_batchnorm_decoder_steps_through_forward():
+    m = model(vocab=50, norm="batchnorm")
+    assert not m.transformer.decoder.has_step
+    assert m.generate(sources(vocab=50), max_new_tokens=4).shape[0] == 5

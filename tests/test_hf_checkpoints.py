@@ -74,7 +74,7 @@ def test_a_folder_that_cannot_be_read_says_why(tmp_path, folders):
     with pytest.raises(InputError, match="config.json"):
         from_hf(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    with pytest.raises(InputError, match="model_type 't5' is not supported; from_hf reads gpt2, llama, mistral, qwen2, "
+    with pytest.raises(InputError, match="model_type 't5' is not supported; from_hf reads gpt2, llama, mistral, ministral, qwen2, "
                                          "qwen3, smollm3, gemma2, gemma3_text, phi3, diffllama, qwen3_5_text, deepseek_v3, deepseek_v32, bert, roberta, distilbert"):
         from_hf(tmp_path)
     (tmp_path / "config.json").write_text((folders["llama"][1] / "config.json").read_text())

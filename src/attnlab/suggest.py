@@ -1,11 +1,15 @@
-"""One way to say "unknown name, did you mean ...?" across the library."""
+"""One way to say "unknown name, did you mean ...?" across the library, and one way to read a
+name that was renamed."""
 
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+import warnings
+from typing import Any, Callable, Iterable, Mapping
 
-__all__ = ["did_you_mean"]
+from .errors import InputError
+
+__all__ = ["did_you_mean", "rename_former"]
 
 
 def did_you_mean(name: object, choices: Iterable[str], what: str = "known") -> str:
@@ -14,3 +18,26 @@ def did_you_mean(name: object, choices: Iterable[str], what: str = "known") -> s
     choices = sorted(choices)
     close = difflib.get_close_matches(str(name), choices, n=3)
     return f"; did you mean {', '.join(close)}?" if close else f"; {what}: {', '.join(choices)}"
+
+
+def rename_former(given: Mapping[str, Any], former: Mapping[str, str], said: Callable[[str], str], *,
+                  notice: bool = True) -> dict[str, Any]:
+    """``given`` with the keys under a former name (``former``: old name -> new name) renamed, in
+    the same order; each with a one-line :class:`FutureWarning` ``"<said(old)> is now called
+    'new'; ..."`` when ``notice`` (a saved run is read without one). Both names at once is an
+    error naming them."""
+    if not any(key in former for key in given):
+        return dict(given)
+    out: dict[str, Any] = {}
+    for key, value in given.items():
+        new = former.get(key)
+        if new is None:
+            out[key] = value
+            continue
+        if new in given:
+            raise InputError(f"{said(key)} and {new!r} are the same (its former name and its name): give {new!r} alone")
+        if notice:
+            warnings.warn(f"{said(key)} is now called {new!r}; the old name still works for now", FutureWarning,
+                          stacklevel=4)
+        out[new] = value
+    return out

@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 from ..errors import AttentionUnavailable, InputError
 
-__all__ = ["capture_attention", "attention_modules"]
+__all__ = ["capture_attention", "attention_modules", "is_recording"]
 
 Hook = Callable[[Tensor], None]
 
@@ -102,6 +102,12 @@ def _recorder(store: list[Tensor], cpu: bool, previous: Hook | None) -> Hook:
             previous(weights)
 
     return hook
+
+
+def is_recording(module: nn.Module) -> bool:
+    """Whether :func:`capture_attention` records ``module``'s weights now (a lean path that
+    forms none, a decoding step's, must then give way to ``forward``)."""
+    return module.__dict__.get("_attn_capture") is not None
 
 
 @contextmanager

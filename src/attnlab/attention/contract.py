@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Mapping, Protocol, runtime_checkable
 
 from torch import Tensor
 
 from ..errors import InputError
-from ..suggest import did_you_mean
+from ..suggest import did_you_mean, rename_former
 
 __all__ = ["Capabilities", "Option", "Options", "Cache"]
 
@@ -191,22 +190,8 @@ class Options:
     def upgrade(self, kind: str, given: Mapping[str, Any]) -> dict[str, Any]:
         """``given`` with options under their former names (:attr:`Option.was`) renamed, each
         with a :class:`FutureWarning` naming the new name; a copy, in the same order."""
-        former = {o.was: o.name for o in self._by_name.values() if o.was is not None}
-        if not any(name in former and name not in self._by_name for name in given):
-            return dict(given)
-        out: dict[str, Any] = {}
-        for name, value in given.items():
-            new = former.get(name) if name not in self._by_name else None
-            if new is None:
-                out[name] = value
-                continue
-            if new in given:
-                raise InputError(f"{name} and {new} of attention {kind!r} are the same option (its former name and "
-                                 f"its name): give {new} alone")
-            warnings.warn(f"option {name!r} of attention {kind!r} is now called {new!r}; the old name still works "
-                          f"for now", FutureWarning, stacklevel=3)
-            out[new] = value
-        return out
+        former = {o.was: o.name for o in self._by_name.values() if o.was is not None and o.was not in self._by_name}
+        return rename_former(given, former, lambda name: f"option {name!r} of attention {kind!r}")
 
     def problem(self, given: Mapping[str, Any]) -> tuple[str, Any, str | None] | None:
         """The first of ``given`` that the options refuse, as ``(name, value, expected)``

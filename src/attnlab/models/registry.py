@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import warnings
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, TypeVar
 
@@ -14,7 +13,7 @@ from torch import nn
 from ..attention.registry import (attention_options, attention_position_options, attention_takes,
                                   upgrade_attention_options)
 from ..errors import InputError
-from ..suggest import did_you_mean
+from ..suggest import did_you_mean, rename_former
 
 __all__ = ["register_model", "create_model", "list_models", "model_entry", "build_config", "count_parameters",
            "config_class", "upgrade_options", "OptionError", "FIELD_RANGES", "check_ranges", "check_attention_options",
@@ -176,23 +175,8 @@ def config_class(name: str) -> type | None:
 def upgrade_fields(cls: type, options: dict[str, Any], *, notice: bool) -> dict[str, Any]:
     """``options`` with the config class's former field names (its ``deprecated`` map) renamed,
     each with a one-line :class:`FutureWarning` naming the new name when ``notice``."""
-    deprecated = getattr(cls, "deprecated", {})
-    if not any(k in deprecated for k in options):
-        return options
-    out: dict[str, Any] = {}
-    for key, value in options.items():
-        new = deprecated.get(key)
-        if new is None:
-            out[key] = value
-            continue
-        if new in options:
-            raise InputError(f"{cls.__name__} fields {key!r} and {new!r} are the same (its former name and its "
-                             f"name): give {new!r} alone")
-        if notice:
-            warnings.warn(f"{cls.__name__} field {key!r} is now called {new!r}; the old name still works for now",
-                          FutureWarning, stacklevel=3)
-        out[new] = value
-    return out
+    return rename_former(options, getattr(cls, "deprecated", {}), lambda key: f"{cls.__name__} field {key!r}",
+                         notice=notice)
 
 
 def upgrade_options(name: str, options: dict[str, Any]) -> dict[str, Any]:

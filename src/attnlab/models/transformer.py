@@ -328,6 +328,10 @@ class Seq2SeqTransformer(nn.Module):
             raise InputError(f"memory must have tgt's batch size {tgt.shape[0]}; got shape {tuple(memory.shape)}")
         offset = 0 if cache is None else cache.seq_len
         x = self.embed_drop(self.tgt_pos(self.tgt_embed(tgt) * self.embed_scale, offset))
+        decoder = self.transformer.decoder
+        if cache is not None and tgt.shape[1] == 1 and offset > 0 and not self.training \
+                and not torch.is_grad_enabled() and decoder.has_step:  # a generation's step after the first
+            return self.generator(decoder.step(x[:, 0], memory, memory_key_padding_mask, cache))[:, None]
         tgt_pad = None if cache is not None or last_only else tgt == self.config.pad_id
         h = self.transformer.decoder(
             x, memory, tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=memory_key_padding_mask, cache=cache
