@@ -141,6 +141,52 @@ def _layer_types(c: dict[str, Any], family: str, depth: int) -> list[str]:
     return ["sliding" if window and c.get("use_sliding_window", True) else "full"] * depth
 
 
+_NEEDED = object()  # a key a config.json must have
+
+# config.json key -> GPTConfig field, with the value when the key is absent and a conversion: the
+# keys every Llama-shaped decoder reads alike. What a family reads besides, or defaults or fixes
+# otherwise, is its own table in _DECODER_FAMILIES; the composite parts (the layers' kinds and
+# windows, the rotary settings, the activation, the head size) are the functions below.
+_DECODER_FIELDS: list[tuple[str, str, Any, Callable[[Any], Any] | None]] = [
+    ("vocab_size", "vocab_size", _NEEDED, None),
+    ("max_position_embeddings", "max_len", 2048, None),
+    ("intermediate_size", "mlp_hidden_dim", _NEEDED, None),
+    ("rms_norm_eps", "norm_eps", 1e-6, None),
+    ("attention_bias", "attention_bias", False, bool),
+    ("mlp_bias", "mlp_bias", False, bool),
+    ("tie_word_embeddings", "tie_embeddings", False, bool),
+]
+_GEMMA: dict[str, Any] = {
+    "defaults": {"tie_word_embeddings": True},
+    "keys": [("attn_logit_softcapping", "attn_softcap", None, None),
+             ("final_logit_softcapping", "logit_softcap", None, None),
+             ("query_pre_attn_scalar", "query_pre_attn_scalar", None, float)],
+    "fixed": {"post_norms": True},
+}
+# Each family's own: "defaults" (config.json key -> its value when absent), "keys" (more keys
+# read, as in _DECODER_FIELDS) and "fixed" (GPTConfig fields the family always has).
+_DECODER_FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {}, "mistral": {}, "ministral": {}, "phi3": {},
+    "qwen2": {"defaults": {"attention_bias": True}, "fixed": {"attention_out_bias": False}},  # no output bias
+    "qwen3": {"fixed": {"qk_norm": True}},
+    "smollm3": {"defaults": {"tie_word_embeddings": True}},
+    "gemma2": _GEMMA,
+    "gemma3_text": {**_GEMMA, "fixed": {**_GEMMA["fixed"], "qk_norm": True}},
+    "diffllama": {"fixed": {"attention": "differential"}},
+}
+
+
+def _fields(c: dict[str, Any], family: str) -> dict[str, Any]:
+    """The GPTConfig fields that config.json's keys give directly, by the family's tables."""
+    table = _DECODER_FAMILIES[family]
+    defaults = table.get("defaults", {})
+    out: dict[str, Any] = {}
+    for key, field, default, convert in [*_DECODER_FIELDS, *table.get("keys", [])]:
+        value = c[key] if default is _NEEDED else c.get(key, defaults.get(key, default))
+        out[field] = value if convert is None or value is None else convert(value)
+    return {**out, **table.get("fixed", {})}
+
+
 def _decoder_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GPTConfig:
     """A GPTConfig of a Llama-shaped decoder's config.json (Llama, Mistral, Qwen2/3, SmolLM3,
     Gemma 2/3, Phi-3); ``family``'s own fixed choices (Gemma's norms, Qwen3's QK-norm) added.
@@ -177,28 +223,16 @@ def _decoder_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GP
     nope = None
     if c.get("no_rope_layers") is not None:  # SmolLM3: 1 = rotary positions, 0 = none
         nope = [i for i, use in enumerate(c["no_rope_layers"]) if not use] or None
-    bias = bool(c.get("attention_bias", family == "qwen2"))  # Qwen2: query/key/value biases, none on the output
-    out_bias = False if family == "qwen2" else None
-    if gemma:
-        scalar = c.get("query_pre_attn_scalar")
     return GPTConfig(
-        vocab_size=c["vocab_size"], max_len=c.get("max_position_embeddings", 2048), embed_dim=hidden, depth=depth,
-        num_heads=heads, num_kv_heads=c.get("num_key_value_heads") or heads,
+        **_fields(c, family), embed_dim=hidden, depth=depth, num_heads=heads,
+        num_kv_heads=c.get("num_key_value_heads") or heads,
         head_dim=head_dim if head_dim not in (None, hidden // heads) or hidden % heads else None,
-        mlp_hidden_dim=c["intermediate_size"], mlp=_ACTIVATIONS[act], norm="rmsnorm",
-        norm_eps=c.get("rms_norm_eps", 1e-6), pos_embed="rope", rope_theta=theta, rope_scaling=scaling,
+        mlp=_ACTIVATIONS[act], norm="rmsnorm", pos_embed="rope", rope_theta=theta, rope_scaling=scaling,
         partial_rotary=fraction, sliding_window=window if "sliding" in types else None,
         layers=_per_layer([{"sliding": t == "sliding", **({"positions": False} if i in (nope or ()) else {})}
                            for i, t in enumerate(types)]),
         rope_local_theta=local if local is not None and local != theta and "sliding" in types else None,
-        qk_norm=family in ("qwen3", "gemma3_text"),
-        query_pre_attn_scalar=float(scalar) if gemma and scalar is not None else None,
-        attn_softcap=c.get("attn_logit_softcapping") if gemma else None,
-        logit_softcap=c.get("final_logit_softcapping") if gemma else None,
-        post_norms=gemma, embed_scale=float(hidden) ** 0.5 if gemma else None,
-        bias=False, attention_bias=bias, attention_out_bias=out_bias, mlp_bias=bool(c.get("mlp_bias", False)),
-        tie_embeddings=bool(c.get("tie_word_embeddings", gemma or family == "smollm3")),
-        attention="differential" if family == "diffllama" else "exact")
+        embed_scale=float(hidden) ** 0.5 if gemma else None, bias=False)
 
 
 def _deepseek_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GPTConfig:
@@ -463,6 +497,8 @@ class HFFamily:
 
 
 def _decoder(family: str, **kw: Any) -> HFFamily:
+    if family not in _DECODER_FAMILIES:  # a family added to HF_FAMILIES without its table
+        raise InputError(f"decoder family {family!r} has no entry in _DECODER_FAMILIES")
     return HFFamily(lambda c, sd: _decoder_config(c, sd, family), GPT, lambda cfg: _decoder_weights(cfg, **kw),
                     "llama_tiny", buffers=r"rotary_emb\.inv_freq$")
 
