@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from .processors import LogitsProcessor, StopStrings, choose, processors_for, samples
+from .processors import LogitsProcessor, StopStrings, choose, processors_for
 from .sampling import check_decodable, check_generation
 
 __all__ = ["generate", "stream", "translate", "greedy_search", "beam_search", "Step", "DecoderSession",
@@ -161,19 +161,15 @@ def search(session: Any, max_new_tokens: int, processors: Sequence[LogitsProcess
     if max_new_tokens == 0:
         return
     logits = session.first()
+    # the logits after every prompt position, for the first step's observer alone: (B, L, V) is not held longer
+    prompt_logits, session.prompt_logits = session.prompt_logits, None
     batch = logits.shape[0]
     done = torch.zeros(batch, dtype=torch.bool, device=logits.device)
     fill = eos_id if fill is None else fill
     new: list[Tensor] = []
     for index in range(max_new_tokens):
         logits = logits.float()
-        processed = logits
-        for processor in processors:
-            processed = processor(session.ids, processed)
-        if samples(processors):
-            nxt = torch.multinomial(processed.softmax(-1), 1, generator=generator)[:, 0]
-        else:
-            nxt = processed.argmax(-1)
+        nxt = choose(session.ids, logits, processors, generator)
         if scores is not None:  # a chosen token is never one the processors masked: its raw log-probability
             scores += torch.log_softmax(logits, dim=-1).gather(1, nxt[:, None])[:, 0].masked_fill(done, 0.0)
         if fill is not None:
@@ -181,12 +177,13 @@ def search(session: Any, max_new_tokens: int, processors: Sequence[LogitsProcess
         if eos_id is not None:
             done |= nxt == eos_id
         if observer is not None:
-            observer(Step(index, nxt, logits, session.cache, session.prompt_logits if index == 0 else None))
+            observer(Step(index, nxt, logits, session.cache, prompt_logits if index == 0 else None))
+        prompt_logits = None
         yield nxt
         new.append(nxt)
         for rule in stops:
             done |= rule(torch.stack(new, dim=1))
-        if bool(done.all()) and (eos_id is not None or stops):
+        if (eos_id is not None or stops) and bool(done.all()):
             return
         if index + 1 < max_new_tokens:
             logits = session.next(nxt)
