@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 from torch import Tensor, nn
@@ -85,18 +86,19 @@ def _per_layer(entries: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     return entries[:period]
 
 
-def _rope(c: dict[str, Any], rotary_dim: int, family: str = "") -> tuple[float, dict | None, float | None, float]:
+def _rope(c: dict[str, Any], rotary_dim: int, flat: Callable[[dict[str, Any]], dict] | None = None,
+          ) -> tuple[float, dict | None, float | None, float]:
     """``(rope_theta, rope_scaling, the sliding layers' plain base or None, partial_rotary)`` of
     config.json's ``rope_parameters`` (transformers 5; per layer type for Gemma 3) or
-    ``rope_theta``/``rope_scaling`` (older folders)."""
+    ``rope_theta``/``rope_scaling`` (older folders; ``flat`` turns a family's own flat keys into
+    ``rope_parameters``)."""
     params = c.get("rope_parameters") or c.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise InputError(f"config.json: rope_parameters must be a mapping; got {params!r}")
     local = None
     key = "rope_parameters" if c.get("rope_parameters") else "rope_scaling"
-    if family == "gemma3_text" and not c.get("rope_parameters"):  # before transformers 5: flat keys
-        params = {"sliding_attention": {"rope_type": "default", "rope_theta": c.get("rope_local_base_freq", 10000.0)},
-                  "full_attention": {**(c.get("rope_scaling") or {}), "rope_theta": c.get("rope_theta", 1e6)}}
+    if flat is not None and not c.get("rope_parameters"):
+        params = flat(c)
     if "full_attention" in params or "sliding_attention" in params:  # one set per layer type
         sliding = params.get("sliding_attention") or {}
         if sliding.get("rope_type", sliding.get("type", "default")) != "default":
@@ -119,35 +121,51 @@ def _rope(c: dict[str, Any], rotary_dim: int, family: str = "") -> tuple[float, 
     return theta, scaling, local, fraction
 
 
-def _layer_types(c: dict[str, Any], family: str, depth: int) -> list[str]:
-    """Each layer's type when config.json has no ``layer_types`` (folders written before
-    transformers 5), as each family's config derives it: Gemma 2 alternates sliding and full
-    layers, Gemma 3 has ``sliding_window_pattern - 1`` sliding layers to one full one, Qwen2
-    and Qwen3 slide from ``max_window_layers`` on when ``use_sliding_window``, SmolLM3 slides
-    in its layers without positions when ``use_sliding_window``; Mistral and Phi-3 slide in
-    every layer when they have a window."""
-    if family == "gemma2":
-        return ["sliding" if (i + 1) % 2 else "full" for i in range(depth)]
-    if family == "gemma3_text":
-        pattern = c.get("sliding_window_pattern", c.get("_sliding_window_pattern", 6))
-        return ["sliding" if (i + 1) % pattern else "full" for i in range(depth)]
-    window = c.get("sliding_window")
-    if family in ("qwen2", "qwen3"):
-        start = c.get("max_window_layers", 28)
-        return ["sliding" if window and c.get("use_sliding_window") and i >= start else "full" for i in range(depth)]
-    if family == "smollm3":
-        rope = c.get("no_rope_layers") or [int((i + 1) % c.get("no_rope_layer_interval", 4) != 0) for i in range(depth)]
-        return ["sliding" if window and c.get("use_sliding_window") and not rope[i] else "full" for i in range(depth)]
-    return ["sliding" if window and c.get("use_sliding_window", True) else "full"] * depth
+def _gemma3_flat_rope(c: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's rotary settings before transformers 5: a plain base for the sliding layers, the
+    scaled one for the full layers."""
+    return {"sliding_attention": {"rope_type": "default", "rope_theta": c.get("rope_local_base_freq", 10000.0)},
+            "full_attention": {**(c.get("rope_scaling") or {}), "rope_theta": c.get("rope_theta", 1e6)}}
+
+
+# Each layer's type when config.json has no ``layer_types`` (folders written before transformers
+# 5), as each family's config derives it.
+def _every_layer_slides(c: dict[str, Any], depth: int) -> list[str]:
+    """Mistral, Phi-3, Llama: every layer slides when there is a window."""
+    return ["sliding" if c.get("sliding_window") and c.get("use_sliding_window", True) else "full"] * depth
+
+
+def _alternate(c: dict[str, Any], depth: int) -> list[str]:
+    """Gemma 2: sliding and full layers in turn."""
+    return ["sliding" if (i + 1) % 2 else "full" for i in range(depth)]
+
+
+def _gemma3_pattern(c: dict[str, Any], depth: int) -> list[str]:
+    """Gemma 3: ``sliding_window_pattern - 1`` sliding layers to one full one."""
+    pattern = c.get("sliding_window_pattern", c.get("_sliding_window_pattern", 6))
+    return ["sliding" if (i + 1) % pattern else "full" for i in range(depth)]
+
+
+def _qwen_from_max_window_layers(c: dict[str, Any], depth: int) -> list[str]:
+    """Qwen2 and Qwen3: sliding from ``max_window_layers`` on when ``use_sliding_window``."""
+    slides = c.get("sliding_window") and c.get("use_sliding_window")
+    return ["sliding" if slides and i >= c.get("max_window_layers", 28) else "full" for i in range(depth)]
+
+
+def _smollm3_nope_layers(c: dict[str, Any], depth: int) -> list[str]:
+    """SmolLM3: sliding in its layers without positions when ``use_sliding_window``."""
+    rope = c.get("no_rope_layers") or [int((i + 1) % c.get("no_rope_layer_interval", 4) != 0) for i in range(depth)]
+    slides = c.get("sliding_window") and c.get("use_sliding_window")
+    return ["sliding" if slides and not rope[i] else "full" for i in range(depth)]
 
 
 _NEEDED = object()  # a key a config.json must have
+Key = tuple[str, str, Any, "Callable[[Any], Any] | None"]  # config.json key, GPTConfig field, default, conversion
 
 # config.json key -> GPTConfig field, with the value when the key is absent and a conversion: the
 # keys every Llama-shaped decoder reads alike. What a family reads besides, or defaults or fixes
-# otherwise, is its own table in _DECODER_FAMILIES; the composite parts (the layers' kinds and
-# windows, the rotary settings, the activation, the head size) are the functions below.
-_DECODER_FIELDS: list[tuple[str, str, Any, Callable[[Any], Any] | None]] = [
+# otherwise, is its own DecoderTable in _DECODER_FAMILIES.
+_DECODER_FIELDS: list[Key] = [
     ("vocab_size", "vocab_size", _NEEDED, None),
     ("max_position_embeddings", "max_len", 2048, None),
     ("intermediate_size", "mlp_hidden_dim", _NEEDED, None),
@@ -156,45 +174,62 @@ _DECODER_FIELDS: list[tuple[str, str, Any, Callable[[Any], Any] | None]] = [
     ("mlp_bias", "mlp_bias", False, bool),
     ("tie_word_embeddings", "tie_embeddings", False, bool),
 ]
-_GEMMA: dict[str, Any] = {
-    "defaults": {"tie_word_embeddings": True},
-    "keys": [("attn_logit_softcapping", "attn_softcap", None, None),
-             ("final_logit_softcapping", "logit_softcap", None, None),
-             ("query_pre_attn_scalar", "query_pre_attn_scalar", None, float)],
-    "fixed": {"post_norms": True},
+
+
+@dataclass(frozen=True)
+class DecoderTable:
+    """What one Llama-shaped family reads differently from :data:`_DECODER_FIELDS`.
+
+    ``defaults``: config.json key -> its value when absent; ``keys``: more keys read;
+    ``fixed``: GPTConfig fields the family always has; ``gemma``: Gemma's layout (four norms a
+    block stored minus one, ``hidden_activation``, embeddings scaled by the square root of the
+    width); ``packed``: Phi-3's joined projections; ``layer_types``: each layer's type in
+    folders without ``layer_types``; ``flat_rope``: the family's rotary keys before
+    ``rope_parameters``."""
+
+    defaults: dict[str, Any] = field(default_factory=dict)
+    keys: tuple[Key, ...] = ()
+    fixed: dict[str, Any] = field(default_factory=dict)
+    gemma: bool = False
+    packed: bool = False
+    layer_types: Callable[[dict[str, Any], int], list[str]] = _every_layer_slides
+    flat_rope: Callable[[dict[str, Any]], dict] | None = None
+
+    def fields(self, c: dict[str, Any]) -> dict[str, Any]:
+        """The GPTConfig fields that config.json's keys give directly."""
+        out: dict[str, Any] = {}
+        for key, name, default, convert in [*_DECODER_FIELDS, *self.keys]:
+            value = c[key] if default is _NEEDED else c.get(key, self.defaults.get(key, default))
+            out[name] = value if convert is None or value is None else convert(value)
+        return {**out, **self.fixed}
+
+
+_GEMMA_KEYS: tuple[Key, ...] = (("attn_logit_softcapping", "attn_softcap", None, None),
+                                ("final_logit_softcapping", "logit_softcap", None, None),
+                                ("query_pre_attn_scalar", "query_pre_attn_scalar", None, float))
+_DECODER_FAMILIES: dict[str, DecoderTable] = {
+    "llama": DecoderTable(), "mistral": DecoderTable(), "ministral": DecoderTable(),
+    "phi3": DecoderTable(packed=True),
+    "qwen2": DecoderTable(defaults={"attention_bias": True}, fixed={"attention_out_bias": False},  # no output bias
+                          layer_types=_qwen_from_max_window_layers),
+    "qwen3": DecoderTable(fixed={"qk_norm": True}, layer_types=_qwen_from_max_window_layers),
+    "smollm3": DecoderTable(defaults={"tie_word_embeddings": True}, layer_types=_smollm3_nope_layers),
+    "gemma2": DecoderTable(defaults={"tie_word_embeddings": True}, keys=_GEMMA_KEYS, fixed={"post_norms": True},
+                           gemma=True, layer_types=_alternate),
+    "gemma3_text": DecoderTable(defaults={"tie_word_embeddings": True}, keys=_GEMMA_KEYS,
+                                fixed={"post_norms": True, "qk_norm": True}, gemma=True,
+                                layer_types=_gemma3_pattern, flat_rope=_gemma3_flat_rope),
+    "diffllama": DecoderTable(fixed={"attention": "differential"}),
 }
-# Each family's own: "defaults" (config.json key -> its value when absent), "keys" (more keys
-# read, as in _DECODER_FIELDS) and "fixed" (GPTConfig fields the family always has).
-_DECODER_FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": {}, "mistral": {}, "ministral": {}, "phi3": {},
-    "qwen2": {"defaults": {"attention_bias": True}, "fixed": {"attention_out_bias": False}},  # no output bias
-    "qwen3": {"fixed": {"qk_norm": True}},
-    "smollm3": {"defaults": {"tie_word_embeddings": True}},
-    "gemma2": _GEMMA,
-    "gemma3_text": {**_GEMMA, "fixed": {**_GEMMA["fixed"], "qk_norm": True}},
-    "diffllama": {"fixed": {"attention": "differential"}},
-}
 
 
-def _fields(c: dict[str, Any], family: str) -> dict[str, Any]:
-    """The GPTConfig fields that config.json's keys give directly, by the family's tables."""
-    table = _DECODER_FAMILIES[family]
-    defaults = table.get("defaults", {})
-    out: dict[str, Any] = {}
-    for key, field, default, convert in [*_DECODER_FIELDS, *table.get("keys", [])]:
-        value = c[key] if default is _NEEDED else c.get(key, defaults.get(key, default))
-        out[field] = value if convert is None or value is None else convert(value)
-    return {**out, **table.get("fixed", {})}
-
-
-def _decoder_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GPTConfig:
+def _decoder_config(c: dict[str, Any], sd: dict[str, Tensor], table: DecoderTable) -> GPTConfig:
     """A GPTConfig of a Llama-shaped decoder's config.json (Llama, Mistral, Qwen2/3, SmolLM3,
-    Gemma 2/3, Phi-3); ``family``'s own fixed choices (Gemma's norms, Qwen3's QK-norm) added.
-    Keys of folders written before transformers 5 (no ``layer_types``; Gemma 3's
-    ``sliding_window_pattern`` and ``rope_local_base_freq``) are read as transformers reads them."""
-    gemma = family in ("gemma2", "gemma3_text")
-    act_key = "hidden_activation" if gemma and "hidden_activation" in c else "hidden_act"
-    act = c.get(act_key, "gelu_pytorch_tanh" if gemma else "silu")
+    Gemma 2/3, Phi-3, DiffLlama), read by the family's ``table``. Keys of folders written
+    before transformers 5 (no ``layer_types``; Gemma 3's ``sliding_window_pattern`` and
+    ``rope_local_base_freq``) are read as transformers reads them."""
+    act_key = "hidden_activation" if table.gemma and "hidden_activation" in c else "hidden_act"
+    act = c.get(act_key, "gelu_pytorch_tanh" if table.gemma else "silu")
     if act not in _ACTIVATIONS:
         raise InputError(f"config.json: {act_key} {act!r} is not supported; gated MLPs take "
                          f"{', '.join(_ACTIVATIONS)}")
@@ -211,20 +246,19 @@ def _decoder_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GP
             raise InputError(f"config.json: layer_types {unknown[0]!r} is not supported; attnlab's layers are "
                              f"{' and '.join(_LAYER_TYPES)}")
         types = [_LAYER_TYPES[t] for t in c["layer_types"]]
-        window = c.get("sliding_window") if "sliding" in types else None
     elif isinstance(depth, int) and 0 < depth <= len(stored_layers(sd)):  # else refused below, by the weights
-        types = _layer_types(c, family, depth)
-        window = c.get("sliding_window") if "sliding" in types else None
+        types = table.layer_types(c, depth)
     else:
-        types, window = ["full"], None
+        types = ["full"]
+    window = c.get("sliding_window") if "sliding" in types else None
     if not window:  # Qwen2's sliding layers without a window (use_sliding_window false) attend to everything
         types = ["full"] * len(types)
-    theta, scaling, local, fraction = _rope(c, head_dim or hidden // heads, family)
+    theta, scaling, local, fraction = _rope(c, head_dim or hidden // heads, table.flat_rope)
     nope = None
     if c.get("no_rope_layers") is not None:  # SmolLM3: 1 = rotary positions, 0 = none
         nope = [i for i, use in enumerate(c["no_rope_layers"]) if not use] or None
     return GPTConfig(
-        **_fields(c, family), embed_dim=hidden, depth=depth, num_heads=heads,
+        **table.fields(c), embed_dim=hidden, depth=depth, num_heads=heads,
         num_kv_heads=c.get("num_key_value_heads") or heads,
         head_dim=head_dim if head_dim not in (None, hidden // heads) or hidden % heads else None,
         mlp=_ACTIVATIONS[act], norm="rmsnorm", pos_embed="rope", rope_theta=theta, rope_scaling=scaling,
@@ -232,17 +266,17 @@ def _decoder_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GP
         layers=_per_layer([{"sliding": t == "sliding", **({"positions": False} if i in (nope or ()) else {})}
                            for i, t in enumerate(types)]),
         rope_local_theta=local if local is not None and local != theta and "sliding" in types else None,
-        embed_scale=float(hidden) ** 0.5 if gemma else None, bias=False)
+        embed_scale=float(hidden) ** 0.5 if table.gemma else None, bias=False)
 
 
-def _deepseek_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GPTConfig:
+def _deepseek_config(c: dict[str, Any], sd: dict[str, Tensor], family: str, *, indexed: bool) -> GPTConfig:
     """DeepSeek-V3's config.json with every layer dense (``first_k_dense_replace`` at least the
     number of layers): multi-head latent attention (``kv_lora_rank``, ``q_lora_rank``, heads
     of ``qk_nope_head_dim`` + ``qk_rope_head_dim`` and values of ``v_head_dim``), Llama's MLP.
     With yarn rotary positions and ``mscale_all_dim``, the logits are scaled by ``mscale**2``
-    as DeepSeek's attention does."""
+    as DeepSeek's attention does. ``indexed``: DeepSeek-V3.2, whose indexer picks each query's keys."""
     depth = c["num_hidden_layers"]
-    types, kind = c.get("layer_types"), "indexed_attention" if family == "deepseek_v32" else "full_attention"
+    types, kind = c.get("layer_types"), "indexed_attention" if indexed else "full_attention"
     if types is not None and any(t != kind for t in types):  # every layer the same kind, as attnlab builds them
         raise InputError(f"config.json: layer_types {sorted(set(types) - {kind})} are not supported in a "
                          f"{family} folder (its layers are all {kind})")
@@ -258,7 +292,7 @@ def _deepseek_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> G
     if act not in _ACTIVATIONS:
         raise InputError(f"config.json: hidden_act {act!r} is not supported; gated MLPs take {', '.join(_ACTIVATIONS)}")
     nope, rope_dim = int(c.get("qk_nope_head_dim", 128)), int(c.get("qk_rope_head_dim", 64))
-    theta, scaling, _, fraction = _rope(c, rope_dim, family)
+    theta, scaling, _, fraction = _rope(c, rope_dim)
     if fraction != 1.0:
         raise InputError(f"config.json: partial_rotary_factor {fraction} is not supported with latent attention")
     scalar = None  # the logits' scale as query_pre_attn_scalar ** -0.5: (nope + rope_dim) / mscale ** 4
@@ -269,7 +303,7 @@ def _deepseek_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> G
     options = {"kv_rank": int(c.get("kv_lora_rank", 512)), "q_rank": c.get("q_lora_rank"), "rope_dim": rope_dim,
                "v_head_dim": int(c.get("v_head_dim") or nope), "rope_interleave": bool(c.get("rope_interleave", True))}
     kind = "latent"
-    if family == "deepseek_v32":  # DeepSeek's sparse attention: an indexer picks each query's keys
+    if indexed:  # DeepSeek's sparse attention: an indexer picks each query's keys
         if c.get("q_lora_rank") is None:
             raise InputError("config.json: q_lora_rank is null; DeepSeek-V3.2's indexer reads the compressed query")
         kind = "dsa"
@@ -285,7 +319,7 @@ def _deepseek_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> G
         attention_options=options)
 
 
-def _qwen35_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GPTConfig:
+def _qwen35_config(c: dict[str, Any], sd: dict[str, Tensor]) -> GPTConfig:
     """Qwen3.5's text decoder: ``layer_types`` of gated delta layers (``linear_attention``, with
     heads and sizes of their own) and full attention with QK-norm, an output gate and partial
     rotary positions."""
@@ -299,7 +333,7 @@ def _qwen35_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> GPT
         raise InputError(f"config.json: hidden_act {act!r} is not supported (Qwen3.5's MLP and convolution use silu)")
     heads, hidden = c["num_attention_heads"], c["hidden_size"]
     head_dim = c.get("head_dim") or hidden // heads
-    theta, scaling, _, fraction = _rope(c, head_dim, family)
+    theta, scaling, _, fraction = _rope(c, head_dim)
     linear_heads = c["linear_num_value_heads"]
     linear = {"num_key_heads": c["linear_num_key_heads"],
               "head_dim": c["linear_key_head_dim"], "v_head_dim": c["linear_value_head_dim"],
@@ -381,35 +415,51 @@ def _architecture(c: dict[str, Any], family: str) -> str:
     return named[0]
 
 
-def _bert_like_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> TextEncoderConfig:
-    arch = _architecture(c, family)
-    classify = arch.endswith("ForSequenceClassification")
+def _classes(c: dict[str, Any], sd: dict[str, Tensor], family: str, head: str) -> tuple[bool, int]:
+    """Whether the folder is the family's classifier, and its number of classes (0: none)."""
+    classify = _architecture(c, family).endswith("ForSequenceClassification")
+    return classify, int(sd[head].shape[0]) if classify and head in sd else 0
+
+
+def _check_encoder_act(c: dict[str, Any]) -> None:
     act = c.get("hidden_act", c.get("activation", "gelu"))
     if act != "gelu":
         raise InputError(f"config.json: activation {act!r} is not supported (attnlab's encoder layers take gelu)")
+
+
+def _bert_config(c: dict[str, Any], sd: dict[str, Tensor], family: str, *, head: str,
+                 positions_from_ids: bool = False) -> TextEncoderConfig:
+    """BERT's and RoBERTa's config.json (``head``: the classifier's weight; RoBERTa counts
+    positions from the padding token's index, ``positions_from_ids``)."""
+    _check_encoder_act(c)
     if c.get("position_embedding_type", "absolute") != "absolute":
         raise InputError(f"config.json: position_embedding_type {c['position_embedding_type']!r} is not supported "
                          f"(absolute positions only)")
-    head = {"bert": "classifier.weight", "roberta": "classifier.out_proj.weight", "distilbert": "classifier.weight"}
     sd = {k.removeprefix(family + "."): v for k, v in sd.items()}
-    num_classes = int(sd[head[family]].shape[0]) if classify and head[family] in sd else 0
-    if family == "distilbert":
-        return TextEncoderConfig(vocab_size=c["vocab_size"], num_classes=num_classes, embed_dim=c["dim"],
-                                 depth=c["n_layers"], num_heads=c["n_heads"], mlp_ratio=c["hidden_dim"] / c["dim"],
-                                 max_len=c.get("max_position_embeddings", 512), type_vocab_size=0,
-                                 pad_token_id=c.get("pad_token_id", 0), norm_eps=1e-12,  # DistilBERT's, fixed
-                                 drop_rate=c.get("dropout", 0.1), attn_drop_rate=c.get("attention_dropout", 0.1),
-                                 pooler="relu" if classify else "none")
+    classify, num_classes = _classes(c, sd, family, head)
     pooled = classify or any(k.endswith("pooler.dense.weight") for k in sd)
     return TextEncoderConfig(vocab_size=c["vocab_size"], num_classes=num_classes, embed_dim=c["hidden_size"],
                              depth=c["num_hidden_layers"], num_heads=c["num_attention_heads"],
                              mlp_ratio=c["intermediate_size"] / c["hidden_size"],
                              max_len=c.get("max_position_embeddings", 512), type_vocab_size=c.get("type_vocab_size", 2),
                              pad_token_id=c.get("pad_token_id", 0) if c.get("pad_token_id") is not None else 0,
-                             positions_from_ids=family == "roberta", norm_eps=c.get("layer_norm_eps", 1e-12),
+                             positions_from_ids=positions_from_ids, norm_eps=c.get("layer_norm_eps", 1e-12),
                              drop_rate=c.get("hidden_dropout_prob", 0.1),
                              attn_drop_rate=c.get("attention_probs_dropout_prob", 0.1),
                              pooler="tanh" if pooled else "none")
+
+
+def _distilbert_config(c: dict[str, Any], sd: dict[str, Tensor], family: str) -> TextEncoderConfig:
+    """DistilBERT's config.json: its own key names, no token types, a ReLU pre-classifier."""
+    _check_encoder_act(c)
+    sd = {k.removeprefix(family + "."): v for k, v in sd.items()}
+    classify, num_classes = _classes(c, sd, family, "classifier.weight")
+    return TextEncoderConfig(vocab_size=c["vocab_size"], num_classes=num_classes, embed_dim=c["dim"],
+                             depth=c["n_layers"], num_heads=c["n_heads"], mlp_ratio=c["hidden_dim"] / c["dim"],
+                             max_len=c.get("max_position_embeddings", 512), type_vocab_size=0,
+                             pad_token_id=c.get("pad_token_id", 0), norm_eps=1e-12,  # DistilBERT's, fixed
+                             drop_rate=c.get("dropout", 0.1), attn_drop_rate=c.get("attention_dropout", 0.1),
+                             pooler="relu" if classify else "none")
 
 
 _QKV = (("query", "q"), ("key", "k"), ("value", "v"))  # BERT's and ViT's names of the projections
@@ -496,15 +546,16 @@ class HFFamily:
         return apply_map(sd, expand(self.weights(cfg), getattr(cfg, "depth", 0)), expected)
 
 
-def _decoder(family: str, **kw: Any) -> HFFamily:
-    if family not in _DECODER_FAMILIES:  # a family added to HF_FAMILIES without its table
-        raise InputError(f"decoder family {family!r} has no entry in _DECODER_FAMILIES")
-    return HFFamily(lambda c, sd: _decoder_config(c, sd, family), GPT, lambda cfg: _decoder_weights(cfg, **kw),
+def _decoder(family: str) -> HFFamily:
+    table = _DECODER_FAMILIES[family]
+    return HFFamily(partial(_decoder_config, table=table), GPT,
+                    partial(_decoder_weights, gemma=table.gemma, packed=table.packed),
                     "llama_tiny", buffers=r"rotary_emb\.inv_freq$")
 
 
-def _encoder(family: str, weights: Callable[[Any], list[Rule]], registered: str) -> HFFamily:
-    return HFFamily(lambda c, sd: _bert_like_config(c, sd, family), TextEncoder, weights, registered,
+def _encoder(family: str, config: Callable[..., TextEncoderConfig], weights: Callable[[Any], list[Rule]],
+             registered: str, **options: Any) -> HFFamily:
+    return HFFamily(partial(config, family=family, **options), TextEncoder, weights, registered,
                     prefix=family + ".", buffers=r"embeddings\.(position_ids|token_type_ids)$")
 
 
@@ -517,18 +568,19 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "qwen2": _decoder("qwen2"),
     "qwen3": _decoder("qwen3"),
     "smollm3": _decoder("smollm3"),
-    "gemma2": _decoder("gemma2", gemma=True),
-    "gemma3_text": _decoder("gemma3_text", gemma=True),
-    "phi3": _decoder("phi3", packed=True),
+    "gemma2": _decoder("gemma2"),
+    "gemma3_text": _decoder("gemma3_text"),
+    "phi3": _decoder("phi3"),
     "diffllama": _decoder("diffllama"),
-    "qwen3_5_text": HFFamily(lambda c, sd: _qwen35_config(c, sd, "qwen3_5_text"), GPT, _qwen35_weights,
+    "qwen3_5_text": HFFamily(_qwen35_config, GPT, _qwen35_weights,
                              "llama_tiny", buffers=r"rotary_emb\.inv_freq$"),
-    "deepseek_v3": HFFamily(lambda c, sd: _deepseek_config(c, sd, "deepseek_v3"), GPT, _deepseek_weights,
+    "deepseek_v3": HFFamily(partial(_deepseek_config, family="deepseek_v3", indexed=False), GPT, _deepseek_weights,
                             "llama_tiny", buffers=r"rotary_emb\.inv_freq$"),
-    "deepseek_v32": HFFamily(lambda c, sd: _deepseek_config(c, sd, "deepseek_v32"), GPT, _deepseek_weights,
+    "deepseek_v32": HFFamily(partial(_deepseek_config, family="deepseek_v32", indexed=True), GPT, _deepseek_weights,
                              "llama_tiny", buffers=r"rotary_emb\.inv_freq$"),
-    "bert": _encoder("bert", _bert_weights, "bert_base"),
-    "roberta": _encoder("roberta", _roberta_weights, "roberta_base"),
-    "distilbert": _encoder("distilbert", _distilbert_weights, "distilbert_base"),
+    "bert": _encoder("bert", _bert_config, _bert_weights, "bert_base", head="classifier.weight"),
+    "roberta": _encoder("roberta", _bert_config, _roberta_weights, "roberta_base",
+                        head="classifier.out_proj.weight", positions_from_ids=True),
+    "distilbert": _encoder("distilbert", _distilbert_config, _distilbert_weights, "distilbert_base"),
     "vit": HFFamily(_vit_config, VisionTransformer, _vit_weights, "vit_base_patch16_224", prefix="vit."),
 }
