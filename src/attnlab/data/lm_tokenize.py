@@ -567,6 +567,9 @@ class HFTokenizer(BPETokenizer):
         :meth:`encode_prompt` with ``special_tokens=False`` gives its ids."""
         template = self.chat_template
         if template is None:
+            if self.folder.is_file():  # a GGUF file
+                raise InputError(f"{self.folder} has no chat template to render a chat with (no tokenizer.chat_template "
+                                 f"in its metadata)")
             raise InputError(f"{self.folder} has no chat template to render a chat with: neither "
                              f"{self.folder / CHAT_TEMPLATE} nor a chat_template in {self.folder / TOKENIZER_CONFIG}")
         return render_chat(template, messages, add_generation_prompt=True, special_tokens=self.special,

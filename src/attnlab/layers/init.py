@@ -3,13 +3,39 @@
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import InputError
 
-__all__ = ["mimetic_init_", "normal_init_"]
+__all__ = ["mimetic_init_", "normal_init_", "skip_init"]
+
+
+_INITS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+          "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
+
+
+@contextmanager
+def skip_init() -> Iterator[None]:
+    """Build modules without drawing their initial weights (``torch.nn.init``'s functions do
+    nothing inside), for a model whose every weight is loaded next, strictly. Drawing
+    SmolLM2-135M's 135M initial weights took 2.2 s of its 3.5 s load from a GGUF file
+    (Xeon, 2 cores): work that loading overwrites."""
+    saved = {name: getattr(nn.init, name) for name in _INITS}
+
+    def nothing(tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return tensor
+
+    try:
+        for name in _INITS:
+            setattr(nn.init, name, nothing)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
 
 
 @torch.no_grad()

@@ -29,16 +29,16 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, shape_str
-from ..io import read_json_mapping
+from ..layers.init import skip_init
 from ..memory import gib, require_memory
 from .encoder import TextEncoder
 from .gpt import GPT
-from .hf_files import is_hf_folder, read_headers, read_weights, weight_files
+from .hf_files import is_hf_folder, is_pretrained, open_checkpoint, weight_files
 from .hf_keys import Reading, check_keys, check_switched_off
 from .hf_tables import ENCODER_ARCHITECTURES, HF_FAMILIES, HFFamily, stored_layers
 from .vit import VisionTransformer
 
-__all__ = ["from_hf", "read_hf", "hf_model_spec", "is_hf_folder", "weight_files", "HF_FAMILIES", "HFFamily",
+__all__ = ["from_hf", "read_hf", "hf_model_spec", "is_hf_folder", "is_pretrained", "weight_files", "HF_FAMILIES", "HFFamily",
            "ENCODER_ARCHITECTURES"]
 
 
@@ -76,25 +76,25 @@ def _disagreement(config_file: Path, config: dict[str, Any], ours: str, theirs: 
         if key:
             return (f"{config_file}: {key} {size} disagrees with the weights: {theirs or ours} is "
                     f"{shape_str(stored)} ({said})")
-    return f"{config_file.parent}: {said}"
+    return f"{config_file.parent if config_file.name == 'config.json' else config_file}: {said}"
 
 
-def _inspect_hf(folder: Path) -> tuple[str, Any, nn.Module, dict[str, Tensor], dict[str, Tensor]]:
-    """``(model_type, attnlab config, its model on the meta device, the checkpoint's tensors
-    as meta tensors, the model's tensors to load)`` of a Hugging Face folder: ``config.json`` checked against the weight
-    files' headers, each converted weight's shape against the model's, before a weight is read
-    or anything of the model's size allocated (a ``vocab_size`` of 10^10 beside a 300-row
-    embedding is one line naming both)."""
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise InputError(f"folder must be a Hugging Face checkpoint folder with config.json; {folder} has none")
-    config = read_json_mapping(config_file)
+def _inspect_hf(path: Path) -> tuple[Any, str, Any, nn.Module, dict[str, Tensor], dict[str, Tensor]]:
+    """``(checkpoint, model_type, attnlab config, its model on the meta device, the
+    checkpoint's tensors as meta tensors, the model's tensors to load)`` of a Hugging Face
+    folder or a GGUF file (:func:`~attnlab.models.hf_files.open_checkpoint`): the config
+    checked against the weights' headers, each converted weight's shape against the model's,
+    before a weight is read or anything of the model's size allocated (a ``vocab_size`` of
+    10^10 beside a 300-row embedding is one line naming both)."""
+    checkpoint = open_checkpoint(path)
+    folder, config_file = checkpoint.path, checkpoint.config_file
+    config = checkpoint.config()
     family = config.get("model_type")
     if family not in HF_FAMILIES:
         raise InputError(f"{config_file}: model_type {family!r} is not supported; from_hf reads "
                          f"{', '.join(HF_FAMILIES)}")
     spec = HF_FAMILIES[family]
-    headers = read_headers(folder)
+    headers = checkpoint.headers()
     config = Reading(config)  # the keys its conversion reads are recorded: every other one is accounted for
     config.read.add("model_type")
     try:
@@ -104,8 +104,9 @@ def _inspect_hf(folder: Path) -> tuple[str, Any, nn.Module, dict[str, Tensor], d
     except KeyError as exc:
         raise InputError(f"{config_file} lacks the key {exc.args[0]!r} of a {family} config") from None
     except InputError as exc:  # (an InputError is a ValueError: first)
-        raise InputError(f"{config_file.parent}/{exc}" if str(exc).startswith("config.json") else
-                         f"{config_file}: {exc}") from None
+        raise InputError(f"{config_file.parent}/{exc}" if str(exc).startswith("config.json") and
+                         config_file.name == "config.json" else f"{config_file}: {str(exc).removeprefix('config.json: ')}"
+                         ) from None
     except (TypeError, ValueError) as exc:  # a size that is not a number
         raise InputError(f"{config_file}: a {family} config's value is of the wrong type: {exc}") from None
     # The layers first: a depth of 10^6 is refused here, not a million layers converted and built below.
@@ -138,7 +139,7 @@ def _inspect_hf(folder: Path) -> tuple[str, Any, nn.Module, dict[str, Tensor], d
         stored = weights[k]
         if tuple(stored.shape) != tuple(wanted.shape):
             raise InputError(_disagreement(config_file, config, k, theirs.get(id(stored)), stored, wanted))
-    return family, cfg, model, headers, expected
+    return checkpoint, family, cfg, model, headers, expected
 
 
 def _nbytes(tensors: Any) -> int:
@@ -151,9 +152,9 @@ def read_hf(folder: str | Path) -> tuple[str, Any, dict[str, Tensor]]:
     against the weight files' headers first, and their size against the memory available,
     before a weight is read."""
     folder = Path(folder).expanduser()
-    family, cfg, _, headers, expected = _inspect_hf(folder)
+    checkpoint, family, cfg, _, headers, expected = _inspect_hf(folder)
     require_memory(_nbytes(headers.values()), f"{folder}: reading its weights")
-    return family, cfg, _convert(folder, family, cfg, read_weights(folder), expected)[0]
+    return family, cfg, _convert(folder, family, cfg, checkpoint.weights(), expected)[0]
 
 
 def hf_model_spec(folder: str | Path) -> tuple[str, dict[str, Any]]:
@@ -161,7 +162,7 @@ def hf_model_spec(folder: str | Path) -> tuple[str, dict[str, Any]]:
     :func:`~attnlab.models.create_model`, without what the task decides (its classifier's
     size; an image model's input size and channels, the data's): what a fine-tuning recipe
     records, so that its run rebuilds the model without the folder."""
-    family, cfg, _, _, _ = _inspect_hf(Path(folder).expanduser())  # no weight read: the run loads them
+    _, family, cfg, _, _, _ = _inspect_hf(Path(folder).expanduser())  # no weight read: the run loads them
     # The task's: the classes, and an image model's input (the data's size and channels; a learned position
     # grid of another size is resampled when the weights load).
     task_owned = ("num_classes", "attention", "attention_options", "img_size", "in_chans")
@@ -169,7 +170,9 @@ def hf_model_spec(folder: str | Path) -> tuple[str, dict[str, Any]]:
 
 
 def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | TextEncoder | VisionTransformer:
-    """The model of a Hugging Face checkpoint folder, in eval mode, with its weights in ``dtype``.
+    """The model of a Hugging Face checkpoint folder or a GGUF file (llama.cpp's format, read
+    with the ``gguf`` package: :mod:`attnlab.models.gguf_tables`), in eval mode, with its
+    weights in ``dtype`` (a quantized GGUF tensor dequantized to float32 first).
 
     * a decoder (every family of :data:`attnlab.families.DECODERS`): a :class:`~attnlab.models.gpt.GPT`; ``model(ids)`` gives
       ``(B, L, vocab)`` logits and ``model.generate(ids, max_new_tokens=...)`` ``(B, L + new)`` ids.
@@ -182,14 +185,17 @@ def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | 
       (``ViTModel``: its pooler's ``tanh(dense(cls))``); ``model.forward_features(images)``
       the last hidden states, after the final norm."""
     folder = Path(folder).expanduser()
-    family, cfg, meta, headers, expected = _inspect_hf(folder)  # every shape checked: what follows only reads and copies
+    checkpoint, family, cfg, meta, headers, expected = _inspect_hf(folder)  # every shape checked: what follows only reads and copies
     stored, built = _nbytes(headers.values()), _nbytes([*meta.parameters(), *meta.buffers()])
     require_memory(stored + built, f"{folder}: reading its weights ({gib(stored)}) and building its model "
                                    f"({sum(p.numel() for p in meta.parameters()):,} parameters, float32)")
-    weights = _convert(folder, family, cfg, read_weights(folder), expected)[0]
-    model = HF_FAMILIES[family].model(cfg)
+    weights = _convert(folder, family, cfg, checkpoint.weights(), expected)[0]
+    with skip_init():  # every weight is loaded below, strictly: its initial draw would be overwritten
+        model = HF_FAMILIES[family].model(cfg)
     tied = bool(getattr(cfg, "tie_embeddings", False))
     if tied:
         weights.pop("head.weight", None)
+        if set(model.state_dict()) - set(weights) != {"head.weight"}:  # only the tied head may be left out
+            raise AssertionError(f"{folder}: weights left unloaded: {sorted(set(model.state_dict()) - set(weights))}")
     model.load_state_dict(weights, strict=not tied)
     return model.to(dtype).eval()

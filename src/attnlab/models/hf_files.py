@@ -11,7 +11,8 @@ from torch import Tensor
 from ..errors import InputError
 from ..io import read_state_dict, torch_load_safely
 
-__all__ = ["weight_files", "is_hf_folder", "read_headers", "read_weights"]
+__all__ = ["weight_files", "is_hf_folder", "is_pretrained", "open_checkpoint", "FolderCheckpoint", "read_headers",
+           "read_weights"]
 
 
 def weight_files(folder: str | Path) -> list[Path]:
@@ -78,3 +79,59 @@ def is_hf_folder(path: str | Path) -> bool:
     """Whether ``path`` is a folder in Hugging Face's layout (it holds ``config.json``)."""
     path = Path(path).expanduser()
     return path.is_dir() and (path / "config.json").is_file()
+
+
+class FolderCheckpoint:
+    """A Hugging Face folder as a checkpoint: :meth:`config` (its ``config.json``),
+    :meth:`headers` (meta tensors), :meth:`weights`, :meth:`tokenizer` and
+    :meth:`generation_config`; :class:`~attnlab.models.gguf_tables.GGUFCheckpoint` is the
+    same for a GGUF file."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.path = Path(folder).expanduser()
+        self.config_file = self.path / "config.json"
+        if not self.config_file.is_file():
+            raise InputError(f"folder must be a Hugging Face checkpoint folder with config.json, or a GGUF file; "
+                             f"{self.path} {'has no config.json' if self.path.is_dir() else 'is neither'}")
+
+    def config(self) -> dict:
+        from ..io import read_json_mapping
+
+        return read_json_mapping(self.config_file)
+
+    def headers(self) -> dict[str, Tensor]:
+        return read_headers(self.path)
+
+    def weights(self) -> dict[str, Tensor]:
+        return read_weights(self.path)
+
+    def tokenizer(self):  # type: ignore[no-untyped-def]  # an HFTokenizer (data imports models: imported late)
+        from ..data.lm_tokenize import HFTokenizer
+
+        return HFTokenizer.load(self.path)
+
+    def generation_config(self) -> dict:
+        from ..io import read_json_mapping
+
+        file = self.path / "generation_config.json"
+        return read_json_mapping(file) if file.is_file() else {}
+
+
+def is_pretrained(path: str | Path) -> bool:
+    """Whether ``path`` is a pretrained model attnlab reads: a Hugging Face folder or a GGUF file."""
+    from .gguf_reader import is_gguf
+
+    path = Path(path).expanduser()
+    return is_hf_folder(path) or is_gguf(path) or (path.suffix.lower() == ".gguf" and path.is_file())
+
+
+def open_checkpoint(path: str | Path):  # type: ignore[no-untyped-def]
+    """The checkpoint at ``path``: a :class:`FolderCheckpoint` or, for a GGUF file, a
+    :class:`~attnlab.models.gguf_tables.GGUFCheckpoint`."""
+    from .gguf_reader import is_gguf
+
+    if is_gguf(path) or (Path(path).suffix.lower() == ".gguf" and Path(path).expanduser().is_file()):
+        from .gguf_tables import GGUFCheckpoint  # (a .gguf file that is not one is named so there)
+
+        return GGUFCheckpoint(path)
+    return FolderCheckpoint(path)

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from ..engine.config import ConfigError, apply_overrides, parse_override
-from ..models.hf import is_hf_folder
+from ..models.hf import is_pretrained
 from ..suggest import did_you_mean
 from ..tasks import Recipe, get_task, model_label, recipe_from_dict
 from . import _shipped
@@ -61,7 +61,7 @@ def load_recipe(name_or_path: str, overrides: typing.Sequence[str] = ()) -> Reci
     recipe = recipe_from_dict(merged, source)
     own = data.get("model")
     named = isinstance(own, dict) and own.get("checkpoint") is not None
-    if not named and recipe.model.checkpoint and is_hf_folder(recipe.model.checkpoint) and \
+    if not named and recipe.model.checkpoint and is_pretrained(recipe.model.checkpoint) and \
             merged.get("description") == data.get("description"):
         # the file's description was written for the model the folder replaced: say what trains
         recipe.description = f"{model_label(recipe.model)}, trained with the settings of {source}"
@@ -79,7 +79,7 @@ def _yield_to_folder(data: dict[str, Any], overrides: typing.Sequence[str], sour
     model = merged.get("model")
     checkpoint = model.get("checkpoint") if isinstance(model, dict) else None
     name = merged.get("task", "image_classification")
-    if not isinstance(checkpoint, str) or not isinstance(name, str) or not is_hf_folder(checkpoint):
+    if not isinstance(checkpoint, str) or not isinstance(name, str) or not is_pretrained(checkpoint):
         return merged
     try:
         task = get_task(name)

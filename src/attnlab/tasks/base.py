@@ -38,7 +38,8 @@ from ..io import atomic_write_bytes, read_json_mapping
 from ..memory import require_memory
 from ..models import create_model
 from ..layers.lora import apply_lora
-from ..models.hf import hf_model_spec, is_hf_folder
+from ..models.hf import hf_model_spec, is_pretrained
+from ..models.hf_files import open_checkpoint
 from ..models.registry import OptionError, upgrade_options
 from ..suggest import did_you_mean
 
@@ -306,9 +307,9 @@ class Task:
         source = recipe.model.checkpoint
         if source is not None:
             path = Path(source).expanduser()
-            if not (path.is_file() or (path / "checkpoints").is_dir() or is_hf_folder(path)):
+            if not (path.is_file() or (path / "checkpoints").is_dir() or is_pretrained(path)):
                 raise ConfigError(f"model.checkpoint must be a .safetensors/.pth file, an attnlab run directory or a "
-                                  f"Hugging Face checkpoint folder (config.json and its weights); {path} is "
+                                  f"Hugging Face checkpoint folder (config.json and its weights) or a GGUF file; {path} is "
                                   f"{'a folder without checkpoints/ or config.json' if path.is_dir() else 'missing'}")
         elif recipe.model.freeze_backbone or recipe.model.lora is not None:
             key = "model.freeze_backbone" if recipe.model.freeze_backbone else "model.lora"
@@ -559,7 +560,7 @@ def pretrained_model(recipe: Recipe, task: Task | None = None) -> None:
     folder. ``model.name`` must then be empty or that family's model. ``task`` first refuses a
     folder it cannot start from (:meth:`Task.check_folder`)."""
     source = recipe.model.checkpoint
-    if source is None or not is_hf_folder(source):
+    if source is None or not is_pretrained(source):
         return
     if task is not None:
         task.check_folder(Path(source).expanduser())
@@ -581,9 +582,9 @@ def model_label(model: ModelConfig) -> str:
     if not source:
         return model.name
     family = None
-    if is_hf_folder(source):
+    if is_pretrained(source):
         try:
-            family = read_json_mapping(Path(source).expanduser() / "config.json").get("model_type")
+            family = open_checkpoint(source).config().get("model_type")
         except InputError:  # a folder gone bad since the run trained: named by what was built
             family = None
     if not isinstance(family, str) or not family:

@@ -52,7 +52,8 @@ from ..errors import AttentionUnavailable, InputError
 from ..families import decoder_names
 from ..io import atomic_write_bytes, read_json_mapping
 from ..models.gpt import GPT
-from ..models.hf import HF_FAMILIES, from_hf, hf_model_spec, is_hf_folder
+from ..models.hf import HF_FAMILIES, from_hf, hf_model_spec, is_pretrained
+from ..models.hf_files import open_checkpoint
 from ..models.generation import DecoderSession, search
 from ..models.processors import processors_for
 from ..models.sampling import GENERATION_OPTIONS, check_generation, only_decodable
@@ -177,15 +178,15 @@ DEFAULT_MAX_NEW_TOKENS = SampleConfig.__dataclass_fields__["max_new_tokens"].def
 
 
 def _folder(recipe: Recipe) -> Path | None:
-    """``model.checkpoint`` when it is a Hugging Face folder, else ``None``."""
+    """``model.checkpoint`` when it is a Hugging Face folder or a GGUF file, else ``None``."""
     source = recipe.model.checkpoint
-    return Path(source).expanduser() if source is not None and is_hf_folder(source) else None
+    return Path(source).expanduser() if source is not None and is_pretrained(source) else None
 
 
 def _check_decoder(folder: Path, key: str) -> None:
     """Refuse a folder whose ``config.json`` is not of a decoder that attnlab reads, naming ``key``."""
-    file = folder / "config.json"
-    kind = read_json_mapping(file).get("model_type")
+    checkpoint = open_checkpoint(folder)
+    file, kind = checkpoint.config_file, checkpoint.config().get("model_type")
     if kind not in DECODER_TYPES:
         what = {"vit": "an image model"}.get(kind, "an encoder" if kind in HF_FAMILIES else "a model attnlab does not "
                                              "read")
@@ -240,11 +241,12 @@ def load_folder(folder: str | Path, *, device: str = "cpu") -> TrainedRun:
     holds the defaults of its ``generation_config.json`` (:func:`folder_sampling`). A folder
     that is not a decoder's, or lacks ``tokenizer.json``, is refused naming the file."""
     path = Path(folder).expanduser()
-    if not is_hf_folder(path):
+    if not is_pretrained(path):
         raise InputError(f"folder must be a Hugging Face checkpoint folder (config.json, model.safetensors, "
-                         f"tokenizer.json); {path} {'has no config.json' if path.is_dir() else 'is not a folder'}")
+                         f"tokenizer.json) or a GGUF file; {path} "
+                         f"{'has no config.json' if path.is_dir() else 'is neither' if path.exists() else 'is missing'}")
     _check_decoder(path, str(path))
-    tokenizer = HFTokenizer.load(path)
+    tokenizer = open_checkpoint(path).tokenizer()
     name, options = hf_model_spec(path)
     _check_vocabulary(tokenizer, options, path)
     recipe = LanguageModelingRecipe(model=ModelConfig(name, options, checkpoint=str(path)),
@@ -351,7 +353,7 @@ class LanguageModeling(Task):
             raise ConfigError(f"text.context must be at most {spec['max_len']}, the positions of the model of {key} "
                               f"({folder / 'config.json'}); got {recipe.text.context}")
         try:
-            tokenizer = HFTokenizer.load(folder)
+            tokenizer = open_checkpoint(folder).tokenizer()
             _check_vocabulary(tokenizer, spec, folder)
         except InputError as exc:
             raise ConfigError(f"{key}: {exc}") from None
@@ -376,7 +378,7 @@ class LanguageModeling(Task):
         else:
             t = recipe.text
             if folder is not None:  # a pretrained model reads text with its own tokenizer
-                tokenizer = HFTokenizer.load(folder)
+                tokenizer = open_checkpoint(folder).tokenizer()
             else:
                 tokenizer = load_tokenizer(t.tokenizer_file) if t.tokenizer_file else train_tokenizer(
                     t.tokenizer, data.train, vocab_size=t.vocab_size, min_frequency=t.min_frequency)

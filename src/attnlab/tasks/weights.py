@@ -24,7 +24,7 @@ from ..io import read_json_mapping, read_state_dict, sha256_file
 from ..layers.lora import is_adapter_key, mark_only_lora_trainable
 from ..layers.norms import freeze_batch_norm
 from ..models.checkpoint import classifier_name, load_pretrained
-from ..models.hf import is_hf_folder, read_hf, weight_files
+from ..models.hf import is_hf_folder, is_pretrained, read_hf, weight_files
 from .base import ModelConfig
 from .run_files import resolve_weights
 
@@ -38,7 +38,7 @@ def init_weights(model: nn.Module, source: str | Path, classes: Sequence[str] | 
     returns the classifier keys left fresh: the number of classes differs, or (a run
     directory with ``classes.json``) their names do, given ``classes``."""
     path = Path(source).expanduser()
-    if is_hf_folder(path):  # a Hugging Face folder: its weights in attnlab's names
+    if is_pretrained(path):  # a Hugging Face folder or a GGUF file: its weights in attnlab's names
         _, cfg, weights = read_hf(path)
         if getattr(cfg, "tie_embeddings", False) and "head.weight" not in weights and "tok_embed.weight" in weights:
             weights["head.weight"] = weights["tok_embed.weight"]  # a tied output layer is the embedding, not a new head

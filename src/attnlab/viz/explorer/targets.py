@@ -22,7 +22,8 @@ from ...attention.capture import capture_attention
 from ...engine.device import select_device
 from ...errors import InputError
 from ...io import read_json_mapping
-from ...models.hf import HF_FAMILIES, from_hf, is_hf_folder
+from ...models.hf import HF_FAMILIES, from_hf, is_pretrained
+from ...models.hf_files import open_checkpoint
 from ...tasks import TrainedRun, load_run
 from ...tasks.base import check_texts, model_label
 from ...tasks.language_modeling import DECODER_TYPES, load_folder
@@ -70,10 +71,10 @@ def load_target(target: Any, *, checkpoint: str = "auto", device: str = "cpu", h
                          f"folder (config.json and its weights)")
     if (path / "config.yaml").is_file() or (path / "fold_0").is_dir():
         return _run_target(load_run(path, checkpoint, device=device))
-    if not is_hf_folder(path):
-        raise InputError(f"TARGET {path} is neither a run directory (config.yaml) nor a Hugging Face folder "
-                         f"(config.json)")
-    family = read_json_mapping(path / "config.json").get("model_type")
+    if not is_pretrained(path):
+        raise InputError(f"TARGET {path} is neither a run directory (config.yaml), a Hugging Face folder "
+                         f"(config.json) nor a GGUF file")
+    family = open_checkpoint(path).config().get("model_type")
     if not has_inputs:
         raise InputError(f"INPUT must be given for the Hugging Face folder {path}: "
                          f"{'image files' if family == 'vit' else 'texts'} to look at")
