@@ -552,7 +552,7 @@ class LanguageModeling(Task):
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                min_p: float | None = None, repetition_penalty: float | None = None, seed: int | None = None,
                stop: str | Sequence[str] | None = None, chat: bool = False,
-               system: str | None = None) -> Iterator[str]:
+               system: str | None = None, messages: Sequence[dict[str, str]] | None = None) -> Iterator[str]:
         """The continuation of ``prompt``, as each token comes: the new text since the last
         piece (a byte-level tokenizer may need several tokens for one character; text that
         could begin a stop string waits until it is clear that it does not). It ends at any
@@ -561,7 +561,9 @@ class LanguageModeling(Task):
         given. ``chat``: ``prompt`` is a user's message, rendered with ``system`` (a system message
         before it, when given) by the tokenizer's chat template
         (:meth:`~attnlab.data.lm_tokenize.LMTokenizer.chat_prompt`), and the continuation is
-        the assistant's reply."""
+        the assistant's reply; ``messages`` (with ``chat``): the conversation so far
+        (``{"role", "content"}`` each, the system message first when there is one), to
+        which ``prompt`` is the user's next message."""
         given = check_generation(**{k: v for k, v in {
             "max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
             "min_p": min_p, "repetition_penalty": repetition_penalty, "seed": seed,
@@ -572,7 +574,9 @@ class LanguageModeling(Task):
         text = check_texts([prompt], self.name)[0]
         if system is not None and not chat:
             raise InputError("system is the system message of a chat: give it with chat=True")
-        ids = self._chat_ids(run, tokenizer, text, system) if chat else _encode_prompt(tokenizer, text)
+        if messages is not None and not chat:
+            raise InputError("messages are a chat's history: give them with chat=True")
+        ids = self._chat_ids(run, tokenizer, text, system, messages) if chat else _encode_prompt(tokenizer, text)
         cfg = getattr(run.model, "config", None)
         if max_new_tokens is None and getattr(cfg, "pos_embed", None) in ("learned", "sinusoidal"):
             # a default (the recipe's, a folder's) stops where the positions end; a given number is checked whole
@@ -598,17 +602,29 @@ class LanguageModeling(Task):
         if len(shown) < len(rest):
             yield rest[len(shown):]
 
+    def tokenizer_of(self, run: TrainedRun) -> LMTokenizer:
+        """The tokenizer ``run`` reads and writes text with."""
+        return self._tokenizer(run)
+
+    def chat_tokens(self, run: TrainedRun, message: str, *, system: str | None = None,
+                    history: Sequence[dict[str, str]] | None = None) -> list[int]:
+        """The ids of the chat that :meth:`stream` with ``chat=True`` would continue: ``system``,
+        ``history`` and ``message`` rendered by the tokenizer's chat template."""
+        return self._chat_ids(run, self._tokenizer(run), message, system, history)
+
     @staticmethod
-    def _chat_ids(run: TrainedRun, tokenizer: LMTokenizer, message: str, system: str | None) -> list[int]:
-        """The ids of a chat of ``system`` (when given) and the user's ``message``, rendered by
-        the tokenizer's chat template, which writes its special tokens itself."""
+    def _chat_ids(run: TrainedRun, tokenizer: LMTokenizer, message: str, system: str | None,
+                  history: Sequence[dict[str, str]] | None = None) -> list[int]:
+        """The ids of a chat of ``system`` (when given), the ``history`` (when given) and the
+        user's ``message``, rendered by the tokenizer's chat template, which writes its special
+        tokens itself."""
         if system is not None and not isinstance(system, str):
             raise InputError(f"system must be a text; got {type(system).__name__}")
         if not isinstance(tokenizer, HFTokenizer):
             raise InputError(f"{run.run_dir} has no chat template: its tokenizer was learnt by the run (a run "
                              f"fine-tuned from a Hugging Face folder keeps the folder's, in its tokenizer_config.json)")
         messages = ([{"role": "system", "content": system}] if system is not None else []) + \
-            [{"role": "user", "content": message}]
+            list(history or []) + [{"role": "user", "content": message}]
         ids = tokenizer.encode_prompt(tokenizer.chat_prompt(messages), special_tokens=False)
         if not ids:
             raise InputError(f"the chat template of {tokenizer.folder} rendered the message as no tokens")
