@@ -71,7 +71,8 @@ def add_explore(sub, plugins: argparse.ArgumentParser) -> None:
     p = sub.add_parser("explore", parents=[plugins],
                        help="write an interactive page of every head of every layer (one HTML file, offline)")
     p.add_argument("target", metavar="TARGET", help="a run directory written by 'attnlab train', or a Hugging Face "
-                                                    f"folder (a decoder: {decoder_names()}; an encoder: {encoder_names()}; ViT)")
+                                                    f"folder (a decoder: {decoder_names()}; an encoder: {encoder_names()}; ViT), or a "
+                                                    f"decoder's GGUF file")
     p.add_argument("inputs", nargs="*", metavar="INPUT",
                    help="texts (text and language-model runs, text folders), a source sentence (translation) or "
                         "image files (image models); -: lines of standard input; default: the run's first test examples or its "
