@@ -9,7 +9,8 @@ and by llama.cpp (``llama-cpp-python`` of ``make bench-peers``: its own Q4_1 ker
   of text not stopping it; tokens per second (new tokens of all rows over the wall time), the
   best of ``--repeats`` interleaved rounds, attnlab's tokens checked equal to transformers'.
   attnlab also with its weights in bfloat16 (``--bf16``), the loss each gives on 2,048 tokens of
-  Tiny Shakespeare's test part stated below (what bfloat16 costs in quality).
+  Tiny Shakespeare's test part stated below (what bfloat16 costs in quality); and with its
+  linear layers' weights in 8 bits (``--int8``: :mod:`attnlab.attention.int8`).
 * llama.cpp (batch 1; ``--llama-cpp PYTHON``, the peers' interpreter): the same prompt tokens,
   greedy on its logits; how many of its new tokens equal attnlab's is stated (its Q4_1 kernels
   quantize the activations too, so a near tie can go the other way).
@@ -38,23 +39,41 @@ TEXT = ("Attention is a way for a model to decide which parts of its input matte
         "softmax of its query against all keys, scaled by the square root of the head size.")
 
 
-def _llama_cpp(path: str, prompt: list[int], new: int, repeats: int) -> None:
-    """Run in the peers' interpreter: greedy decoding with llama.cpp; prints JSON."""
+def _llama_cpp(path: str, prompt: list[int], new: int, repeats: int, extra_buffers: bool) -> None:
+    """Run in the peers' interpreter: greedy decoding with llama.cpp; prints JSON.
+    ``extra_buffers`` False: without llama.cpp's repacked and AMX weight buffers
+    (``use_extra_bufts``), which a CPU may not run (see the caller)."""
     import numpy as np
+    import llama_cpp.llama_cpp as api
     from llama_cpp import Llama
+
+    if not extra_buffers:
+        defaults = api.llama_model_default_params
+
+        def params():  # type: ignore[no-untyped-def]
+            p = defaults()
+            p.use_extra_bufts = False
+            return p
+
+        api.llama_model_default_params = params
 
     t0 = time.perf_counter()
     llm = Llama(model_path=path, n_ctx=len(prompt) + new + 8, n_threads=2, n_threads_batch=2, verbose=False)
     load = time.perf_counter() - t0
     best, tokens = float("inf"), []
+    vocab = llm.n_vocab()
+
+    def last() -> int:  # the last evaluated token's logits (llama-cpp-python keeps none itself without logits_all)
+        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))))
+
     for _ in range(repeats):
         llm.reset()
         llm.eval(prompt)
-        out = [int(np.argmax(llm.scores[llm.n_tokens - 1]))]
+        out = [last()]
         start = time.perf_counter()
         for _ in range(new - 1):
             llm.eval([out[-1]])
-            out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            out.append(last())
         best = min(best, time.perf_counter() - start)
         tokens = out
     import llama_cpp
@@ -83,11 +102,13 @@ def main() -> None:
     parser.add_argument("--llama-cpp", default=None, metavar="PYTHON",
                         help="the interpreter of the peers' environment, with llama-cpp-python")
     parser.add_argument("--bf16", action="store_true", help="also attnlab with its weights in bfloat16")
-    parser.add_argument("--_llama-cpp-child", nargs=3, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--int8", action="store_true",
+                        help="also attnlab with its linear layers' weights in 8 bits (attnlab.attention.int8)")
+    parser.add_argument("--_llama-cpp-child", nargs=4, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._llama_cpp_child:
-        path, prompt, new = args._llama_cpp_child
-        _llama_cpp(path, json.loads(prompt), int(new), args.repeats)
+        path, prompt, new, extra = args._llama_cpp_child
+        _llama_cpp(path, json.loads(prompt), int(new), args.repeats, extra == "1")
         return
 
     torch.set_num_threads(2)
@@ -121,12 +142,17 @@ def main() -> None:
     theirs.generation_config.eos_token_id = None  # the end of text does not stop either
     theirs.generation_config.pad_token_id = 0
     params = sum(p.numel() for p in ours.parameters())
-    floor_bytes = {"float32": params * 4, "bfloat16": params * 2}
+    linear = sum(m.weight.numel() for m in ours.modules() if type(m) is torch.nn.Linear)
+    floor_bytes = {"float32": params * 4, "bfloat16": params * 2, "int8": linear}
     bandwidth = _bandwidth()
     rows = []
     variants = {"float32": ours}
     if args.bf16:
         variants["bfloat16"] = from_hf(path, dtype=torch.bfloat16)
+    if args.int8:
+        from attnlab.attention.int8 import quantize_int8
+
+        variants["int8 weights"] = quantize_int8(from_hf(path))
     for batch in args.batches:
         ids = torch.tensor([prompt] * batch)
         ids[:, 0] = torch.arange(batch) + prompt[0]  # rows differ, lengths equal: no padding
@@ -147,18 +173,26 @@ def main() -> None:
             rows.append((batch, key, batch * args.new / seconds, best["transformers"] / seconds, agree[key]))
     llama = None
     if args.llama_cpp:
-        child = subprocess.run([args.llama_cpp, __file__, "--repeats", str(args.repeats), "--_llama-cpp-child",
-                                str(path), json.dumps(prompt), str(args.new)], capture_output=True, text=True)
-        if child.returncode:
-            raise SystemExit(f"llama.cpp failed: {child.stderr[-2000:]}")
-        llama = json.loads(child.stdout.strip().splitlines()[-1])
+        def child(extra: str) -> subprocess.CompletedProcess:
+            return subprocess.run([args.llama_cpp, __file__, "--repeats", str(args.repeats), "--_llama-cpp-child",
+                                   str(path), json.dumps(prompt), str(args.new), extra], capture_output=True, text=True)
+
+        done = child("1")
+        note = ""
+        if done.returncode < 0:  # killed by a signal: on an AMX Xeon VM, ggml_backend_amx_mul_mat crashes (SIGSEGV)
+            note = (f" (its default weight buffers died of signal {-done.returncode}; measured without its "
+                    f"repacked and AMX buffers, use_extra_bufts=False)")
+            done = child("0")
+        if done.returncode:
+            raise SystemExit(f"llama.cpp failed: {done.stderr[-2000:]}")
+        llama = json.loads(done.stdout.strip().splitlines()[-1])
         ref = outs["attnlab float32"][0, len(prompt):].tolist() if 1 in args.batches else []
         same = next((i for i, (a, b) in enumerate(zip(llama["tokens"], ref)) if a != b), min(len(ref),
                                                                                              len(llama["tokens"])))
         rate = llama["steps"] / llama["decode_seconds"]
         t1 = next(r[2] for r in rows if r[0] == 1 and r[1] == "attnlab float32")
         rows.append((1, f"llama.cpp {llama['version']} (Q4_1 kernels)", rate, float("nan"), float("nan")))
-        print(f"llama.cpp: load {llama['load']:.2f} s; its first {same} new tokens equal attnlab's "
+        print(f"llama.cpp{note}: load {llama['load']:.2f} s; its first {same} new tokens equal attnlab's "
               f"(of {len(ref)}); attnlab float32 at batch 1 runs at {t1 / rate:.2f}x llama.cpp's rate\n")
     with GGUFFile(path) as f:
         q_bytes = sum(t.nbytes for t in f.tensors.values())
@@ -170,8 +204,9 @@ def main() -> None:
     print(f"\nread bandwidth measured: {bandwidth / 1e9:.1f} GB/s; weight bytes a step reads: float32 "
           f"{floor_bytes['float32'] / 1e6:.0f} MB (floor {bandwidth / floor_bytes['float32']:.0f} steps/s), "
           f"bfloat16 {floor_bytes['bfloat16'] / 1e6:.0f} MB (floor {bandwidth / floor_bytes['bfloat16']:.0f} "
+          f"steps/s), int8 weights {floor_bytes['int8'] / 1e6:.0f} MB (floor {bandwidth / floor_bytes['int8']:.0f} "
           f"steps/s), the GGUF file's tensors {q_bytes / 1e6:.0f} MB (floor {bandwidth / q_bytes:.0f} steps/s)")
-    if args.bf16:
+    if args.bf16 or args.int8:
         from attnlab.data.paths import data_dir
 
         file = data_dir() / "tinyshakespeare" / "input.txt"

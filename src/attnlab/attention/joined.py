@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from .int8 import Int8Linear, Int8Weight, int8_product
+
 __all__ = ["KeepsJoinedWeights", "fused_linear", "joined_weight", "product", "bound_product"]
 
 
@@ -28,30 +30,38 @@ def _tracked(layer: nn.Module) -> tuple[Tensor, ...]:
     translator cost it 5% of its decoding time, AMX Xeon, batch 4), any other layer's own."""
     if type(layer) is nn.Linear:
         return (layer.weight,) if layer.bias is None else (layer.weight, layer.bias)
-    return tuple(layer.parameters(recurse=False))
+    return (*layer.parameters(recurse=False), *layer.buffers(recurse=False))  # an Int8Linear's rows and scales
 
 
-def joined_weight(owner: nn.Module, name: str, layers: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor | None]:
+def joined_weight(owner: nn.Module, name: str,
+                  layers: tuple[nn.Linear, ...]) -> tuple[Tensor | Int8Weight, Tensor | None]:
     """The layers' weights joined and transposed, ``(in, sum of out)``, and their joined bias
     (or None): kept on ``owner`` under ``name`` and joined again when a weight changes (its
     version counter moves on an optimizer step or a load). A layer with a low-rank update
     (LoRA's :class:`~attnlab.layers.lora.LoRALinear`) gives its ``merged_weight``: what it
     computes in eval mode, the only mode these joined weights serve. Every optimizer step
     (counted by a torch hook) counts as a change too: torch's fused AdamW writes without
-    moving the version counters."""
+    moving the version counters. Layers kept in 8 bits (:class:`~attnlab.attention.int8.Int8Linear`)
+    join as an :class:`~attnlab.attention.int8.Int8Weight` (their rows and scales stacked)."""
     key = (_OPTIMIZER_STEPS[0], *((p.data_ptr(), p._version) for layer in layers for p in _tracked(layer)))
     cached = owner.__dict__.get(f"_fused_{name}")
     if cached is None or cached[0] != key:
         with torch.no_grad():
-            weight = torch.cat([_weight_of(layer) for layer in layers]).t().contiguous()
+            if all(isinstance(layer, Int8Linear) for layer in layers):
+                weight: Tensor | Int8Weight = Int8Weight(torch.cat([layer.rows for layer in layers]),
+                                                         torch.cat([layer.scale for layer in layers]))
+            else:
+                weight = torch.cat([_weight_of(layer) for layer in layers]).t().contiguous()
             bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])  # type: ignore[misc]
         cached = (key, weight, bias)
         owner.__dict__[f"_fused_{name}"] = cached
     return cached[1], cached[2]
 
 
-def product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+def product(x: Tensor, weight: Tensor | Int8Weight, bias: Tensor | None) -> Tensor:
     """``x @ weight + bias`` for ``x`` ``(..., in)`` and a joined ``weight`` ``(in, out)``."""
+    if isinstance(weight, Int8Weight):
+        return int8_product(x, weight, bias)
     if x.dim() == 2:  # a decoding step's (B, E): 5.6 µs against 9.0 through reshape, @ and view (width 256,
         # batch 1; 13.6 against 17.6 at batch 8), 17 products a step (AMD EPYC AVX-512, torch 2.13, 2 threads)
         return torch.mm(x, weight) if bias is None else torch.addmm(bias, x, weight)
@@ -118,9 +128,11 @@ def fused_linear(owner: nn.Module, name: str, layers: tuple[nn.Linear, ...], x: 
     return tuple(out.split([layer.out_features for layer in layers], dim=-1))
 
 
-def bound_product(weight: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor]:
+def bound_product(weight: Tensor | Int8Weight, bias: Tensor | None) -> Callable[[Tensor], Tensor]:
     """``x @ weight + bias`` of a decoding step's ``(B, in)`` with a joined ``weight`` ``(in, out)``,
     as a function bound once per generation."""
+    if isinstance(weight, Int8Weight):
+        return lambda x: int8_product(x, weight, bias)
     if bias is None:
         return lambda x: torch.mm(x, weight)
     return lambda x: torch.addmm(bias, x, weight)
