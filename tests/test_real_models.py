@@ -156,3 +156,22 @@ def test_minilm_hidden_states_and_sentence_embeddings_equal_transformers(cache) 
     torch.testing.assert_close(vectors, reference, rtol=0, atol=1e-5)
     similar = vectors @ vectors.T
     assert similar[0, 1] > similar[0, 3] + 0.3  # the two sentences about eating are close, as trained
+
+
+@pytest.mark.slow
+def test_smollm2_loss_on_the_whole_test_part_equals_transformers(smollm2) -> None:
+    """Opt-in (-m slow, about 3 minutes): Tiny Shakespeare's whole test part in windows of 2,048 tokens."""
+    ours, tok, theirs, _, _ = smollm2
+    ids = _test_text(10**9, tok)
+    totals = {"ours": 0.0, "theirs": 0.0}
+    count = 0
+    for start in range(0, len(ids) - 1, 2048):
+        window = torch.tensor([ids[start:start + 2049]])
+        if window.shape[1] < 2:
+            break
+        with torch.no_grad():
+            n = window.shape[1] - 1
+            totals["ours"] += _loss(ours(window), window) * n
+            totals["theirs"] += _loss(theirs(window).logits, window) * n
+        count += n
+    assert abs(totals["ours"] - totals["theirs"]) / count < 1e-5, totals
