@@ -17,7 +17,7 @@ import sys
 from typing import Any, Callable, Iterator, Sequence
 
 from ..families import decoder_names
-from .common import CHECKPOINT_HELP, UsageError
+from .common import CHECKPOINT_HELP, UsageError, load_run_or_model
 
 HELP = "/reset: forget the conversation; /system TEXT: set the system message; /exit (or Ctrl-D): leave"
 
@@ -94,24 +94,11 @@ def _lines(read: Callable[[str], str], prompt: str) -> Iterator[str | None]:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from ..models.hf import is_pretrained
     from ..models.sampling import GENERATION_OPTIONS, check_generation
-    from ..tasks import load_run
-    from ..tasks.language_modeling import load_folder
 
     given = {k: getattr(args, k) for k in GENERATION_OPTIONS if getattr(args, k) is not None}
     options = check_generation(names=lambda key: "--" + key.replace("_", "-"), **given)  # before the model loads
-    if is_pretrained(args.model):
-        if args.checkpoint != "auto":
-            raise UsageError(f"--checkpoint chooses among a run's checkpoints; {args.model} is a pretrained model "
-                             f"(a Hugging Face folder or a GGUF file), whose weights are its own")
-        run = load_folder(args.model, device=args.device)
-    else:
-        run = load_run(args.model, args.checkpoint, device=args.device)
-    if args.int8:  # every linear layer's weight in 8 bits: 1.3x float32's tokens a second at batch 1 (docs: decoding)
-        from ..attention.int8 import quantize_int8
-
-        quantize_int8(run.model)
+    run = load_run_or_model(args.model, args.checkpoint, args.device, args.int8)
     if run.task.outputs != "text":
         raise UsageError(f"{args.model} is a run of the {run.task.name} task: it does not write text")
     tokenizer = run.task.tokenizer_of(run)

@@ -6,33 +6,20 @@ import argparse
 import sys
 
 from ..families import decoder_names
-from .common import CHECKPOINT_HELP, UsageError, text_argument
+from .common import CHECKPOINT_HELP, UsageError, load_run_or_model, text_argument
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """The continuation of a prompt by a language-model run, or by a Hugging Face decoder
     folder (its tokenizer, special tokens and generation_config.json's defaults), printed as
     it is generated; with --chat, the reply to a message rendered by the chat template."""
-    from ..models.hf import is_pretrained
     from ..models.sampling import GENERATION_OPTIONS, check_generation
-    from ..tasks import load_run
-    from ..tasks.language_modeling import load_folder
 
     given = {k: getattr(args, k) for k in GENERATION_OPTIONS if getattr(args, k) is not None}
     options = check_generation(names=lambda key: "--" + key.replace("_", "-"), **given)  # before the run loads
     if args.system is not None and not args.chat:
         raise UsageError("--system is the system message of a chat: give it with --chat")
-    if is_pretrained(args.run_dir):
-        if args.checkpoint != "auto":
-            raise UsageError(f"--checkpoint chooses among a run's checkpoints; {args.run_dir} is a pretrained "
-                             f"model (a Hugging Face folder or a GGUF file), whose weights are its own")
-        run = load_folder(args.run_dir, device=args.device)
-    else:
-        run = load_run(args.run_dir, args.checkpoint, device=args.device)
-    if args.int8:  # every linear layer's weight in 8 bits: 1.3x float32's tokens a second at batch 1 (docs: decoding)
-        from ..attention.int8 import quantize_int8
-
-        quantize_int8(run.model)
+    run = load_run_or_model(args.run_dir, args.checkpoint, args.device, args.int8)
     if run.task.outputs != "text":
         raise UsageError(f"{args.run_dir} is a run of the {run.task.name} task: its predictions are labels; "
                          f"'attnlab predict {args.run_dir} ...' gives them")

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import CHECKPOINT_HELP, UsageError, positive_int, table
+from .common import CHECKPOINT_HELP, UsageError, load_run_or_model, positive_int, table
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -83,17 +83,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     the weights results.json was tested with, to the last digit. --data: the same metrics
     on a labelled folder or file of one's own. A pretrained decoder (a Hugging Face folder
     or a GGUF file): its zero-shot loss on Tiny Shakespeare's test part, or on --data."""
-    from ..models.hf import is_pretrained
-    from ..tasks import load_run
-    from ..tasks.language_modeling import load_folder
-
-    if is_pretrained(args.run_dir):  # a decoder's folder or GGUF file: its zero-shot figures
-        if args.checkpoint != "auto":
-            raise UsageError(f"--checkpoint chooses among a run's checkpoints; {args.run_dir} is a pretrained model "
-                             f"(a Hugging Face folder or a GGUF file), whose weights are its own")
-        run = load_folder(args.run_dir, device=args.device)
-    else:
-        run = load_run(args.run_dir, args.checkpoint, device=args.device)
+    run = load_run_or_model(args.run_dir, args.checkpoint, args.device)  # a decoder: its zero-shot figures
     metrics = run.evaluate(device=args.device, **({"data": args.data} if args.data else {}))
     print(f"checkpoint: {run.checkpoint}")
     if args.data:
