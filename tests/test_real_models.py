@@ -92,7 +92,7 @@ def test_logits_greedy_tokens_and_loss_equal_transformers(request: pytest.Fixtur
     x = torch.tensor([ids])
     with torch.no_grad():
         mine, reference = ours(x), theirs(x).logits
-    assert (mine - reference).abs().max().item() <= 1e-4 * max(1.0, reference.abs().max().item() / 10)
+    assert (mine - reference).abs().max().item() <= 1e-4
     prompt = torch.tensor([tok.encode_prompt("The capital of France is")])
     with torch.no_grad():
         a = ours.generate(prompt, max_new_tokens=64)[0].tolist()
