@@ -233,3 +233,23 @@ def test_the_command_line_takes_a_gguf_file_where_it_takes_a_folder(tmp_path: Pa
     assert main(["generate", str(bad), "x"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "truncated" in err
+
+
+def test_a_recipe_fine_tunes_from_a_gguf_file_and_the_run_reads_alone(tmp_path: Path) -> None:
+    """model.checkpoint=FILE.gguf: the file's model and tokenizer become the run's; the finished run
+    loads and generates without the file."""
+    from attnlab.cli import main
+    from attnlab.tasks import load_run
+
+    path, _ = _write(tmp_path, "llama")
+    text = tmp_path / "text.txt"
+    text.write_text(("The cat sat on the mat. The dog sat on the log. " * 40 + "\n") * 30)
+    run_dir = tmp_path / "run"
+    assert main(["train", "lm-text", f"model.checkpoint={path}", f"data.path={text}", "train.steps=3",
+                 "text.context=64", "train.progress=false", "--run-dir", str(run_dir)]) == 0
+    path.rename(tmp_path / "gone.gguf")
+    run = load_run(run_dir)
+    assert run.tokenizer.vocab_size == len(byte_level_vocab()["tokens"])
+    assert run.tokenizer.encode_prompt("The cat") == open_checkpoint(tmp_path / "gone.gguf").tokenizer().encode_prompt(
+        "The cat")
+    assert len(run.predict(["The cat"], max_new_tokens=4)) == 1
