@@ -121,3 +121,24 @@ def test_bad_override_exits_2_before_any_work(tmp_path):
                         "--run-dir", str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "train.precision must be one of 'auto', 'fp32', 'bf16', 'fp16'; got 'fp8'" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "x").exists()
+
+
+def test_naming_another_data_source_leaves_out_the_recipes_own_source_keys_saying_which():
+    import warnings
+
+    from attnlab.recipes import load_recipe
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recipe = load_recipe("text-classification", ["data.name=mr"])
+    assert recipe.data.name == "mr"
+    said = [str(w.message) for w in caught if "replaces the recipe's data.name" in str(w.message)]
+    assert len(said) == 1 and "data.format" in said[0] and "data.train" in said[0] and "\n" not in said[0]
+    # a key given on the command line stays, and one the new source does not take is refused by name
+    with pytest.raises(ConfigError, match="data.format"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        load_recipe("text-classification", ["data.name=mr", "data.format=csv"])
+    with warnings.catch_warnings(record=True) as caught:  # the same source again: nothing left out, nothing said
+        warnings.simplefilter("always")
+        load_recipe("text-classification", ["data.name=file"])
+    assert not [w for w in caught if "replaces" in str(w.message)]

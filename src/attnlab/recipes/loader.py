@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ def load_recipe(name_or_path: str, overrides: typing.Sequence[str] = ()) -> Reci
     """A shipped recipe by name, or a YAML file by path, with ``key.sub=value`` overrides,
     as its task's recipe class; checked before it is returned."""
     data, source = read_recipe_file(name_or_path)
-    merged = _yield_to_folder(data, overrides, source)
+    merged = _yield_to_source(data, _yield_to_folder(data, overrides, source), overrides)
     recipe = recipe_from_dict(merged, source)
     own = data.get("model")
     named = isinstance(own, dict) and own.get("checkpoint") is not None
@@ -111,6 +112,41 @@ def _yield_to_folder(data: dict[str, Any], overrides: typing.Sequence[str], sour
             else:
                 del node[last]
     return apply_overrides(own_data, overrides)
+
+
+def _yield_to_source(data: dict[str, Any], merged: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, Any]:
+    """``merged`` without the file's ``data`` keys that only its own source takes, when the
+    overrides name another source (``attnlab train text-classification data.name=mr`` on a
+    recipe that reads files: its ``data.format``, ``data.train``, ... are left out), said in one
+    line (a warning). A key the command line gives stays, and is checked as any other."""
+    own, new = data.get("data"), merged.get("data")
+    if not isinstance(own, dict) or not isinstance(new, dict):
+        return merged
+    given, named = set(), False
+    for text in overrides:
+        path, value = parse_override(text)
+        if path[0] != "data":
+            continue
+        if len(path) == 1:  # the whole section given: nothing of the file's is left
+            return merged
+        named = named or path == ["data", "name"]
+        given.add(path[1])
+    if not named or own.get("name") == new.get("name"):
+        return merged
+    try:
+        task = get_task(merged.get("task", "image_classification"))
+        section = typing.get_type_hints(task.recipe_class).get("data")
+        takes = {f.name for f in dataclasses.fields(section.config_class_for({"name": new["name"]}))}
+        before = own.get("name") or section.config_class_for({}).name
+    except (ConfigError, AttributeError, TypeError):
+        return merged  # an unknown task or source: recipe_from_dict names it
+    dropped = [key for key in own if key not in takes and key not in given and key in new]
+    if dropped:
+        warnings.warn(f"data.name={new['name']} replaces the recipe's data.name={before}: left out "
+                      f"{', '.join('data.' + k for k in dropped)}, which data.name={new['name']} does not take",
+                      stacklevel=3)
+        merged = {**merged, "data": {k: v for k, v in new.items() if k not in dropped}}
+    return merged
 
 
 def _holds(value: Any, path: list[str]) -> bool:
