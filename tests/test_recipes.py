@@ -21,8 +21,14 @@ def test_shipped_recipes_are_listed_and_valid():
     assert ("vit-digits", "image_classification") in [(name, task) for name, task, _ in rows]
     assert {task for _, task, _ in rows} == {"image_classification", "text_classification", "translation", "reverse",
                                              "language_modeling"}
+    from attnlab.errors import InputError
+
     for name, task, _ in rows:
-        recipe = load_recipe(name)
+        try:
+            recipe = load_recipe(name)
+        except InputError as exc:  # a recipe of a packaged model where `make models` did not install it
+            assert "is not installed" in str(exc) and "make models" in str(exc), exc
+            continue
         assert recipe.task == task and recipe.train.steps > 0
 
 

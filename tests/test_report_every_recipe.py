@@ -66,6 +66,8 @@ OVERRIDES = {
     "sentiment-mr": lambda data: [f"data.data_dir={data['mr']}", "text.vocab_size=300", "text.max_length=32"],
     "text-classification": lambda data: [f"data.train={data['reviews']}", "text.vocab_size=300",
                                          "text.max_length=32"],
+    "sentiment-mr-pretrained": lambda data: [f"data.data_dir={data['mr']}", f"model.checkpoint={data['bert']}",
+                                             "text.max_length=32"],
     "text-classification-pretrained": lambda data: [f"data.train={data['reviews']}",
                                                     f"model.checkpoint={data['bert']}", "text.max_length=32"],
     "translate-multi30k": _multi30k,

@@ -94,9 +94,11 @@ def load_run_or_model(path: str, checkpoint: str, device: str, int8: bool = Fals
     Face folder or a GGUF file) as a finished language-model run; ``int8``: its linear layers'
     weights kept in 8 bits (:func:`~attnlab.attention.int8.quantize_int8`)."""
     from ..models.hf import is_pretrained
+    from ..models.packaged import resolve_packaged
     from ..tasks import load_run
     from ..tasks.language_modeling import load_folder
 
+    path = resolve_packaged(path)  # smollm2-135m-instruct: the installed package's file
     if is_pretrained(path):
         if checkpoint != "auto":
             raise UsageError(f"--checkpoint chooses among a run's checkpoints; {path} is a pretrained model (a Hugging "

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..errors import InputError
 
-__all__ = ["PACKAGED", "packaged_model", "installed_models", "cache_dir"]
+__all__ = ["PACKAGED", "packaged_model", "installed_models", "cache_dir", "resolve_packaged"]
 
 
 @dataclass(frozen=True)
@@ -150,3 +150,12 @@ def _joined(sums: Path, parts: tuple[str, ...], target: Path) -> Path:
         Path(aside).unlink(missing_ok=True)
         raise
     return target
+
+
+def resolve_packaged(source: str) -> str:
+    """``source`` itself, or, when it names a packaged model (:data:`PACKAGED`) and no file or
+    folder of that name exists here, that model's path: what ``model.checkpoint`` and the
+    commands' MODEL take (``attnlab chat smollm2-135m-instruct``)."""
+    if isinstance(source, str) and source in PACKAGED and not Path(source).exists():
+        return str(packaged_model(source))
+    return source

@@ -58,6 +58,7 @@ def load_recipe(name_or_path: str, overrides: typing.Sequence[str] = ()) -> Reci
     """A shipped recipe by name, or a YAML file by path, with ``key.sub=value`` overrides,
     as its task's recipe class; checked before it is returned."""
     data, source = read_recipe_file(name_or_path)
+    data, overrides = _packaged(data, overrides)
     merged = _yield_to_source(data, _yield_to_folder(data, overrides, source), overrides)
     recipe = recipe_from_dict(merged, source)
     own = data.get("model")
@@ -112,6 +113,22 @@ def _yield_to_folder(data: dict[str, Any], overrides: typing.Sequence[str], sour
             else:
                 del node[last]
     return apply_overrides(own_data, overrides)
+
+
+def _packaged(data: dict[str, Any], overrides: typing.Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """``data`` and ``overrides`` with a ``model.checkpoint`` that names a packaged model
+    (``all-minilm-l6-v2``: :mod:`attnlab.models.packaged`) replaced by its path."""
+    from ..models.packaged import resolve_packaged
+
+    model = data.get("model")
+    replaced = any(text.partition("=")[0] in ("model.checkpoint", "model") for text in overrides)
+    if isinstance(model, dict) and isinstance(model.get("checkpoint"), str) and not replaced:
+        data = {**data, "model": {**model, "checkpoint": resolve_packaged(model["checkpoint"])}}
+    out = []
+    for text in overrides:
+        key, sep, value = text.partition("=")
+        out.append(f"{key}={resolve_packaged(value)}" if sep and key == "model.checkpoint" else text)
+    return data, out
 
 
 def _yield_to_source(data: dict[str, Any], merged: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, Any]:
