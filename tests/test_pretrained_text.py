@@ -157,3 +157,24 @@ def test_lora_run_keeps_adapters_alone_resumes_exactly_and_exports_merged(bert_f
     (folder / "model.safetensors").unlink()
     with pytest.raises(attnlab.errors.InputError, match="model.safetensors is missing since the run trained"):
         attnlab.load_run(run_dir)
+
+
+def test_mean_pooling_reads_the_real_tokens_and_leaves_the_folders_pooler_out(bert_folder, reviews, tmp_path):
+    """model.options.pooler=mean (how sentence-transformers' encoders are read): the mean of the real
+    tokens' features, padding or not; fine-tuning from a folder whose dense pooler it does not use."""
+    from attnlab.models.encoder import TextEncoder, TextEncoderConfig
+
+    torch.manual_seed(0)
+    model = TextEncoder(TextEncoderConfig(vocab_size=50, num_classes=0, embed_dim=32, depth=1, num_heads=2,
+                                          pooler="mean")).eval()
+    assert model.pooler is None
+    ids = torch.tensor([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        pooled = model(ids, (ids != 0).long())
+        alone = model(ids[:1, :3])  # the same text unpadded
+    torch.testing.assert_close(pooled[:1], alone, rtol=1e-5, atol=1e-6)
+    run_dir = tmp_path / "run"
+    assert main(["train", "text-classification-pretrained", *overrides(reviews, bert_folder),
+                 "model.options={pooler: mean}", "--run-dir", str(run_dir)]) == 0
+    trained = load_file(next((run_dir / "checkpoints").glob("step_*")) / "model.safetensors")
+    assert not any(name.startswith("pooler.") for name in trained)

@@ -81,6 +81,10 @@ def load_pretrained(model: nn.Module, state: dict[str, Tensor], source: str | Pa
     state = upgrade_weights(model, timm_vit_to_attnlab(dict(state)))
     own = {k: v for k, v in model.state_dict().items() if not is_adapter_key(k)}  # LoRA's adapters keep theirs
     dropped_head = _drop_foreign_head(state, own, classifier_name(model) or "head", always=new_head)
+    if "pooler.weight" in state and "pooler.weight" not in own and getattr(getattr(model, "config", None), "pooler",
+                                                                           None) == "mean":
+        state.pop("pooler.weight")  # a model that pools by the mean has no dense pooler to fill
+        state.pop("pooler.bias", None)
     pos = state.get("pos_embed")
     ckpt_prefix = int("cls_token" in state)
     if (pos is not None and "pos_embed" in own and pos.shape != own["pos_embed"].shape and hasattr(model, "patch_embed")

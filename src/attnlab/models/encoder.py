@@ -40,7 +40,7 @@ from .token_ids import check_token_ids
 
 __all__ = ["TextEncoderConfig", "TextEncoder", "POOLERS"]
 
-POOLERS = ("tanh", "relu", "none")
+POOLERS = ("tanh", "relu", "none", "mean")
 
 
 @dataclass
@@ -61,7 +61,9 @@ class TextEncoderConfig:
     norm_eps: float = 1e-12
     drop_rate: float = 0.1  # embeddings, residual branches, MLP hidden layer, before the head
     attn_drop_rate: float = 0.1
-    pooler: str = "tanh"  # the first token through dense + tanh (BERT, RoBERTa), dense + relu (DistilBERT), or none
+    # the first token through dense + tanh (BERT, RoBERTa), dense + relu (DistilBERT), or none; mean: the mean of
+    # the real tokens' features (sentence-transformers' models, all-MiniLM-L6-v2: trained to be read so)
+    pooler: str = "tanh"
     attention: str = "exact"
     attention_options: dict = field(default_factory=dict)
 
@@ -110,7 +112,7 @@ class TextEncoder(nn.Module):
                                     norm_eps=cfg.norm_eps, attention=cfg.attention,
                                     attention_options=cfg.attention_options)
             for _ in range(cfg.depth)], None)
-        self.pooler = nn.Linear(e, e) if cfg.pooler != "none" else None
+        self.pooler = nn.Linear(e, e) if cfg.pooler in ("tanh", "relu") else None
         self.head_drop = Dropout(cfg.drop_rate)
         self.head = nn.Linear(e, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.apply(normal_init_)  # BERT's initialisation
@@ -156,8 +158,13 @@ class TextEncoder(nn.Module):
         x = self.embed_drop(self.embed_norm(x))
         return self.encoder(x, key_padding_mask=pad)
 
-    def pool(self, features: Tensor) -> Tensor:
-        """``(B, L, E)`` -> ``(B, E)``: the first token, through the pooler."""
+    def pool(self, features: Tensor, padding: Tensor | None = None) -> Tensor:
+        """``(B, L, E)`` -> ``(B, E)``: the first token, through the pooler; or (``pooler="mean"``)
+        the mean over the tokens that ``padding`` (``(B, L)``, ``True`` = padding) leaves."""
+        if self.config.pooler == "mean":
+            keep = torch.ones(features.shape[:2], dtype=features.dtype, device=features.device) if padding is None \
+                else (~padding).to(features.dtype)
+            return (features * keep[..., None]).sum(1) / keep.sum(1, keepdim=True).clamp(min=1.0)
         first = features[:, 0]
         if self.pooler is None:
             return first
@@ -166,7 +173,9 @@ class TextEncoder(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None) -> Tensor:
-        return self.head(self.head_drop(self.pool(self.forward_features(input_ids, attention_mask, token_type_ids))))
+        features = self.forward_features(input_ids, attention_mask, token_type_ids)
+        pad = self.padding_mask(input_ids, attention_mask) if self.config.pooler == "mean" else None
+        return self.head(self.head_drop(self.pool(features, pad)))
 
 
 def _encoder(defaults: dict[str, Any], overrides: dict[str, Any]) -> TextEncoder:
