@@ -253,3 +253,13 @@ def test_a_recipe_fine_tunes_from_a_gguf_file_and_the_run_reads_alone(tmp_path: 
     assert run.tokenizer.encode_prompt("The cat") == open_checkpoint(tmp_path / "gone.gguf").tokenizer().encode_prompt(
         "The cat")
     assert len(run.predict(["The cat"], max_new_tokens=4)) == 1
+
+
+def test_an_empty_or_symlinked_gguf_file(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    _refused(empty, "truncated")
+    path, _ = _write(tmp_path, "llama")
+    link = tmp_path / "link.gguf"
+    link.symlink_to(path)
+    assert from_hf(link).config.vocab_size == from_hf(path).config.vocab_size

@@ -182,7 +182,7 @@ class GGUFCheckpoint:
             if key.startswith(prefix):
                 sub = key[len(prefix):]
                 if sub in table:
-                    config[table[sub]] = _plain(value, key, path)
+                    config[table[sub]] = _plain(value)
                 elif sub not in _RULES and f"{{arch}}.{sub}" not in IRRELEVANT:
                     raise InputError(f"{path}: metadata key {key} is not one attnlab reads for a {arch} model; it "
                                      f"reads {', '.join(prefix + k for k in [*table, *_RULES])}")
@@ -268,11 +268,8 @@ class GGUFCheckpoint:
 
         return gguf_tokenizer(self.file.metadata, self.path, self.architecture)
 
-    def generation_config(self) -> dict[str, Any]:
-        return {}  # a GGUF file holds no sampling defaults: greedy, as a folder without generation_config.json
 
-
-def _plain(value: Any, key: str, path: Path) -> Any:
+def _plain(value: Any) -> Any:
     """A metadata value as config.json would hold it (a number, not numpy's)."""
     if isinstance(value, np.ndarray):
         if value.size == 1:

@@ -83,9 +83,8 @@ def is_hf_folder(path: str | Path) -> bool:
 
 class FolderCheckpoint:
     """A Hugging Face folder as a checkpoint: :meth:`config` (its ``config.json``),
-    :meth:`headers` (meta tensors), :meth:`weights`, :meth:`tokenizer` and
-    :meth:`generation_config`; :class:`~attnlab.models.gguf_tables.GGUFCheckpoint` is the
-    same for a GGUF file."""
+    :meth:`headers` (meta tensors), :meth:`weights` and :meth:`tokenizer`;
+    :class:`~attnlab.models.gguf_tables.GGUFCheckpoint` is the same for a GGUF file."""
 
     def __init__(self, folder: str | Path) -> None:
         self.path = Path(folder).expanduser()
@@ -110,28 +109,25 @@ class FolderCheckpoint:
 
         return HFTokenizer.load(self.path)
 
-    def generation_config(self) -> dict:
-        from ..io import read_json_mapping
 
-        file = self.path / "generation_config.json"
-        return read_json_mapping(file) if file.is_file() else {}
+def _gguf_file(path: str | Path) -> bool:
+    """A GGUF file, or a file named ``.gguf`` (which the GGUF reader then names as not one)."""
+    from .gguf_reader import is_gguf
+
+    path = Path(path).expanduser()
+    return is_gguf(path) or (path.suffix.lower() == ".gguf" and path.is_file())
 
 
 def is_pretrained(path: str | Path) -> bool:
     """Whether ``path`` is a pretrained model attnlab reads: a Hugging Face folder or a GGUF file."""
-    from .gguf_reader import is_gguf
-
-    path = Path(path).expanduser()
-    return is_hf_folder(path) or is_gguf(path) or (path.suffix.lower() == ".gguf" and path.is_file())
+    return is_hf_folder(path) or _gguf_file(path)
 
 
 def open_checkpoint(path: str | Path):  # type: ignore[no-untyped-def]
     """The checkpoint at ``path``: a :class:`FolderCheckpoint` or, for a GGUF file, a
     :class:`~attnlab.models.gguf_tables.GGUFCheckpoint`."""
-    from .gguf_reader import is_gguf
-
-    if is_gguf(path) or (Path(path).suffix.lower() == ".gguf" and Path(path).expanduser().is_file()):
-        from .gguf_tables import GGUFCheckpoint  # (a .gguf file that is not one is named so there)
+    if _gguf_file(path):
+        from .gguf_tables import GGUFCheckpoint
 
         return GGUFCheckpoint(path)
     return FolderCheckpoint(path)
