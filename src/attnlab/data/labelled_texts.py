@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal, Sequence
 from ..errors import InputError
 from .mr import load_mr, mr_folds, mr_split
 from .paths import folder_contents
-from .source import Source, SourceConfig, Splits, register_source
+from .source import Source, SourceConfig, Splits, get_source, list_sources, register_source
 from .tables import LabelledTexts, read_labelled_texts
 from .text import MAX_LINE_CHARS
 
@@ -104,10 +104,28 @@ class TextSource(Source):
 
     def read_labelled(self, config: Any, path: str | Path, classes: Sequence[str]) -> Labelled:
         """A labelled file of one's own (CSV, TSV, JSON Lines with ``text`` and ``label``
-        columns) as a run with ``classes`` reads it (``attnlab eval --data``)."""
+        columns) as a run with ``classes`` reads it (``attnlab eval --data``); or, where no
+        such file exists, the test part of the registered source ``path`` names
+        (``--data vader-amazon``), its classes matched to ``classes`` by name."""
+        if isinstance(path, str) and not Path(path).expanduser().exists() and path in {
+                s.name for s in list_sources(self.kind)}:
+            return _source_test_part(get_source(path, self.kind), config, classes)
         check_labelled_file(path)
         part = read_labelled_texts(path, max_line_chars=config.max_line_chars)
         return Labelled(part.texts, class_indices(part, classes))
+
+
+def _source_test_part(source: Source, config: Any, classes: Sequence[str]) -> Labelled:
+    """The test part of ``source`` (read from the data directory of ``config``, a run's
+    ``data``), its labels mapped to ``classes`` by name."""
+    own = source.config_class(name=source.name, data_dir=config.data_dir, max_line_chars=config.max_line_chars)
+    splits = source.load(own)
+    missing = sorted(set(splits.classes or ()) - set(classes))
+    if splits.classes is None or missing:
+        raise InputError(f"--data {source.name} has the classes {', '.join(splits.classes or ['(none)'])}; the run "
+                         f"knows {', '.join(classes)}")
+    index = [list(classes).index(c) for c in splits.classes]
+    return Labelled(splits.test.texts, [index[y] for y in splits.test.labels])
 
 
 @register_source

@@ -124,6 +124,8 @@ class Source:
     kind: ClassVar[str]
     config_class: ClassVar[type[SourceConfig]]
     summary: ClassVar[str] = ""  # one line for `attnlab sources`
+    # a set to evaluate on alone (attnlab eval RUN --data NAME), with nothing to train on
+    test_only: ClassVar[bool] = False
 
     def check(self, config: Any) -> None:
         """Cheap checks that come before a run directory is made (a missing folder);

@@ -304,6 +304,10 @@ class Task:
         model (``None`` when the recipe names none yet), for a task's own checks to read
         without building it again."""
         model = self.check_model(recipe)
+        if recipe.data.kind and source_of(recipe.data).test_only:
+            raise ConfigError(f"data.name={recipe.data.name} is a test set alone, with nothing to train on: train on "
+                              f"another source and evaluate the run on it with attnlab eval RUN --data "
+                              f"{recipe.data.name}")
         source = recipe.model.checkpoint
         if source is not None:
             path = Path(source).expanduser()
