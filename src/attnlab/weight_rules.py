@@ -28,7 +28,7 @@ from torch import Tensor
 
 from .errors import InputError, shape_str
 
-__all__ = ["Rule", "expand", "apply_map", "their_name"]
+__all__ = ["Rule", "expand", "apply_map", "invert_map", "their_name"]
 
 Rule = tuple[Any, Any, str]
 
@@ -102,3 +102,32 @@ def their_name(key: str, rules: list[Rule]) -> str:
                 layer, suffix = (found.group(1), found.group(2)) if "{i}" in target else (None, found.group(1))
                 return _name(names[0], None if layer is None else int(layer)) + (suffix or "")
     return key
+
+
+def invert_map(state: dict[str, Tensor], rules: list[Rule]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """``(tensors in the checkpoint's names, what no rule took)`` of attnlab's ``state`` under
+    ``rules`` (expanded): :func:`apply_map` backwards, so that a model goes out under the
+    names and layouts it came in with. ``"T"`` transposes back, ``"+1"`` takes the one off
+    again, a ``"split"`` joins its parts into the packed tensor."""
+    state, out = dict(state), {}
+    for theirs, ours, how in rules:
+        if how == "join":
+            raise InputError(f"rule {theirs} -> {ours}: a join is read, never written back")
+        targets = (ours,) if isinstance(ours, str) else ours
+        whole = all(t in state for t in targets)
+        for suffix in ("",) if whole else (".weight", ".bias"):
+            keys = [t + suffix for t in targets]
+            present = [k for k in keys if k in state]
+            if len(present) < len(keys):
+                if present:
+                    raise InputError(f"the model lacks {next(k for k in keys if k not in state)}, which "
+                                     f"{theirs + suffix} packs with {', '.join(present)}")
+                continue
+            parts = [state.pop(k) for k in keys]
+            t = torch.cat(parts) if how.endswith("split") else parts[0]
+            if how.startswith("T") and suffix != ".bias":
+                t = t.t()
+            if how == "+1":
+                t = t - 1
+            out[theirs + suffix] = t.contiguous()
+    return out, state

@@ -104,9 +104,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     it, checked against PyTorch on inputs of other shapes than it was captured with."""
     from ..tasks import load_run
     from ..tasks.export import FORMATS, export_run, model_file, verify_export
+    from ..tasks.export_model import MODEL_FORMATS
 
-    if args.format not in FORMATS:
-        raise UsageError(f"--format takes {' or '.join(sorted(FORMATS))}; got {args.format!r}")
+    if args.format not in FORMATS and args.format not in MODEL_FORMATS:
+        raise UsageError(f"--format takes {', '.join([*sorted(FORMATS), *MODEL_FORMATS])}; got {args.format!r}")
+    if args.format in MODEL_FORMATS or args.gguf_type is not None:
+        return _export_model(args)
     out = Path(args.out) if args.out else Path(args.run_dir) / "export"
     model_file(out, args.format, name="--out")  # before any work: a path that cannot be written is refused now
     run = load_run(args.run_dir, args.checkpoint)
@@ -118,6 +121,30 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"tokenizer: {result.tokenizer}")
     print(f"inputs: {', '.join(result.input_names)}; outputs: {', '.join(result.output_names)}")
     print(f"largest |logit difference| against PyTorch on new random inputs: {difference:.2e}")
+    return 0
+
+
+def _export_model(args: argparse.Namespace) -> int:
+    """A language model as a Hugging Face folder or a GGUF file."""
+    from ..tasks import load_run
+    from ..tasks.export_model import check_model_format, default_model_out, export_language_model
+
+    check_model_format(args.format, args.gguf_type)
+    if args.opset is not None:
+        raise UsageError(f"--opset applies to --format onnx; got --format {args.format}")
+    out = Path(args.out) if args.out else default_model_out(args.run_dir, args.format, args.gguf_type or "f16")
+    if args.format == "gguf" and out.suffix != ".gguf":
+        raise UsageError(f"--out must be a .gguf file with --format gguf; got {out}")
+    if out.exists() and not args.force:
+        raise UsageError(f"--out {out} exists already; pass --force to replace it, or choose another --out")
+    run = load_run(args.run_dir, args.checkpoint)
+    result = export_language_model(run, out, args.format, weight_type=args.gguf_type, overwrite=args.force)
+    print(f"{'folder' if result.format == 'hf' else 'file'}: {result.path}")
+    if result.lora_merged:
+        print(f"LoRA: {result.lora_merged} adapted layers merged into their weights")
+    if result.weight_type:
+        print(f"weights: {result.weight_type}")
+    print(f"largest |logit difference| of the written model read back: {result.difference:.2e}")
     return 0
 
 
@@ -168,11 +195,18 @@ def add_eval(sub, plugins: argparse.ArgumentParser) -> None:
 def add_export(sub, plugins: argparse.ArgumentParser) -> None:
     """``attnlab export``."""
     p = sub.add_parser("export", parents=[plugins],
-                       help="write a run's classifier as an ONNX (or TorchScript) file, with its preprocessing")
-    p.add_argument("run_dir", help="a run directory of an image or text classifier")
-    p.add_argument("--format", default="onnx", help="onnx (default) or torchscript")
+                       help="write a run's classifier as an ONNX (or TorchScript) file, or its language model as a "
+                            "Hugging Face folder or a GGUF file")
+    p.add_argument("run_dir", help="a run directory of an image or text classifier, or of a language model "
+                                   "fine-tuned from a pretrained one")
+    p.add_argument("--format", default="onnx",
+                   help="onnx (default) or torchscript for a classifier; hf (a Hugging Face folder) or gguf "
+                        "(llama.cpp's file) for a language model")
+    p.add_argument("--gguf-type", default=None, metavar="TYPE",
+                   help="the GGUF file's weights: f32, f16 (default) or q8_0")
     p.add_argument("--out", default=None, metavar="PATH",
-                   help="a .onnx/.pt file, or a folder for model.onnx/model.pt (default RUN_DIR/export)")
+                   help="a .onnx/.pt/.gguf file, or a folder (default RUN_DIR/export, RUN_DIR/export/hf, "
+                        "RUN_DIR/export/model-TYPE.gguf)")
     p.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
     p.add_argument("--opset", type=positive_int, default=None, help="ONNX opset (default: the exporter's)")
     p.add_argument("--force", action="store_true", help="replace the files of an earlier export at --out")
