@@ -61,6 +61,9 @@ OVERRIDES = {
                                              f"model.checkpoint={data['vit']}"],
     "lm-shakespeare-char": lambda data: [f"data.data_dir={data['shakespeare']}", "text.context=32",
                                          "generate.max_new_tokens=8"],
+    "lm-shakespeare-pretrained": lambda data: [f"data.data_dir={data['shakespeare']}",
+                                               f"model.checkpoint={data['llama']}", "text.context=32",
+                                               "generate.max_new_tokens=8"],
     "lm-text": lambda data: [f"data.path={data['text']}", "text.vocab_size=300", "text.context=32",
                              "generate.max_new_tokens=8"],
     "sentiment-mr": lambda data: [f"data.data_dir={data['mr']}", "text.vocab_size=300", "text.max_length=32"],
@@ -134,6 +137,19 @@ def _bert_folder(folder: Path, texts: list[str]) -> Path:
     return make_bert_folder(folder, texts, layers=1)
 
 
+def _llama_file(folder: Path) -> Path:
+    """A tiny random llama decoder with a byte-level vocabulary, as a GGUF file."""
+    transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (dev extra)")
+    from gguf_files import byte_level_vocab, write_gguf
+
+    folder.mkdir()
+    vocab = byte_level_vocab()
+    config = transformers.LlamaConfig(vocab_size=len(vocab["tokens"]), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                      max_position_embeddings=64)
+    return write_gguf(folder / "tiny.gguf", "llama", transformers.AutoModelForCausalLM.from_config(config), vocab)
+
+
 REVIEWS = [("a warm and witty film", "positive"), ("the cast is superb", "positive"),
            ("a dull and tired mess", "negative"), ("flat jokes and no heart", "negative")]
 
@@ -172,7 +188,7 @@ def data(tmp_path_factory):
     makers = {"mr": lambda: _tiny_mr(root / "mr"), "photos": photos, "reviews": reviews, "corpus": corpus,
               "shakespeare": shakespeare, "text": text,
               "cifar": lambda: _tiny_cifar(root / "cifar"), "multi30k": lambda: _tiny_multi30k(root / "m30k"),
-              "vit": lambda: _vit_folder(root / "vit"),
+              "vit": lambda: _vit_folder(root / "vit"), "llama": lambda: _llama_file(root / "llama"),
               "bert": lambda: _bert_folder(root / "bert", [t for t, _ in REVIEWS])}
 
     class Lazy(dict):

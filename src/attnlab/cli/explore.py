@@ -31,7 +31,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     check_output(out, args.force)  # before any work: a page is never written over unasked
     inputs = text_arguments(args.inputs, "INPUT") if args.inputs else None
     page = explore(args.target, inputs, max_inputs=args.max_inputs, new_tokens=args.new_tokens,
-                   checkpoint=args.checkpoint, device=args.device, title=args.title)
+                   checkpoint=args.checkpoint, device=args.device, title=args.title, ablate=args.ablate)
     path = page.save(out, force=True)
     docs = page.data["documents"]
     layers = sum(len(g["layers"]) for g in docs[0]["groups"]) if docs else 0
@@ -86,4 +86,7 @@ def add_explore(sub, plugins: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default="auto", help="auto, best, last, averaged or a checkpoint folder")
     p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto (default cpu)")
     p.add_argument("--title", default=None, help="the page's title (default: the target's name)")
+    p.add_argument("--ablate", action="store_true",
+                   help="a language model: each head's row gains the change in the loss on the input when the head's "
+                        "output is removed")
     p.set_defaults(func=cmd_explore)

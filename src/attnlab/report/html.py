@@ -27,14 +27,16 @@ import json
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 from .. import __version__
 from ..errors import AttentionUnavailable, InputError
 from ..io import atomic_write_bytes, read_json_mapping
-from ..tasks import (CHANGES, ClassifierPredictions, SampleTable, Task, get_task, model_label, read_config,
-                     read_recipe, report_items)
+from ..tasks import (CHANGES, ClassifierPredictions, SampleTable, Task, TrainedRun, get_task, load_run, model_label,
+                     read_config, read_recipe, report_items)
+from ..tasks.runs import UnfinishedRunWarning
 from ..viz.explorer import explore
 from ..viz.explorer.page import script_hashes
 from ..viz.run import visualize_run
@@ -187,22 +189,23 @@ def _item_sections(item: object) -> list[Section]:
     raise InputError(f"the report cannot show a {type(item).__name__}; tasks give views of attnlab.tasks.views")
 
 
-def _task_sections(run_dir: Path, task: Task, device: str, log: Log) -> list[Section]:
+def _task_sections(run: Path | TrainedRun, task: Task, device: str, log: Log) -> list[Section]:
     """What the task shows beside results, configuration and curves; a failure (the data
     set or a checkpoint gone) is a note under the task's usual headings."""
     try:
-        return [section for item in report_items(run_dir, device=device) for section in _item_sections(item)]
+        return [section for item in report_items(run, device=device) for section in _item_sections(item)]
     except Exception as exc:  # noqa: BLE001
         heading = "Sample outputs" if task.outputs == "text" else "Sample predictions"
         return [Section(heading, [_failed("the predictions on the test set", exc, log)])]
 
 
-def _attention(run_dir: Path, task: Task, log: Log) -> Section:
+def _attention(run_dir: Path, task: Task, log: Log, loaded: TrainedRun | None = None) -> Section:
     """Attention maps drawn by :func:`attnlab.viz.run.visualize_run`, when it can."""
     sub_runs = task.sub_runs(run_dir)
     target = sub_runs[0] if sub_runs else run_dir
     try:
-        paths = visualize_run(target, out_dir=run_dir / "attention", max_inputs=2)
+        paths = visualize_run(loaded or target, out_dir=run_dir / "attention", max_inputs=2,
+                              device=_device_of(loaded))
         images = [Image(Path(path).read_bytes(), alt=f"attention map {Path(path).stem}") for path in paths]
         for image in images:
             data_uri(image.source)  # an unreadable picture becomes the note below, not a failed page
@@ -216,13 +219,13 @@ def _attention(run_dir: Path, task: Task, log: Log) -> Section:
     return Section("Attention", [f"Attention maps{of} on up to two test inputs.", *images])
 
 
-def _explorer(run_dir: Path, task: Task, log: Log) -> Section:
+def _explorer(run_dir: Path, task: Task, log: Log, loaded: TrainedRun | None = None) -> Section:
     """The attention explorer (:func:`attnlab.viz.explore`) on the run's example inputs, in a
     frame of the page, when the run's model records attention weights."""
     sub_runs = task.sub_runs(run_dir)
     target = sub_runs[0] if sub_runs else run_dir
     try:
-        page = explore(target, max_inputs=2, new_tokens=20).html()
+        page = explore(loaded or target, max_inputs=2, new_tokens=20, device=_device_of(loaded)).html()
     except AttentionUnavailable as exc:
         return Section("Attention explorer", [_unavailable("attention explorer", _model_name(target), exc)])
     except Exception as exc:  # noqa: BLE001
@@ -233,6 +236,26 @@ def _explorer(run_dir: Path, task: Task, log: Log) -> Section:
         "Every head of every layer on the same inputs: choose a layer and heads, hover a token to see where it "
         "looks, open the model view for the grid of all heads (attnlab explore RUN_DIR writes it as a page of its "
         "own, on inputs of one's choice).", Html(frame, tuple(script_hashes(page)))])
+
+
+def _load_once(run_dir: Path, task: Task, device: str) -> TrainedRun | None:
+    """The run, loaded once for the predictions, the attention maps and the explorer (three
+    loads took 33 s of all-MiniLM-L6-v2's report); ``None`` for a run of sub-runs, or where
+    it does not load (each section then names why)."""
+    if task.sub_runs(run_dir):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnfinishedRunWarning)  # each section says so when it loads the run itself
+            return load_run(run_dir, device=device)
+    except Exception:  # noqa: BLE001  # the sections load it again and report the failure under their headings
+        return None
+
+
+def _device_of(run: TrainedRun | None) -> str:
+    """Where the loaded run's model is (the sections leave it there), else the CPU."""
+    weights = next(run.model.parameters(), None) if run is not None else None
+    return "cpu" if weights is None else str(weights.device)
 
 
 def write_run_report(run_dir: str | Path, out: str | Path | None = None, *, device: str = "auto",
@@ -250,8 +273,9 @@ def write_run_report(run_dir: str | Path, out: str | Path | None = None, *, devi
     recipe = read_recipe(run_dir)  # InputError naming run_dir when it is not a run directory
     task = get_task(recipe.task)
     results_section, _ = _results(run_dir)
-    sections = [results_section, _curves(run_dir, task, log), *_task_sections(run_dir, task, device, log),
-                _attention(run_dir, task, log), _explorer(run_dir, task, log), _config(run_dir)]
+    loaded = _load_once(run_dir, task, device)
+    sections = [results_section, _curves(run_dir, task, log), *_task_sections(loaded or run_dir, task, device, log),
+                _attention(run_dir, task, log, loaded), _explorer(run_dir, task, log, loaded), _config(run_dir)]
     subtitle = (f"{task.describe(recipe)}: {model_label(recipe.model) or '(unnamed)'} on {recipe.data.name}. {run_dir.resolve()}, "
                 f"report written {time.strftime('%Y-%m-%d %H:%M:%S')} by attnlab {__version__}.")
     path = Path(out) if out is not None else run_dir / "report.html"

@@ -746,6 +746,6 @@ def generation_attention(model: GPT, ids: Sequence[int], label: Callable[[int], 
                 full[:, row:end, end - k : end] = w[0].float()
                 row = end
             layers.append((name, full))
-        return GenerationAttention("", [label(i) for i in seq], n, layers, top, cached, opaque)
+        return GenerationAttention("", [label(i) for i in seq], n, layers, top, cached, opaque, ids=seq)
     finally:
         model.train(was_training)

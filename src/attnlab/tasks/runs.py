@@ -75,9 +75,12 @@ def load_run(run_dir: str | Path, checkpoint: str = "auto", *, device: str = "cp
     return run
 
 
-def report_items(run_dir: str | Path, *, device: str = "auto") -> list[Any]:
+def report_items(run_dir: str | Path | TrainedRun, *, device: str = "auto") -> list[Any]:
     """What a run's task shows in its report (:meth:`Task.report_items`), given the run
-    loaded, or its sub-runs (the folds of a cross-validation)."""
+    loaded (``run_dir`` may be the loaded run itself), or its sub-runs (the folds of a
+    cross-validation)."""
+    if isinstance(run_dir, TrainedRun):
+        return run_dir.task.report_items([run_dir], device=device)
     run_dir = Path(run_dir)
     task = get_task(read_recipe(run_dir).task)
     return task.report_items([load_run(folder, device=device) for folder in task.sub_runs(run_dir) or [run_dir]],

@@ -143,7 +143,7 @@ class GenerationAttention:
     generated token's row from the decoding step that read it (with the model's cache where
     it keeps one: ``cached``). ``top[i]``: the model's most probable next tokens after
     position ``i``, ``[(token, probability), ...]``. ``opaque``: attention modules that form
-    no weight matrix (drawn as a note)."""
+    no weight matrix (drawn as a note). ``ids``: the token ids of ``tokens``."""
 
     title: str
     tokens: list[str]
@@ -152,3 +152,4 @@ class GenerationAttention:
     top: list[list[tuple[str, float]]]
     cached: bool
     opaque: list[str] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)

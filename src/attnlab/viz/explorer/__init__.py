@@ -30,6 +30,8 @@ from torch import Tensor, nn
 from ...attention.capture import attention_modules, capture_attention
 from ...errors import AttentionUnavailable, InputError
 from ...io import atomic_write_bytes
+from ...tasks.views import GenerationAttention
+from ..ablation import head_ablation
 from .documents import document_of, tensor_documents
 from .page import FORMAT, decode_weights, encode_weights, render_page
 from .targets import check_inputs, load_target, target_views
@@ -92,7 +94,7 @@ def _check_count(value: Any, name: str, low: int, high: int) -> int:
 
 def explore(target: Any, inputs: Any = None, *, tokens: Sequence[Sequence[str]] | None = None,
             max_inputs: int = 2, new_tokens: int = 20, checkpoint: str = "auto", device: str = "cpu",
-            title: str | None = None) -> Exploration:
+            title: str | None = None, ablate: bool = False) -> Exploration:
     """The explorer page of ``target`` on ``inputs``.
 
     Args:
@@ -109,6 +111,9 @@ def explore(target: Any, inputs: Any = None, *, tokens: Sequence[Sequence[str]] 
         checkpoint: a run's ``"auto"``, ``"best"``, ``"last"``, ``"averaged"`` or a checkpoint folder.
         device: ``"cpu"`` (default), ``"cuda"``, ... or ``"auto"``.
         title: the page's title (default: the target's name).
+        ablate: for a language model, add to each head's row the change in the model's loss on
+            the input shown when that head's output is removed (one batched pass a layer:
+            :func:`attnlab.viz.ablation.head_ablation`).
 
     Raises:
         InputError: a target that is neither a run, a folder nor a module; inputs of the wrong
@@ -126,8 +131,18 @@ def explore(target: Any, inputs: Any = None, *, tokens: Sequence[Sequence[str]] 
         warnings.simplefilter("always")
         views = target_views(loaded, inputs, max_inputs=max_inputs, new_tokens=new_tokens)
     notes = [str(w.message) for w in caught if "never form" in str(w.message)]
+    documents = []
+    for view in views:
+        ablation = None
+        if ablate and isinstance(view, GenerationAttention):
+            model = loaded.run.model
+            ids = torch.tensor([view.ids], device=next(model.parameters()).device)
+            ablation = head_ablation(model, ids, [name for name, _ in view.layers])
+        documents.append(document_of(view, ablation))
+    if ablate and not any(isinstance(v, GenerationAttention) for v in views):
+        notes.append("head removal (ablate) applies to language models: this target's loss is not a next-token loss")
     return Exploration({"format": FORMAT, "title": title or loaded.title, "subtitle": loaded.subtitle,
-                        "notes": notes, "documents": [document_of(v) for v in views]})
+                        "notes": notes, "documents": documents})
 
 
 @torch.no_grad()

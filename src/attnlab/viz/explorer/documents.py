@@ -103,8 +103,10 @@ def _is_causal(layers: Sequence[Tensor]) -> bool:
 
 
 def group(name: str, queries: Sequence[str], keys: Sequence[str], layers: Sequence[tuple[str, Tensor]], *,
-          self_attention: bool) -> dict[str, Any]:
-    """One attention group of the page: ``layers`` ``[(name, weights (heads, Lq, Lk)), ...]``."""
+          self_attention: bool, ablation: Sequence[Sequence[float] | None] | None = None) -> dict[str, Any]:
+    """One attention group of the page: ``layers`` ``[(name, weights (heads, Lq, Lk)), ...]``;
+    ``ablation``: per layer, the change in the model's loss with each head removed
+    (:func:`attnlab.viz.ablation.head_ablation`)."""
     lq, lk = len(queries), len(keys)
     for lname, w in layers:
         if w.dim() != 3 or tuple(w.shape[1:]) != (lq, lk):
@@ -114,7 +116,13 @@ def group(name: str, queries: Sequence[str], keys: Sequence[str], layers: Sequen
     return {"name": name, "queries": _labels(queries), "keys": _labels(keys), "self": self_attention,
             "causal": self_attention and _is_causal(maps),
             "layers": [{"name": lname, "heads": int(w.shape[0]), "data": encode_weights(w)} for lname, w in layers],
-            "stats": head_stats(maps, list(queries)) if self_attention else None}
+            "stats": _with_ablation(head_stats(maps, list(queries)), ablation) if self_attention else None}
+
+
+def _with_ablation(stats: dict[str, Any], ablation: Sequence[Sequence[float] | None] | None) -> dict[str, Any]:
+    if ablation is not None:
+        stats["ablation"] = [list(row) if row is not None else None for row in ablation]
+    return stats
 
 
 def image_data_url(image: Tensor) -> str:
@@ -131,14 +139,15 @@ def document(title: str, kind: str, groups: list[dict[str, Any]], *, notes: Sequ
     return {"title": title, "kind": kind, "notes": list(notes), "groups": groups, "lm": lm, "image": image}
 
 
-def document_of(view: Any) -> dict[str, Any]:
-    """The page's document for one attention view of a task."""
+def document_of(view: Any, ablation: Sequence[Sequence[float] | None] | None = None) -> dict[str, Any]:
+    """The page's document for one attention view of a task; ``ablation``: a language model's
+    change in loss with each head removed, per layer of the view."""
     if isinstance(view, GenerationAttention):
         notes = [f"{name}: this attention forms no weight matrix; its layer is not shown" for name in view.opaque]
         how = ("each generated token's row is the weights of the decoding step that read it, with the model's cache"
                if view.cached else "the rows are those of one pass over the prompt and its continuation")
         return document(view.title, "lm", [group("self-attention", view.tokens, view.tokens, view.layers,
-                                                 self_attention=True)],
+                                                 self_attention=True, ablation=ablation)],
                         notes=[f"{view.prompt_len} prompt tokens, then {len(view.tokens) - view.prompt_len} chosen "
                                f"greedily; {how}", *notes],
                         lm={"prompt_len": view.prompt_len,

@@ -689,8 +689,8 @@
     drawStats(group);
   }
 
-  const STAT_KEYS = ["entropy", "distance", "previous", "first", "diagonal", "induction"];
-  const STAT_DIGITS = { entropy: 2, distance: 1, previous: 3, first: 3, diagonal: 3, induction: 3 };
+  const STAT_KEYS = ["entropy", "distance", "previous", "first", "diagonal", "induction", "ablation"];
+  const STAT_DIGITS = { entropy: 2, distance: 1, previous: 3, first: 3, diagonal: 3, induction: 3, ablation: 3 };
   let statsKey = "";
   let statRows = [];   // {layer, head, entropy, ..., tr}
 
@@ -738,6 +738,10 @@
     // shares of weight (0..1) get a faint background in proportion
     if (["previous", "first", "diagonal", "induction"].includes(key) && Number.isFinite(value)) {
       td.style.background = `rgba(84, 174, 255, ${Math.min(1, Math.max(0, value)) * 0.55})`;
+    }
+    // the loss a head's removal adds (nats a token): red where the head helped, a full shade at 0.5
+    if (key === "ablation" && Number.isFinite(value) && value > 0) {
+      td.style.background = `rgba(255, 99, 71, ${Math.min(1, value / 0.5) * 0.55})`;
     }
     return td;
   }

@@ -1,0 +1,74 @@
+"""What each head does for a language model's loss: the change in the next-token loss on an
+input when one head's output is removed (zeroed before the attention's output projection),
+every head of every layer. A head that looks like an induction head on the weights can so be
+shown to do that job on the input: removing it raises the loss on the repeated tokens.
+
+Any attention module with an output projection ``o_proj`` (a plain linear layer: merge LoRA
+adapters first) over ``num_heads`` equal slices (attnlab's exact, grouped-query and latent
+attention, whatever model holds them) is taken; the model is only called, once a head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import InputError
+
+__all__ = ["removable_heads", "head_ablation", "next_token_loss"]
+
+
+def removable_heads(module: nn.Module) -> int | None:
+    """How many heads ``module``'s output can be removed by (its ``o_proj`` input is
+    ``num_heads`` slices), or ``None``."""
+    out, heads = getattr(module, "o_proj", None), getattr(module, "num_heads", None)
+    if type(out) is not nn.Linear or not isinstance(heads, int) or heads < 1 or out.in_features % heads:
+        return None
+    return heads
+
+
+def next_token_loss(logits: Tensor, ids: Tensor) -> Tensor:
+    """The mean next-token cross-entropy of each row, ``(B,)``, in nats."""
+    return F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none").mean(-1)
+
+
+@torch.no_grad()
+def head_ablation(model: nn.Module, ids: Tensor, layers: Sequence[str]) -> list[list[float] | None]:
+    """For each module named in ``layers``, the change of ``model``'s next-token loss on
+    ``ids`` ``(1, L)`` (nats per token, positive: the head helped) when each of its heads'
+    output is removed; ``None`` for a module whose heads cannot be removed
+    (:func:`removable_heads`). ``model(ids)`` must give ``(B, L, vocab)`` logits.
+
+    A head is removed by zeroing its columns of ``o_proj``'s weight for one pass, then
+    putting them back (the attention kinds read that weight directly, not through the
+    layer's call, when no gradient is wanted: a hook on the layer would see nothing)."""
+    if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] < 2:
+        raise InputError(f"ids must be one row of at least 2 tokens, shape (1, L); got {tuple(ids.shape)}")
+    was_training = model.training
+    model.eval()
+    try:
+        base = float(next_token_loss(model(ids), ids)[0])
+        out: list[list[float] | None] = []
+        for name in layers:
+            module = model.get_submodule(name)
+            heads = removable_heads(module)
+            if heads is None:
+                out.append(None)
+                continue
+            weight = module.o_proj.weight
+            size = weight.shape[1] // heads
+            changes = []
+            for h in range(heads):
+                kept = weight[:, h * size:(h + 1) * size].clone()
+                weight[:, h * size:(h + 1) * size] = 0
+                try:
+                    changes.append(round(float(next_token_loss(model(ids), ids)[0]) - base, 6))
+                finally:
+                    weight[:, h * size:(h + 1) * size] = kept
+            out.append(changes)
+        return out
+    finally:
+        model.train(was_training)
