@@ -67,6 +67,20 @@ def test_modules_without_heads_to_remove_and_bad_ids() -> None:
     for ids in (torch.zeros(2, 4, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long)):
         with pytest.raises(InputError, match="ids must be one row of at least 2 tokens"):
             head_ablation(model, ids, ["blocks.0.attn"])
+    with pytest.raises(InputError, match=r"start must be a position in \[1, 3\]; got 4"):
+        head_ablation(model, torch.zeros(1, 4, dtype=torch.long), ["blocks.0.attn"], start=4)
+
+
+def test_the_change_on_the_second_half_alone_counts_those_tokens_alone() -> None:
+    model = _model()
+    ids = torch.randint(0, 32, (1, 20), generator=torch.Generator().manual_seed(3))
+    half = head_ablation(model, ids, ["blocks.0.attn"], start=10)[0]
+    edited = copy.deepcopy(model)
+    o_proj = edited.blocks[0].attn.o_proj
+    with torch.no_grad():
+        o_proj.weight[:, 0:8] = 0
+        expected = float(next_token_loss(edited(ids), ids, 10)[0] - next_token_loss(model(ids), ids, 10)[0])
+    assert half[0] == pytest.approx(expected, abs=2e-5)
 
 
 def test_the_explorer_of_a_language_model_shows_each_heads_change(tmp_path, capsys) -> None:

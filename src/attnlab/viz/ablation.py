@@ -30,27 +30,32 @@ def removable_heads(module: nn.Module) -> int | None:
     return heads
 
 
-def next_token_loss(logits: Tensor, ids: Tensor) -> Tensor:
-    """The mean next-token cross-entropy of each row, ``(B,)``, in nats."""
-    return F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none").mean(-1)
+def next_token_loss(logits: Tensor, ids: Tensor, start: int = 1) -> Tensor:
+    """The mean next-token cross-entropy of each row, ``(B,)``, in nats, over the tokens from
+    position ``start`` on (each predicted from those before it)."""
+    return F.cross_entropy(logits[:, start - 1:-1].float().transpose(1, 2), ids[:, start:], reduction="none").mean(-1)
 
 
 @torch.no_grad()
-def head_ablation(model: nn.Module, ids: Tensor, layers: Sequence[str]) -> list[list[float] | None]:
+def head_ablation(model: nn.Module, ids: Tensor, layers: Sequence[str], *, start: int = 1,
+                  ) -> list[list[float] | None]:
     """For each module named in ``layers``, the change of ``model``'s next-token loss on
-    ``ids`` ``(1, L)`` (nats per token, positive: the head helped) when each of its heads'
-    output is removed; ``None`` for a module whose heads cannot be removed
-    (:func:`removable_heads`). ``model(ids)`` must give ``(B, L, vocab)`` logits.
+    ``ids`` ``(1, L)`` (nats per token, positive: the head helped; the tokens from position
+    ``start`` on: the second half of a repeated sequence, say) when each of its heads' output
+    is removed; ``None`` for a module whose heads cannot be removed (:func:`removable_heads`).
+    ``model(ids)`` must give ``(B, L, vocab)`` logits.
 
     A head is removed by zeroing its columns of ``o_proj``'s weight for one pass, then
     putting them back (the attention kinds read that weight directly, not through the
     layer's call, when no gradient is wanted: a hook on the layer would see nothing)."""
     if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] < 2:
         raise InputError(f"ids must be one row of at least 2 tokens, shape (1, L); got {tuple(ids.shape)}")
+    if not isinstance(start, int) or isinstance(start, bool) or not 1 <= start < ids.shape[1]:
+        raise InputError(f"start must be a position in [1, {ids.shape[1] - 1}]; got {start!r}")
     was_training = model.training
     model.eval()
     try:
-        base = float(next_token_loss(model(ids), ids)[0])
+        base = float(next_token_loss(model(ids), ids, start)[0])
         out: list[list[float] | None] = []
         for name in layers:
             module = model.get_submodule(name)
@@ -65,7 +70,7 @@ def head_ablation(model: nn.Module, ids: Tensor, layers: Sequence[str]) -> list[
                 kept = weight[:, h * size:(h + 1) * size].clone()
                 weight[:, h * size:(h + 1) * size] = 0
                 try:
-                    changes.append(round(float(next_token_loss(model(ids), ids)[0]) - base, 6))
+                    changes.append(round(float(next_token_loss(model(ids), ids, start)[0]) - base, 6))
                 finally:
                     weight[:, h * size:(h + 1) * size] = kept
             out.append(changes)
