@@ -13,7 +13,8 @@ the query's token). A head is counted as
 
 For SmolLM2, each head's removal (:func:`attnlab.viz.ablation.head_ablation`) on the repeated
 half: the loss it adds, whether the heads that most raise it are the induction heads, and the
-loss with every induction head removed at once against as many other heads chosen at random.
+loss with every induction head removed at once against as many other heads of the same layers
+chosen at random.
 
     python benchmarks/heads.py --out /tmp/heads            # JSON and the page's tables
 """
@@ -102,11 +103,14 @@ def analyse(name: str, model, tokenizer, *, encoder: bool, low: int, special: tu
     induction = {(l, h) for l, layer in enumerate(out["layers"]) for h in layer["induction"]}
     out["top_by_ablation"] = [{"layer": l, "head": h, "change": v, "induction": (l, h) in induction,
                                "induction_score": out["layers"][l]["scores"]["induction"][h]} for v, l, h in flat[:10]]
+    out["induction_changes"] = {f"{l}.{h}": changes[l][h] for l, h in sorted(induction)}
     out["removed_together"] = {"induction": _removed(model, x, names, sorted(induction), start)}
+    # the control: as many other heads of the same layers, drawn at random (five draws)
     rng = random.Random(1)
-    others = [(l, h) for l in range(len(changes)) for h in range(len(changes[l])) if (l, h) not in induction]
-    out["removed_together"]["random_others"] = [
-        _removed(model, x, names, rng.sample(others, len(induction)), start) for _ in range(3)]
+    span = {l for l, _ in induction}
+    others = [(l, h) for l in sorted(span) for h in range(len(changes[l])) if (l, h) not in induction]
+    out["removed_together"]["others_same_layers"] = [
+        _removed(model, x, names, rng.sample(others, len(induction)), start) for _ in range(5)]
     return out
 
 
@@ -156,8 +160,9 @@ def main() -> None:
             for t in r["top_by_ablation"]:
                 print(f"  layer {t['layer']} head {t['head']}: +{t['change']:.3f} nats (induction score "
                       f"{t['induction_score']:.2f}{', induction' if t['induction'] else ''})")
-            print(f"induction heads removed together: {r['removed_together']['induction']:.3f}; as many others at "
-                  f"random: {r['removed_together']['random_others']}")
+            print(f"each induction head removed: {r['induction_changes']}")
+            print(f"induction heads removed together: {r['removed_together']['induction']:.3f}; as many others of "
+                  f"the same layers at random: {[round(v, 3) for v in r['removed_together']['others_same_layers']]}")
     print(f"\nwritten: {out / 'heads.json'}")
 
 

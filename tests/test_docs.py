@@ -30,7 +30,7 @@ TUTORIALS = ("attention", "norms", "transformer", "vit", "cnn-attention", "effic
 LANGUAGES = {"en": "", "zh": "zh/"}  # the language and its folder in the site
 GUIDE = ("index", "command-line", "recipes", "data", "models", "generation", "runs", "training", "inside")
 RESULTS = ("index", "vision", "precision", "own-images", "text", "language-models", "decoding", "attention-kinds",
-           "attention-2024", "explorer", "fine-tuning")
+           "attention-2024", "explorer", "fine-tuning", "heads")
 
 
 @pytest.fixture(scope="session")

@@ -216,3 +216,27 @@ def test_a_long_token_ends_in_an_ellipsis_and_shows_whole_on_hover(browser, tmp_
     # the lines take the width the page leaves them, more than the least
     assert int(driver.find_element("id", "head-svg").get_attribute("width")) > 600
     assert errors(driver) == []
+
+
+def test_the_heads_change_in_loss_sorts_and_shows_each_heads_figure(browser, tmp_path):
+    from attnlab.viz.ablation import head_ablation
+
+    torch.manual_seed(0)
+    model = GPT(vocab_size=26, max_len=64, embed_dim=32, depth=2, num_heads=4).eval()
+    letters = [chr(ord("a") + i) for i in range(26)]
+    view = generation_attention(model, [7, 4, 11, 11, 14, 22, 14, 17, 11, 3], lambda i: letters[i], new_tokens=4)
+    changes = head_ablation(model, torch.tensor([view.ids]), [name for name, _ in view.layers])
+    page = Exploration({"format": FORMAT, "title": "ablation", "subtitle": "", "notes": [],
+                        "documents": [document_of(view, changes)]})
+    driver = open_page(browser, page, tmp_path / "ablation.html")
+    run(driver, "await attnlabExplorer.select({view: 'matrix', layer: 0, heads: [0]});")  # the table beside it
+    header = driver.find_element("css selector", "#head-table th[data-key='ablation']")
+    header.click()
+    header.click()  # largest first
+    first = driver.find_element("css selector", "#head-table tbody tr[data-layer]")
+    layer, head = int(first.get_attribute("data-layer")), int(first.get_attribute("data-head"))
+    best = max((v, l, h) for l, row in enumerate(changes) for h, v in enumerate(row))
+    assert (layer, head) == best[1:]
+    shown = first.find_elements("css selector", "td")[8].text  # layer, head, six figures, then the change
+    assert float(shown) == pytest.approx(best[0], abs=5e-4)
+    assert errors(driver) == []

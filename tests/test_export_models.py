@@ -198,3 +198,15 @@ def test_a_run_with_a_tokenizer_of_its_own_is_refused(tmp_path: Path, capsys) ->
     assert main(["export", str(run_dir), "--format", "gguf"]) == 2
     err = capsys.readouterr().err.strip()
     assert "tokenizer of its own" in err and len(err.splitlines()) == 1
+
+
+def test_a_folder_in_bfloat16_holds_bfloat16_weights_that_read_back_as_the_rounded_model(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    source = _source(tmp_path, "llama")
+    model, tokenizer = from_hf(source), open_checkpoint(source).tokenizer()
+    folder, difference = save_hf(model, tokenizer, tmp_path / "bf16", dtype=torch.bfloat16)
+    assert difference <= 1e-4
+    assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}

@@ -112,7 +112,8 @@ def test_cross_validation_runs_ten_folds_and_resumes_a_missing_one(tmp_path, cap
 
 
 def test_recipe_task_and_data_must_agree():
-    with pytest.raises(ValueError, match="data.name must be one of 'mr', 'file'; got 'cifar10'"):
+    with pytest.raises(ValueError, match="data.name must be one of 'mr', 'file', 'vader-amazon', "
+                                         "'vader-tweets', 'vader-nyt'; got 'cifar10'"):
         load_recipe("sentiment-mr", ["data.name=cifar10"])
 
 

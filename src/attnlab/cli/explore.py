@@ -22,15 +22,19 @@ def cmd_visualize(args: argparse.Namespace) -> int:
 
 
 def cmd_explore(args: argparse.Namespace) -> int:
+    from ..models.packaged import resolve_packaged
     from ..viz.explorer import check_output, default_output, explore
 
-    out = Path(args.out).expanduser() if args.out else default_output(args.target)
-    if not Path(args.target).expanduser().exists():
-        raise UsageError(f"TARGET {args.target} does not exist; give a run directory (attnlab train's) or a Hugging "
-                         f"Face folder (config.json and its weights)")
+    target = resolve_packaged(args.target)  # smollm2-135m-instruct: the installed package's file
+    packaged = target != args.target  # its page goes here, not into the package's own folder
+    out = Path(args.out).expanduser() if args.out else Path(f"{args.target}.explore.html") if packaged \
+        else default_output(target)
+    if not Path(target).expanduser().exists():
+        raise UsageError(f"TARGET {args.target} does not exist; give a run directory (attnlab train's), a Hugging "
+                         f"Face folder (config.json and its weights), a GGUF file or a packaged model's name")
     check_output(out, args.force)  # before any work: a page is never written over unasked
     inputs = text_arguments(args.inputs, "INPUT") if args.inputs else None
-    page = explore(args.target, inputs, max_inputs=args.max_inputs, new_tokens=args.new_tokens,
+    page = explore(target, inputs, max_inputs=args.max_inputs, new_tokens=args.new_tokens,
                    checkpoint=args.checkpoint, device=args.device, title=args.title, ablate=args.ablate)
     path = page.save(out, force=True)
     docs = page.data["documents"]

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from .gguf_tables import _COMMON, _LAYER, _TOP, GGUF_ARCHITECTURES
+from .gguf_tables import _COMMON, _LAYER, _TOP, GGUF_ARCHITECTURES, _unpermute
 from .gguf_tokenizer import PRE_SPLITS, _GPT2
 from .gpt import GPT
 from .hf_export import check_logits, exported_family, hf_config, hf_weights
@@ -220,7 +220,7 @@ def save_gguf(model: GPT, tokenizer: Any, path: str | Path, weight_type: str = "
                 stored = _permute(w, heads if ".q_proj." in hf_name else kv)
             data, raw, back = _stored(stored, weight_type)
             writer.add_tensor(gguf_tensor_name(hf_name, architecture), data, raw_dtype=raw)
-            rounded[hf_name] = back if stored is w else _unpermuted(back, heads if ".q_proj." in hf_name else kv)
+            rounded[hf_name] = back if stored is w else _unpermute(back, heads if ".q_proj." in hf_name else kv)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -234,11 +234,6 @@ def save_gguf(model: GPT, tokenizer: Any, path: str | Path, weight_type: str = "
         if os.path.exists(staging):
             os.unlink(staging)
     return path, difference
-
-
-def _unpermuted(w: Tensor, heads: int) -> Tensor:
-    rows = w.shape[0]
-    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 def _add(writer: Any, key: str, value: Any) -> None:
