@@ -38,6 +38,7 @@ from ..io import atomic_write_bytes, read_json_mapping
 from ..memory import require_memory
 from ..models import create_model
 from ..layers.lora import apply_lora
+from ..models.convert import ConvertAttention, convert_options
 from ..models.hf import hf_model_spec, is_pretrained
 from ..models.hf_files import open_checkpoint
 from ..models.registry import OptionError, upgrade_options
@@ -81,6 +82,8 @@ class ModelConfig:
     freeze_backbone: bool = False  # with checkpoint: train the classifier head alone
     backbone_lr_scale: float = field(default=1.0, metadata={"gt": 0.0, "max": 1.0})  # the rest learns at train.lr x this
     lora: LoRAConfig | None = None  # with checkpoint: low-rank adapters and the head train, the rest stays frozen
+    # with a decoder's checkpoint: its layers' attention changed before fine-tuning ({to: sliding, window: 256})
+    convert_attention: ConvertAttention | None = None
 
 
 @dataclass
@@ -318,6 +321,9 @@ class Task:
         elif recipe.model.freeze_backbone or recipe.model.lora is not None:
             key = "model.freeze_backbone" if recipe.model.freeze_backbone else "model.lora"
             raise ConfigError(f"{key} needs model.checkpoint (the weights to keep); got none")
+        if recipe.model.convert_attention is not None and (source is None or not is_pretrained(source)):
+            raise ConfigError(f"model.convert_attention changes the attention of a pretrained decoder: it needs "
+                              f"model.checkpoint= a Hugging Face folder or a GGUF file; got {source}")
         if recipe.model.lora is not None and (recipe.model.freeze_backbone or recipe.model.backbone_lr_scale != 1.0):
             raise ConfigError("model.lora trains the adapters and the head, the rest stays frozen: leave "
                               "model.freeze_backbone (false) and model.backbone_lr_scale (1.0) out; got "
@@ -574,6 +580,15 @@ def pretrained_model(recipe: Recipe, task: Task | None = None) -> None:
                           f"folder of that family); got {recipe.model.name!r}")
     recipe.model.name = name
     recipe.model.options = {**options, **recipe.model.options}
+    if recipe.model.convert_attention is not None:
+        from ..models.gpt import GPT
+        from ..models.hf_tables import HF_FAMILIES
+
+        family = open_checkpoint(source).config().get("model_type")
+        if HF_FAMILIES[family].model is not GPT:
+            raise ConfigError(f"model.convert_attention changes a decoder's attention; model.checkpoint={source} is a "
+                              f"{family} model")
+        recipe.model.options = convert_options(recipe.model.options, recipe.model.convert_attention)
 
 
 def model_label(model: ModelConfig) -> str:

@@ -336,6 +336,10 @@ class LanguageModeling(Task):
         :meth:`check`); returns the folder's tokenizer."""
         key = f"model.checkpoint={recipe.model.checkpoint}"
         _, spec = hf_model_spec(folder)
+        if recipe.model.convert_attention is not None:  # the folder's model as model.convert_attention changes it
+            from ..models.convert import convert_options
+
+            spec = convert_options(spec, recipe.model.convert_attention)
         for name, value in recipe.model.options.items():  # pretrained_model put the recipe's over the folder's
             if name in TRAINING_OPTIONS or (name in spec and spec[name] == value):
                 continue
