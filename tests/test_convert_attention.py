@@ -81,3 +81,22 @@ def test_refusals_name_the_key(tmp_path: Path, capsys) -> None:
         assert main(["train", "lm-text", f"data.path={text}", *argv, "--run-dir", str(tmp_path / "r")]) == 2, argv
         err = capsys.readouterr().err.strip()
         assert words in err and len(err.splitlines()) == 1, err
+
+
+def test_a_model_whose_every_layer_slides_exports_as_mistral_and_transformers_reads_it(tmp_path: Path) -> None:
+    from attnlab.models.gpt import GPT
+    from attnlab.models.hf_export import save_hf
+    from attnlab.models.hf_files import open_checkpoint
+
+    source = _llama(tmp_path)
+    original = from_hf(source)
+    _, spec = hf_model_spec(source)
+    model = GPT(GPTConfig(**convert_options(spec, ConvertAttention(window=8)))).eval()
+    model.load_state_dict(original.state_dict())
+    folder, difference = save_hf(model, open_checkpoint(source).tokenizer(), tmp_path / "hf")
+    assert difference <= 1e-4
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert type(theirs).__name__ == "MistralForCausalLM" and theirs.config.sliding_window == 8
+    ids = torch.randint(0, model.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, model(ids), rtol=0, atol=1e-4)
