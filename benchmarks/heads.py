@@ -62,7 +62,7 @@ def _maps(model, ids: list[int], encoder: bool) -> tuple[list[str], list[torch.T
     return names, [maps[n][0][0].float() for n in names]
 
 
-def _classify(natural: dict, repeated: dict, half: int) -> dict:
+def _classify(natural: dict, repeated: dict) -> dict:
     """Per layer, the heads of each kind."""
     layers = []
     for l, (prev, first) in enumerate(zip(natural["previous"], natural["first"])):
@@ -87,7 +87,7 @@ def analyse(name: str, model, tokenizer, *, encoder: bool, low: int, special: tu
     natural = head_stats(natural_maps, label(natural_ids))
     repeated = head_stats(repeat_maps, label(repeat_ids))
     out = {"model": name, "natural_tokens": len(natural_ids), "repeated_tokens": len(repeat_ids),
-           **_classify(natural, repeated, REPEAT), "modules": names}
+           **_classify(natural, repeated), "modules": names}
     if encoder:
         return out
     start = len(first) + REPEAT  # the first token of the repeat

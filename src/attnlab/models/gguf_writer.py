@@ -32,7 +32,7 @@ from ..errors import InputError
 from .gguf_tables import _COMMON, _LAYER, _TOP, GGUF_ARCHITECTURES, _unpermute
 from .gguf_tokenizer import PRE_SPLITS, _GPT2
 from .gpt import GPT
-from .hf_export import check_logits, exported_family, hf_config, hf_weights
+from .hf_export import check_logits, hf_config, hf_weights
 from .hf_tables import HF_FAMILIES
 
 __all__ = ["GGUF_TYPES", "save_gguf", "gguf_tensor_name", "tokenizer_metadata"]
@@ -194,9 +194,9 @@ def save_gguf(model: GPT, tokenizer: Any, path: str | Path, weight_type: str = "
     if not hasattr(tokenizer, "special"):
         raise InputError(f"a GGUF file needs the model's own tokenizer (a run started from a pretrained model's folder "
                          f"or GGUF file has it); got {type(tokenizer).__name__}")
-    family = exported_family(model.config)
+    config = hf_config(model, tokenizer)  # refuses, by name, a model no written family has
+    family = config["model_type"]
     architecture = _ARCH[family]
-    config = hf_config(model, tokenizer)
     meta = {**_architecture_metadata(config, architecture), **tokenizer_metadata(tokenizer, config["vocab_size"])}
     weights = hf_weights(model, family)
     rounded: dict[str, Tensor] = {}

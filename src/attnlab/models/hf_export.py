@@ -162,8 +162,8 @@ def save_hf(model: GPT, tokenizer: Any, folder: str | Path, *, dtype: torch.dtyp
     if not hasattr(tokenizer, "special") or not hasattr(tokenizer, "save"):
         raise InputError(f"a Hugging Face folder needs the model's own tokenizer (a run started from a pretrained "
                          f"model's folder or GGUF file has it); got {type(tokenizer).__name__}")
-    family = exported_family(model.config)
-    config = hf_config(model, tokenizer)
+    config = hf_config(model, tokenizer)  # refuses, by name, a model no written family has
+    family = config["model_type"]
     weights = hf_weights(model, family)
     if dtype is not None:
         weights = {k: v.to(dtype) for k, v in weights.items()}
