@@ -15,6 +15,13 @@ so the cache holds ``kv_rank + rope_dim`` numbers a position against grouped-que
 equivalent). The positions live in the decoupled rotary part only, since a rotation between
 ``W_UK`` and the latent would stop the two products from being merged.
 
+Two options serve a model converted from grouped-query attention (``model.convert_attention``,
+:mod:`attnlab.models.convert`, as MHA2MLA and TransMLA do): ``latent_norm=False`` leaves the
+latent's RMSNorm out, so that ``W_UK W_DKV`` can equal a pretrained key projection exactly, and
+``rope_heads`` gives each group of ``num_heads / rope_heads`` query heads its own rotary key
+(``rope_heads`` of them cached, ``kv_rank + rope_heads * rope_dim`` numbers a position), as the
+key/value groups of the model it came from had.
+
 That merge is what :meth:`decode_step` does: ``q_h . W_UK_h c = (W_UK_h^T q_h) . c``, so each
 new query is moved into the latent space once and scored against the cached latents directly,
 and the heads' outputs are taken from the weighted latents through ``W_UV``: a step reads the
@@ -64,6 +71,10 @@ LATENT_OPTIONS = Options(
     Option("rope_interleave", bool, False, "DeepSeek's layout of the rotary part (pairs of neighbours)"),
     Option("scale", float, None, "the logit scale (None: (head_dim + rope_dim) ** -0.5)", low=0, low_open=True),
     Option("latent_norm_eps", float, 1e-6, "the eps of the two latents' RMSNorms", low=0, low_open=True),
+    Option("latent_norm", bool, True, "the RMSNorm of the key/value latent (off: a model converted from "
+           "grouped-query attention, whose keys are a plain product)"),
+    Option("rope_heads", int, 1, "the rotary keys a position has, each shared by num_heads / rope_heads query heads "
+           "(1: DeepSeek's one shared key)", low=1),
 )
 
 
@@ -89,6 +100,9 @@ class LatentAttention(nn.Module):
         rope_interleave: DeepSeek's layout of the rotary part (pairs of neighbours).
         scale: the logit scale (default ``(head_dim + rope_dim) ** -0.5``).
         latent_norm_eps: the eps of the two latents' RMSNorms (DeepSeek: 1e-6).
+        latent_norm: the RMSNorm of the key/value latent (off: a converted model's, see the module).
+        rope_heads: the rotary keys a position has, each shared by ``num_heads / rope_heads`` query
+            heads (DeepSeek: 1; a model converted from grouped-query attention: its key/value heads).
         dropout: on the attention weights, in training mode.
         bias: biases of the projections of ``x`` and of the output.
     """
@@ -99,7 +113,8 @@ class LatentAttention(nn.Module):
                  kv_rank: int | None = None, q_rank: int | None = None, head_dim: int | None = None,
                  rope_dim: int | None = None, v_head_dim: int | None = None, rope: bool = False,
                  rope_theta: float = 10000.0, rope_scaling: dict | None = None, max_len: int | None = None,
-                 rope_interleave: bool = False, scale: float | None = None, latent_norm_eps: float = 1e-6) -> None:
+                 rope_interleave: bool = False, scale: float | None = None, latent_norm_eps: float = 1e-6,
+                 latent_norm: bool = True, rope_heads: int = 1) -> None:
         super().__init__()
         if head_dim is None:
             check_heads(embed_dim, num_heads, dropout)
@@ -120,10 +135,16 @@ class LatentAttention(nn.Module):
         if rope_dim and not rope:
             raise InputError(f"rope_dim={rope_dim} is the rotary part of each head, and rope is off")
         v_head_dim = check_positive_int("v_head_dim", head_dim if v_head_dim is None else v_head_dim)
+        rope_heads = check_positive_int("rope_heads", rope_heads)
+        if num_heads % rope_heads:
+            raise InputError(f"rope_heads must divide num_heads={num_heads} (each rotary key serves a group of query "
+                             f"heads); got {rope_heads}")
         if scale is not None and not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
             raise InputError(f"scale must be a positive number; got {scale!r}")
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, head_dim
         self.kv_rank, self.q_rank, self.rope_dim, self.v_head_dim = kv_rank, q_rank, rope_dim, v_head_dim
+        self.rope_heads = rope_heads
+        self.rope_width = rope_heads * rope_dim  # the rotary keys' numbers a position, after the latent
         self.dropout, self.rope_interleave = dropout, bool(rope_interleave)
         self.scale = (head_dim + rope_dim) ** -0.5 if scale is None else float(scale)
         qk = head_dim + rope_dim
@@ -135,8 +156,8 @@ class LatentAttention(nn.Module):
             self.q_a_proj = nn.Linear(embed_dim, q_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(q_rank, latent_norm_eps)
             self.q_b_proj = nn.Linear(q_rank, num_heads * qk, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(embed_dim, kv_rank + rope_dim, bias=bias)
-        self.kv_a_layernorm = RMSNorm(kv_rank, latent_norm_eps)
+        self.kv_a_proj_with_mqa = nn.Linear(embed_dim, kv_rank + self.rope_width, bias=bias)
+        self.kv_a_layernorm = RMSNorm(kv_rank, latent_norm_eps) if latent_norm else None
         self.kv_b_proj = nn.Linear(kv_rank, num_heads * (head_dim + v_head_dim), bias=False)
         self.o_proj = nn.Linear(num_heads * v_head_dim, embed_dim, bias=bias)
         init_inner_positions(self, max(rope_dim, 2), num_heads, rope=rope, rope_theta=rope_theta, alibi=False,
@@ -145,12 +166,12 @@ class LatentAttention(nn.Module):
     # ------------------------------------------------------------------ the cache (the decoder contract)
     def new_cache(self, batch: int, capacity: int, *, dtype: torch.dtype | None = None,
                   device: torch.device | str | None = None) -> DecodingCache:
-        """A cache of the latents and rotary keys, ``kv_rank + rope_dim`` numbers a position."""
+        """A cache of the latents and rotary keys, ``kv_rank + rope_heads * rope_dim`` numbers a position."""
         return DecodingCache(capacity)
 
     def cache_bytes(self, batch: int, positions: int, dtype: torch.dtype) -> int:
         itemsize = torch.empty((), dtype=dtype).element_size()
-        return batch * (self.kv_rank + self.rope_dim) * positions * itemsize
+        return batch * (self.kv_rank + self.rope_width) * positions * itemsize
 
     # ------------------------------------------------------------------ forward
     def _queries(self, x: Tensor) -> Tensor:
@@ -165,20 +186,23 @@ class LatentAttention(nn.Module):
         return torch.cat([t[..., 0::2], t[..., 1::2]], dim=-1) if self.rope_interleave else t
 
     def _latents(self, x: Tensor, positions: Tensor, q_rot: Tensor) -> tuple[Tensor, Tensor]:
-        """``(latent and rotary key (B, 1, L, kv_rank + rope_dim), rotated q_rot)`` of ``x`` ``(B, L, E)``."""
-        ckv = self.kv_a_proj_with_mqa(x)
-        c, k_rot = ckv.split([self.kv_rank, self.rope_dim], dim=-1)
-        c = self.kv_a_layernorm(c)[:, None]
+        """``(latent and rotary keys (B, 1, L, kv_rank + rope_heads * rope_dim), rotated q_rot)`` of
+        ``x`` ``(B, L, E)``."""
+        batch, n, _ = x.shape
+        c, k_rot = self.kv_a_proj_with_mqa(x).split([self.kv_rank, self.rope_width], dim=-1)
+        if self.kv_a_layernorm is not None:
+            c = self.kv_a_layernorm(c)
+        k_rot = k_rot.view(batch, n, self.rope_heads, self.rope_dim).transpose(1, 2)  # (B, rope_heads, L, rope_dim)
         if self.rotary is not None:
-            q_rot, k_rot = self.rotary(self._deinterleave(q_rot), self._deinterleave(k_rot[:, None]), positions)
-        else:
-            k_rot = k_rot[:, None]
-        return torch.cat([c, k_rot], dim=-1), q_rot
+            q_rot, k_rot = self.rotary(self._deinterleave(q_rot), self._deinterleave(k_rot), positions)
+        k_rot = k_rot.transpose(1, 2).reshape(batch, 1, n, self.rope_width)
+        return torch.cat([c[:, None], k_rot], dim=-1), q_rot
 
     def _stored(self, x: Tensor, positions: Tensor | None, cache: DecodingCache | None,
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(queries (B, H, L, head_dim + rope_dim) rotated, what the step attends to (B, 1, Lk, kv_rank +
-        rope_dim + ...), the positions, the latents (B, Lk, kv_rank))``, this step's added to the cache."""
+        rope_heads * rope_dim + ...), the positions, the latents (B, Lk, kv_rank))``, this step's added to
+        the cache."""
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise InputError(f"x must have shape (B, L, {self.embed_dim}); got {shape_str(x)}")
         batch, n, _ = x.shape
@@ -195,12 +219,15 @@ class LatentAttention(nn.Module):
 
     def _keys_values(self, c: Tensor, k_rot: Tensor) -> tuple[Tensor, Tensor]:
         """Every head's keys and values ``(B, H, Lk, .)`` from the latents ``c`` ``(B, Lk, kv_rank)``
-        and the shared rotary keys ``k_rot`` ``(B, 1, Lk, rope_dim)``."""
+        and the rotary keys ``k_rot`` ``(B, 1, Lk, rope_heads * rope_dim)`` (head ``h`` takes key
+        ``h // (num_heads / rope_heads)``, as grouped-query attention groups its heads)."""
         batch, lk, _ = c.shape
-        h, d = self.num_heads, self.head_dim
+        h, d, g = self.num_heads, self.head_dim, self.rope_heads
         kv = self.kv_b_proj(c).view(batch, lk, h, d + self.v_head_dim).transpose(1, 2)
         k_nope, v = kv.split([d, self.v_head_dim], dim=-1)
-        return torch.cat([k_nope, k_rot.expand(-1, h, -1, -1)], dim=-1), v
+        k_rot = k_rot.view(batch, lk, g, self.rope_dim).transpose(1, 2)  # (B, g, Lk, rope_dim)
+        k_rot = k_rot.expand(-1, h, -1, -1) if g == 1 else k_rot.repeat_interleave(h // g, dim=1)
+        return torch.cat([k_nope, k_rot], dim=-1), v
 
     def _attend_heads(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, key_padding_mask: Tensor | None,
                       is_causal: bool, need_weights: bool, average_attn_weights: bool) -> tuple[Tensor, Tensor | None]:
@@ -227,7 +254,7 @@ class LatentAttention(nn.Module):
         lk = c.shape[1]
         if key_padding_mask is not None and key_padding_mask.shape[-1] != lk:
             raise InputError(f"key_padding_mask must cover the {lk} keys of this step; got {shape_str(key_padding_mask)}")
-        k, v = self._keys_values(c, stored[..., self.kv_rank: self.kv_rank + self.rope_dim])
+        k, v = self._keys_values(c, stored[:, 0, :, self.kv_rank: self.kv_rank + self.rope_width])
         return self._attend_heads(q, k, v, mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
                                   need_weights=need_weights, average_attn_weights=average_attn_weights)
 
@@ -245,7 +272,7 @@ class LatentAttention(nn.Module):
         """One token per row, ``x`` ``(B, E)`` -> ``(B, E)``, in eval mode: the query moved into
         the latent space (``W_UK^T q``), scored against the cached latents and rotary keys in
         one product, the weighted latents taken to the heads' values through ``W_UV``."""
-        q_nope, q_rot, keys, _ = self._step_stored(x, cache, positions)  # keys (B, 1, Lk, kv_rank + rope_dim)
+        q_nope, q_rot, keys, _ = self._step_stored(x, cache, positions)  # (B, 1, Lk, kv_rank + rope_heads * rope_dim)
         keep = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
         return self._latent_attend(q_nope, q_rot, keys, keep, cache)
 
@@ -263,19 +290,26 @@ class LatentAttention(nn.Module):
     def _latent_attend(self, q_nope: Tensor, q_rot: Tensor, keys: Tensor, keep: Tensor | None,
                        cache: DecodingCache) -> Tensor:
         """The step's output ``(B, E)``: the query moved into the latent space (``W_UK^T q``),
-        attending over ``keys`` ``(B, 1, Lk, kv_rank + rope_dim)`` (latents and rotary keys; ``keep``
-        ``(B, 1, 1, Lk)``, True = may attend, or None), the weighted latents taken to the heads'
-        values through ``W_UV`` (the two fetched once per generation into the cache)."""
+        attending over ``keys`` ``(B, 1, Lk, kv_rank + rope_heads * rope_dim)`` (latents and rotary
+        keys; ``keep`` ``(B, 1, 1, Lk)``, True = may attend, or None), the weighted latents taken to the
+        heads' values through ``W_UV`` (the two fetched once per generation into the cache). With
+        several rotary keys, each group of heads attends over the latents and its own key."""
         plan = cache.scratch.get("plan")
         if plan is None:
             plan = cache.scratch["plan"] = self._decode_plan()
         w_uk, w_uv = plan
         batch = q_nope.shape[0]
+        g, lk = self.rope_heads, keys.shape[2]
         q_lat = torch.einsum("bhd,hdr->bhr", q_nope[:, :, 0], w_uk)  # (B, H, kv_rank)
-        query = torch.cat([q_lat, q_rot[:, :, 0]], dim=-1)[:, None]  # (B, 1, H, kv_rank + rope_dim): heads as rows
+        query = torch.cat([q_lat, q_rot[:, :, 0]], dim=-1).view(batch, g, self.num_heads // g, -1)  # heads as rows
+        if g > 1:  # group j's keys: the latents and its rotary key
+            latent = keys[..., : self.kv_rank].expand(-1, g, -1, -1)
+            rotary = keys[:, 0, :, self.kv_rank: self.kv_rank + self.rope_width].view(batch, lk, g, self.rope_dim)
+            keys = torch.cat([latent, rotary.transpose(1, 2)], dim=-1)  # (B, g, Lk, kv_rank + rope_dim)
         ctx = F.scaled_dot_product_attention(query, keys, keys[..., : self.kv_rank], attn_mask=keep,
-                                             scale=self.scale)  # (B, 1, H, kv_rank)
-        out = torch.einsum("bhr,hvr->bhv", ctx[:, 0], w_uv).reshape(batch, self.num_heads * self.v_head_dim)
+                                             scale=self.scale)  # (B, g, H / g, kv_rank)
+        out = torch.einsum("bhr,hvr->bhv", ctx.reshape(batch, self.num_heads, self.kv_rank), w_uv)
+        out = out.reshape(batch, self.num_heads * self.v_head_dim)
         return self.o_proj(out)
 
     def extra_repr(self) -> str:
@@ -285,6 +319,10 @@ class LatentAttention(nn.Module):
             parts.append(f"q_rank={self.q_rank}")
         if self.rope_interleave:
             parts.append("rope_interleave=True")
+        if self.rope_heads != 1:
+            parts.append(f"rope_heads={self.rope_heads}")
+        if self.kv_a_layernorm is None:
+            parts.append("latent_norm=False")
         return ", ".join(parts)
 
 
@@ -350,7 +388,7 @@ class IndexedSparseAttention(LatentAttention):
 
     def cache_bytes(self, batch: int, positions: int, dtype: torch.dtype) -> int:
         itemsize = torch.empty((), dtype=dtype).element_size()
-        return batch * (self.kv_rank + self.rope_dim + self.index_head_dim) * positions * itemsize
+        return batch * (self.kv_rank + self.rope_width + self.index_head_dim) * positions * itemsize
 
     def _latents(self, x: Tensor, positions: Tensor, q_rot: Tensor) -> tuple[Tensor, Tensor]:
         latent, q_rot = super()._latents(x, positions, q_rot)
@@ -422,9 +460,9 @@ class IndexedSparseAttention(LatentAttention):
             blocked |= torch.ones(n, lk, dtype=torch.bool, device=x.device).triu(lk - n + 1)
         if key_padding_mask is not None:
             blocked |= key_padding_mask[:, None, None, :]
-        r = self.kv_rank + self.rope_dim
+        r = self.kv_rank + self.rope_width
         mask, index = self._selected(x, positions, stored[..., r:], blocked)
-        k, v = self._keys_values(c, stored[..., self.kv_rank: r])
+        k, v = self._keys_values(c, stored[:, 0, :, self.kv_rank: r])
         if self.index_loss and self.training and torch.is_grad_enabled():
             self._aux_loss = self.index_loss * self._index_kl(q, k, mask, index)
         return self._attend_heads(q, k, v, mask=mask, key_padding_mask=None, is_causal=False,
@@ -438,7 +476,7 @@ class IndexedSparseAttention(LatentAttention):
         alone (the step's attention costs ``index_topk`` keys however long the cache; the
         indexer's scoring still reads every position)."""
         q_nope, q_rot, stored, pos = self._step_stored(x, cache, positions)  # (B, 1, Lk, latent, rotary, indexer key)
-        batch, lk, width = x.shape[0], stored.shape[2], self.kv_rank + self.rope_dim
+        batch, lk, width = x.shape[0], stored.shape[2], self.kv_rank + self.rope_width
         blocked = torch.zeros(batch, 1, 1, lk, dtype=torch.bool, device=x.device) if key_padding_mask is None \
             else key_padding_mask[:, None, None, -lk:]
         index = self._index_scores(x[:, None], pos, stored[..., width:], blocked)  # (B, 1, Lk)

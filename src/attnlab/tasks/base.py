@@ -82,7 +82,8 @@ class ModelConfig:
     freeze_backbone: bool = False  # with checkpoint: train the classifier head alone
     backbone_lr_scale: float = field(default=1.0, metadata={"gt": 0.0, "max": 1.0})  # the rest learns at train.lr x this
     lora: LoRAConfig | None = None  # with checkpoint: low-rank adapters and the head train, the rest stays frozen
-    # with a decoder's checkpoint: its layers' attention changed before fine-tuning ({to: sliding, window: 256})
+    # with a decoder's checkpoint: its layers' attention changed before fine-tuning ({to: sliding, window: 256}
+    # or {to: latent, kv_rank: 128})
     convert_attention: ConvertAttention | None = None
 
 
@@ -296,6 +297,12 @@ class Task:
                 raise InputError(f"model.lora.{text}" if text.startswith("rank ") else f"model.lora: {text}") from None
         return model
 
+    def calibration_inputs(self, train_set: Any, count: int) -> list[Any]:
+        """``count`` inputs of the training set that the model reads as it is (``model(x)``),
+        for what weighs the model's activations (``model.convert_attention``'s factorisation);
+        a task whose models take no such input refuses."""
+        raise InputError(f"task {self.name} gives no inputs to weigh a model's activations by")
+
     def check_folder(self, folder: Path) -> None:
         """Refuse the Hugging Face folder ``folder`` (``model.checkpoint``) when this task
         cannot start from its kind of model, before it is read (:func:`pretrained_model`); by
@@ -324,6 +331,11 @@ class Task:
         if recipe.model.convert_attention is not None and (source is None or not is_pretrained(source)):
             raise ConfigError(f"model.convert_attention changes the attention of a pretrained decoder: it needs "
                               f"model.checkpoint= a Hugging Face folder or a GGUF file; got {source}")
+        convert = recipe.model.convert_attention
+        if convert is not None and convert.to == "latent" and recipe.model.lora is not None:
+            raise ConfigError("model.lora cannot adapt model.convert_attention={to: latent}: a LoRA run's checkpoints "
+                              "keep the adapters alone, over weights it would have to factor again on every load; "
+                              "fine-tune every weight (leave model.lora out)")
         if recipe.model.lora is not None and (recipe.model.freeze_backbone or recipe.model.backbone_lr_scale != 1.0):
             raise ConfigError("model.lora trains the adapters and the head, the rest stays frozen: leave "
                               "model.freeze_backbone (false) and model.backbone_lr_scale (1.0) out; got "

@@ -355,13 +355,18 @@ class LanguageModeling(Task):
                                   f"own tokenizer.json, which its model was trained with; got {value!r}")
         if recipe.text.context > spec["max_len"]:
             raise ConfigError(f"text.context must be at most {spec['max_len']}, the positions of the model of {key} "
-                              f"({folder / 'config.json'}); got {recipe.text.context}")
+                              f"({folder / 'config.json' if folder.is_dir() else folder}); got {recipe.text.context}")
         try:
             tokenizer = open_checkpoint(folder).tokenizer()
             _check_vocabulary(tokenizer, spec, folder)
         except InputError as exc:
             raise ConfigError(f"{key}: {exc}") from None
         return tokenizer
+
+    def calibration_inputs(self, train_set: Any, count: int) -> list[Any]:
+        """``count`` windows spread evenly over the training text, ``(1, L)`` ids each."""
+        picks = sorted({round(i * (len(train_set) - 1) / max(count - 1, 1)) for i in range(count)})
+        return [train_set[i][0]["input_ids"][None] for i in picks]
 
     def metric_rows(self, metrics: dict[str, Any]) -> list[tuple[str, str]]:
         rows = []

@@ -114,7 +114,10 @@ def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module],
             recorded = checkpoint_base(resume_from)
             load_base(model, recorded if recorded is not None else base, resume_from)
     if resume_from is None and recipe.model.checkpoint:
-        fresh = init_weights(model, recipe.model.checkpoint, classes)
+        convert, inputs = recipe.model.convert_attention, []
+        if convert is not None and convert.to == "latent" and convert.calibrate:
+            inputs = get_task(recipe.task).calibration_inputs(train_set, convert.calibrate)
+        fresh = init_weights(model, recipe.model.checkpoint, classes, convert, inputs)
         log(f"initial weights: {recipe.model.checkpoint}"
             + (f"; its classifier head does not fit this task's classes and is replaced ({', '.join(fresh)} start "
                f"fresh)" if fresh else ""))

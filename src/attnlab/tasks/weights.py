@@ -12,6 +12,7 @@ only the weights they were trained on.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -24,6 +25,7 @@ from ..io import read_json_mapping, read_state_dict, sha256_file
 from ..layers.lora import is_adapter_key, mark_only_lora_trainable
 from ..layers.norms import freeze_batch_norm
 from ..models.checkpoint import classifier_name, load_pretrained
+from ..models.convert import ConvertAttention, convert_weights
 from ..models.hf import is_hf_folder, is_pretrained, read_hf, weight_files
 from .base import ModelConfig
 from .run_files import resolve_weights
@@ -31,17 +33,23 @@ from .run_files import resolve_weights
 __all__ = ["init_weights", "fine_tuning", "base_reference", "load_base", "load_weights"]
 
 
-def init_weights(model: nn.Module, source: str | Path, classes: Sequence[str] | None = None) -> list[str]:
+def init_weights(model: nn.Module, source: str | Path, classes: Sequence[str] | None = None,
+                 convert: ConvertAttention | None = None, inputs: Sequence[Any] = ()) -> list[str]:
     """Load the weights of ``source`` (a state-dict file, timm's layout or attnlab's, a run
     directory: the weights its test figures came from, or a Hugging Face folder) into
     ``model`` for fine-tuning (its LoRA adapters, if any, are left as they are);
     returns the classifier keys left fresh: the number of classes differs, or (a run
-    directory with ``classes.json``) their names do, given ``classes``."""
+    directory with ``classes.json``) their names do, given ``classes``. ``convert``
+    (``model.convert_attention``, with a folder or a GGUF file): the folder's weights made
+    into those of the converted ``model`` first (:func:`~attnlab.models.convert.convert_weights`,
+    weighing the activations of ``inputs``)."""
     path = Path(source).expanduser()
     if is_pretrained(path):  # a Hugging Face folder or a GGUF file: its weights in attnlab's names
         _, cfg, weights = read_hf(path)
         if getattr(cfg, "tie_embeddings", False) and "head.weight" not in weights and "tok_embed.weight" in weights:
             weights["head.weight"] = weights["tok_embed.weight"]  # a tied output layer is the embedding, not a new head
+        if convert is not None:
+            weights = convert_weights(weights, asdict(cfg), convert, inputs)
         return load_pretrained(model, weights, path)
     if path.is_dir():
         folder = resolve_checkpoint(path / "checkpoints", resolve_weights(path))
