@@ -9,6 +9,13 @@ Layout of one checkpoint, a folder ``<root>/step_<N>/``::
                         leave out frozen ones held elsewhere (LoRA adapters over a
                         pretrained model), ``base``: where those are and their sha256
 
+A sharded checkpoint (``train.distributed: fsdp``, :mod:`attnlab.engine.sharding`) holds,
+instead of ``model.safetensors``, the shards every process wrote through
+``torch.distributed.checkpoint`` (``.metadata`` and ``__<rank>_0.distcp``: the model's weights
+and the optimizer's state), and its manifest says ``"sharded": {"world": N}`` and gives the
+sha256 of every file. :func:`save_sharded_checkpoint` writes it (every process calls it);
+:func:`load_checkpoint` reads its weights whole, in one process.
+
 Besides the numbered ``step_<N>`` folders a run keeps ``best/`` (the weights with the
 best evaluation so far), replaced as a whole by :func:`save_named_checkpoint`;
 :func:`resolve_checkpoint` turns ``"last"``, ``"best"`` or a path into a folder.
@@ -41,6 +48,8 @@ from ..io import atomic_write_bytes, read_json_mapping, sha256_file, torch_load_
 __all__ = [
     "CheckpointError",
     "save_checkpoint",
+    "save_sharded_checkpoint",
+    "is_sharded_checkpoint",
     "load_checkpoint",
     "list_checkpoints",
     "latest_checkpoint",
@@ -58,6 +67,7 @@ __all__ = [
 ]
 
 WEIGHTS, STATE, MANIFEST = "model.safetensors", "state.pt", "manifest.json"
+SHARDS = ".metadata"  # a sharded checkpoint's index of its shards (torch.distributed.checkpoint's)
 
 
 class CheckpointError(InputError):
@@ -98,6 +108,11 @@ def save_checkpoint(root: str | Path, step: int, weights: dict[str, Tensor], sta
         raise InputError(f"keep must be >= 1; got {keep}")
     folder = Path(root) / f"step_{step:09d}"
     _replace(folder, step, weights, state, base)
+    _prune(root, step, keep)
+    return folder
+
+
+def _prune(root: str | Path, step: int, keep: int) -> None:
     kept = 1
     for old in reversed([p for p in list_checkpoints(root) if checkpoint_step(p) < step]):
         if not _is_valid(old):
@@ -106,7 +121,51 @@ def save_checkpoint(root: str | Path, step: int, weights: dict[str, Tensor], sta
             kept += 1
         else:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def save_sharded_checkpoint(root: str | Path, name: str, step: int, write_shards: Any, state: dict[str, Any], *,
+                            keep: int | None = None, base: dict[str, Any] | None = None) -> Path:
+    """Write the sharded checkpoint ``root/<name>`` (``step_<N>`` or ``best``); every process
+    of the group calls it. ``write_shards(folder)`` writes each process's shards into
+    ``folder`` (a collective: :func:`attnlab.engine.sharding.save_sharded`); rank 0 then adds
+    ``state`` and the manifest and puts the folder in place as :func:`save_checkpoint` does,
+    so that a process killed at any moment leaves the previous checkpoint whole. ``keep``:
+    prune older step checkpoints as :func:`save_checkpoint` does."""
+    from . import distributed
+
+    folder = Path(root) / name
+    new = folder.with_name(f".{folder.name}.new")
+    if distributed.is_main():
+        if new.exists():  # left by an interrupted save
+            shutil.rmtree(new)
+        new.mkdir(parents=True)
+    distributed.barrier()
+    write_shards(new)
+    distributed.barrier()  # every shard is on the disk
+    if distributed.is_main():
+        try:
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            atomic_write_bytes(new / STATE, buffer.getvalue())
+            files = sorted(p.name for p in new.iterdir() if p.is_file())
+            manifest: dict[str, Any] = {"step": step, "files": {n: sha256_file(new / n) for n in files},
+                                        "sharded": {"world": distributed.world_size()}}
+            if base is not None:
+                manifest["base"] = base
+            atomic_write_bytes(new / MANIFEST, json.dumps(manifest, indent=1).encode())
+        except BaseException:
+            shutil.rmtree(new, ignore_errors=True)
+            raise
+        _swap(new, folder)
+        if keep is not None:
+            _prune(root, step, keep)
+    distributed.barrier()  # no process reads the checkpoint before it is in place
     return folder
+
+
+def is_sharded_checkpoint(folder: str | Path) -> bool:
+    """Whether a checkpoint folder holds shards (:func:`save_sharded_checkpoint`)."""
+    return (Path(folder) / SHARDS).is_file() and not (Path(folder) / WEIGHTS).is_file()
 
 
 def checkpoint_step(folder: str | Path) -> int:
@@ -123,7 +182,8 @@ _verified: dict[str, dict[str, tuple[int, int]]] = {}
 
 def _stats(folder: Path) -> dict[str, tuple[int, int]] | None:
     try:
-        return {n: (st.st_size, st.st_mtime_ns) for n in (WEIGHTS, STATE, MANIFEST) for st in [(folder / n).stat()]}
+        names = sorted(p.name for p in folder.iterdir()) if (folder / SHARDS).is_file() else (WEIGHTS, STATE, MANIFEST)
+        return {n: (st.st_size, st.st_mtime_ns) for n in names for st in [(folder / n).stat()]}
     except OSError:
         return None
 
@@ -163,7 +223,7 @@ def _replace(folder: Path, step: int, weights: dict[str, Tensor], state: dict[st
     the new one renamed into place, and the old one removed last. A crash between the two
     renames leaves ``.<name>.old``, which :func:`resolve_checkpoint` and
     :func:`list_checkpoints` fall back to."""
-    new, old = folder.with_name(f".{folder.name}.new"), folder.with_name(f".{folder.name}.old")
+    new = folder.with_name(f".{folder.name}.new")
     if new.exists():  # left by an interrupted save
         shutil.rmtree(new)
     try:
@@ -171,6 +231,13 @@ def _replace(folder: Path, step: int, weights: dict[str, Tensor], state: dict[st
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)  # a full disk: give back what the failed save took
         raise
+    _swap(new, folder)
+
+
+def _swap(new: Path, folder: Path) -> None:
+    """Put the complete folder ``new`` in the place of ``folder``: the old one moved to
+    ``.<name>.old`` first, removed last."""
+    old = folder.with_name(f".{folder.name}.old")
     if old.exists():
         shutil.rmtree(old)
     if folder.exists():
@@ -238,7 +305,7 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
     except InputError as exc:
         raise CheckpointError(f"{manifest_path} is unreadable: {str(exc).removeprefix(f'{manifest_path} is ')}") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
-    if (not isinstance(files, dict) or not {WEIGHTS, STATE} <= files.keys()
+    if (not isinstance(files, dict) or not ({WEIGHTS, STATE} <= files.keys() or {SHARDS, STATE} <= files.keys())
             or not all(isinstance(d, str) and len(d) == 64 for d in files.values())
             or not all(isinstance(n, str) and n and "/" not in n and "\\" not in n and n not in (".", "..")
                        for n in files)
@@ -248,25 +315,34 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
     return manifest
 
 
-def load_checkpoint(folder: str | Path, map_location: str | torch.device = "cpu") -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """``(weights, state)`` of a checkpoint folder, verified against its manifest."""
+def load_checkpoint(folder: str | Path, map_location: str | torch.device = "cpu", *,
+                    weights: bool = True) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """``(weights, state)`` of a checkpoint folder, verified against its manifest; a sharded
+    one's weights read whole (``weights=False``: none read, ``{}``)."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    _verify(folder)
-    weights = load_file(str(folder / WEIGHTS), device=str(map_location))
-    with safe_open(str(folder / WEIGHTS), framework="pt") as f:
-        aliases = parse_json((f.metadata() or {}).get("aliases", "{}"), f"{folder / WEIGHTS}'s aliases")
-    for alias, name in aliases.items():
-        weights[alias] = weights[name]
+    manifest = _verify(folder)
+    if not weights:
+        tensors = {}
+    elif "sharded" in manifest:
+        from .sharding import read_sharded_weights
+
+        tensors = {k: v.to(map_location) for k, v in read_sharded_weights(folder).items()}
+    else:
+        tensors = load_file(str(folder / WEIGHTS), device=str(map_location))
+        with safe_open(str(folder / WEIGHTS), framework="pt") as f:
+            aliases = parse_json((f.metadata() or {}).get("aliases", "{}"), f"{folder / WEIGHTS}'s aliases")
+        for alias, name in aliases.items():
+            tensors[alias] = tensors[name]
     try:
         state = torch_load_safely(folder / STATE, map_location)
     except ValueError as exc:  # a pickle that would run code, or a foreign file
         raise CheckpointError(f"{folder / STATE} could not be loaded safely: {exc}") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{folder / STATE} must hold a mapping of training state; got {type(state).__name__}")
-    return weights, state
+    return tensors, state
 
 
 def nonfinite_tensors(weights: dict[str, Tensor]) -> list[str]:

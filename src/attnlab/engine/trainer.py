@@ -25,8 +25,10 @@ from torch import Tensor, nn
 from . import distributed
 from ..errors import InputError, NonFiniteLossError
 from .config import check_bounds
-from .checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_checkpoint, load_weights_into,
-                         nonfinite_summary, restore_rng_state, save_checkpoint, save_named_checkpoint)
+from .checkpoint import (CheckpointError, capture_rng_state, is_sharded_checkpoint, latest_checkpoint, load_checkpoint,
+                         load_weights_into, nonfinite_summary, restore_rng_state, save_checkpoint,
+                         save_named_checkpoint, save_sharded_checkpoint)
+from .sharding import apply_fsdp, choose_mode, held_bytes, load_sharded, local_tensor, save_sharded
 from .device import autocast, make_grad_scaler, resolve_precision, seed_everything, select_device
 from .metrics import MetricsLog, TensorBoardLog
 from .progress import Progress
@@ -88,6 +90,10 @@ class TrainConfig:
     # training process does it. With workers, a batch's random augmentation is seeded by (seed, epoch,
     # batch), so an interrupted run resumes exactly; the draws differ from those of workers=0.
     workers: int = field(default=0, metadata={"min": 0})
+    # Under torchrun: ddp (every process holds the whole model), fsdp (each holds 1/N of the weights,
+    # gradients and optimizer state; the model's blocks sharded) or auto (fsdp when those would take
+    # more than half a process's memory, said in the log). Outside torchrun: one process.
+    distributed: Literal["ddp", "fsdp", "auto"] = "auto"
 
     def __post_init__(self) -> None:
         check_bounds(self, "train")  # also for a TrainConfig built directly in Python
@@ -213,15 +219,19 @@ def read_batches(data: Any, items: Iterable[tuple[int, int, list[int]]], workers
 
 def _eval_sums(model: nn.Module, data: Any, starts: Iterable[int], batch_size: int,
                move: Callable[[Any, Tensor], tuple[Any, Tensor]], device: torch.device, precision: str,
-               workers: int = 0, collate: Callable = _collate) -> tuple[float, int, int]:
+               workers: int = 0, collate: Callable = _collate, counted: int | None = None) -> tuple[float, int, int]:
     """``(summed loss, correct, counted)`` over the batches starting at ``starts``, read by
-    ``workers`` DataLoader processes (0: here) and put on the device by ``move(x, y)``."""
+    ``workers`` DataLoader processes (0: here) and put on the device by ``move(x, y)``;
+    ``counted``: only the first that many batches count (the others run for a sharded
+    model's collectives alone)."""
     loss_sum, correct, count = 0.0, 0, 0
     items = ((0, i, list(range(start, min(start + batch_size, len(data))))) for i, start in enumerate(starts))
-    for x, y, _, _ in read_batches(data, items, workers, collate=collate):
+    for x, y, _, i in read_batches(data, items, workers, collate=collate):
         x, y = move(x, y)
         with autocast(device, precision):
             out = _call(model, x)
+        if counted is not None and i >= counted:
+            continue
         out, y = flatten_tokens(out.float(), y)
         real = y != IGNORE_INDEX
         loss_sum += F.cross_entropy(out, y, reduction="sum", ignore_index=IGNORE_INDEX).item()
@@ -286,6 +296,8 @@ class Trainer:
     Data-parallel under torchrun (after :func:`~attnlab.engine.distributed.init_distributed`):
     ``batch_size`` is per process, each rank trains on its share of every global batch of
     ``batch_size x world`` through DistributedDataParallel, and rank 0 alone logs and writes.
+    With ``distributed: fsdp`` (:mod:`~attnlab.engine.sharding`) the model is sharded instead
+    and the checkpoints are sharded: every process writes its shards.
     """
 
     def __init__(self, model: nn.Module, train_data: Any, config: TrainConfig, *, eval_data: Any = None,
@@ -312,6 +324,19 @@ class Trainer:
             lambda out, y: F.cross_entropy(*flatten_tokens(out, y), ignore_index=IGNORE_INDEX,
                                            label_smoothing=config.label_smoothing)
         )
+        self.precision, why = resolve_precision(config.precision, self.device)
+        if config.precision == "auto":
+            self.log(f"precision auto: {self.precision} ({why})")
+        self.mode, why = choose_mode(config.distributed, model, config.optimizer, self.device)
+        if config.distributed == "auto" and self.mode != "single":
+            self.log(f"train.distributed auto: {self.mode} ({why})")
+        if self.mode == "fsdp":
+            for key, value in (("ema_decay", config.ema_decay), ("compile", config.compile)):
+                if value:
+                    raise InputError(f"train.{key} is not supported with train.distributed=fsdp (an EMA copy or a "
+                                     f"compiled graph of a sharded model); leave train.{key} out, or use "
+                                     f"train.distributed=ddp")
+            apply_fsdp(self.model, self.precision)  # before the optimizer: it steps the shards
         lengths = getattr(train_data, "lengths", None) if config.group_by_length else None
         if config.group_by_length and lengths is None:
             raise InputError(f"train.group_by_length needs a data set with per-sample lengths; "
@@ -325,13 +350,11 @@ class Trainer:
             self.log(f"note: train.warmup_steps={config.warmup_steps} is longer than train.steps={config.steps}; "
                      f"the warm-up is capped at {warmup} steps")
         self.scheduler = warmup_cosine(self.optimizer, config.steps, warmup, config.min_lr_ratio)
-        self.precision, why = resolve_precision(config.precision, self.device)
-        if config.precision == "auto":
-            self.log(f"precision auto: {self.precision} ({why})")
         self.scaler = make_grad_scaler(self.device, self.precision)
         self.ema = copy.deepcopy(model).eval().requires_grad_(False) if config.ema_decay else None
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self._nonfinite_in_a_row = 0  # steps skipped in a row for a non-finite loss (train.skip_nonfinite)
+        self.held: dict[str, int] | None = None  # fsdp: the bytes this process holds, at this session's first step
         self._saved_step: int | None = None  # the step whose checkpoint run_dir already holds
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.metrics: MetricsLog | None = None
@@ -349,7 +372,7 @@ class Trainer:
         # Under torchrun: train_step runs the DDP wrapper (gradients averaged over ranks);
         # self.model stays the plain module for state_dict, checkpoints and evaluation.
         self.train_model: nn.Module = self.model
-        if distributed.world_size() > 1:
+        if self.mode == "ddp" and distributed.world_size() > 1:
             self.train_model = nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         if config.compile:  # compiles on the first step; shares self.model's parameters, so no "_orig_mod." keys
@@ -361,8 +384,10 @@ class Trainer:
                  "best_step": self.best_step, "stale_evals": self.stale_evals,
                  "train_seconds": self.train_seconds + self._session_seconds(),
                  "nonfinite_in_a_row": self._nonfinite_in_a_row,
-                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "scheduler": self.scheduler.state_dict(),
                  "scaler": self.scaler.state_dict(), "rng": capture_rng_state(), "config": asdict(self.cfg)}
+        if self.mode != "fsdp":  # a sharded checkpoint holds the optimizer's state in its shards
+            state["optimizer"] = self.optimizer.state_dict()
         if self.ema is not None:
             state["ema"] = self._saved(self.ema.state_dict())
         return state
@@ -386,7 +411,13 @@ class Trainer:
         if self._saved_step == self.step:  # written by fit, or resumed from: rewriting it would only
             return folder                  # open a window in which a kill loses it
         self._check_weights("checkpoint")
-        if distributed.is_main():
+        if self.mode == "fsdp":
+            frozen = self._frozen()
+            folder = save_sharded_checkpoint(
+                self.run_dir / "checkpoints", folder.name, self.step,
+                lambda shards: save_sharded(shards, self.model, self.optimizer, skip=frozen), self.state(),
+                keep=self.cfg.keep_checkpoints, base=self.base)
+        elif distributed.is_main():
             folder = save_checkpoint(self.run_dir / "checkpoints", self.step, self._saved(self.model.state_dict()),
                                      self.state(), keep=self.cfg.keep_checkpoints, base=self.base)
         distributed.barrier()  # no rank runs ahead of a checkpoint being written
@@ -400,10 +431,14 @@ class Trainer:
             found = latest_checkpoint(self.run_dir / "checkpoints") if self.run_dir and distributed.is_main() else None
             if self.run_dir is None or (folder := distributed.broadcast_object(found)) is None:
                 raise InputError(f"no checkpoint to resume from in {self.run_dir}")
-        weights, state = load_checkpoint(folder, map_location=self.device)
-        load_weights_into(self.model, weights, folder, base_keys=self._frozen())
+        if self.mode == "fsdp" or is_sharded_checkpoint(folder):
+            state = self._resume_sharded(Path(folder))
+        else:
+            weights, state = load_checkpoint(folder, map_location=self.device)
+            load_weights_into(self.model, weights, folder, base_keys=self._frozen())
         try:
-            self.optimizer.load_state_dict(state["optimizer"])
+            if "optimizer" in state:
+                self.optimizer.load_state_dict(state["optimizer"])
         except ValueError as exc:  # torch: "... doesn't match the size of optimizer's group"
             raise CheckpointError(f"{folder}: its optimizer state does not fit this model's parameters ({exc}): "
                                   f"it was written by an earlier attnlab whose model held its weights in other "
@@ -423,6 +458,19 @@ class Trainer:
         restore_rng_state(state["rng"])
         if self.run_dir is not None and Path(folder).parent == self.run_dir / "checkpoints":
             self._saved_step = self.step  # this run's own checkpoint: save() need not write it again
+
+    def _resume_sharded(self, folder: Path) -> dict[str, Any]:
+        """Load a sharded checkpoint (written by any number of processes) into this sharded
+        model and its optimizer; returns the rest of its state."""
+        if not is_sharded_checkpoint(folder) or self.mode != "fsdp":
+            have = "sharded" if is_sharded_checkpoint(folder) else "a whole model's"
+            raise CheckpointError(f"{folder} holds {have} checkpoint, and this run trains with train.distributed="
+                                  f"{self.cfg.distributed} ({self.mode}): resume a sharded run under torchrun with "
+                                  f"train.distributed=fsdp (any number of processes), a data-parallel run as it "
+                                  f"trained; its weights load anywhere (model.checkpoint={self.run_dir})")
+        _, state = load_checkpoint(folder, map_location="cpu", weights=False)
+        load_sharded(folder, self.model, self.optimizer, skip=self._frozen())
+        return state
 
     # ----------------------------------------------------------------- loop
     def _batches(self) -> Iterator[tuple[Any, Tensor]]:
@@ -460,7 +508,9 @@ class Trainer:
             x, y = next(batches)
             # DDP: gradients are all-reduced once, in the last micro-batch's backward
             last = i == cfg.accum_steps - 1 or distributed.world_size() == 1  # (train_model may be compiled)
-            with contextlib.nullcontext() if last else self.train_model.no_sync():
+            if self.mode == "fsdp":  # FSDP: gradients reduce-scattered in the last micro-batch's backward alone
+                self.model.set_requires_gradient_sync(last)
+            with contextlib.nullcontext() if last or self.mode == "fsdp" else self.train_model.no_sync():
                 with autocast(self.device, self.precision):
                     task = self.loss_fn(_call(self.train_model, x), y) / cfg.accum_steps
                     loss = task + self._aux_loss() / cfg.accum_steps
@@ -470,6 +520,8 @@ class Trainer:
         if finite:  # the gradient norm is checked with clipping or without (max_norm inf: the norm alone)
             self.scaler.unscale_(self.optimizer)
             norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or math.inf)
+            if hasattr(norm, "full_tensor"):  # FSDP: the norm over every process's shards
+                norm = norm.full_tensor()
             # fp16's scaler skips steps with inf gradients itself; elsewhere they are divergence
             finite = self.scaler.is_enabled() or bool(torch.isfinite(norm))
         if distributed.world_size() > 1:  # every rank takes the same decision
@@ -480,6 +532,10 @@ class Trainer:
         self._nonfinite_in_a_row = 0
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        if self.mode == "fsdp" and self.held is None:  # the first step: gradients and optimizer state exist now
+            self.held = held_bytes(self.model, self.optimizer)
+            self.log("this process holds " + ", ".join(f"{v / 2**20:,.2f} MiB of {k}" for k, v in self.held.items())
+                     + f" (its share of {distributed.world_size()} processes)")
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         if self.ema is not None:
@@ -526,7 +582,11 @@ class Trainer:
         for label, module in (("weights", self.model), ("EMA weights", self.ema)):
             if module is None:
                 continue
-            summary = nonfinite_summary(module.state_dict())
+            summary = nonfinite_summary({k: local_tensor(v) for k, v in module.state_dict().items()})
+            if self.mode == "fsdp":  # each process sees its shards: all decide together
+                bad = distributed.all_reduce_sum(torch.tensor([float(summary is not None)], device=self.device))
+                if bad.item() and summary is None:
+                    summary = ("some", "the shards of another process")
             if summary is not None:
                 count, names = summary
                 raise NonFiniteLossError(
@@ -545,9 +605,12 @@ class Trainer:
             raise InputError("eval_data must hold at least one example to evaluate; it holds none")
         model = (model or self.ema or self.model).eval()
         world, bs = distributed.world_size(), self.cfg.batch_size
-        starts = range(distributed.rank() * bs, len(data), bs * world)
+        starts = list(range(distributed.rank() * bs, len(data), bs * world))
+        counted = len(starts)
+        if self.mode == "fsdp":  # every process takes part in every forward: those without a batch left repeat one
+            starts += [0] * (-(-len(data) // (bs * world)) - counted)
         loss_sum, correct, count = _eval_sums(model, data, starts, bs, self._move, self.device, self.precision,
-                                              self.cfg.workers, self.collate)
+                                              self.cfg.workers, self.collate, counted=counted)
         if world > 1:
             sums = distributed.all_reduce_sum(torch.tensor([loss_sum, correct, count], dtype=torch.float64,
                                                            device=self.device))
@@ -568,7 +631,12 @@ class Trainer:
         if improved:
             self._check_weights("best checkpoint")  # NaN weights score by chance: never keep them as best
             self.best, self.best_step = score, self.step
-            if self.run_dir is not None and distributed.is_main():
+            if self.run_dir is not None and self.mode == "fsdp":
+                frozen = self._frozen()
+                save_sharded_checkpoint(self.run_dir / "checkpoints", "best", self.step,
+                                        lambda shards: save_sharded(shards, self.model, None, skip=frozen),
+                                        {"step": self.step, "eval": result}, base=self.base)
+            elif self.run_dir is not None and distributed.is_main():
                 save_named_checkpoint(self.run_dir / "checkpoints", "best", self.step,
                                       self._saved((self.ema or self.model).state_dict()),
                                       {"step": self.step, "eval": result}, base=self.base)

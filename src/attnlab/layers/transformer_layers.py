@@ -271,6 +271,10 @@ class _Stack(nn.Module):
         """Recompute each layer's activations in backward instead of storing them."""
         self.grad_checkpointing = enable
 
+    def shard_blocks(self) -> list[nn.Module]:
+        """Its layers: the units sharded training gathers one at a time (:mod:`attnlab.engine.sharding`)."""
+        return list(self.layers)
+
     def _run(self, layer: nn.Module, *args, **kwargs) -> Tensor:
         if self.grad_checkpointing and self.training and torch.is_grad_enabled():
             return checkpointed(layer, *args, **kwargs)

@@ -120,6 +120,10 @@ class TextEncoder(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.encoder.set_grad_checkpointing(enable)
 
+    def shard_blocks(self) -> list[nn.Module]:
+        """The encoder's layers (:mod:`attnlab.engine.sharding`)."""
+        return self.encoder.shard_blocks()
+
     def padding_mask(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """attnlab's ``key_padding_mask`` ``(B, L)``, ``True`` = padding."""
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):

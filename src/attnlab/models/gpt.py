@@ -189,6 +189,11 @@ class GPT(KeepsJoinedWeights, nn.Module):
         if cfg.tie_embeddings:
             self.head.weight = self.tok_embed.weight
 
+    def shard_blocks(self) -> list[nn.Module]:
+        """Its decoder blocks: the units sharded training gathers one at a time
+        (:mod:`attnlab.engine.sharding`); the embeddings, final norm and head are the rest."""
+        return list(self.blocks)
+
     # ------------------------------------------------------------------ the cache
     @property
     def keeps_cache(self) -> bool:

@@ -189,6 +189,10 @@ class AttentionSentimentClassifier(nn.Module):
         """Recompute each encoder layer's activations in backward (training mode only)."""
         self.encoder.set_grad_checkpointing(enable)
 
+    def shard_blocks(self) -> list[nn.Module]:
+        """The encoder's layers (:mod:`attnlab.engine.sharding`)."""
+        return self.encoder.shard_blocks()
+
     # ------------------------------------------------------------------ pieces
     def padding_mask(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor | None:
         """attnlab's ``key_padding_mask`` ``(B, L)``, ``True`` = padding (``None``: no padding)."""

@@ -103,6 +103,10 @@ class Transformer(nn.Module):
         self.encoder.set_grad_checkpointing(enable)
         self.decoder.set_grad_checkpointing(enable)
 
+    def shard_blocks(self) -> list[nn.Module]:
+        """The encoder's and the decoder's layers (:mod:`attnlab.engine.sharding`)."""
+        return self.encoder.shard_blocks() + self.decoder.shard_blocks()
+
     def forward(
         self, src: Tensor, tgt: Tensor, *, src_key_padding_mask: Tensor | None = None,
         tgt_key_padding_mask: Tensor | None = None, memory_key_padding_mask: Tensor | None = None,
@@ -298,6 +302,9 @@ class Seq2SeqTransformer(nn.Module):
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.transformer.set_grad_checkpointing(enable)
+
+    def shard_blocks(self) -> list[nn.Module]:
+        return self.transformer.shard_blocks()
 
     def _check_ids(self, name: str, ids: Tensor) -> None:
         if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):

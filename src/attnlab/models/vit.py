@@ -232,6 +232,11 @@ class VisionTransformer(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
 
+    def shard_blocks(self) -> list[nn.Module]:
+        """Its transformer blocks: the units sharded training gathers one at a time
+        (:mod:`attnlab.engine.sharding`)."""
+        return list(self.blocks)
+
     def _positions(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         cfg = self.config
         if cfg.pos_embed == "relative" and grid != self.patch_embed.grid_size:

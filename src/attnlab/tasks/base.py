@@ -33,6 +33,8 @@ from ..data.tokenize import TextTokenizer
 from ..engine.config import ConfigError, from_dict
 from ..engine.resolved import run_precision
 from ..engine.trainer import TrainConfig
+from ..engine import distributed
+from ..engine.sharding import shard_blocks
 from ..errors import AttentionUnavailable, InputError, shape_str
 from ..io import atomic_write_bytes, read_json_mapping
 from ..memory import require_memory
@@ -314,6 +316,13 @@ class Task:
         model (``None`` when the recipe names none yet), for a task's own checks to read
         without building it again."""
         model = self.check_model(recipe)
+        if recipe.train.distributed == "fsdp":
+            if not distributed.launched():
+                raise ConfigError("train.distributed=fsdp shards the model over the processes torchrun starts; "
+                                  "launch with torchrun --nproc_per_node N -m attnlab train ... (or leave "
+                                  "train.distributed at auto)")
+            if model is not None:
+                shard_blocks(model)
         if recipe.data.kind and source_of(recipe.data).test_only:
             raise ConfigError(f"data.name={recipe.data.name} is a test set alone, with nothing to train on: train on "
                               f"another source and evaluate the run on it with attnlab eval RUN --data "

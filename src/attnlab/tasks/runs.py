@@ -28,6 +28,7 @@ from ..engine import distributed
 from ..engine.checkpoint import checkpoint_base, checkpoint_label
 from ..engine.device import select_device
 from ..engine.rundir import RunLock
+from ..engine.sharding import is_sharded, whole_copy
 from ..engine.trainer import Trainer, evaluate_model
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
@@ -333,9 +334,12 @@ def preflight(task: Task, recipe: Recipe, run_dir: Path, model: nn.Module, prepa
             if part is not None:
                 evaluate_model(model, part, batch_size=recipe.train.batch_size, device=device, precision=precision,
                                channels_last=recipe.train.channels_last)
+        scored = model
+        if is_sharded(model):  # scoring reads weights outside the forward: rank 0 scores a whole copy
+            scored = whole_copy(model, lambda: task.build_model(recipe, prepared.info))
         if distributed.is_main():
             with tempfile.TemporaryDirectory(prefix="attnlab-preflight-") as folder:
-                task.score(recipe, Path(folder), model, small, _head_of_splits(data, n), lambda _: None)
+                task.score(recipe, Path(folder), scored, small, _head_of_splits(data, n), lambda _: None)
     except InputError as exc:
         raise InputError(f"the run would fail after training (checked before its first step, on {n} test "
                          f"examples): {exc}") from None
