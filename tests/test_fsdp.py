@@ -63,11 +63,36 @@ def config(world: int, mode: str = "fsdp") -> TrainConfig:
                        distributed=mode, progress=False, tensorboard=False)
 
 
+def lora_lm():
+    """The tiny model with LoRA adapters on its attention, the rest frozen."""
+    from attnlab.layers.lora import apply_lora, mark_only_lora_trainable
+
+    model = tiny_lm()
+    apply_lora(model, rank=4, targets=["attention"])
+    torch.manual_seed(2)  # adapters that already change the output
+    for name, p in model.named_parameters():
+        if name.endswith("lora_B"):
+            torch.nn.init.normal_(p, std=0.02)
+    mark_only_lora_trainable(model)
+    return model
+
+
+def variant_trainer(world: int, run_dir: Path) -> Trainer:
+    """LoRA, gradient checkpointing and bfloat16 together."""
+    cfg = config(world, mode="fsdp" if world > 1 or distributed.launched() else "auto")
+    cfg.precision, cfg.grad_checkpointing = "bf16", True
+    return Trainer(lora_lm(), Windows(), cfg, run_dir=run_dir, log=lambda _: None, collate=stack,
+                   base={"source": "the tiny model's own initial weights"})
+
+
 def worker(out: Path, mode: str) -> None:
     distributed.init_distributed("cpu")
     world, rank = distributed.world_size(), distributed.rank()
     run_dir = out / "run"
-    trainer = Trainer(tiny_lm(), Windows(), config(world), run_dir=run_dir, log=lambda _: None, collate=stack)
+    if mode.startswith("variants"):
+        trainer = variant_trainer(world, run_dir)
+    else:
+        trainer = Trainer(tiny_lm(), Windows(), config(world), run_dir=run_dir, log=lambda _: None, collate=stack)
     trainer.cfg.steps = int(os.environ.get("FSDP_STOP", STEPS))  # stop there, as if the job had ended
     if mode == "kill" and rank == world - 1:  # this process dies in the middle of the save of step 10
         save = sharding.save_sharded
@@ -79,7 +104,7 @@ def worker(out: Path, mode: str) -> None:
         sharding.save_sharded = dying
         import attnlab.engine.trainer as trainer_module
         trainer_module.save_sharded = dying
-    if mode == "resume":
+    if mode.endswith("resume"):
         trainer.resume()
     trainer.fit()
     trainer.save()
@@ -180,6 +205,28 @@ def test_a_process_killed_mid_save_leaves_the_last_checkpoint_and_the_run_resume
     assert [got[s] for s in range(6, STEPS + 1)] == [want[s] for s in range(6, STEPS + 1)]  # same world: bitwise
 
 
+def test_lora_gradient_checkpointing_and_bfloat16_shard_and_resume(tmp_path: Path) -> None:
+    one = tmp_path / "one"
+    variant_trainer(1, one / "run").fit()
+    (tmp_path / "two").mkdir()
+    torchrun(tmp_path / "two", "variants", 2)
+    got, want = losses(tmp_path / "two" / "run"), losses(one / "run")
+    for step in range(1, STEPS + 1):  # bfloat16 weights gathered (FSDP's policy) against autocast's casts
+        assert got[step] == pytest.approx(want[step], abs=2e-2), step
+    from attnlab.engine.checkpoint import load_checkpoint
+
+    folder = tmp_path / "two" / "run" / "checkpoints" / "step_000000020"
+    assert "base" in json.loads((folder / "manifest.json").read_text())
+    saved, _ = load_checkpoint(folder)
+    start = lora_lm().state_dict()
+    assert saved and all("lora_" in k for k in saved)  # the adapters alone: the frozen weights are the base's
+    assert all(not torch.equal(saved[k], start[k]) for k in saved)  # every adapter trained
+    out = _from_step_10(tmp_path / "two", tmp_path / "again")
+    torchrun(out, "variants-resume", 2)
+    again = losses(out / "run")
+    assert [again[s] for s in range(11, STEPS + 1)] == [got[s] for s in range(11, STEPS + 1)]
+
+
 def test_a_language_model_trains_sharded_under_torchrun_and_its_run_loads_without_it(tmp_path: Path) -> None:
     from attnlab.engine.checkpoint import load_checkpoint
     from attnlab.recipes import load_recipe
@@ -206,6 +253,9 @@ def test_a_language_model_trains_sharded_under_torchrun_and_its_run_loads_withou
     assert results[0]["test_loss"] == pytest.approx(results[1]["test_loss"], abs=1e-5)
     run = load_run(tmp_path / "fsdp")  # its best checkpoint is sharded too
     assert len(run.predict(["the cat"], max_new_tokens=5)) == 1
+    from attnlab.cli import main
+
+    assert main(["eval", str(tmp_path / "fsdp"), "--checkpoint", "last"]) == 0
 
 
 def test_refusals_under_torchrun_are_one_line(tmp_path: Path) -> None:

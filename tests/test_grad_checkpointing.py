@@ -52,3 +52,26 @@ def test_grad_checkpointing_keeps_gradients_and_running_statistics(build):
     plain.eval(), checkpointed.eval()
     with torch.no_grad():
         torch.testing.assert_close(plain(*inputs), checkpointed(*inputs))
+
+
+def test_a_decoder_recomputes_its_blocks_and_keeps_its_gradients(monkeypatch):
+    """GPT (no BatchNorm): each block runs again in backward, and the gradients are the same."""
+    torch.manual_seed(0)
+    plain = create_model("llama_tiny", vocab_size=VOCAB, depth=2).train()
+    recomputed = copy.deepcopy(plain)
+    recomputed.set_grad_checkpointing(True)
+    ids = torch.randint(0, VOCAB, (2, 11))
+    block_class = type(plain.blocks[0])
+    forward, calls = block_class.forward, []
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(block_class, "forward", counted)
+    for model in (plain, recomputed):
+        model(ids).logsumexp(-1).sum().backward()
+        calls.append("|")
+    assert "".join(map(str, calls)) == "11|1111|"  # 2 blocks: once each, then twice each (again in backward)
+    for (name, a), b in zip(plain.named_parameters(), recomputed.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)

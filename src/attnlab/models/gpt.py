@@ -44,6 +44,7 @@ from ..attention.registry import attention_capabilities, attention_keeps_cache, 
 from ..attention.rmsnorm import RMSNorm
 from ..dropout import Dropout
 from ..errors import InputError, shape_str
+from ..layers.checkpointing import checkpointed
 from ..layers.init import normal_init_
 from ..layers.mlp import GeluMlp, SwiGLU
 from ..layers.norms import build_norm
@@ -189,6 +190,11 @@ class GPT(KeepsJoinedWeights, nn.Module):
         if cfg.tie_embeddings:
             self.head.weight = self.tok_embed.weight
 
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in backward instead of storing them (training
+        with gradients only; ``config.grad_checkpointing`` says the same)."""
+        self.config.grad_checkpointing = bool(enable)
+
     def shard_blocks(self) -> list[nn.Module]:
         """Its decoder blocks: the units sharded training gathers one at a time
         (:mod:`attnlab.engine.sharding`); the embeddings, final norm and head are the rest."""
@@ -305,7 +311,12 @@ class GPT(KeepsJoinedWeights, nn.Module):
             if not bool(((doc_ids == doc_ids[:, :1]) | (doc_ids < 0)).all()):
                 attn_mask = (doc_ids[:, :, None] != doc_ids[:, None, :])[:, None]  # (B, 1, L, L), True = blocked
         rope_positions = positions if cfg.pos_embed == "rope" else None
+        recompute = cfg.grad_checkpointing and self.training and torch.is_grad_enabled() and not cache
         for i, block in enumerate(self.blocks):
+            if recompute:  # the block's activations recomputed in backward instead of kept
+                x = checkpointed(block, x, attn_mask=attn_mask, key_padding_mask=padding_mask, positions=rope_positions,
+                                 cache=None)
+                continue
             x = block(x, attn_mask=attn_mask, key_padding_mask=padding_mask, positions=rope_positions,
                       cache=cache[i] if cache else None)
         return self._logits(x)

@@ -1,0 +1,130 @@
+"""What sharding buys: data-parallel (``train.distributed=ddp``) against sharded (``fsdp``)
+training under ``torchrun`` with gloo processes on the CPU.
+
+1. The character language-model recipe's model (``lm-shakespeare-char``: its width, depth,
+   context and batch a process) for a few steps on random tokens with 1 and 2 processes:
+   tokens a second and each process's peak resident memory (``VmHWM``).
+2. Decoders of growing width (depth 8, 8,192 tokens of vocabulary, context 256, batch 2 a
+   process, AdamW in float32) with 2 processes, ``ddp`` against ``fsdp``: each process's peak
+   memory and what the engine says it holds of weights, gradients and optimizer state; the
+   largest that stays within a limit per process follows from those peaks.
+
+Two processes on two cores share the cores: the tokens a second of 2 processes measure the
+cost of the collectives and of splitting 2 cores in two, not the speed-up of 2 devices.
+
+    python benchmarks/sharded_training.py --out /tmp/sharded.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WIDTHS = (256, 512, 768, 1024)
+
+
+def _peak_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def worker(out: Path, mode: str, model_json: str, steps: int, batch: int, context: int) -> None:
+    """One process: ``steps`` optimizer steps (after one not timed), then its figures as JSON."""
+    import torch
+
+    from attnlab.engine import distributed
+    from attnlab.engine.trainer import TrainConfig, Trainer
+    from attnlab.models import create_model
+
+    distributed.init_distributed("cpu")
+    options = json.loads(model_json)
+    torch.manual_seed(0)
+    model = create_model(options.pop("name"), **options)
+    vocab = model.config.vocab_size
+    data = torch.randint(0, vocab, (batch * distributed.world_size() * (steps + 2), context + 1))
+
+    class Windows(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(data)
+
+        def __getitem__(self, i: int):
+            return data[i, :-1], data[i, 1:]
+
+    def stack(items):
+        xs, ys = zip(*items)
+        return torch.stack(xs), torch.stack(ys)
+
+    cfg = TrainConfig(steps=steps + 1, batch_size=batch, lr=1e-4, device="cpu", precision="fp32", log_every=0,
+                      progress=False, tensorboard=False, distributed=mode)
+    trainer = Trainer(model, Windows(), cfg, log=lambda _: None, collate=stack)
+    batches = trainer._batches()
+    trainer.train_step(batches)  # the first step: allocations, the optimizer's state
+    start = time.perf_counter()
+    for _ in range(steps):
+        trainer.train_step(batches)
+    seconds = time.perf_counter() - start
+    figures = {"rank": distributed.rank(), "world": distributed.world_size(), "mode": trainer.mode,
+               "params": sum(p.numel() for p in model.parameters()),
+               "tokens_per_s": steps * batch * context * distributed.world_size() / seconds,
+               "peak_mib": _peak_mib(), "held": trainer.held}
+    (out / f"{trainer.mode}_{distributed.world_size()}_{distributed.rank()}.json").write_text(json.dumps(figures))
+    distributed.cleanup()
+
+
+def _launch(out: Path, procs: int, mode: str, model: dict, steps: int, batch: int, context: int) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for f in out.glob("*.json"):
+        f.unlink()
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // procs))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={procs}",
+           "--master_addr=127.0.0.1", f"--master_port={port}", __file__, "--worker", str(out), mode,
+           json.dumps(model), str(steps), str(batch), str(context)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode:
+        return [{"error": (r.stderr or r.stdout)[-600:]}]
+    return [json.loads(f.read_text()) for f in sorted(out.glob("*.json"))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    from attnlab.recipes import load_recipe
+
+    work = args.out.with_suffix(".work")
+    work.mkdir(parents=True, exist_ok=True)
+    recipe = load_recipe("lm-shakespeare-char", [])
+    char = {"name": recipe.model.name, "vocab_size": 65, "max_len": recipe.text.context, **recipe.model.options}
+    rows: dict = {"recipe": [], "widths": []}
+    for procs, mode in ((1, "auto"), (2, "ddp"), (2, "fsdp")):
+        got = _launch(work, procs, mode, char, args.steps, recipe.train.batch_size, recipe.text.context)
+        rows["recipe"].append({"processes": procs, "mode": mode, "ranks": got})
+        print(json.dumps(rows["recipe"][-1]), flush=True)
+    for width in WIDTHS:
+        model = {"name": "gpt_tiny", "vocab_size": 8192, "max_len": 256, "depth": 8, "embed_dim": width,
+                 "num_heads": width // 64, "drop_rate": 0.0}
+        for mode in ("ddp", "fsdp"):
+            got = _launch(work, 2, mode, model, args.steps, 2, 256)
+            rows["widths"].append({"width": width, "mode": mode, "ranks": got})
+            print(json.dumps(rows["widths"][-1]), flush=True)
+    args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        out, mode, model, steps, batch, context = sys.argv[2:8]
+        worker(Path(out), mode, model, int(steps), int(batch), int(context))
+    else:
+        main()
