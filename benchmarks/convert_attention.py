@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=1024, help="tokens a window (the recipe's context)")
     parser.add_argument("--calibrate", type=int, default=8,
                         help="windows of the training part the latent factorisation weighs (0: the weights alone)")
+    parser.add_argument("--only", type=int, nargs="*", help="the settings of these indices alone (0: unchanged)")
     parser.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -68,7 +69,9 @@ def main() -> None:
     ids = _windows(tokenizer, args.windows, args.length)
     calibration = list(_windows(tokenizer, args.calibrate, args.length, "train")[:, None]) if args.calibrate else []
     rows = []
-    for spec in SETTINGS:
+    for index, spec in enumerate(SETTINGS):
+        if args.only and index not in args.only:
+            continue
         started = time.perf_counter()
         converted = options if spec is None else convert_options(options, spec)
         model = GPT(GPTConfig(**converted)).eval()

@@ -232,5 +232,8 @@ def test_weighing_the_activations_keeps_what_the_layer_computes_closer(tmp_path:
         return float((balance * keys).square().sum() + values.square().sum())
 
     assert error(28, inputs) < 1e-8 and error(28, []) < 1e-8  # full rank: 2 x (2 x 8 - 2) = 28
+    alone = ConvertAttention(to="latent", rope_dim=2, kv_rank=4, calibrate=0)  # the inputs are not read
+    given, none = convert_weights(weights, spec, alone, inputs), convert_weights(weights, spec, alone)
+    assert all(torch.equal(given[k], none[k]) for k in none)
     for rank in (4, 12):
         assert error(rank, inputs) < 0.9 * error(rank, []), rank

@@ -206,13 +206,14 @@ def convert_weights(weights: dict[str, Tensor], options: dict[str, Any], spec: C
     module docstring says (in float64, returned in float32); other weights as they are.
 
     ``inputs`` (token ids ``(B, L)``, the training text's): the factorisation weighs what the
-    layers read (:func:`_input_moments`) instead of treating every input direction alike."""
+    layers read (:func:`_input_moments`) instead of treating every input direction alike
+    (``spec.calibrate: 0``: the weights alone, whatever ``inputs``)."""
     if spec.to != "latent":
         return weights
     cfg = GPTConfig(**options)
     plan = cfg.layer_plan()
     chosen = _chosen_layers(plan, spec)
-    moments = _input_moments(cfg, weights, chosen, inputs, prefix)
+    moments = _input_moments(cfg, weights, chosen, inputs, prefix) if spec.calibrate else {}
     out = dict(weights)
     for i in chosen:
         p = plan[i]
