@@ -7,7 +7,9 @@ training under ``torchrun`` with gloo processes on the CPU.
 2. Decoders of growing width (depth 8, 8,192 tokens of vocabulary, context 256, batch 2 a
    process, AdamW in float32) with 2 processes, ``ddp`` against ``fsdp``: each process's peak
    memory and what the engine says it holds of weights, gradients and optimizer state; the
-   largest that stays within a limit per process follows from those peaks.
+   largest that stays within a limit per process follows from those peaks. The peak is given
+   twice: over building the model (whole, in every process, before it is sharded), sharding
+   it and the first step; and over the training steps after (the high-water mark reset).
 
 Two processes on two cores share the cores: the tokens a second of 2 processes measure the
 cost of the collectives and of splitting 2 cores in two, not the speed-up of 2 devices.
@@ -26,7 +28,12 @@ import sys
 import time
 from pathlib import Path
 
-WIDTHS = (256, 512, 768, 1024)
+WIDTHS = (256, 512, 768, 1024, 1280)
+
+
+def _reset_peak() -> None:
+    """Start the kernel's high-water mark of this process's resident memory again (``VmHWM``)."""
+    Path("/proc/self/clear_refs").write_text("5")
 
 
 def _peak_mib() -> float:
@@ -67,6 +74,8 @@ def worker(out: Path, mode: str, model_json: str, steps: int, batch: int, contex
     trainer = Trainer(model, Windows(), cfg, log=lambda _: None, collate=stack)
     batches = trainer._batches()
     trainer.train_step(batches)  # the first step: allocations, the optimizer's state
+    first = _peak_mib()  # building the whole model, sharding it, the first step
+    _reset_peak()
     start = time.perf_counter()
     for _ in range(steps):
         trainer.train_step(batches)
@@ -74,7 +83,8 @@ def worker(out: Path, mode: str, model_json: str, steps: int, batch: int, contex
     figures = {"rank": distributed.rank(), "world": distributed.world_size(), "mode": trainer.mode,
                "params": sum(p.numel() for p in model.parameters()),
                "tokens_per_s": steps * batch * context * distributed.world_size() / seconds,
-               "peak_mib": _peak_mib(), "held": trainer.held}
+               "peak_mib": max(first, _peak_mib()), "build_and_first_step_peak_mib": first,
+               "training_peak_mib": _peak_mib(), "held": trainer.held}
     (out / f"{trainer.mode}_{distributed.world_size()}_{distributed.rank()}.json").write_text(json.dumps(figures))
     distributed.cleanup()
 
@@ -100,6 +110,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--widths", type=int, nargs="*", default=list(WIDTHS), help="the decoders' widths")
+    parser.add_argument("--modes", nargs="*", default=["ddp", "fsdp"])
+    parser.add_argument("--no-recipe", action="store_true", help="leave the recipe's model out")
     args = parser.parse_args()
     from attnlab.recipes import load_recipe
 
@@ -108,14 +121,14 @@ def main() -> None:
     recipe = load_recipe("lm-shakespeare-char", [])
     char = {"name": recipe.model.name, "vocab_size": 65, "max_len": recipe.text.context, **recipe.model.options}
     rows: dict = {"recipe": [], "widths": []}
-    for procs, mode in ((1, "auto"), (2, "ddp"), (2, "fsdp")):
+    for procs, mode in () if args.no_recipe else ((1, "auto"), (2, "ddp"), (2, "fsdp")):
         got = _launch(work, procs, mode, char, args.steps, recipe.train.batch_size, recipe.text.context)
         rows["recipe"].append({"processes": procs, "mode": mode, "ranks": got})
         print(json.dumps(rows["recipe"][-1]), flush=True)
-    for width in WIDTHS:
+    for width in args.widths:
         model = {"name": "gpt_tiny", "vocab_size": 8192, "max_len": 256, "depth": 8, "embed_dim": width,
                  "num_heads": width // 64, "drop_rate": 0.0}
-        for mode in ("ddp", "fsdp"):
+        for mode in args.modes:
             got = _launch(work, 2, mode, model, args.steps, 2, 256)
             rows["widths"].append({"width": width, "mode": mode, "ranks": got})
             print(json.dumps(rows["widths"][-1]), flush=True)
