@@ -16,6 +16,19 @@ TINY_DIGITS = [*DIGITS_WITH_VALIDATION, "model.options.depth=1", "model.options.
                "train.log_every=1", "train.progress=false", "train.tensorboard=false"]
 
 
+def tiny_story_recipe(folder: Path, *extra: str) -> list[str]:
+    """``lm-text`` keys for a tiny character model on a short story written into ``folder``,
+    4 steps of float32 on the CPU; ``extra`` keys after them (the later key wins)."""
+    text = "".join(f"the {w} sat on the mat and looked at the {v}.\n" for w in ("cat", "dog", "owl") * 30
+                   for v in ("moon", "sun"))
+    (folder / "story.txt").write_text(text, encoding="utf-8")
+    return [f"data.path={folder / 'story.txt'}", "model.options.depth=1", "model.options.embed_dim=32",
+            "model.options.num_heads=2", "model.options.mlp_hidden_dim=64", "text.context=32", "train.steps=4",
+            "train.warmup_steps=1", "train.eval_every=0", "train.checkpoint_every=4", "train.log_every=1",
+            "train.progress=false", "train.tensorboard=false", "train.precision=fp32", "train.device=cpu",
+            "generate.max_new_tokens=5", "model.options.drop_rate=0", "text.tokenizer=char", *extra]
+
+
 def train_digits(run_dir, *extra: str) -> int:
     """``attnlab train vit-digits`` with :data:`TINY_DIGITS`, ``extra`` and ``--run-dir``; its exit status."""
     from attnlab.cli import main

@@ -43,18 +43,23 @@ def _llama(tmp: Path) -> Path:
     return _llama_and_its_file(tmp)[1]
 
 
-def test_the_chosen_layers_slide_and_the_model_is_the_same_within_the_window(tmp_path: Path) -> None:
-    source = _llama(tmp_path)
-    text = tmp_path / "text.txt"
-    text.write_text(("The cat sat on the mat. The dog sat on the log. " * 40 + "\n") * 10)
-    run_dir = tmp_path / "run"
-    assert main(["train", "lm-text", f"model.checkpoint={source}", f"data.path={text}", "train.steps=1",
-                 "train.lr=1e-12", "text.context=32", "model.convert_attention={window: 8, layers: [1]}",
-                 "train.progress=false", "--run-dir", str(run_dir)]) == 0
+def _converted_run(tmp: Path, source: Path, convert: str):
+    """A run of one step that changes nothing (lr 1e-12) from ``source`` converted by
+    ``convert``, loaded back after ``source`` is gone."""
     from attnlab.tasks import load_run
 
-    source.rename(tmp_path / "gone.gguf")
-    run = load_run(run_dir)
+    text = tmp / "text.txt"
+    text.write_text(("The cat sat on the mat. The dog sat on the log. " * 40 + "\n") * 10)
+    assert main(["train", "lm-text", f"model.checkpoint={source}", f"data.path={text}", "train.steps=1",
+                 "train.lr=1e-12", "text.context=32", f"model.convert_attention={convert}", "train.progress=false",
+                 "--run-dir", str(tmp / "run")]) == 0
+    source.rename(tmp / "gone.gguf")
+    return load_run(tmp / "run")
+
+
+def test_the_chosen_layers_slide_and_the_model_is_the_same_within_the_window(tmp_path: Path) -> None:
+    source = _llama(tmp_path)
+    run = _converted_run(tmp_path, source, "{window: 8, layers: [1]}")
     plan = run.model.config.layer_plan()
     assert [p.sliding for p in plan] == [False, True] and run.model.config.sliding_window == 8
     original = from_hf(tmp_path / "gone.gguf")
@@ -137,16 +142,7 @@ def _partial_rope(model, pairs: int):
 
 def test_latent_at_full_rank_is_the_model_with_partial_rope_and_the_run_decodes(tmp_path: Path) -> None:
     theirs, source = _llama_and_its_file(tmp_path)
-    text = tmp_path / "text.txt"
-    text.write_text(("The cat sat on the mat. The dog sat on the log. " * 40 + "\n") * 10)
-    run_dir = tmp_path / "run"
-    assert main(["train", "lm-text", f"model.checkpoint={source}", f"data.path={text}", "train.steps=1",
-                 "train.lr=1e-12", "text.context=32", "model.convert_attention={to: latent, rope_dim: 4, kv_rank: 24}",
-                 "train.progress=false", "--run-dir", str(run_dir)]) == 0
-    from attnlab.tasks import load_run
-
-    source.rename(tmp_path / "gone.gguf")
-    run = load_run(run_dir)
+    run = _converted_run(tmp_path, source, "{to: latent, rope_dim: 4, kv_rank: 24}")
     model = run.model.float().eval()
     assert [p.attention for p in model.config.layer_plan()] == ["latent", "latent"]
     ids = torch.randint(0, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))

@@ -22,7 +22,7 @@ from attnlab.engine.trainer import TrainConfig, Trainer
 from attnlab.models import create_model
 from attnlab.recipes import load_recipe
 from attnlab.data.source import source_of
-from conftest import DIGITS_WITH_VALIDATION
+from conftest import DIGITS_WITH_VALIDATION, tiny_story_recipe
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with the gloo backend is not available on this platform")
@@ -163,14 +163,7 @@ def test_a_language_model_trains_under_torchrun_as_one_process_with_twice_the_ba
 
     from attnlab.tasks import train
 
-    text = "".join(f"the {w} sat on the mat and looked at the {v}.\n" for w in ("cat", "dog", "owl") * 30
-                   for v in ("moon", "sun"))
-    (tmp_path / "story.txt").write_text(text, encoding="utf-8")
-    common = [f"data.path={tmp_path / 'story.txt'}", "model.options.depth=1", "model.options.embed_dim=32",
-              "model.options.num_heads=2", "model.options.mlp_hidden_dim=64", "text.context=32", "train.steps=4",
-              "train.warmup_steps=1", "train.eval_every=0", "train.checkpoint_every=4", "train.log_every=1",
-              "train.progress=false", "train.tensorboard=false", "train.precision=fp32", "train.device=cpu",
-              "generate.max_new_tokens=5", "model.options.drop_rate=0", "text.tokenizer=char"]
+    common = tiny_story_recipe(tmp_path)
     out = torchrun("-m", "attnlab", "train", "lm-text", *common, "train.batch_size=4", "--run-dir",
                    str(tmp_path / "ddp"), cwd=tmp_path).stdout
     assert out.count("| test loss (nats/token) |") == 1, out  # rank 0 alone reports

@@ -26,6 +26,7 @@ from attnlab.engine import distributed, sharding
 from attnlab.engine.metrics import read_metrics
 from attnlab.engine.trainer import TrainConfig, Trainer
 from attnlab.models import create_model
+from conftest import tiny_story_recipe
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with the gloo backend is not available on this platform")
@@ -232,14 +233,7 @@ def test_a_language_model_trains_sharded_under_torchrun_and_its_run_loads_withou
     from attnlab.recipes import load_recipe
     from attnlab.tasks import load_run, train
 
-    text = "".join(f"the {w} sat on the mat and looked at the {v}.\n" for w in ("cat", "dog", "owl") * 30
-                   for v in ("moon", "sun"))
-    (tmp_path / "story.txt").write_text(text, encoding="utf-8")
-    common = [f"data.path={tmp_path / 'story.txt'}", "model.options.depth=2", "model.options.embed_dim=32",
-              "model.options.num_heads=2", "model.options.mlp_hidden_dim=64", "text.context=32", "train.steps=4",
-              "train.warmup_steps=1", "train.eval_every=2", "train.checkpoint_every=4", "train.log_every=1",
-              "train.progress=false", "train.tensorboard=false", "train.precision=fp32", "train.device=cpu",
-              "generate.max_new_tokens=5", "model.options.drop_rate=0", "text.tokenizer=char"]
+    common = tiny_story_recipe(tmp_path, "model.options.depth=2", "train.eval_every=2")
     out = launch(["-m", "attnlab", "train", "lm-text", *common, "train.batch_size=4", "train.distributed=fsdp",
                   "--run-dir", str(tmp_path / "fsdp")], 2, tmp_path).stdout
     assert out.count("| test loss (nats/token) |") == 1 and "this process holds" in out, out
