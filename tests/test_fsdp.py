@@ -79,9 +79,9 @@ def lora_lm():
 
 
 def variant_trainer(world: int, run_dir: Path) -> Trainer:
-    """LoRA, gradient checkpointing and bfloat16 together."""
+    """LoRA, gradient checkpointing, bfloat16 and two micro-batches a step together."""
     cfg = config(world, mode="fsdp" if world > 1 or distributed.launched() else "auto")
-    cfg.precision, cfg.grad_checkpointing = "bf16", True
+    cfg.precision, cfg.grad_checkpointing, cfg.accum_steps, cfg.batch_size = "bf16", True, 2, cfg.batch_size // 2
     return Trainer(lora_lm(), Windows(), cfg, run_dir=run_dir, log=lambda _: None, collate=stack,
                    base={"source": "the tiny model's own initial weights"})
 
@@ -206,7 +206,7 @@ def test_a_process_killed_mid_save_leaves_the_last_checkpoint_and_the_run_resume
     assert [got[s] for s in range(6, STEPS + 1)] == [want[s] for s in range(6, STEPS + 1)]  # same world: bitwise
 
 
-def test_lora_gradient_checkpointing_and_bfloat16_shard_and_resume(tmp_path: Path) -> None:
+def test_lora_gradient_checkpointing_bfloat16_and_accumulation_shard_and_resume(tmp_path: Path) -> None:
     one = tmp_path / "one"
     variant_trainer(1, one / "run").fit()
     (tmp_path / "two").mkdir()
