@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import sys
 import time
 from pathlib import Path
@@ -80,6 +81,10 @@ def test_a_session_in_a_terminal_survives_ctrl_c_and_takes_its_commands(tmp_path
     attnlab = Path(sys.executable).with_name("attnlab")
     pid, fd = pty.fork()
     if pid == 0:  # the child: attnlab, with the pseudo-terminal as its terminal
+        # Ctrl-C as a terminal's program gets it: an ignored SIGINT (a test runner's worker may ignore
+        # it) stays ignored across exec, as a blocked one stays blocked, and Ctrl-C would never arrive
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         os.execv(str(attnlab), [str(attnlab), "chat", str(path), "--max-new-tokens", "50000", "--temperature", "0"])
     try:
         _read_until(fd, b"> ")

@@ -101,6 +101,8 @@ def test_refusals_name_the_key(tmp_path: Path, capsys) -> None:
          "model.convert_attention.kv_rank is an option of to: latent"),
         ([f"model.checkpoint={source}", "model.convert_attention={to: latent, rope_dim: 4, kv_rank: 25}"],
          "model.convert_attention.kv_rank must be from 1 to 24"),
+        ([f"model.checkpoint={source}", "model.convert_attention={to: latent, calibrate: 100000000}"],
+         "model.convert_attention.calibrate"),
         ([f"model.checkpoint={source}", "model.convert_attention={to: latent, rope_dim: 3}"],
          "model.convert_attention.rope_dim must be an even number from 2 to 6"),
         ([f"model.checkpoint={source}", "model.convert_attention={to: latent}", "model.lora={rank: 4}",

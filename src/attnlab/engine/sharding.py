@@ -43,7 +43,7 @@ from . import distributed
 
 __all__ = ["AUTO_SHARE", "MODES", "shard_blocks", "training_bytes", "choose_mode", "apply_fsdp", "is_sharded",
            "local_tensor", "sharded_state", "load_sharded", "save_sharded", "read_sharded_weights",
-           "held_bytes", "whole_copy"]
+           "held_bytes", "whole_copy", "whole_tensor"]
 
 MODES = ("ddp", "fsdp", "auto")
 AUTO_SHARE = 0.5  # auto shards when weights + gradients + optimizer state pass this share of a device's memory
@@ -102,8 +102,11 @@ def apply_fsdp(model: nn.Module, precision: str) -> None:
     """Shard ``model`` in place, block by block and then the rest, with the mixed-precision
     policy of ``precision``: parameters gathered in bfloat16 (or float16) for the forward
     and backward where it says so, gradients reduced in float32."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:  # public from torch 2.6 on
+        raise InputError(f"train.distributed=fsdp needs FSDP2 (torch.distributed.fsdp.fully_shard, torch >= 2.6); "
+                         f"this is torch {torch.__version__}: use train.distributed=ddp") from None
     low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
     for block in shard_blocks(model):
@@ -113,15 +116,29 @@ def apply_fsdp(model: nn.Module, precision: str) -> None:
 
 def is_sharded(model: nn.Module) -> bool:
     """Whether ``model`` was sharded by :func:`apply_fsdp`."""
-    from torch.distributed.fsdp import FSDPModule
-
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch < 2.6: nothing was sharded
+        return False
     return isinstance(model, FSDPModule)
 
 
 def local_tensor(t: Tensor) -> Tensor:
     """This process's shard of a sharded tensor (a DTensor), or ``t`` itself."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
+    return t.to_local() if _is_dtensor(t) else t
+
+
+def whole_tensor(t: Tensor) -> Tensor:
+    """The whole of a sharded tensor (a DTensor; a collective), or ``t`` itself."""
+    return t.full_tensor() if _is_dtensor(t) else t
+
+
+def _is_dtensor(t: Any) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.5: no public DTensor, and no FSDP2 to make one
+        return False
+    return isinstance(t, DTensor)
 
 
 def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:

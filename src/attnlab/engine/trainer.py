@@ -28,7 +28,7 @@ from .config import check_bounds
 from .checkpoint import (CheckpointError, capture_rng_state, is_sharded_checkpoint, latest_checkpoint, load_checkpoint,
                          load_weights_into, nonfinite_summary, restore_rng_state, save_checkpoint,
                          save_named_checkpoint, save_sharded_checkpoint)
-from .sharding import apply_fsdp, choose_mode, held_bytes, load_sharded, local_tensor, save_sharded
+from .sharding import apply_fsdp, choose_mode, held_bytes, load_sharded, local_tensor, save_sharded, whole_tensor
 from .device import autocast, make_grad_scaler, resolve_precision, seed_everything, select_device
 from .metrics import MetricsLog, TensorBoardLog
 from .progress import Progress
@@ -519,9 +519,7 @@ class Trainer:
         finite = math.isfinite(total)
         if finite:  # the gradient norm is checked with clipping or without (max_norm inf: the norm alone)
             self.scaler.unscale_(self.optimizer)
-            norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or math.inf)
-            if hasattr(norm, "full_tensor"):  # FSDP: the norm over every process's shards
-                norm = norm.full_tensor()
+            norm = whole_tensor(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or math.inf))
             # fp16's scaler skips steps with inf gradients itself; elsewhere they are divergence
             finite = self.scaler.is_enabled() or bool(torch.isfinite(norm))
         if distributed.world_size() > 1:  # every rank takes the same decision

@@ -71,7 +71,7 @@ class ConvertAttention:
     # latent: the rotary part of each head that keeps its positions, its highest frequencies (null: half)
     rope_dim: int | None = field(default=None, metadata={"min": 0})
     # latent: windows of the training text whose activations the factorisation weighs (0: the weights alone)
-    calibrate: int = field(default=8, metadata={"min": 0})
+    calibrate: int = field(default=8, metadata={"min": 0, "max": 1024})
     layers: list | None = None  # the layers converted, by index (null: every layer)
 
 

@@ -365,6 +365,7 @@ class LanguageModeling(Task):
 
     def calibration_inputs(self, train_set: Any, count: int) -> list[Any]:
         """``count`` windows spread evenly over the training text, ``(1, L)`` ids each."""
+        count = min(count, len(train_set))
         picks = sorted({round(i * (len(train_set) - 1) / max(count - 1, 1)) for i in range(count)})
         return [train_set[i][0]["input_ids"][None] for i in picks]
 
