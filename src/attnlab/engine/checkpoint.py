@@ -144,15 +144,7 @@ def save_sharded_checkpoint(root: str | Path, name: str, step: int, write_shards
     distributed.barrier()  # every shard is on the disk
     if distributed.is_main():
         try:
-            buffer = io.BytesIO()
-            torch.save(state, buffer)
-            atomic_write_bytes(new / STATE, buffer.getvalue())
-            files = sorted(p.name for p in new.iterdir() if p.is_file())
-            manifest: dict[str, Any] = {"step": step, "files": {n: sha256_file(new / n) for n in files},
-                                        "sharded": {"world": distributed.world_size()}}
-            if base is not None:
-                manifest["base"] = base
-            atomic_write_bytes(new / MANIFEST, json.dumps(manifest, indent=1).encode())
+            _write_state(new, step, state, base, sharded={"world": distributed.world_size()})
         except BaseException:
             shutil.rmtree(new, ignore_errors=True)
             raise
@@ -205,12 +197,20 @@ def _write(folder: Path, step: int, weights: dict[str, Tensor], state: dict[str,
 
     unique, aliases = _untie(weights)
     atomic_write_bytes(folder / WEIGHTS, save(unique, metadata={"aliases": json.dumps(aliases)}))
+    _write_state(folder, step, state, base)
+
+
+def _write_state(folder: Path, step: int, state: dict[str, Any], base: dict[str, Any] | None,
+                 **extra: Any) -> None:
+    """``state.pt``, then the manifest: the sha256 of every file the folder holds by then
+    (``extra``: more of the manifest's keys)."""
     # Serialized in memory first: torch.save reports a full disk as a RuntimeError without
     # the errno, and the size is what a message about a full disk needs to say.
     buffer = io.BytesIO()
     torch.save(state, buffer)
     atomic_write_bytes(folder / STATE, buffer.getvalue())
-    manifest: dict[str, Any] = {"step": step, "files": {n: sha256_file(folder / n) for n in (WEIGHTS, STATE)}}
+    files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != MANIFEST)
+    manifest: dict[str, Any] = {"step": step, "files": {n: sha256_file(folder / n) for n in files}, **extra}
     if base is not None:
         manifest["base"] = base
     atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
