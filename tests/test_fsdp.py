@@ -188,6 +188,32 @@ def test_a_sharded_checkpoint_of_two_processes_resumes_at_another_number(referen
         assert got[step] == pytest.approx(want[step], abs=1e-6), step
 
 
+def test_a_damaged_sharded_checkpoint_is_refused_by_name_and_the_previous_one_is_used(two, tmp_path) -> None:
+    import shutil
+    import warnings
+
+    from attnlab.engine.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+
+    root = tmp_path / "checkpoints"
+    shutil.copytree(two / "run" / "checkpoints", root)
+    last = root / "step_000000020"
+    shard = sorted(last.glob("*.distcp"))[-1]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # truncated
+    with pytest.raises(CheckpointError, match="corrupted or truncated"):
+        load_checkpoint(last)
+    with warnings.catch_warnings(record=True):
+        assert latest_checkpoint(root) == root / "step_000000015"
+    (root / "step_000000015" / ".metadata").unlink()  # the index of the shards gone
+    with pytest.raises(CheckpointError, match="missing"):
+        load_checkpoint(root / "step_000000015")
+    for name in (".metadata", shard.name):  # an empty file where a shard was
+        (root / "step_000000010" / name).write_bytes(b"")
+        with pytest.raises(CheckpointError, match="corrupted or truncated"):
+            load_checkpoint(root / "step_000000010")
+        shutil.copy(two / "run" / "checkpoints" / "step_000000010" / name, root / "step_000000010" / name)
+    assert load_checkpoint(root / "step_000000010")[0]  # put back: whole again
+
+
 def test_one_sharded_process_resumes_as_two(reference, tmp_path) -> None:
     torchrun(tmp_path, "fit", 1, stop=10)
     torchrun(tmp_path, "resume", 2)
