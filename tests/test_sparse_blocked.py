@@ -1,0 +1,258 @@
+"""Native sparse attention and DeepSeek's sparse attention in their blocked forms, against the
+dense implementations they replaced (``tests/sparse_reference.py`` for nsa; dsa's own path that
+forms the weights, taken when they are asked for): outputs and every gradient to 1e-5 (a
+gradient's relative to its largest entry), the
+indexer's loss too; the two kernels under them against gradcheck (dropout included); and, in a
+child process under a memory limit that one n x n float matrix would pass, a forward and a
+backward at a length where the dense forms fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from attnlab.attention import IndexedSparseAttention, NativeSparseAttention, build_attention
+from attnlab.attention.blocksparse import picked_key_attention, selected_block_attention
+from attnlab.errors import InputError
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sparse_reference import nsa_dense  # noqa: E402
+
+
+def _nsa(hkv, **options):
+    torch.manual_seed(0)
+    attn = NativeSparseAttention(32, 4, num_kv_heads=hkv, rope=True, bias=False,
+                                 **{"block": 4, "num_selected": 2, "branch_window": 6, **options})
+    with torch.no_grad():  # gates, positions and compression away from their starting values
+        attn.gate.normal_(0, 0.5)
+        attn.gate_bias.normal_(0, 0.5)
+        attn.block_pos.normal_(0, 0.5)
+        attn.compress_k.weight.add_(torch.randn_like(attn.compress_k.weight) * 0.1)
+    return attn
+
+
+def _grads(loss, tensors):
+    return torch.autograd.grad(loss, tensors, allow_unused=True)
+
+
+def _assert_all_close(ours, theirs, tol):
+    """Each gradient within ``tol`` of the reference's, relative to its largest entry (at least 1):
+    a gradient summed over 300 positions reaches 85, and float32 rounds it at 5e-5."""
+    for a, b in zip(ours, theirs):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert (a - b).abs().max().item() <= tol * max(1.0, b.abs().max().item())
+
+
+@pytest.mark.parametrize("hkv, keys, queries, padded, options", [
+    (2, 23, 23, False, {}),  # grouped heads, a partial last block, queries past the gathered form's 16
+    (4, 40, 40, True, {}),  # a row padded on the left
+    (2, 40, 3, False, {}),  # three queries after a cache of 37 (the gathered form)
+    (1, 40, 1, True, {}),  # one step of decoding, padded
+    (2, 301, 120, True, {"block": 8, "num_selected": 4, "branch_window": 20}),  # a prompt after a cache
+    (2, 300, 300, False, {"block": 16, "num_selected": 30, "branch_window": 64}),  # every block selectable
+])
+def test_nsa_blocked_equals_the_dense_form_with_every_gradient(hkv, keys, queries, padded, options):
+    attn = _nsa(hkv, **options)
+    batch, d = 2, 8
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(batch, 4, queries, d, generator=gen, requires_grad=True)
+    k = torch.randn(batch, hkv, keys, d, generator=gen, requires_grad=True)
+    v = torch.randn(batch, hkv, keys, d, generator=gen, requires_grad=True)
+    pad = None
+    if padded:
+        pad = torch.zeros(batch, keys, dtype=torch.bool)
+        pad[1, :5] = True
+    group = 4 // hkv
+    inputs = [q, k, v, *attn.parameters()]
+    ours = attn._branches(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), pad)
+    theirs = nsa_dense(attn, q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), pad)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    weight = torch.randn(ours.shape, generator=gen)
+    _assert_all_close(_grads((ours * weight).sum(), inputs), _grads((theirs * weight).sum(), inputs), 1e-5)
+
+
+def test_nsa_in_a_decoder_equals_the_dense_form_in_training():
+    """A whole decoder's loss and gradients with the blocked nsa equal those with the dense one."""
+    from attnlab.models.gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(vocab_size=40, max_len=96, embed_dim=32, depth=2, num_heads=4, num_kv_heads=2, pos_embed="rope",
+                norm="rmsnorm", mlp="swiglu", attention="nsa",
+                attention_options={"block": 4, "num_selected": 2, "branch_window": 6}).train()
+    ids = torch.randint(0, 40, (2, 41))
+
+    def loss():
+        logits = model(ids[:, :-1])
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+
+    ours = loss()
+    grads = _grads(ours, list(model.parameters()))
+    for block in model.blocks:
+        block.attn._branches = nsa_dense.__get__(block.attn)
+    theirs = loss()
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-6)
+    _assert_all_close(grads, _grads(theirs, list(model.parameters())), 1e-5)
+
+
+def _dsa(**options):
+    torch.manual_seed(0)
+    return IndexedSparseAttention(32, 4, kv_rank=16, q_rank=24, index_heads=3, **options).train()
+
+
+@pytest.mark.parametrize("options, length, causal, padded", [
+    ({"index_topk": 5}, 23, True, False),
+    ({"index_topk": 5, "rope": True, "rope_dim": 4}, 23, True, True),
+    ({"index_topk": 7, "rope": True, "rope_dim": 4, "rope_heads": 2}, 40, True, False),  # a rotary key per group
+    ({"index_topk": 7, "rope": True, "rope_dim": 4}, 40, False, True),  # both ways
+    ({"index_topk": 64, "rope": True, "rope_dim": 4}, 40, True, False),  # more picks than keys
+    ({"index_topk": 20, "rope": True, "rope_dim": 4, "v_head_dim": 6}, 300, True, True),
+])
+def test_dsa_blocked_equals_the_form_with_weights_with_every_gradient_and_the_indexers_loss(options, length, causal,
+                                                                                           padded):
+    attn = _dsa(**options)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2, length, 32, generator=gen, requires_grad=True)
+    pad = None
+    if padded:
+        pad = torch.zeros(2, length, dtype=torch.bool)
+        pad[1, :5] = True
+    inputs = [x, *attn.parameters()]
+    results = []
+    for need_weights in (False, True):
+        out, weights = attn(x, is_causal=causal, key_padding_mask=pad, need_weights=need_weights)
+        assert (weights is None) != need_weights
+        aux = attn.take_aux_loss()
+        weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+        results.append((out, aux, _grads((out * weight).sum() + aux, inputs)))
+    (ours, aux, grads), (theirs, their_aux, their_grads) = results
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(aux, their_aux, atol=1e-5, rtol=1e-5)
+    _assert_all_close(grads, their_grads, 1e-5)
+
+
+def test_dsa_blocked_prompt_after_a_cache_equals_the_whole_prompt():
+    """A prompt given in two parts through the cache (the second part's queries after 30 cached
+    keys) gives the outputs of the whole prompt at once."""
+    attn = _dsa(index_topk=6, rope=True, rope_dim=4).eval()
+    x = torch.randn(2, 50, 32)
+    with torch.no_grad():
+        whole, _ = attn(x, is_causal=True)
+        cache = attn.new_cache(2, 50)
+        first, _ = attn(x[:, :30], is_causal=True, cache=cache)
+        second, _ = attn(x[:, 30:], is_causal=True, cache=cache)
+    torch.testing.assert_close(torch.cat([first, second], 1), whole, atol=1e-5, rtol=1e-5)
+
+
+def _seeded(fn):
+    """``fn`` drawing the same dropout on every call (gradcheck calls it many times)."""
+    def call(*args):
+        torch.manual_seed(7)
+        return fn(*args)
+    return call
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_the_block_kernel_passes_gradcheck(dropout):
+    gen = torch.Generator().manual_seed(4)
+    z, n, g, d, block = 2, 20, 2, 3, 3  # more queries than the gathered form takes
+    q = torch.randn(z, n, g, d, dtype=torch.float64, generator=gen, requires_grad=True)
+    k = torch.randn(z, 19, d, dtype=torch.float64, generator=gen, requires_grad=True)  # a partial last block
+    v = torch.randn(z, 19, d + 1, dtype=torch.float64, generator=gen, requires_grad=True)
+    t = (torch.arange(n) - 2).expand(z, n).contiguous()  # two padded queries first
+    own = (t // block).clamp(min=0)
+    sel = torch.randint(0, 6, (z, n, 3), generator=gen)
+    sel = sel.masked_fill((sel + 1) * block - 1 > t[..., None], -1).masked_fill(sel == own[..., None], -1)
+    sel[:, :, 1] = sel[:, :, 1].masked_fill(sel[:, :, 1] == sel[:, :, 0], -1)
+    sel[:, :, 2] = sel[:, :, 2].masked_fill((sel[:, :, 2] == sel[:, :, 0]) | (sel[:, :, 2] == sel[:, :, 1]), -1)
+    fn = _seeded(lambda q, k, v: selected_block_attention(q, k, v, t, sel, block=block, scale=0.4, dropout_p=dropout))
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+    out = fn(q, k, v)
+    assert out[:, :2].abs().max() == 0  # the padded queries see nothing
+    if not dropout:  # the few-queries form (one gather) gives the same
+        few = selected_block_attention(q[:, -5:], k, v, t[:, -5:], sel[:, -5:], block=block, scale=0.4)
+        torch.testing.assert_close(few, out[:, -5:])
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_the_picked_key_kernel_passes_gradcheck(dropout):
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 9, 3, 6, dtype=torch.float64, generator=gen, requires_grad=True)
+    kv = torch.randn(2, 11, 6, dtype=torch.float64, generator=gen, requires_grad=True)
+    idx = torch.stack([torch.stack([torch.randperm(11, generator=gen)[:4] for _ in range(9)]) for _ in range(2)])
+    valid = torch.rand(2, 9, 4, generator=gen) > 0.3
+    valid[0, 0] = False  # a query that sees nothing: zeros
+    fn = _seeded(lambda q, kv: picked_key_attention(q, kv, idx, valid, width=4, dropout_p=dropout)[0])
+    assert torch.autograd.gradcheck(fn, (q, kv))
+    assert fn(q, kv)[0, 0].abs().max() == 0
+
+
+CHILD = textwrap.dedent("""
+    import json, resource, sys, torch
+    from attnlab.attention import build_attention
+    sys.path.insert(0, {tests!r})
+    from sparse_reference import nsa_dense
+    kind, form, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    torch.manual_seed(0)
+    options = dict(block=64, num_selected=4, branch_window=64) if kind == "nsa" else dict(
+        kv_rank=16, q_rank=16, index_heads=2, index_topk=64)
+    attn = build_attention(kind, 16, 1, **options).train()
+    if form == "dense" and kind == "nsa":
+        attn._branches = nsa_dense.__get__(attn)
+    x = torch.randn(1, n, 16, requires_grad=True)
+    with open("/proc/self/status") as f:
+        size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize"))
+    limit = size + {headroom}
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        out, _ = attn(x, is_causal=True, need_weights=form == "dense" and kind == "dsa")
+        out.sum().backward()
+        print(json.dumps({{"ok": bool(torch.isfinite(x.grad).all())}}))
+    except (MemoryError, RuntimeError) as error:
+        print(json.dumps({{"ok": False, "error": str(error)[:100]}}))
+""")
+
+# One head at 16,384 positions: one n x n float32 matrix is 1 GiB; the child may add 768 MiB.
+LONG, HEADROOM = 16384, 768 << 20
+
+
+@pytest.mark.parametrize("kind", ["nsa", "dsa"])
+def test_no_n_by_n_tensor_forward_or_backward_under_a_memory_limit(kind, tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(tests=os.path.dirname(__file__), headroom=HEADROOM))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def run(form):
+        proc = subprocess.run([sys.executable, str(script), kind, form, str(LONG)], capture_output=True, text=True,
+                              timeout=600, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert run("blocked") == {"ok": True}
+    assert run("dense")["ok"] is False  # the limit bites: the dense form needs n x n
+
+
+def test_the_indexers_ties_go_to_the_latest_keys_however_the_row_is_cut():
+    from attnlab.attention.latent import top_keys
+
+    index = torch.tensor([[3.0, 0.0, 0.0, 1.0, 0.0, 0.0, float("-inf")]])
+    assert sorted(top_keys(index, 3).indices[0].tolist()) == [0, 3, 5]
+    scores = torch.randn(16, 200, generator=torch.Generator().manual_seed(6)).clamp_min(0)  # half of them 0
+    for cut in (150, 199):  # a row cut after the keys a causal chunk sees, or kept whole with the rest masked
+        masked = scores.masked_fill(torch.arange(200) >= cut, float("-inf"))
+        assert torch.equal(top_keys(scores[:, :cut], 120).indices.sort(-1).values,
+                           top_keys(masked, 120).indices.sort(-1).values)
+
+
+def test_nsa_takes_no_kernel_choice_and_dsa_no_mask():
+    with pytest.raises(InputError, match="unknown option 'kernel' of attention 'nsa'"):
+        build_attention("nsa", 32, 4, kernel="flex")
+    attn = _dsa(index_topk=4)
+    with pytest.raises(InputError, match="dsa attention takes no attn_mask"):
+        attn(torch.randn(1, 5, 32), attn_mask=torch.zeros(5, 5, dtype=torch.bool))
