@@ -65,7 +65,7 @@ DIFFERENTIAL_OPTIONS = EXACT_OPTIONS.extend(
     Option("lambda_std", float, 0.1, "the spread of the lambda vectors' initialisation", low=0),
     Option("norm_eps", float, 1e-5, "the eps of the heads' RMSNorm (the decoder gives its own)", low=0, low_open=True,
            from_model="norm_eps"),
-    drop=("softcap", "sinks", "output_gate"))
+    drop=("softcap", "sinks", "output_gate", "kernel"))  # kernel: its own _attend pairs the heads, never flex
 
 
 @register_attention("differential", options=DIFFERENTIAL_OPTIONS, forms_weights=True, keeps_cache=True, streams=True,

@@ -21,9 +21,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError, shape_str
+from ..suggest import did_you_mean
 from .alibi import alibi_bias
 from .cache import DecodingCache
 from .contract import Option, Options
+from .flex import flex_attention_forward, flex_runs, warn_fallback_once
 from .functional import check_heads, combine_masks, scaled_dot_product_attention
 from .joined import KeepsJoinedWeights, fused_linear, joined_weight, product
 from .positions import init_inner_positions, inner_positions_repr
@@ -74,6 +76,11 @@ EXACT_OPTIONS = Options(
            low_open=True),
     Option("sinks", bool, False, "a learned sink logit per query head (gpt-oss)"),
     Option("output_gate", bool, False, "each head's output gated by a sigmoid the query projection gives (Qwen3.5)"),
+    Option("kernel", str, "auto", "the attention kernel of a full forward: 'standard' (torch's fused kernel or the "
+           "explicit path), 'flex' (FlexAttention from the window/ALiBi/soft-cap/sinks structure, no dense mask; "
+           "standard where it cannot run, e.g. CPU training), 'auto' (flex on CUDA when the pattern needs more than "
+           "the fused kernel; standard on the CPU, where each new shape compiles for seconds)",
+           choices=("auto", "flex", "standard")),
 )
 
 
@@ -113,6 +120,13 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
             query's weight (gpt-oss's attention sinks; the ``"sinks"`` kind has it on).
         output_gate: each head's output times ``sigmoid`` of a gate that the query projection
             also gives (its rows per head: the query's ``D``, then the gate's; Qwen3.5, Qwen3-Next).
+        kernel: ``"standard"``: :func:`~attnlab.attention.functional.scaled_dot_product_attention`
+            with dense masks; ``"flex"``: :func:`~attnlab.attention.flex.flex_attention_forward`
+            from the window, ALiBi, soft-cap, sinks and padding (no ``(L, L)`` mask), where it runs
+            (a one-time warning and the standard path where it does not: CPU training, dropout);
+            ``"auto"``: flex on CUDA when the pattern needs more than torch's fused kernel (a
+            window, ALiBi, soft-capping, sinks with padding), else standard. Only a full forward
+            takes flex: without a cache, ``attn_mask``, weights or a capture.
 
     ``forward(x, *, key_padding_mask, attn_mask, is_causal, need_weights,
     average_attn_weights, positions, cache)``: ``x`` ``(B, L, E)``; ``positions`` ``(L,)``
@@ -134,8 +148,13 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
                  rope: bool = False, rope_theta: float = 10000.0, rope_scaling: dict | None = None,
                  partial_rotary: float = 1.0, max_len: int | None = None, alibi: bool = False,
                  sliding_window: int | None = None, qk_norm: bool = False, scale: float | None = None,
-                 softcap: float | None = None, sinks: bool = False, output_gate: bool = False) -> None:
+                 softcap: float | None = None, sinks: bool = False, output_gate: bool = False,
+                 kernel: str = "auto") -> None:
         super().__init__()
+        if kernel not in ("auto", "flex", "standard"):
+            raise InputError(f"kernel must be one of 'auto', 'flex', 'standard'; got {kernel!r}"
+                             + did_you_mean(kernel, ("auto", "flex", "standard"), "choices"))
+        self.kernel = kernel
         if head_dim is None:
             check_heads(embed_dim, num_heads, dropout)
             head_dim = embed_dim // num_heads
@@ -255,6 +274,14 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         if cache is not None:
             k, v, start = cache.append(k, v)
         lk = k.shape[2]
+        if cache is None and attn_mask is None and not need_weights and self._flex_wanted(q, key_padding_mask, window):
+            if key_padding_mask is not None and key_padding_mask.shape[-1] != lk:
+                raise InputError(f"key_padding_mask must have shape (B, Lk) = ({batch}, {lk}); got "
+                                 f"{shape_str(key_padding_mask)}")
+            out = flex_attention_forward(q, k, v, scale=self.scale, causal=is_causal, window=window,
+                                         alibi_slopes=self.alibi_slopes, softcap=self.softcap, sinks=self.sinks,
+                                         key_padding_mask=key_padding_mask)
+            return self._output(out, gate, batch, n), None
         mask = attn_mask
         if streaming:
             if key_padding_mask is not None and bool(key_padding_mask.any()):
@@ -369,13 +396,42 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
             capture(weights)
             if not need_weights:
                 weights = None
-        out = out.transpose(1, 2).reshape(batch, n, self.num_heads * self.head_dim)
-        if gate is not None:
-            out = out * torch.sigmoid(gate)
-        out = fused_linear(self, "o", (self.o_proj,), out)[0]
+        out = self._output(out, gate, batch, n)
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)
         return out, weights
+
+    def _output(self, out: Tensor, gate: Tensor | None, batch: int, n: int) -> Tensor:
+        """The heads' outputs ``(B, H, L, D)`` gated (with an output gate) and projected: ``(B, L, E)``."""
+        out = out.transpose(1, 2).reshape(batch, n, self.num_heads * self.head_dim)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return fused_linear(self, "o", (self.o_proj,), out)[0]
+
+    def _flex_wanted(self, q: Tensor, key_padding_mask: Tensor | None, window: int | None) -> bool:
+        """Whether this full forward (no cache, attn_mask or weights) takes FlexAttention (``kernel``)."""
+        kernel = getattr(self, "kernel", "auto")  # a module pickled whole before the option existed
+        if kernel == "standard" or self._attn_capture is not None:
+            return False
+        # A kind that changes the step from q, k, v to the heads' outputs (differential, nsa) keeps its own.
+        if type(self)._attend is not GroupedQueryAttention._attend:
+            return False
+        if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
+            return False  # an additive padding mask: the standard path adds it
+        if kernel == "auto":
+            # On the CPU each new shape compiles for seconds (4 s for (2, 4, 256, 16), 13 s for the process's
+            # first, 2 threads), which no pattern repays at the lengths a CPU trains: auto stays standard there.
+            if q.device.type != "cuda" or (self.training and self.dropout > 0):
+                return False
+            structured = window is not None or self.alibi_slopes is not None or self.softcap is not None or (
+                self.sinks is not None and key_padding_mask is not None)
+            return structured and flex_runs(q.device, torch.is_grad_enabled() and q.requires_grad)[0]
+        runs, reason = flex_runs(q.device, torch.is_grad_enabled() and q.requires_grad)
+        if runs and self.training and self.dropout > 0:
+            runs, reason = False, "flex_attention has no dropout on the attention weights"
+        if not runs:
+            warn_fallback_once(reason)
+        return runs
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, key_padding_mask: Tensor | None,
                 is_causal: bool, need_weights: bool) -> tuple[Tensor, Tensor | None]:
@@ -529,6 +585,8 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
             parts.append("sinks=True")
         if self.output_gate:
             parts.append("output_gate=True")
+        if getattr(self, "kernel", "auto") != "auto":
+            parts.append(f"kernel={self.kernel}")
         return ", ".join(parts)
 
 
