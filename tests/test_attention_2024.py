@@ -379,6 +379,30 @@ def test_the_chunked_gated_delta_rules_gradients_are_the_recurrent_ones():
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)  # both compute in float32
 
 
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_gated_delta_layer_trained_at_length_in_segments_equals_the_whole(frozen):
+    """Past SEGMENT_FROM positions a training forward runs in segments whose steps the backward
+    recomputes (the state and the convolution's inputs carried across): the output and every
+    gradient equal the whole layer's (float32 inside, 1e-5 of each gradient's largest entry), with
+    a length that is no multiple of the segment and some weights frozen."""
+    torch.manual_seed(0)
+    layer = build_attention("gated_delta", 32, 4, num_key_heads=2, chunk_size=8).train()
+    if frozen:
+        layer.in_proj_z.weight.requires_grad_(False)
+    x = torch.randn(2, 100, 32, requires_grad=True)
+    weights = torch.randn(2, 100, 32)
+    results = []
+    for segment_from in (1000, 30):  # whole, then in segments of 24
+        layer.SEGMENT, layer.SEGMENT_FROM = 24, segment_from
+        out, _ = layer(x, is_causal=True)
+        trained = [x, *(p for p in layer.parameters() if p.requires_grad)]
+        results.append((out, torch.autograd.grad((out * weights).sum(), trained)))
+    (whole, whole_grads), (parts, part_grads) = results
+    torch.testing.assert_close(parts, whole, atol=1e-5, rtol=1e-5)
+    for a, b in zip(part_grads, whole_grads):
+        assert (a - b).abs().max().item() <= 1e-5 * max(1.0, b.abs().max().item())
+
+
 def test_the_delta_rule_overwrites_a_key_it_already_holds():
     """Written twice under one key with beta = 1 and no decay, the state gives the second value
     (plain linear attention would give their sum)."""
