@@ -102,11 +102,12 @@ VARIANTS: dict[str, Variant] = {
     "gated_delta": Variant("gated_delta", call=dict(is_causal=True),
                            note="chunks of 64, a state of 64 x 64 a head; causal"),
     "dsa": Variant("dsa", lambda n: dict(kv_rank=256, index_topk=256), call=dict(is_causal=True),
-                   note="latent attention on the 256 keys an indexer of 4 heads picks; n x n scores; causal"),
+                   note="latent attention on the 256 keys an indexer of 4 heads picks, the indexer a chunk of "
+                        "queries at a time; causal"),
     # NSA at the paper's sizes for heads of 64 (selection blocks of 64, 16 of them, a window of 512), one block
     # size for compression and selection
     "nsa": Variant("nsa", lambda n: dict(block=64, num_selected=16, branch_window=512), call=dict(is_causal=True),
-                   note="blocks of 64 compressed, 16 selected + its own, window 512; dense with n x n masks; causal"),
+                   note="blocks of 64 compressed, 16 selected + its own, window 512; blocked; causal"),
 }
 
 
@@ -118,10 +119,6 @@ def predicted_bytes(variant: str, n: int, pass_: str, batch: int, heads: int) ->
         return (2 if pass_ == "fwd" else 4) * square  # logits + weights; and their gradients
     if variant == "topk":  # scores, the kept mask, the masked scores, the weights; and the gradients
         return (4 if pass_ == "fwd" else 7) * square
-    if variant == "dsa":  # the indexer's scores (4 heads), the selection, the masked logits and weights
-        return (2 if pass_ == "fwd" else 4) * square + 4 * batch * n * n * 4
-    if variant == "nsa":  # the selection's masks (bool) and the additive mask the fused kernel makes of one
-        return (2 if pass_ == "fwd" else 4) * square
     return 0
 
 
