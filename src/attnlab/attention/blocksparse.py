@@ -10,11 +10,16 @@ with the ``G`` query heads that share those keys, to the keys of its blocks that
 block, the queries that picked it are gathered and attend to it in one matrix product, so a
 block's keys are read once for all its queries (gathering ``S x block`` keys for each query
 instead reads 64 times more: for heads of 64, blocks of 64, 17 picked, 8 heads at 16,384
-positions, 36 GB of keys against 0.6 GB of queries). Two passes over the blocks, as
-FlashAttention's tiles: the first gathers each query's log-sum-exp over all its blocks, the
-second adds each block's share of the output; the backward recomputes the scores block by block
-from the log-sum-exp, so what is kept is the size of the inputs and the output. A few queries
-(a decoding step) take :func:`_gathered` instead: one gather, no loop over the blocks.
+positions, 36 GB of keys against 0.6 GB of queries). One pass over the blocks adds each block's
+share to its queries' running sums, as FlashAttention's online softmax adds a tile's; the
+backward recomputes the scores block by block from the log-sum-exp the forward kept, so what is
+kept is the size of the inputs and the output. A few queries (a decoding step) take
+:func:`_gathered` instead: one gather, no loop over the blocks.
+
+DeepSeek's sparse attention (:class:`~attnlab.attention.latent.IndexedSparseAttention`) picks
+single keys, not blocks: :func:`picked_key_attention` gathers each query's picked latents a
+chunk of queries at a time and attends to them with every head at once, recomputing each chunk
+in the backward.
 """
 
 from __future__ import annotations
