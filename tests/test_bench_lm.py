@@ -36,7 +36,7 @@ def test_cli_bench_lm_generation_and_cache_quick_and_resumed(tmp_path, capsys):
     assert main(["bench", "lm", "--parts", "cache", "--out", str(out)]) == 2  # quick results are not full ones
     assert "holds quick results" in capsys.readouterr().err
     assert main(["bench", "lm", "--parts", "speed", "--out", str(out)]) == 2
-    assert "--parts takes a comma-separated list of generation, cache, extrapolation, kinds, streaming" in capsys.readouterr().err
+    assert "--parts takes a comma-separated list of generation, cache, extrapolation, kinds, streaming, kinds_long" in capsys.readouterr().err
 
 
 def test_extrapolation_point_trains_once_and_scores_every_window(tmp_path):
@@ -56,18 +56,19 @@ def test_kind_point_trains_each_kind_for_the_budget_and_measures_its_cache(tmp_p
     """The hybrid and plain multi-head attention with a budget of two calibrated steps: the steps
     follow the budget, the cache of the hybrid is its full layer's per token plus its gated
     delta layers' fixed states, and the decoding speed is measured at each length."""
-    from attnlab.bench.lm import _seconds_per_step, kind_point, lm_markdown
+    from attnlab.bench.lm import KINDS, _seconds_per_step, kind_point, lm_markdown
 
     data_dir = os.environ.get("ATTNLAB_DATA_DIR")
     train = ("train.batch_size=2", "text.context=16", "model.options.embed_dim=32", "model.options.mlp_hidden_dim=64")
-    step = _seconds_per_step("multi-head", tmp_path / "calibration", 2, data_dir, train)
+    step = _seconds_per_step(train, tmp_path / "calibration", 2, data_dir)
     assert step > 0 and not (tmp_path / "calibration").exists()
     rows = {}
     for name in ("multi-head", "3:1 hybrid"):
-        rows[name] = kind_point(name, tmp_path / name.replace(":", "to").replace(" ", "-"), steps=3, budget=3 * step,
-                                lengths=(8, 12), prompt=4, data_dir=data_dir, train=train)
+        rows[name] = kind_point(name, tmp_path / name.replace(":", "to").replace(" ", "-"), (*KINDS[name], *train),
+                                steps=3, budget=3 * step, lengths=(8, 12), prompt=4, data_dir=data_dir)
     mha, hybrid = rows["multi-head"], rows["3:1 hybrid"]
     assert mha["steps"] == hybrid["steps"] == 3 and math.isfinite(mha["val_loss"])
+    assert (mha["context"], mha["batch_size"]) == (16, 2)
     assert mha["cache_bytes_per_token"] == 2 * 4 * 32 * 4 and mha["cache_bytes_fixed"] == 0  # 4 layers of k and v
     assert hybrid["cache_bytes_per_token"] == 2 * 32 * 4 and hybrid["cache_bytes_fixed"] > 0  # one full layer
     assert [p["new_tokens"] for p in hybrid["decoding"]] == [8, 12]
@@ -82,8 +83,8 @@ def test_kind_point_trains_each_kind_for_the_budget_and_measures_its_cache(tmp_p
     assert window["loss_past"] != sinks["loss_past"]
     table = lm_markdown({"machine": machine_info("cpu"), "quick": True, "threads": 1, "kinds": rows,
                          "streaming": {"multi-head": streamed}})
-    again = kind_point("multi-head", tmp_path / "multi-head-seed1", steps=3, budget=3 * step, lengths=(), prompt=4,
-                       data_dir=data_dir, train=train, seed=1)
+    again = kind_point("multi-head", tmp_path / "multi-head-seed1", train, steps=3, budget=3 * step, lengths=(),
+                       prompt=4, data_dir=data_dir, seed=1)
     assert again["decoding"] == [] and again["val_loss"] != mha["val_loss"]  # other weights, no decoding timed
     table_seeds = lm_markdown({"machine": machine_info("cpu"), "quick": True, "threads": 1, "kinds": rows,
                                "kinds_seed": {"multi-head": again}})
@@ -104,14 +105,16 @@ def test_kinds_part_retrains_a_kind_whose_time_missed_the_budget_and_seeds_close
     val["multi-query"] = val["multi-head"] + 0.01  # ...but these two
     calls = []
 
-    def fake_point(name, folder, *, steps, budget, lengths, prompt, data_dir=None, train=(), seed=0):
+    def fake_point(name, folder, overrides, *, steps, budget, lengths, prompt, data_dir=None, seed=0):
         folder.mkdir(parents=True, exist_ok=True)
         calls.append((name, steps, seed))
+        assert tuple(overrides) == (*lm.KINDS[name], *QUICK["kinds_train"])
         return {"kind": name, "seed": seed, "steps": steps, "budget_s": budget,
                 "train_seconds": steps * true_rate[name], "val_loss": val[name] + seed * 0.001, "decoding": []}
 
+    kinds_of = {tuple((*o, *QUICK["kinds_train"])): name for name, o in lm.KINDS.items()}
     monkeypatch.setattr(lm, "kind_point", fake_point)
-    monkeypatch.setattr(lm, "_seconds_per_step", lambda name, *a: calibrated[name])
+    monkeypatch.setattr(lm, "_seconds_per_step", lambda overrides, *a: calibrated[kinds_of[tuple(overrides)]])
     monkeypatch.setattr(lm, "lm_markdown", lambda data: "")
     data = lm.run_lm(tmp_path, parts=["kinds"], quick=True, log=lambda line: None)
     shipped = 4  # QUICK's train.steps
@@ -125,3 +128,40 @@ def test_kinds_part_retrains_a_kind_whose_time_missed_the_budget_and_seeds_close
     calls.clear()
     lm.run_lm(tmp_path, parts=["kinds"], quick=True, log=lambda line: None)
     assert calls == []  # resumed: everything kept
+
+
+def test_long_context_part_trains_the_long_kinds_for_the_recipes_time_at_its_own_context(tmp_path, monkeypatch):
+    """kinds_long: the recipe at its own context (multi-head, context 32 when quick) sets the
+    budget; every long kind is trained at the long context for that time (steps from its own
+    calibration), and the table shows each run's context."""
+    import attnlab.bench.lm as lm
+
+    long_context = next(o for o in QUICK["long_train"] if o.startswith("text.context="))
+    rate = {lm.LONG_REFERENCE: 0.1, **dict(zip(lm.LONG_KINDS, (0.2, 0.4, 0.1, 0.05, 0.08)))}  # the budget's 1/n
+    calls = []
+
+    def fake_point(name, folder, overrides, *, steps, budget, lengths, prompt, data_dir=None, seed=0):
+        folder.mkdir(parents=True, exist_ok=True)
+        calls.append(name)
+        long = long_context in overrides
+        assert long == (name != lm.LONG_REFERENCE) and lengths == ()
+        if long:
+            assert tuple(overrides) == (*lm.LONG_KINDS[name], *QUICK["kinds_train"], *QUICK["long_train"])
+        return {"kind": name, "seed": seed, "steps": steps, "budget_s": budget, "context": 256 if long else 32,
+                "batch_size": 1 if long else 4, "train_seconds": steps * rate[name], "val_loss": 1.5 + 0.1 * len(calls),
+                "test_loss": 1.6, "train_tokens_per_s": 1000.0, "decoding": []}
+
+    def fake_rate(overrides, *a):
+        return next(r for name, r in rate.items()
+                    if tuple(overrides) == ((*lm.LONG_KINDS[name], *QUICK["kinds_train"], *QUICK["long_train"])
+                                            if name in lm.LONG_KINDS else QUICK["kinds_train"]))
+
+    monkeypatch.setattr(lm, "kind_point", fake_point)
+    monkeypatch.setattr(lm, "_seconds_per_step", fake_rate)
+    data = lm.run_lm(tmp_path, parts=["kinds_long"], quick=True, log=lambda line: None)
+    assert calls == [lm.LONG_REFERENCE, *lm.LONG_KINDS] and "kinds_seed" not in data
+    budget = 4 * 0.1
+    assert all(data["kinds_long"][name]["steps"] == round(budget / rate[name]) for name in lm.LONG_KINDS)
+    table = (tmp_path / "table.md").read_text()
+    assert "Attention kinds at long context, lm-shakespeare-char for 0 s" in table
+    assert f"| {lm.LONG_REFERENCE} | 32 x 4 | 4 |" in table and "| 3:1 hybrid | 256 x 1 |" in table

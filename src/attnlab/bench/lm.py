@@ -26,6 +26,11 @@ measured again):
   steps): validation and test loss, training tokens per second, the cache's bytes a token
   (per position for a growing cache; the whole for a state of fixed size) and greedy decoding
   speed with the cache after 1k, 4k and 16k generated tokens.
+* ``kinds_long``: the kinds made for long inputs (:data:`LONG_KINDS`: exact, sliding window,
+  nsa, dsa and the 3:1 hybrid) trained at a context of 2,048 (batch 2: the recipe's 4,096
+  tokens a step) for the same wall-clock, which the recipe itself (multi-head attention at
+  context 128) measures first and stands beside them: validation and test loss over windows
+  of each run's context, training tokens per second.
 
 Every figure is one process's, on the CPU, float32; time it alone on the machine.
 ``quick``: tiny sizes and budgets, to see that everything runs; its figures mean nothing.
@@ -47,8 +52,8 @@ from ..io import atomic_write_bytes
 from .machine import machine_info, machine_label
 from .parts import LM_PARTS
 
-__all__ = ["PARTS", "LLAMA_STYLE", "CACHE_VARIANTS", "POSITION_KINDS", "KINDS", "best_of", "generation_point",
-           "cache_point", "extrapolation_point", "kind_point", "decoding_point", "streaming_point", "run_lm", "lm_markdown"]
+__all__ = ["PARTS", "LLAMA_STYLE", "CACHE_VARIANTS", "POSITION_KINDS", "KINDS", "LONG_KINDS", "LONG_REFERENCE",
+           "best_of", "generation_point", "cache_point", "extrapolation_point", "kind_point", "decoding_point", "streaming_point", "run_lm", "lm_markdown"]
 
 PARTS = LM_PARTS
 # The model of the generation and cache parts (Llama's block at a size a CPU decodes quickly).
@@ -74,16 +79,32 @@ KINDS = {
     "native sparse (nsa: 2 blocks of 8 + window 32)": (
         "model.options.attention=nsa", "model.options.attention_options={block: 8, num_selected: 2, branch_window: 32}"),
 }
+# The kinds that exist for long inputs, trained at a context of 2,048 (FULL's long_train: batch 2, the
+# same 4,096 tokens a step as the recipe's 32 x 128) for the recipe's time at its own context, which
+# multi-head attention at context 128 (LONG_REFERENCE, trained first) measures. The sparse kinds'
+# sizes have each query read about 256-350 keys of up to 2,048.
+LONG_REFERENCE = "multi-head at the recipe's context"
+LONG_KINDS = {
+    "multi-head": (),
+    "sliding window (256)": ("model.options.sliding_window=256",),
+    "native sparse (nsa: 4 blocks of 32 + window 128)": (
+        "model.options.attention=nsa", "model.options.attention_options={block: 32, num_selected: 4, branch_window: 128}"),
+    "sparse selection (dsa, 256 keys)": ("model.options.attention=dsa",
+                                         "model.options.attention_options={kv_rank: 64, rope_dim: 16, index_topk: 256}"),
+    "3:1 hybrid": ("model.options.layer_types=[linear, linear, linear, full]",),
+}
 
 TIME_TOLERANCE = 0.10  # a kind's training time further than this from the budget is trained again
 SEED_GAP = 0.02  # nats: kinds whose validation losses are closer than this get a second seed
 
 FULL = dict(new=256, batches=(1, 8), prompt=16, lengths=(1024, 4096, 16384), window=256, steps=300, batch_size=16,
-            context=256, windows=(256, 512, 1024), model=(), calibration=20, kinds_train=())
+            context=256, windows=(256, 512, 1024), model=(), calibration=20, kinds_train=(),
+            long_train=("text.context=2048", "model.options.max_len=2048", "train.batch_size=2"))
 QUICK = dict(new=8, batches=(1, 2), prompt=4, lengths=(80, 96), window=16, steps=2, batch_size=4, context=32,
              windows=(32, 64), model=("model.options.depth=1", "model.options.embed_dim=16",
                                        "model.options.num_heads=2", "model.options.mlp_hidden_dim=32"),
-             calibration=2, kinds_train=("train.steps=4", "train.batch_size=4", "text.context=32"))
+             calibration=2, kinds_train=("train.steps=4", "train.batch_size=4", "text.context=32"),
+             long_train=("text.context=256", "model.options.max_len=256", "train.batch_size=1"))
 
 
 def best_of(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -184,44 +205,46 @@ def extrapolation_point(kind: str, run_dir: str | Path, *, steps: int, batch_siz
     return {"kind": kind, "context": context, "steps": steps, "windows": list(windows), "val_loss": losses}
 
 
-def _kind_recipe(name: str, run_steps: Sequence[str], data_dir: str | None, train: Sequence[str]) -> Any:
+def _kind_recipe(overrides: Sequence[str], run_steps: Sequence[str], data_dir: str | None) -> Any:
     from ..recipes import load_recipe
 
     return load_recipe("lm-shakespeare-char", [
-        *KINDS[name], *train, *run_steps, "train.progress=false", "train.tensorboard=false", "train.precision=fp32",
+        *overrides, *run_steps, "train.progress=false", "train.tensorboard=false", "train.precision=fp32",
         "generate.max_new_tokens=1", *([f"data.data_dir={data_dir}"] if data_dir else [])])
 
 
-def _seconds_per_step(name: str, folder: Path, steps: int, data_dir: str | None, train: Sequence[str]) -> float:
-    """The training time a step of kind ``name`` takes: ``steps`` steps after ``steps`` of warm-up."""
+def _seconds_per_step(overrides: Sequence[str], folder: Path, steps: int, data_dir: str | None) -> float:
+    """The training time a step of the recipe with ``overrides`` takes: ``steps`` steps after
+    ``steps`` of warm-up."""
     from ..tasks import train as train_run
 
     if folder.exists():
         shutil.rmtree(folder)
-    recipe = _kind_recipe(name, [f"train.steps={2 * steps}", f"train.eval_every={2 * steps}",
-                                 f"train.log_every={steps}", "train.warmup_steps=1"], data_dir, train)
+    recipe = _kind_recipe(overrides, [f"train.steps={2 * steps}", f"train.eval_every={2 * steps}",
+                                      f"train.log_every={steps}", "train.warmup_steps=1"], data_dir)
     times: list[float] = []
     train_run(recipe, folder, log=lambda line: times.append(time.perf_counter())
               if line.startswith("step ") and "samples/s" in line else None)  # the log of every `steps` steps
     shutil.rmtree(folder)
     if len(times) >= 2:
         return (times[-1] - times[0]) / steps
-    raise RuntimeError(f"{name}: the calibration's log gave no step times")
+    raise RuntimeError(f"{list(overrides)}: the calibration's log gave no step times")
 
 
-def kind_point(name: str, folder: Path, *, steps: int, budget: float, lengths: Sequence[int], prompt: int,
-               data_dir: str | None = None, train: Sequence[str] = (), seed: int = 0) -> dict[str, Any]:
-    """Kind ``name`` of :data:`KINDS` trained for ``steps`` steps (what ``budget`` seconds allow it)
-    with ``train.seed=seed`` in ``folder``, then measured: losses, training speed, cache bytes,
-    and decoding speed after each of ``lengths`` generated tokens (none when empty)."""
+def kind_point(name: str, folder: Path, overrides: Sequence[str], *, steps: int, budget: float,
+               lengths: Sequence[int], prompt: int, data_dir: str | None = None, seed: int = 0) -> dict[str, Any]:
+    """``lm-shakespeare-char`` with ``overrides`` (kind ``name``'s) trained for ``steps`` steps
+    (what ``budget`` seconds allow it) with ``train.seed=seed`` in ``folder``, then measured:
+    losses, training speed, cache bytes, and decoding speed after each of ``lengths`` generated
+    tokens (none when empty)."""
     from ..tasks import load_run
     from ..tasks import train as train_run
 
     if not (folder / "results.json").is_file():
         if folder.exists():
             shutil.rmtree(folder)  # an interrupted training: again from the start, for its time to count whole
-        recipe = _kind_recipe(name, [f"train.steps={steps}", f"train.eval_every={steps}",
-                                     f"train.checkpoint_every={steps}", f"train.seed={seed}"], data_dir, train)
+        recipe = _kind_recipe(overrides, [f"train.steps={steps}", f"train.eval_every={steps}",
+                                          f"train.checkpoint_every={steps}", f"train.seed={seed}"], data_dir)
         train_run(recipe, folder, log=lambda line: None)
     results = json.loads((folder / "results.json").read_text())
     run = load_run(folder)
@@ -236,11 +259,62 @@ def kind_point(name: str, folder: Path, *, steps: int, budget: float, lengths: S
     speeds = decoding_point(model, lengths=lengths, prompt=prompt)
     recipe = run.recipe
     tokens = results["steps"] * recipe.train.batch_size * recipe.text.context
-    return {"kind": name, "overrides": list(KINDS[name]), "seed": seed, "steps": results["steps"], "budget_s": budget,
+    return {"kind": name, "overrides": list(overrides), "seed": seed, "steps": results["steps"], "budget_s": budget,
+            "context": recipe.text.context, "batch_size": recipe.train.batch_size,
             "train_seconds": results["train_seconds"], "train_tokens_per_s": tokens / results["train_seconds"],
             "val_loss": results["val_loss"], "test_loss": results["test_loss"], "params": results["params"],
             "cache_bytes_per_token": per_token, "cache_bytes_fixed": fixed,
             "decoding": speeds}
+
+
+def _at_equal_time(data: dict[str, Any], part: str, kinds: dict[str, Sequence[str]], reference: str, out: Path, *,
+                   calibration_steps: int, lengths: Sequence[int], prompt: int, data_dir: str | None,
+                   save: Callable[[], None], done: Callable[[str, str, Callable[[], dict[str, Any]]], None],
+                   log: Callable[[str], None]) -> None:
+    """Each of ``kinds`` (name -> the recipe's overrides) trained for the wall-clock that the
+    recipe's steps take ``reference`` here, into ``data[part]``: each kind's steps from a short
+    calibration of its step time (``data[part + '_calibration']``); a kind whose training then
+    misses the time by more than TIME_TOLERANCE is trained once more at its own measured rate;
+    kinds ending closer than SEED_GAP nats to another get a second seed with the same steps
+    (``data[part + '_seed']``, losses only)."""
+    from ..recipes import load_recipe
+
+    calibration = data.setdefault(f"{part}_calibration", {})
+    for name, overrides in kinds.items():
+        if name not in calibration:
+            calibration[name] = _seconds_per_step(overrides, out / part / "calibration", calibration_steps, data_dir)
+            save()
+            log(f"{part} calibration {name}: {calibration[name]:.3f} s a step")
+    shipped = load_recipe("lm-shakespeare-char", list(kinds[reference])).train.steps
+    folders = {name: out / part / name.split(" (")[0].replace(" ", "-").replace(":", "to").replace(",", "")
+               for name in kinds}
+    point = dict(lengths=lengths, prompt=prompt, data_dir=data_dir)
+    done(part, reference, lambda: kind_point(reference, folders[reference], kinds[reference], steps=shipped,
+                                             budget=shipped * calibration[reference], **point))
+    rows = data[part]
+    budget = rows[reference]["train_seconds"]  # the shipped recipe's training time, measured here
+    for name, overrides in kinds.items():
+        retrained = False
+        while True:
+            done(part, name, lambda: {**kind_point(name, folders[name], overrides, budget=budget, **point,
+                                                   steps=max(1, round(budget / calibration[name]))),
+                                      "retrained": retrained})
+            r = rows[name]
+            if abs(r["train_seconds"] / budget - 1) <= TIME_TOLERANCE or r.get("retrained"):
+                break
+            # The short calibration was off (this machine's speed drifts): trained again, once,
+            # at the step time its own run measured.
+            calibration[name], retrained = r["train_seconds"] / r["steps"], True
+            log(f"{part} {name}: trained {r['train_seconds']:.0f} s for a budget of {budget:.0f} s; again with "
+                f"{round(budget / calibration[name])} steps")
+            del rows[name]
+            shutil.rmtree(folders[name])
+    val = {name: r["val_loss"] for name, r in rows.items()}
+    for name, overrides in kinds.items():
+        if any(other != name and abs(val[name] - val[other]) < SEED_GAP for other in val):
+            done(f"{part}_seed", name, lambda: kind_point(
+                name, folders[name].with_name(folders[name].name + "-seed1"), overrides, steps=rows[name]["steps"],
+                budget=budget, **{**point, "lengths": ()}, seed=1))
 
 
 class _StepClock:
@@ -344,46 +418,18 @@ def run_lm(out: str | Path, *, parts: Sequence[str] = PARTS, quick: bool = False
             done("extrapolation", kind, lambda: extrapolation_point(
                 kind, out / "extrapolation" / kind, steps=s["steps"], batch_size=s["batch_size"],
                 context=s["context"], windows=s["windows"], data_dir=data_dir, model=s["model"]))
-    if "kinds" in parts:
-        calibration = data.setdefault("kinds_calibration", {})
-        for name in KINDS:
-            if name not in calibration:
-                calibration[name] = _seconds_per_step(name, out / "kinds" / "calibration", s["calibration"], data_dir,
-                                                      s["kinds_train"])
-                atomic_write_bytes(path, json.dumps(data, indent=1).encode())
-                log(f"kinds calibration {name}: {calibration[name]:.3f} s a step")
-        from ..recipes import load_recipe
+    def save() -> None:
+        atomic_write_bytes(path, json.dumps(data, indent=1).encode())
 
-        shipped = load_recipe("lm-shakespeare-char", list(s["kinds_train"])).train.steps
-        folders = {name: out / "kinds" / name.split(" (")[0].replace(" ", "-").replace(":", "to") for name in KINDS}
-        point = dict(lengths=s["lengths"], prompt=s["prompt"], data_dir=data_dir, train=s["kinds_train"])
-        done("kinds", "multi-head", lambda: kind_point("multi-head", folders["multi-head"], steps=shipped,
-                                                       budget=shipped * calibration["multi-head"], **point))
-        budget = data["kinds"]["multi-head"]["train_seconds"]  # the shipped recipe's training time, measured here
-        kinds = data["kinds"]
-        for name in KINDS:
-            retrained = False
-            while True:
-                done("kinds", name, lambda: {**kind_point(name, folders[name], budget=budget, **point,
-                                                          steps=max(1, round(budget / calibration[name]))),
-                                             "retrained": retrained})
-                r = kinds[name]
-                if abs(r["train_seconds"] / budget - 1) <= TIME_TOLERANCE or r.get("retrained"):
-                    break
-                # The short calibration was off (this machine's speed drifts): trained again, once,
-                # at the step time its own run measured.
-                calibration[name], retrained = r["train_seconds"] / r["steps"], True
-                log(f"kinds {name}: trained {r['train_seconds']:.0f} s for a budget of {budget:.0f} s; again with "
-                    f"{round(budget / calibration[name])} steps")
-                del kinds[name]
-                shutil.rmtree(folders[name])
-        # A second seed where two kinds end closer than SEED_GAP nats: the same steps, losses only.
-        val = {name: r["val_loss"] for name, r in kinds.items()}
-        for name in KINDS:
-            if any(other != name and abs(val[name] - val[other]) < SEED_GAP for other in val):
-                done("kinds_seed", name, lambda: kind_point(
-                    name, folders[name].with_name(folders[name].name + "-seed1"), steps=kinds[name]["steps"],
-                    budget=budget, **{**point, "lengths": ()}, seed=1))
+    equal_time = dict(calibration_steps=s["calibration"], prompt=s["prompt"], data_dir=data_dir, save=save, done=done,
+                      log=log)
+    if "kinds" in parts:
+        _at_equal_time(data, "kinds", {name: (*o, *s["kinds_train"]) for name, o in KINDS.items()}, "multi-head", out,
+                       lengths=s["lengths"], **equal_time)
+    if "kinds_long" in parts:
+        long = {name: (*o, *s["kinds_train"], *s["long_train"]) for name, o in LONG_KINDS.items()}
+        _at_equal_time(data, "kinds_long", {LONG_REFERENCE: s["kinds_train"], **long}, LONG_REFERENCE, out,
+                       lengths=(), **equal_time)
     if "streaming" in parts:
         trained = out / "kinds" / "multi-head"
         if not (trained / "results.json").is_file():
@@ -467,6 +513,25 @@ def lm_markdown(data: dict[str, Any]) -> str:
             lines.append(f"| {r['kind']} | {r['steps']:,} | {r['train_seconds']:.0f} | {val} | {test} | "
                          f"{r['train_tokens_per_s']:,.0f} | {cache} | "
                          + " | ".join(f"{p['tokens_per_s']:,.0f}" for p in r["decoding"]) + " |")
+        lines.append("")
+    if data.get("kinds_long"):
+        rank = {name: i for i, name in enumerate((LONG_REFERENCE, *LONG_KINDS))}
+        rows = sorted(data["kinds_long"].values(), key=lambda r: rank.get(r["kind"], len(rank)))
+        seeds = data.get("kinds_long_seed", {})
+        reference = data["kinds_long"].get(LONG_REFERENCE)
+        budget = reference["train_seconds"] if reference else rows[0]["budget_s"]
+        lines += [f"Attention kinds at long context, lm-shakespeare-char for {budget:.0f} s of training each (the "
+                  "recipe's time at its own context here, as its multi-head run measured it)"
+                  + (f"; a second seed (after the slash) where two kinds end closer than {SEED_GAP} nats" if seeds
+                     else "") + ":", "",
+                  "| kind | context x batch | steps | training s | val loss | test loss | training tokens/s |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in rows:
+            again = seeds.get(r["kind"])
+            val = f"{r['val_loss']:.4f}" + (f" / {again['val_loss']:.4f}" if again else "")
+            test = f"{r['test_loss']:.4f}" + (f" / {again['test_loss']:.4f}" if again else "")
+            lines.append(f"| {r['kind']} | {r['context']:,} x {r['batch_size']} | {r['steps']:,} | "
+                         f"{r['train_seconds']:.0f} | {val} | {test} | {r['train_tokens_per_s']:,.0f} |")
         lines.append("")
     if data.get("streaming"):
         for r in data["streaming"].values():

@@ -7,4 +7,4 @@ __all__ = ["ATTENTION_PARTS", "VISION_PARTS", "LM_PARTS"]
 
 ATTENTION_PARTS = ("scaling", "quality", "fidelity", "studies", "allocator")
 VISION_PARTS = ("norm", "text_norm", "positions", "regularization", "pooling", "heads", "patch", "tutorials", "botnet")
-LM_PARTS = ("generation", "cache", "extrapolation", "kinds", "streaming")
+LM_PARTS = ("generation", "cache", "extrapolation", "kinds", "streaming", "kinds_long")

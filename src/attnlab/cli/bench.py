@@ -113,7 +113,8 @@ def add_bench(sub, plugins: argparse.ArgumentParser) -> None:
                                        "grouped-query and sliding-window attention, length extrapolation of the "
                                        "position kinds (about 25 minutes on 2 CPU cores), and the attention kinds "
                                        "side by side, each trained for the shipped lm-shakespeare-char's time "
-                                       "(kinds: about 10 x that time); resumable")
+                                       "(kinds: about 10 x that time), and the long-context kinds at a context "
+                                       "of 2,048 for the same time (kinds_long: about 6 x); resumable")
     q.add_argument("--out", default="runs/bench-lm", help="output folder (default runs/bench-lm)")
     q.add_argument("--parts", default=None, help=f"comma-separated: {', '.join(LM_PARTS)} (default: all)")
     q.add_argument("--data-dir", default=None, help="default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab")
