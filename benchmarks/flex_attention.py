@@ -1,8 +1,9 @@
 """FlexAttention (attnlab.attention.flex) against the standard path, inference, per mask pattern:
 flex's steady time and its compile time (first call minus the steady median), torch's fused
-kernel alone where the pattern allows it (causal), the standard path (torch's fused kernel with
-the dense mask the exact kind builds; the explicit path for soft-capping) and the explicit path
-(the weights formed). B = 1, 8 heads of 64, float32.
+kernel alone where the pattern allows it (causal), the band the exact kind runs a causal window
+over a whole input as (window), the standard path (torch's fused kernel with the dense mask the
+exact kind builds, as it does for a window with a cache or padding; the explicit path for
+soft-capping) and the explicit path (the weights formed). B = 1, 8 heads of 64, float32.
 
     python benchmarks/flex_attention.py --out /tmp/flex.json                  # CUDA if there is one
     python benchmarks/flex_attention.py --lengths 512 --repeats 1             # a smoke run
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.attention.alibi import alibi_bias, alibi_slopes
+from attnlab.attention.blocksparse import window_attention
 from attnlab.attention.flex import flex_attention_forward, flex_runs
 from attnlab.attention.functional import combine_masks, scaled_dot_product_attention
 from attnlab.attention.grouped import band_mask
@@ -108,6 +110,8 @@ def measure(pattern: str, length: int, device: torch.device, repeats: int, expli
     fns = {"flex": timed(lambda: flex_attention_forward(q, k, v, **structure))}
     if pattern == "causal":
         fns["fused"] = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    if structure.get("window") is not None and structure.get("causal"):
+        fns["band"] = timed(lambda: window_attention(q, k, v, structure["window"]))
     if length <= explicit_max or pattern in LIGHT:
         fns["standard"] = timed(lambda: _standard(q, k, v, structure, False))
     if length <= explicit_max:
@@ -119,6 +123,7 @@ def measure(pattern: str, length: int, device: torch.device, repeats: int, expli
     row = {"pattern": pattern, "length": length, "flex_ms": times["flex"] * 1e3,
            "flex_compile_s": max(first - times["flex"], 0.0),
            "fused_ms": times["fused"] * 1e3 if "fused" in times else None,
+           "band_ms": times["band"] * 1e3 if "band" in times else None,
            "standard_ms": times["standard"] * 1e3 if "standard" in times else None,
            "explicit_ms": times["explicit"] * 1e3 if "explicit" in times else None}
     if device.type == "cuda":
@@ -152,9 +157,9 @@ def main() -> None:
     busy = busy_cores()
     print(f"machine: {machine_label(machine)} | cores busy before start: {'?' if busy is None else f'{busy:.1f}'} | "
           f"B=1, {HEADS} heads of {HEAD_DIM}, float32, inference\n")
-    print("| pattern | length | flex ms | flex compile s | fused ms (causal) | standard ms (dense mask) | "
-          "explicit ms (weights formed) | standard / flex |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| pattern | length | flex ms | flex compile s | fused ms (causal) | band ms (window) | "
+          "standard ms (dense mask) | explicit ms (weights formed) | standard / flex |")
+    print("|---|---|---|---|---|---|---|---|---|")
     rows = []
     for length in args.lengths:
         for pattern in args.patterns:
@@ -162,7 +167,8 @@ def main() -> None:
             rows.append(row)
             ratio = None if row["standard_ms"] is None else row["standard_ms"] / row["flex_ms"]
             print(f"| {pattern} | {length} | {row['flex_ms']:.2f} | {row['flex_compile_s']:.1f} | "
-                  f"{_cell(row['fused_ms'], '{:.2f}')} | {_cell(row['standard_ms'], '{:.2f}')} | "
+                  f"{_cell(row['fused_ms'], '{:.2f}')} | {_cell(row['band_ms'], '{:.2f}')} | "
+                  f"{_cell(row['standard_ms'], '{:.2f}')} | "
                   f"{_cell(row['explicit_ms'], '{:.2f}')} | {_cell(ratio, '{:.2f}x')} |", flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -92,6 +92,28 @@ def test_kind_point_trains_each_kind_for_the_budget_and_measures_its_cache(tmp_p
     assert "| 3:1 hybrid | 3 |" in table and "B/token +" in table and "| window of 16 + 2 sink tokens |" in table
 
 
+def test_the_calibration_times_the_steps_after_the_warm_up(tmp_path, monkeypatch):
+    """The training logs steps 1, n and 2n: a step's time is that of the last n, not of the
+    2n - 1 since step 1 (which made every kind's calibration twice its rate)."""
+    import attnlab.bench.lm as lm
+    import attnlab.tasks as tasks
+
+    clock = [0.0]
+
+    def fake_train(recipe, folder, log):
+        folder.mkdir(parents=True)
+        for step, at in ((1, 0.0), (3, 10.0), (6, 13.0)):
+            clock[0] = at
+            log(f"step {step}/6  loss 1.0000  lr 0.001  100 samples/s")
+            log(f"step {step}/6  eval loss 1.0")  # not a step's log
+
+    monkeypatch.setattr(tasks, "train", fake_train)
+    monkeypatch.setattr(lm.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(lm, "_kind_recipe", lambda *a: None)
+    assert lm._seconds_per_step((), tmp_path / "calibration", 3, None) == 1.0
+    assert not (tmp_path / "calibration").exists()
+
+
 def test_kinds_part_retrains_a_kind_whose_time_missed_the_budget_and_seeds_close_kinds(tmp_path, monkeypatch):
     """The decisions of the kinds part, with training replaced by a stand-in whose step times
     differ from the calibration's: multi-head sets the budget by its measured time; a kind

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from attnlab.attention import IndexedSparseAttention, NativeSparseAttention, build_attention
-from attnlab.attention.blocksparse import picked_key_attention, selected_block_attention
+from attnlab.attention.blocksparse import picked_key_attention, selected_block_attention, window_attention
 from attnlab.errors import InputError
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -200,8 +200,8 @@ CHILD = textwrap.dedent("""
     from sparse_reference import nsa_dense
     kind, form, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     torch.manual_seed(0)
-    options = dict(block=64, num_selected=4, branch_window=64) if kind == "nsa" else dict(
-        kv_rank=16, q_rank=16, index_heads=2, index_topk=64)
+    options = dict(nsa=dict(block=64, num_selected=4, branch_window=64), exact=dict(sliding_window=64),
+                   dsa=dict(kv_rank=16, q_rank=16, index_heads=2, index_topk=64))[kind]
     attn = build_attention(kind, 16, 1, **options).train()
     if form == "dense" and kind == "nsa":
         attn._branches = nsa_dense.__get__(attn)
@@ -211,7 +211,7 @@ CHILD = textwrap.dedent("""
     limit = size + {headroom}
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
-        out, _ = attn(x, is_causal=True, need_weights=form == "dense" and kind == "dsa")
+        out, _ = attn(x, is_causal=True, need_weights=form == "dense" and kind != "nsa")
         out.sum().backward()
         print(json.dumps({{"ok": bool(torch.isfinite(x.grad).all())}}))
     except (MemoryError, RuntimeError) as error:
@@ -222,7 +222,7 @@ CHILD = textwrap.dedent("""
 LONG, HEADROOM = 16384, 768 << 20
 
 
-@pytest.mark.parametrize("kind", ["nsa", "dsa"])
+@pytest.mark.parametrize("kind", ["nsa", "dsa", "exact"])  # exact: with a sliding window
 def test_no_n_by_n_tensor_forward_or_backward_under_a_memory_limit(kind, tmp_path):
     script = tmp_path / "child.py"
     script.write_text(CHILD.format(tests=os.path.dirname(__file__), headroom=HEADROOM))
@@ -236,6 +236,73 @@ def test_no_n_by_n_tensor_forward_or_backward_under_a_memory_limit(kind, tmp_pat
 
     assert run("blocked") == {"ok": True}
     assert run("dense")["ok"] is False  # the limit bites: the dense form needs n x n
+
+
+@pytest.mark.parametrize("hkv, n, window", [
+    (4, 50, 1),  # each query itself alone
+    (2, 97, 5),  # grouped heads, a partial last chunk
+    (1, 300, 64),  # multi-query, the window of a chunk
+    (2, 300, 100),  # a window wider than a chunk
+    (4, 130, 129),  # a window one short of the length
+])
+def test_the_exact_kinds_sliding_window_as_a_band_equals_its_dense_mask_with_every_gradient(hkv, n, window,
+                                                                                           monkeypatch):
+    import attnlab.attention.grouped as grouped
+
+    calls = []
+    monkeypatch.setattr(grouped, "window_attention", lambda *a, **k: calls.append(1) or window_attention(*a, **k))
+    torch.manual_seed(0)
+    attn = build_attention("exact", 32, 4, num_kv_heads=hkv, rope=True, qk_norm=True, sliding_window=window).train()
+    x = torch.randn(2, n, 32, requires_grad=True)
+    tensors = [x, *attn.parameters()]
+    out, _ = attn(x, is_causal=True)
+    assert calls == [1]  # the band
+    ref, weights = attn(x, is_causal=True, need_weights=True)  # the explicit path with the dense mask
+    assert calls == [1] and weights.shape == (2, n, n)
+    assert (weights.triu(1) == 0).all() and (weights.tril(-window) == 0).all()  # the mask is the window's
+    assert (out - ref).abs().max().item() <= 1e-5
+    g = torch.randn_like(out)
+    _assert_all_close(_grads((out * g).sum(), tensors), _grads((ref * g).sum(), tensors), 1e-5)
+
+
+def test_the_band_is_taken_only_where_it_is_the_same_attention():
+    """A prompt after a cache, padding, weights asked for, an explicit mask, ALiBi, soft-capping, sinks, a
+    window as long as the input, and a kind with its own step (differential) keep the dense
+    mask's path; and with dropout the band trains."""
+    import attnlab.attention.grouped as grouped
+
+    x = torch.randn(2, 40, 32)
+    pad = torch.zeros(2, 40, dtype=torch.bool)
+    pad[0, :3] = True
+    cases = [dict(cache=True), dict(key_padding_mask=pad), dict(need_weights=True), dict(alibi=True),
+             dict(softcap=30.0), dict(sinks=True), dict(window=40), dict(kind="differential")]
+    for case in cases:
+        options = {"alibi": case.get("alibi", False)} if "alibi" in case else {}
+        options.update({k: case[k] for k in ("softcap", "sinks") if k in case})
+        torch.manual_seed(0)
+        attn = build_attention(case.get("kind", "exact"), 32, 4, sliding_window=case.get("window", 8),
+                               **options).eval()
+        calls = []
+        original = grouped.window_attention
+        grouped.window_attention = lambda *a, **k: calls.append(1) or original(*a, **k)
+        try:
+            kwargs = {k: case[k] for k in ("key_padding_mask", "need_weights") if k in case}
+            if case.get("cache"):  # a prompt after 5 cached tokens (an empty cache's prompt takes the band)
+                kwargs["cache"] = attn.new_cache(2, 64)
+                attn(x[:, :5], is_causal=True, cache=kwargs["cache"])
+            attn(x, is_causal=True, **kwargs)
+        finally:
+            grouped.window_attention = original
+        assert calls == [], case
+    torch.manual_seed(0)
+    attn = build_attention("exact", 32, 4, sliding_window=8).eval()
+    cached = attn(x, is_causal=True, cache=attn.new_cache(2, 64))[0]  # a prompt into an empty cache: the band
+    assert (cached - attn(x, is_causal=True, need_weights=True)[0]).abs().max().item() <= 1e-5
+    attn = build_attention("exact", 32, 4, sliding_window=8, dropout=0.5).train()
+    a, b = attn(x, is_causal=True)[0], attn(x, is_causal=True)[0]
+    assert torch.isfinite(a).all() and not torch.equal(a, b)  # dropped at random
+    attn.eval()
+    assert torch.equal(attn(x, is_causal=True)[0], attn(x, is_causal=True)[0])
 
 
 def test_the_indexers_ties_go_to_the_latest_keys_however_the_row_is_cut():

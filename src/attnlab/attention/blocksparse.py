@@ -20,6 +20,12 @@ DeepSeek's sparse attention (:class:`~attnlab.attention.latent.IndexedSparseAtte
 single keys, not blocks: :func:`picked_key_attention` gathers each query's picked latents a
 chunk of queries at a time and attends to them with every head at once, recomputing each chunk
 in the backward.
+
+A sliding window is a band of blocks: :func:`window_attention` cuts the queries into chunks and
+has each chunk attend, in one call of the fused kernel for all chunks, to the stretch of keys
+its window covers (a view of the keys, no copy per chunk), so it reads ``chunk + window - 1``
+keys a query, not the ``n`` of a dense mask. The sliding-window attention of the ``exact`` kind
+and native sparse attention's window branch both run on it.
 """
 
 from __future__ import annotations
@@ -30,11 +36,58 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["picked_key_attention", "selected_block_attention"]
+from .functional import scaled_dot_product_attention
+
+__all__ = ["picked_key_attention", "selected_block_attention", "window_attention"]
 
 # Up to this many queries a stream, the selected keys are gathered per query (one step of
 # decoding reads S x block keys instead of looping over every block of the cache).
 GATHER_QUERIES = 16
+
+
+def window_chunk(window: int) -> int:
+    """The queries a chunk of :func:`window_attention` holds: it reads ``chunk + window - 1``
+    keys, so a quarter of the window wastes little (window 512 at 16,384 positions, 8 heads of
+    64, forward: 0.23 s in chunks of 128 against 0.32 s in chunks of 512, AMX Xeon, 2 threads)."""
+    return max(64, window // 4)
+
+
+def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, first: Tensor | None = None,
+                     scale: float | None = None, dropout_p: float = 0.0) -> Tensor:
+    """Causal attention of each query over its last ``window`` keys, itself included, without
+    an ``(Lq, Lk)`` mask: ``q`` ``(B, H, Lq, D)``, ``k`` ``(B, H, Lk, D)``, ``v`` ``(B, H, Lk, Dv)``
+    (key/value heads repeated per query head) -> ``(B, H, Lq, Dv)``. ``first`` ``(B, 1)``: the
+    key index of each row's first query (queries follow on from it; default 0, the keys are the
+    queries' own). A query whose window holds no key (a padded one) gets zeros.
+
+    The keys are laid out for the queries (key ``u`` of query row ``i``'s band at ``i + u``),
+    cut into overlapping stretches of ``chunk + window - 1`` (one view), and every chunk of
+    queries attends to its stretch in one call of the fused kernel: no Python loop, and no
+    slice whose backward fills a gradient of the whole keys (a chunk at a time, forward +
+    backward at 16,384 positions took 2.9 s of such fills)."""
+    batch, h, lq, d = q.shape
+    lk, dv, size = k.shape[2], v.shape[-1], window_chunk(window)
+    if first is None:
+        first = torch.zeros(batch, 1, dtype=torch.long, device=q.device)
+    chunks = -(-lq // size)
+    span = size + window - 1
+    # key slot u of row b is key j = u + first[b] - (window - 1): the band of query i is slots i .. i + window - 1
+    j = torch.arange(chunks * size + window - 1, device=q.device) + (first - (window - 1))  # (B, slots)
+    real = (j >= 0) & (j < lk)
+    index = j.clamp(0, lk - 1)[:, None, :, None]
+    windows = [x.gather(2, index.expand(-1, h, -1, x.shape[-1])).unfold(2, span, size).transpose(-1, -2)
+               for x in (k, v)]  # (B, H, chunks, span, D)
+    rows = torch.arange(size, device=q.device)
+    slots = torch.arange(span, device=q.device)
+    band = (slots[None, :] < rows[:, None]) | (slots[None, :] > rows[:, None] + window - 1)  # (size, span)
+    starts = torch.arange(chunks, device=q.device)[:, None] * size
+    unreal = ~real.gather(1, (starts + slots).view(1, -1).expand(batch, -1)).view(batch, chunks, 1, span)
+    blocked = (band | unreal).view(batch * chunks, 1, size, span)
+    qc = F.pad(q, (0, 0, 0, chunks * size - lq)).view(batch, h, chunks, size, d).transpose(1, 2)
+    kc, vc = (x.transpose(1, 2).reshape(batch * chunks, h, span, x.shape[-1]) for x in windows)
+    o, _ = scaled_dot_product_attention(qc.reshape(batch * chunks, h, size, d), kc, vc, attn_mask=blocked,
+                                        scale=scale, dropout_p=dropout_p)
+    return o.view(batch, chunks, h, size, dv).transpose(1, 2).reshape(batch, h, chunks * size, dv)[:, :, :lq]
 
 
 def _wide(t: Tensor) -> torch.dtype:

@@ -35,12 +35,11 @@ padded on the left counts its blocks from its first real position (as alone).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError
 from .cache import DecodingCache
-from .blocksparse import selected_block_attention
+from .blocksparse import selected_block_attention, window_attention
 from .functional import check_positive_int, scaled_dot_product_attention
 from .contract import Option
 from .grouped import EXACT_OPTIONS, GroupedQueryAttention
@@ -144,18 +143,12 @@ class NativeSparseAttention(GroupedQueryAttention):
             k_kv.reshape(z, lk, d), v_kv.reshape(z, lk, d), t.repeat_interleave(hkv, dim=0), sel.reshape(z, lq, -1),
             block=b, scale=scale, dropout_p=drop)
         o_slc = o_slc.view(batch, hkv, lq, group, d).permute(0, 1, 3, 2, 4).reshape(batch, h, lq, d)
-        o_win = self._window(q, k, v, t, drop)
+        o_win = window_attention(q, k, v, self.branch_window, first=t[:, :1], scale=self.scale, dropout_p=drop)
         g = torch.sigmoid(torch.einsum("bhld,hdc->bhlc", q, self.gate.to(q.dtype)) + self.gate_bias[:, None].to(q.dtype))
         return g[..., :1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:] * o_win
 
     # Queries a chunk of the compressed branch and the selection holds: its scores are chunk x blocks.
     COMPRESSED_CHUNK = 512
-
-    def _window_chunk(self) -> int:
-        """Queries a chunk of the window branch holds: it reads ``chunk + branch_window - 1`` keys,
-        so a quarter of the window wastes little (window 512 at 16,384 positions, 8 heads of 64,
-        forward: 0.23 s in chunks of 128 against 0.32 s in chunks of 512, AMX Xeon, 2 threads)."""
-        return max(64, self.branch_window // 4)
 
     def _compressed_and_selection(self, q: Tensor, k_cmp: Tensor, v_cmp: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
         """The compressed branch's output ``(B, H, Lq, D)`` and the blocks each query attends to,
@@ -188,34 +181,6 @@ class NativeSparseAttention(GroupedQueryAttention):
                 best = top.indices.masked_fill((top.values == float("-inf")) | (top.indices == own[:, None, :, None]), -1)
                 sel[:, :, start: start + size, : best.shape[-1]] = best
         return torch.cat(outs, dim=2), sel
-
-    def _window(self, q: Tensor, k: Tensor, v: Tensor, t: Tensor, drop: float) -> Tensor:
-        """The window branch ``(B, H, Lq, D)``: each query's last ``branch_window`` keys. The keys
-        are laid out for the queries (key ``u`` of query row ``i``'s band at ``i + u``), cut into
-        overlapping windows of ``chunk + branch_window - 1`` (one view), and every chunk of
-        queries attends to its window in one call of the fused kernel: no Python loop, and no
-        slice whose backward fills a gradient of the whole keys (a chunk at a time, forward +
-        backward at 16,384 positions took 2.9 s of such fills)."""
-        batch, h, lq, d = q.shape
-        lk, w, size = k.shape[2], self.branch_window, self._window_chunk()
-        chunks = -(-lq // size)
-        span = size + w - 1
-        # key slot u of row b is key j = u + t[b, 0] - (w - 1): the band of query i is slots i .. i + w - 1
-        j = torch.arange(chunks * size + w - 1, device=q.device) + (t[:, :1] - (w - 1))  # (B, slots)
-        real = (j >= 0) & (j < lk)
-        index = j.clamp(0, lk - 1)[:, None, :, None].expand(-1, h, -1, d)
-        windows = [x.gather(2, index).unfold(2, span, size).transpose(-1, -2) for x in (k, v)]  # (B, H, C#, span, D)
-        rows = torch.arange(size, device=q.device)
-        slots = torch.arange(span, device=q.device)
-        band = (slots[None, :] < rows[:, None]) | (slots[None, :] > rows[:, None] + w - 1)  # (size, span)
-        starts = torch.arange(chunks, device=q.device)[:, None] * size
-        unreal = ~real.gather(1, (starts + slots).view(1, -1).expand(batch, -1)).view(batch, chunks, 1, span)
-        blocked = (band | unreal).view(batch * chunks, 1, size, span)
-        qc = F.pad(q, (0, 0, 0, chunks * size - lq)).view(batch, h, chunks, size, d).transpose(1, 2)
-        kc, vc = (x.transpose(1, 2).reshape(batch * chunks, h, span, d) for x in windows)
-        o, _ = scaled_dot_product_attention(qc.reshape(batch * chunks, h, size, d), kc, vc, attn_mask=blocked,
-                                            scale=self.scale, dropout_p=drop)
-        return o.view(batch, chunks, h, size, d).transpose(1, 2).reshape(batch, h, chunks * size, d)[:, :, :lq]
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, key_padding_mask: Tensor | None,
                 is_causal: bool, need_weights: bool) -> tuple[Tensor, Tensor | None]:

@@ -224,10 +224,10 @@ def _seconds_per_step(overrides: Sequence[str], folder: Path, steps: int, data_d
                                       f"train.log_every={steps}", "train.warmup_steps=1"], data_dir)
     times: list[float] = []
     train_run(recipe, folder, log=lambda line: times.append(time.perf_counter())
-              if line.startswith("step ") and "samples/s" in line else None)  # the log of every `steps` steps
+              if line.startswith("step ") and "samples/s" in line else None)  # steps 1, `steps` and 2 x `steps`
     shutil.rmtree(folder)
-    if len(times) >= 2:
-        return (times[-1] - times[0]) / steps
+    if len(times) >= 2:  # the last `steps` steps: the first log, at step 1, comes before the warm-up's
+        return (times[-1] - times[-2]) / steps
     raise RuntimeError(f"{list(overrides)}: the calibration's log gave no step times")
 
 
@@ -286,7 +286,7 @@ def _at_equal_time(data: dict[str, Any], part: str, kinds: dict[str, Sequence[st
             save()
             log(f"{part} calibration {name}: {calibration[name]:.3f} s a step")
     shipped = load_recipe("lm-shakespeare-char", list(kinds[reference])).train.steps
-    folders = {name: out / part / name.split(" (")[0].replace(" ", "-").replace(":", "to").replace(",", "")
+    folders = {name: out / part / name.split(" (")[0].replace(" ", "-").replace(":", "to").replace("'", "")
                for name in kinds}
     point = dict(lengths=lengths, prompt=prompt, data_dir=data_dir)
     done(part, reference, lambda: kind_point(reference, folders[reference], kinds[reference], steps=shipped,
