@@ -24,8 +24,8 @@ in the backward.
 A sliding window is a band of blocks: :func:`window_attention` cuts the queries into chunks and
 has each chunk attend, in one call of the fused kernel for all chunks, to the stretch of keys
 its window covers (a view of the keys, no copy per chunk), so it reads ``chunk + window - 1``
-keys a query, not the ``n`` of a dense mask. The sliding-window attention of the ``exact`` kind
-and native sparse attention's window branch both run on it.
+keys a query (twice the window both ways), not the ``n`` of a dense mask. The ``local`` kind,
+the sliding window of the ``exact`` kind and native sparse attention's window branch all run on it.
 """
 
 from __future__ import annotations
@@ -45,44 +45,54 @@ __all__ = ["picked_key_attention", "selected_block_attention", "window_attention
 GATHER_QUERIES = 16
 
 
-def window_chunk(window: int) -> int:
+def window_chunk(window: int, causal: bool = True) -> int:
     """The queries a chunk of :func:`window_attention` holds: it reads ``chunk + window - 1``
-    keys, so a quarter of the window wastes little (window 512 at 16,384 positions, 8 heads of
-    64, forward: 0.23 s in chunks of 128 against 0.32 s in chunks of 512, AMX Xeon, 2 threads)."""
-    return max(64, window // 4)
+    keys (``+ window - 1`` more both ways), so a quarter of the window wastes little causal
+    (window 512 at 16,384 positions, 8 heads of 64, forward: 0.23 s in chunks of 128 against
+    0.32 s in chunks of 512), and half of it both ways (window 256, forward + backward: 0.89 s in
+    chunks of 128 against 0.95 s in chunks of 64; AMX Xeon, 2 threads)."""
+    return max(64, window // 4 if causal else window // 2)
 
 
-def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, first: Tensor | None = None,
+def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, causal: bool = True,
+                     key_padding_mask: Tensor | None = None, first: Tensor | None = None,
                      scale: float | None = None, dropout_p: float = 0.0) -> Tensor:
-    """Causal attention of each query over its last ``window`` keys, itself included, without
-    an ``(Lq, Lk)`` mask: ``q`` ``(B, H, Lq, D)``, ``k`` ``(B, H, Lk, D)``, ``v`` ``(B, H, Lk, Dv)``
-    (key/value heads repeated per query head) -> ``(B, H, Lq, Dv)``. ``first`` ``(B, 1)``: the
-    key index of each row's first query (queries follow on from it; default 0, the keys are the
-    queries' own). A query whose window holds no key (a padded one) gets zeros.
+    """Attention of each query over the keys less than ``window`` positions from it, without an
+    ``(Lq, Lk)`` mask: ``causal``, query ``i`` sees keys ``i - window < j <= i``; otherwise
+    ``|i - j| < window``. ``q`` ``(B, H, Lq, D)``, ``k`` ``(B, H, Lk, D)``, ``v`` ``(B, H, Lk, Dv)``
+    (key/value heads repeated per query head) -> ``(B, H, Lq, Dv)``. ``key_padding_mask``
+    ``(B, Lk)`` bool, ``True`` = padding, never seen. ``first`` ``(B, 1)``: the key index of each
+    row's first query (queries follow on from it; default 0, the keys are the queries' own). A
+    query whose window holds no real key gets zeros.
 
     The keys are laid out for the queries (key ``u`` of query row ``i``'s band at ``i + u``),
-    cut into overlapping stretches of ``chunk + window - 1`` (one view), and every chunk of
+    cut into overlapping stretches of ``chunk + band - 1`` (one view), and every chunk of
     queries attends to its stretch in one call of the fused kernel: no Python loop, and no
     slice whose backward fills a gradient of the whole keys (a chunk at a time, forward +
     backward at 16,384 positions took 2.9 s of such fills)."""
     batch, h, lq, d = q.shape
-    lk, dv, size = k.shape[2], v.shape[-1], window_chunk(window)
+    lk, dv, size = k.shape[2], v.shape[-1], window_chunk(window, causal)
+    if batch == 0 or lq == 0 or lk == 0:  # nothing to attend: the empty (or all-zero) result, on the graph
+        return q.new_zeros(batch, h, lq, dv) + 0 * v.sum()
     if first is None:
         first = torch.zeros(batch, 1, dtype=torch.long, device=q.device)
+    ahead = 0 if causal else window - 1  # the keys after the query its band holds
     chunks = -(-lq // size)
-    span = size + window - 1
-    # key slot u of row b is key j = u + first[b] - (window - 1): the band of query i is slots i .. i + window - 1
-    j = torch.arange(chunks * size + window - 1, device=q.device) + (first - (window - 1))  # (B, slots)
+    span = size + window - 1 + ahead
+    # key slot u of row b is key j = u + first[b] - (window - 1): the band of query i is slots i .. i + window - 1 + ahead
+    j = torch.arange(chunks * size + window - 1 + ahead, device=q.device) + (first - (window - 1))  # (B, slots)
     real = (j >= 0) & (j < lk)
+    if key_padding_mask is not None:
+        real = real & ~key_padding_mask.gather(1, j.clamp(0, lk - 1).expand(key_padding_mask.shape[0], -1))
     index = j.clamp(0, lk - 1)[:, None, :, None]
     windows = [x.gather(2, index.expand(-1, h, -1, x.shape[-1])).unfold(2, span, size).transpose(-1, -2)
                for x in (k, v)]  # (B, H, chunks, span, D)
     rows = torch.arange(size, device=q.device)
     slots = torch.arange(span, device=q.device)
-    band = (slots[None, :] < rows[:, None]) | (slots[None, :] > rows[:, None] + window - 1)  # (size, span)
+    band = (slots[None, :] < rows[:, None]) | (slots[None, :] > rows[:, None] + window - 1 + ahead)  # (size, span)
     starts = torch.arange(chunks, device=q.device)[:, None] * size
-    unreal = ~real.gather(1, (starts + slots).view(1, -1).expand(batch, -1)).view(batch, chunks, 1, span)
-    blocked = (band | unreal).view(batch * chunks, 1, size, span)
+    unreal = ~real.gather(1, (starts + slots).view(1, -1).expand(real.shape[0], -1)).view(real.shape[0], chunks, 1, span)
+    blocked = (band | unreal).expand(batch, -1, -1, -1).reshape(batch * chunks, 1, size, span)
     qc = F.pad(q, (0, 0, 0, chunks * size - lq)).view(batch, h, chunks, size, d).transpose(1, 2)
     kc, vc = (x.transpose(1, 2).reshape(batch * chunks, h, span, x.shape[-1]) for x in windows)
     o, _ = scaled_dot_product_attention(qc.reshape(batch * chunks, h, size, d), kc, vc, attn_mask=blocked,
