@@ -238,15 +238,16 @@ def test_no_n_by_n_tensor_forward_or_backward_under_a_memory_limit(kind, tmp_pat
     assert run("dense")["ok"] is False  # the limit bites: the dense form needs n x n
 
 
-@pytest.mark.parametrize("hkv, n, window", [
-    (4, 50, 1),  # each query itself alone
-    (2, 97, 5),  # grouped heads, a partial last chunk
-    (1, 300, 64),  # multi-query, the window of a chunk
-    (2, 300, 100),  # a window wider than a chunk
-    (4, 130, 129),  # a window one short of the length
+@pytest.mark.parametrize("hkv, n, window, causal, padded", [
+    (4, 50, 1, True, False),  # each query itself alone
+    (2, 97, 5, True, True),  # grouped heads, a partial last chunk, rows padded on the left
+    (1, 300, 64, True, False),  # multi-query, the window of a chunk
+    (2, 300, 100, False, False),  # both ways, a window wider than a chunk
+    (4, 130, 129, True, True),  # a window one short of the length
+    (2, 150, 7, False, True),  # both ways, padded: the first queries see no real key
 ])
-def test_the_exact_kinds_sliding_window_as_a_band_equals_its_dense_mask_with_every_gradient(hkv, n, window,
-                                                                                           monkeypatch):
+def test_the_exact_kinds_sliding_window_as_a_band_equals_its_dense_mask_with_every_gradient(hkv, n, window, causal,
+                                                                                           padded, monkeypatch):
     import attnlab.attention.grouped as grouped
 
     calls = []
@@ -254,26 +255,31 @@ def test_the_exact_kinds_sliding_window_as_a_band_equals_its_dense_mask_with_eve
     torch.manual_seed(0)
     attn = build_attention("exact", 32, 4, num_kv_heads=hkv, rope=True, qk_norm=True, sliding_window=window).train()
     x = torch.randn(2, n, 32, requires_grad=True)
+    pad = torch.zeros(2, n, dtype=torch.bool)
+    if padded:
+        pad[0, : 3 * window] = True
+    mask = pad if padded else None
     tensors = [x, *attn.parameters()]
-    out, _ = attn(x, is_causal=True)
+    out, _ = attn(x, is_causal=causal, key_padding_mask=mask)
     assert calls == [1]  # the band
-    ref, weights = attn(x, is_causal=True, need_weights=True)  # the explicit path with the dense mask
+    ref, weights = attn(x, is_causal=causal, key_padding_mask=mask, need_weights=True)  # the dense mask's path
     assert calls == [1] and weights.shape == (2, n, n)
-    assert (weights.triu(1) == 0).all() and (weights.tril(-window) == 0).all()  # the mask is the window's
+    assert (weights.tril(-window) == 0).all() and (weights.triu(1 if causal else window) == 0).all()
+    assert (weights[0][:, pad[0]] == 0).all()
     assert (out - ref).abs().max().item() <= 1e-5
     g = torch.randn_like(out)
     _assert_all_close(_grads((out * g).sum(), tensors), _grads((ref * g).sum(), tensors), 1e-5)
 
 
 def test_the_band_is_taken_only_where_it_is_the_same_attention():
-    """A prompt after a cache, padding, weights asked for, an explicit mask, ALiBi, soft-capping, sinks, a
+    """A prompt after a cache, additive padding, weights asked for, ALiBi, soft-capping, sinks, a
     window as long as the input, and a kind with its own step (differential) keep the dense
     mask's path; and with dropout the band trains."""
     import attnlab.attention.grouped as grouped
 
     x = torch.randn(2, 40, 32)
-    pad = torch.zeros(2, 40, dtype=torch.bool)
-    pad[0, :3] = True
+    pad = torch.zeros(2, 40)
+    pad[0, :3] = float("-inf")  # an additive padding mask
     cases = [dict(cache=True), dict(key_padding_mask=pad), dict(need_weights=True), dict(alibi=True),
              dict(softcap=30.0), dict(sinks=True), dict(window=40), dict(kind="differential")]
     for case in cases:
