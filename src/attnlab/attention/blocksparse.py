@@ -81,18 +81,18 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, causal: bo
     span = size + window - 1 + ahead
     # key slot u of row b is key j = u + first[b] - (window - 1): the band of query i is slots i .. i + window - 1 + ahead
     j = torch.arange(chunks * size + window - 1 + ahead, device=q.device) + (first - (window - 1))  # (B, slots)
+    key = j.clamp(0, lk - 1)
     real = (j >= 0) & (j < lk)
     if key_padding_mask is not None:
-        real = real & ~key_padding_mask.gather(1, j.clamp(0, lk - 1).expand(key_padding_mask.shape[0], -1))
-    index = j.clamp(0, lk - 1)[:, None, :, None]
-    windows = [x.gather(2, index.expand(-1, h, -1, x.shape[-1])).unfold(2, span, size).transpose(-1, -2)
-               for x in (k, v)]  # (B, H, chunks, span, D)
+        real = real & ~key_padding_mask.gather(1, key)
+    windows = [x.gather(2, key[:, None, :, None].expand(-1, h, -1, x.shape[-1])).unfold(2, span, size)
+               .transpose(-1, -2) for x in (k, v)]  # (B, H, chunks, span, D)
     rows = torch.arange(size, device=q.device)
     slots = torch.arange(span, device=q.device)
     band = (slots[None, :] < rows[:, None]) | (slots[None, :] > rows[:, None] + window - 1 + ahead)  # (size, span)
     starts = torch.arange(chunks, device=q.device)[:, None] * size
-    unreal = ~real.gather(1, (starts + slots).view(1, -1).expand(real.shape[0], -1)).view(real.shape[0], chunks, 1, span)
-    blocked = (band | unreal).expand(batch, -1, -1, -1).reshape(batch * chunks, 1, size, span)
+    unreal = ~real.gather(1, (starts + slots).view(1, -1).expand(batch, -1)).view(batch, chunks, 1, span)
+    blocked = (band | unreal).view(batch * chunks, 1, size, span)
     qc = F.pad(q, (0, 0, 0, chunks * size - lq)).view(batch, h, chunks, size, d).transpose(1, 2)
     kc, vc = (x.transpose(1, 2).reshape(batch * chunks, h, span, x.shape[-1]) for x in windows)
     o, _ = scaled_dot_product_attention(qc.reshape(batch * chunks, h, size, d), kc, vc, attn_mask=blocked,

@@ -302,9 +302,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
             # The window as a band: n x (window + chunk) scores, not the n x n of a dense mask. A training step
             # of lm-shakespeare-char's decoder at a context of 2,048 (batch 2, window 256) took 0.32 s as a
             # band, 0.66 s through the mask, 0.40 s for full causal attention (AMX Xeon, 2 threads).
-            if self.num_kv_heads != self.num_heads:
-                group = self.num_heads // self.num_kv_heads
-                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            k, v = self._per_query_head(k, v)
             out = window_attention(q, k, v, window, causal=is_causal, key_padding_mask=key_padding_mask,
                                    scale=self.scale, dropout_p=self.dropout if self.training else 0.0)
             return self._output(out, gate, batch, n), None
@@ -412,9 +410,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
                 mask: Tensor | None, key_padding_mask: Tensor | None, is_causal: bool, need_weights: bool,
                 average_attn_weights: bool) -> tuple[Tensor, Tensor | None]:
         """Attention on the heads, recorded inside :func:`capture_attention`, and the output projection."""
-        if self.num_kv_heads != self.num_heads:  # each key/value head serves a group of query heads
-            group = self.num_heads // self.num_kv_heads
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        k, v = self._per_query_head(k, v)
         capture = self._attn_capture
         out, weights = self._attend(q, k, v, mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
                                     need_weights=need_weights or capture is not None)
@@ -426,6 +422,14 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)
         return out, weights
+
+    def _per_query_head(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """``k``, ``v`` ``(B, Hkv, L, D)`` with each key/value head repeated for the group of query
+        heads it serves: ``(B, H, L, D)``."""
+        if self.num_kv_heads == self.num_heads:
+            return k, v
+        group = self.num_heads // self.num_kv_heads
+        return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
 
     def _output(self, out: Tensor, gate: Tensor | None, batch: int, n: int) -> Tensor:
         """The heads' outputs ``(B, H, L, D)`` gated (with an output gate) and projected: ``(B, L, E)``."""

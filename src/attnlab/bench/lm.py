@@ -398,12 +398,15 @@ def run_lm(out: str | Path, *, parts: Sequence[str] = PARTS, quick: bool = False
         raise InputError(f"{out} holds {'quick' if data['quick'] else 'full'} results; use another --out or --fresh")
     data.update(machine=machine_info("cpu"), quick=quick, threads=torch.get_num_threads())
 
+    def save() -> None:
+        atomic_write_bytes(path, json.dumps(data, indent=1).encode())
+
     def done(part: str, key: str, record: Callable[[], dict[str, Any]]) -> None:
         section = data.setdefault(part, {})
         if key not in section:
             start = time.perf_counter()
             section[key] = record()
-            atomic_write_bytes(path, json.dumps(data, indent=1).encode())
+            save()
             log(f"{part} {key}: {time.perf_counter() - start:.0f} s")
 
     if "generation" in parts:
@@ -418,9 +421,6 @@ def run_lm(out: str | Path, *, parts: Sequence[str] = PARTS, quick: bool = False
             done("extrapolation", kind, lambda: extrapolation_point(
                 kind, out / "extrapolation" / kind, steps=s["steps"], batch_size=s["batch_size"],
                 context=s["context"], windows=s["windows"], data_dir=data_dir, model=s["model"]))
-    def save() -> None:
-        atomic_write_bytes(path, json.dumps(data, indent=1).encode())
-
     equal_time = dict(calibration_steps=s["calibration"], prompt=s["prompt"], data_dir=data_dir, save=save, done=done,
                       log=log)
     if "kinds" in parts:
@@ -436,7 +436,7 @@ def run_lm(out: str | Path, *, parts: Sequence[str] = PARTS, quick: bool = False
             raise InputError(f"the streaming part reads the kinds part's multi-head run ({trained}): run --parts "
                              f"kinds first")
         done("streaming", "multi-head", lambda: streaming_point(trained))
-    atomic_write_bytes(path, json.dumps(data, indent=1).encode())
+    save()
     atomic_write_bytes(out / "table.md", lm_markdown(data).encode())
     return data
 
@@ -451,6 +451,11 @@ def _size(nbytes: float) -> str:
 
 def _length(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def _seeds(r: dict[str, Any], again: dict[str, Any] | None, key: str) -> str:
+    """``r[key]``, and a second seed's after a slash."""
+    return f"{r[key]:.4f}" + (f" / {again[key]:.4f}" if again else "")
 
 
 def lm_markdown(data: dict[str, Any]) -> str:
@@ -507,9 +512,7 @@ def lm_markdown(data: dict[str, Any]) -> str:
             parts = [f"{r['cache_bytes_per_token']:,} B/token"] if r["cache_bytes_per_token"] else []
             parts += [f"{_size(r['cache_bytes_fixed'])} fixed"] if r["cache_bytes_fixed"] else []
             cache = " + ".join(parts) or "none"
-            again = seeds.get(r["kind"])
-            val = f"{r['val_loss']:.4f}" + (f" / {again['val_loss']:.4f}" if again else "")
-            test = f"{r['test_loss']:.4f}" + (f" / {again['test_loss']:.4f}" if again else "")
+            val, test = (_seeds(r, seeds.get(r["kind"]), key) for key in ("val_loss", "test_loss"))
             lines.append(f"| {r['kind']} | {r['steps']:,} | {r['train_seconds']:.0f} | {val} | {test} | "
                          f"{r['train_tokens_per_s']:,.0f} | {cache} | "
                          + " | ".join(f"{p['tokens_per_s']:,.0f}" for p in r["decoding"]) + " |")
@@ -527,9 +530,7 @@ def lm_markdown(data: dict[str, Any]) -> str:
                   "| kind | context x batch | steps | training s | val loss | test loss | training tokens/s |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in rows:
-            again = seeds.get(r["kind"])
-            val = f"{r['val_loss']:.4f}" + (f" / {again['val_loss']:.4f}" if again else "")
-            test = f"{r['test_loss']:.4f}" + (f" / {again['test_loss']:.4f}" if again else "")
+            val, test = (_seeds(r, seeds.get(r["kind"]), key) for key in ("val_loss", "test_loss"))
             lines.append(f"| {r['kind']} | {r['context']:,} x {r['batch_size']} | {r['steps']:,} | "
                          f"{r['train_seconds']:.0f} | {val} | {test} | {r['train_tokens_per_s']:,.0f} |")
         lines.append("")
