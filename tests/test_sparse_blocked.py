@@ -113,6 +113,7 @@ def _dsa(**options):
     ({"index_topk": 7, "rope": True, "rope_dim": 4}, 40, False, True),  # both ways
     ({"index_topk": 64, "rope": True, "rope_dim": 4}, 40, True, False),  # more picks than keys
     ({"index_topk": 20, "rope": True, "rope_dim": 4, "v_head_dim": 6}, 300, True, True),
+    ({"index_topk": 4}, 300, True, True),  # rows of 96 keys or more: the top-k narrowed by groups first
 ])
 def test_dsa_blocked_equals_the_form_with_weights_with_every_gradient_and_the_indexers_loss(options, length, causal,
                                                                                            padded):
@@ -321,6 +322,22 @@ def test_the_indexers_ties_go_to_the_latest_keys_however_the_row_is_cut():
         masked = scores.masked_fill(torch.arange(200) >= cut, float("-inf"))
         assert torch.equal(top_keys(scores[:, :cut], 120).indices.sort(-1).values,
                            top_keys(masked, 120).indices.sort(-1).values)
+
+
+def test_the_top_k_narrowed_by_groups_picks_the_keys_of_one_over_the_whole_row():
+    from attnlab.attention.latent import _top_keys_flat, top_keys
+
+    gen = torch.Generator().manual_seed(7)
+    for trial in range(200):
+        width = int(torch.randint(200, 1500, (1,), generator=gen))
+        k = int(torch.randint(1, width // 24 + 1, (1,), generator=gen))
+        index = (torch.randn(2, 3, width, generator=gen) * 2).round().clamp_min(0)  # many equal scores
+        index[torch.rand(index.shape, generator=gen) < 0.2] = float("-inf")
+        if trial % 4 == 0:  # a row with fewer keys it may see than picks
+            index[0, 1, : width - k // 2] = float("-inf")
+        ours, whole = top_keys(index, k), _top_keys_flat(index, k)
+        assert torch.equal(ours.indices.sort(-1).values, whole.indices.sort(-1).values), (width, k)
+        assert torch.equal(ours.values.sort(-1).values, whole.values.sort(-1).values)
 
 
 def test_nsa_takes_no_kernel_choice_and_dsa_no_mask():

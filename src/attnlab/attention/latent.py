@@ -332,10 +332,55 @@ def top_keys(index: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The ``k`` best keys of each row of ``index`` ``(..., L)``, as ``(values, indices)`` in no
     order; among keys of equal score the later ones (the most recent), so that the choice does
     not depend on how many keys the row holds or how the rows were cut into chunks (the indexer's
-    ReLU makes exact ties at 0 common: with 3 heads, one key in 8 scores 0)."""
+    ReLU makes exact ties at 0 common: with 3 heads, one key in 8 scores 0).
+
+    A long row is narrowed first to the ``k`` groups of :data:`GROUP` neighbours whose best key
+    ranks highest, which hold the ``k`` best keys (each of those keys is at most its group's
+    best, and the groups rank by their best keys under the same order), and chosen among their
+    ``k x GROUP`` keys: the same keys, in 4.7 ms against 8.5 for 128 rows of 16,384 keys and 256
+    picks, 3.2 against 3.6 at 6,144 (AMX Xeon; narrower rows are faster whole)."""
+    width = index.shape[-1]
+    if k > 0 and width >= 24 * k and index.numel():
+        return _top_keys_grouped(index, k)
+    return _top_keys_flat(index, k)
+
+
+GROUP = 8  # neighbouring keys narrowed as one by top_keys (at 16,384 keys: 8: 4.7 ms, 4: 5.7, 16: 5.7)
+
+
+def _top_keys_flat(index: Tensor, k: int) -> tuple[Tensor, Tensor]:
     top = index.topk(k, dim=-1, sorted=False)
     if top.values.numel() == 0:
         return top
+    last = top.values.amin(-1, keepdim=True)  # the k-th score
+    shared = (index == last).sum(-1) > (top.values == last).sum(-1)  # rows where it is not taken whole
+    if bool(shared.any()):
+        rows, bound = index[shared], last[shared]
+        above, equal = rows > bound, rows == bound
+        after = equal.flip(-1).cumsum(-1).flip(-1)  # the equal keys at or after each one
+        chosen = above | (equal & (after <= k - above.sum(-1, keepdim=True)))
+        picked = chosen.nonzero()[:, -1].view(-1, k)
+        top.indices[shared], top.values[shared] = picked, rows.gather(-1, picked)
+    return top
+
+
+def _top_keys_grouped(index: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """:func:`top_keys` of rows of at least ``k`` groups: the best groups, then the best of their keys."""
+    lead, width = index.shape[:-1], index.shape[-1]
+    rows = index.reshape(-1, width)
+    # -inf before the row, not after: equal scores go to the later keys, so these are never taken
+    front = (-width) % GROUP
+    if front:
+        rows = F.pad(rows, (front, 0), value=float("-inf"))
+    groups = rows.view(rows.shape[0], -1, GROUP)
+    best_groups = _top_keys_flat(groups.amax(-1), k).indices
+    # in order of position, so that the choice among their keys breaks ties as one over the row would
+    marks = torch.zeros(groups.shape[:2], dtype=torch.bool, device=index.device).scatter_(1, best_groups, True)
+    order = marks.nonzero()[:, 1].view(-1, k)
+    candidates = groups.gather(1, order[..., None].expand(-1, -1, GROUP)).view(-1, k * GROUP)
+    best = _top_keys_flat(candidates, k)
+    at = order.gather(1, best.indices // GROUP) * GROUP + best.indices % GROUP - front
+    return torch.return_types.topk((best.values.view(*lead, k), at.view(*lead, k)))
     last = top.values.amin(-1, keepdim=True)  # the k-th score
     shared = (index == last).sum(-1) > (top.values == last).sum(-1)  # rows where it is not taken whole
     if bool(shared.any()):
@@ -569,12 +614,12 @@ class IndexedSparseAttention(LatentAttention):
                 end = min(n, start + size)
                 seen = lk - n + end if is_causal else lk  # the keys some query of the chunk may see
                 index = self._index_of(q[:, :, start:end], weights[:, start:end], keys[:, None, :seen])
-                if is_causal:  # aligned bottom-right
-                    late = torch.arange(seen, device=x.device) > torch.arange(lk - n + start, lk - n + end,
-                                                                              device=x.device)[:, None]
-                    index = index.masked_fill(late, float("-inf"))
+                if is_causal:  # aligned bottom-right: only the chunk's own keys can be late
+                    own = index[..., lk - n + start:]
+                    own.masked_fill_(torch.ones(own.shape[-2:], dtype=torch.bool, device=x.device).triu(1),
+                                     float("-inf"))
                 if key_padding_mask is not None:
-                    index = index.masked_fill(key_padding_mask[:, None, :seen], float("-inf"))
+                    index.masked_fill_(key_padding_mask[:, None, :seen], float("-inf"))
                 best = top_keys(index, min(top, seen))
                 idx[:, start:end, : best.indices.shape[-1]] = best.indices
                 valid[:, start:end, : best.indices.shape[-1]] = best.values > float("-inf")
