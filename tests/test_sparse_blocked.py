@@ -138,6 +138,23 @@ def test_dsa_blocked_equals_the_form_with_weights_with_every_gradient_and_the_in
     _assert_all_close(grads, their_grads, 1e-5)
 
 
+def test_dsa_scores_no_key_for_queries_that_pick_every_key_they_see(monkeypatch):
+    attn = _dsa(index_topk=16).eval()
+    x = torch.randn(2, 40, 32)
+    pad = torch.zeros(2, 40, dtype=torch.bool)
+    pad[1, :3] = True
+    scored = []
+    original = attn._index_of
+    monkeypatch.setattr(attn, "_index_of", lambda q, *a: scored.append(q.shape[2]) or original(q, *a))
+    out, _ = attn(x[:, :16], is_causal=True, key_padding_mask=pad[:, :16])
+    assert scored == []  # 16 keys at most, 16 picks
+    theirs, _ = attn(x[:, :16], is_causal=True, key_padding_mask=pad[:, :16], need_weights=True)
+    torch.testing.assert_close(out, theirs, atol=1e-5, rtol=1e-5)
+    scored.clear()
+    attn(x, is_causal=True)
+    assert sum(scored) == 40  # one chunk of every query, which some see more than 16 keys
+
+
 def test_dsa_blocked_prompt_after_a_cache_equals_the_whole_prompt():
     """A prompt given in two parts through the cache (the second part's queries after 30 cached
     keys) gives the outputs of the whole prompt at once."""
@@ -272,10 +289,40 @@ def test_the_exact_kinds_sliding_window_as_a_band_equals_its_dense_mask_with_eve
     _assert_all_close(_grads((out * g).sum(), tensors), _grads((ref * g).sum(), tensors), 1e-5)
 
 
+@pytest.mark.parametrize("layer_window, cache_window, padded", [
+    (8, None, False),  # a sliding-window layer's own cache
+    (8, None, True),  # rows padded on the left
+    (None, 8, False),  # full attention read through a window at generation (StreamingLLM without sinks)
+])
+def test_a_prompt_in_parts_after_a_cache_takes_the_band_and_equals_the_whole_prompt(layer_window, cache_window,
+                                                                                      padded, monkeypatch):
+    import attnlab.attention.grouped as grouped
+
+    calls = []
+    monkeypatch.setattr(grouped, "window_attention", lambda *a, **k: calls.append(k["first"]) or
+                        window_attention(*a, **k))
+    torch.manual_seed(0)
+    attn = build_attention("exact", 32, 4, num_kv_heads=2, rope=True, sliding_window=layer_window).eval()
+    x = torch.randn(2, 60, 32)
+    pad = torch.zeros(2, 60, dtype=torch.bool)
+    if padded:
+        pad[0, :11] = True
+    mask = pad if padded else None
+    cache = attn.new_cache(2, 64, cache_window=cache_window)
+    parts = [attn(x[:, a:b], is_causal=True, cache=cache, key_padding_mask=None if mask is None else mask[:, :b])[0]
+             for a, b in ((0, 20), (20, 45), (45, 46), (46, 60))]
+    assert len(calls) == 3  # each part but the single token: the band, after the cache from the second on
+    assert [int(first[0, 0]) for first in calls[1:]] == [7, 7]  # the window's 8 - 1 keys kept before the part
+    reference = build_attention("exact", 32, 4, num_kv_heads=2, rope=True, sliding_window=8).eval()
+    reference.load_state_dict(attn.state_dict())
+    whole, _ = reference(x, is_causal=True, key_padding_mask=mask, need_weights=True)  # the dense mask
+    torch.testing.assert_close(torch.cat(parts, 1)[~pad], whole[~pad], atol=1e-5, rtol=1e-5)
+
+
 def test_the_band_is_taken_only_where_it_is_the_same_attention():
-    """A prompt after a cache, additive padding, weights asked for, ALiBi, soft-capping, sinks, a
-    window as long as the input, and a kind with its own step (differential) keep the dense
-    mask's path; and with dropout the band trains."""
+    """A single token after a cache, additive padding, weights asked for, ALiBi, soft-capping,
+    sinks, a window as long as the input, and a kind with its own step (differential) keep the
+    dense mask's path; and with dropout the band trains."""
     import attnlab.attention.grouped as grouped
 
     x = torch.randn(2, 40, 32)
@@ -294,10 +341,13 @@ def test_the_band_is_taken_only_where_it_is_the_same_attention():
         grouped.window_attention = lambda *a, **k: calls.append(1) or original(*a, **k)
         try:
             kwargs = {k: case[k] for k in ("key_padding_mask", "need_weights") if k in case}
-            if case.get("cache"):  # a prompt after 5 cached tokens (an empty cache's prompt takes the band)
+            if case.get("cache"):  # one token after 39 cached (the band is for a prompt, in one part or several)
                 kwargs["cache"] = attn.new_cache(2, 64)
-                attn(x[:, :5], is_causal=True, cache=kwargs["cache"])
-            attn(x, is_causal=True, **kwargs)
+                attn(x[:, :39], is_causal=True, cache=kwargs["cache"])
+                calls.clear()
+                attn(x[:, 39:], is_causal=True, **kwargs)
+            else:
+                attn(x, is_causal=True, **kwargs)
         finally:
             grouped.window_attention = original
         assert calls == [], case

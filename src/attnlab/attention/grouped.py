@@ -294,17 +294,23 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
                                          alibi_slopes=self.alibi_slopes, softcap=self.softcap, sinks=self.sinks,
                                          key_padding_mask=key_padding_mask)
             return self._output(out, gate, batch, n), None
+        if (key_padding_mask is not None and cache is not None and window is not None
+                and key_padding_mask.shape[-1] > lk):
+            key_padding_mask = key_padding_mask[:, -lk:]  # the keys a sliding window still holds
         boolean_padding = key_padding_mask is None or (key_padding_mask.dtype == torch.bool
                                                        and tuple(key_padding_mask.shape) == (batch, lk))
-        if (window is not None and window < n and past == 0 and lk == n and not streaming and attn_mask is None
-                and boolean_padding and self.alibi_slopes is None and self.softcap is None and self.sinks is None
-                and not need_weights and self._attn_capture is None and self.standard_step):
+        whole = past == 0 and lk == n  # the queries' own keys, or a prompt in parts after a cache (causal)
+        if (window is not None and window < lk and (whole or (cache is not None and is_causal and n > 1))
+                and not streaming and attn_mask is None and boolean_padding and self.alibi_slopes is None
+                and self.softcap is None and self.sinks is None and not need_weights and self._attn_capture is None
+                and self.standard_step):
             # The window as a band: n x (window + chunk) scores, not the n x n of a dense mask. A training step
             # of lm-shakespeare-char's decoder at a context of 2,048 (batch 2, window 256) took 0.32 s as a
             # band, 0.66 s through the mask, 0.40 s for full causal attention (AMX Xeon, 2 threads).
             k, v = self._per_query_head(k, v)
+            first = torch.full((batch, 1), lk - n, dtype=torch.long, device=x.device)  # the first query's key
             out = window_attention(q, k, v, window, causal=is_causal, key_padding_mask=key_padding_mask,
-                                   scale=self.scale, dropout_p=self.dropout if self.training else 0.0)
+                                   first=first, scale=self.scale, dropout_p=self.dropout if self.training else 0.0)
             return self._output(out, gate, batch, n), None
         mask = attn_mask
         if streaming:
@@ -332,11 +338,8 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
             mask = combine_masks(mask, band_mask(q_slots, k_slots, causal=is_causal, window=window))
             is_causal = False  # the band holds the causal part too
         if key_padding_mask is not None and key_padding_mask.shape[-1] != lk:
-            if cache is not None and window is not None and key_padding_mask.shape[-1] > lk:
-                key_padding_mask = key_padding_mask[:, -lk:]  # the keys a sliding window still holds
-            else:
-                raise InputError(f"key_padding_mask must have shape (B, Lk) = ({batch}, {lk}); got "
-                                 f"{shape_str(key_padding_mask)}")
+            raise InputError(f"key_padding_mask must have shape (B, Lk) = ({batch}, {lk}); got "
+                             f"{shape_str(key_padding_mask)}")
         return self._finish(q, k, v, gate, batch, n, mask=mask, key_padding_mask=key_padding_mask,
                             is_causal=is_causal, need_weights=need_weights, average_attn_weights=average_attn_weights)
 

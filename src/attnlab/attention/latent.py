@@ -613,6 +613,16 @@ class IndexedSparseAttention(LatentAttention):
             for start in range(0, n, size):
                 end = min(n, start + size)
                 seen = lk - n + end if is_causal else lk  # the keys some query of the chunk may see
+                if seen <= top:  # it picks every key it may see: nothing to score
+                    cols = torch.arange(seen, device=x.device)
+                    ok = torch.ones(batch, end - start, seen, dtype=torch.bool, device=x.device)
+                    if is_causal:
+                        ok &= cols <= torch.arange(lk - n + start, lk - n + end, device=x.device)[:, None]
+                    if key_padding_mask is not None:
+                        ok &= ~key_padding_mask[:, None, :seen]
+                    idx[:, start:end, :seen] = cols
+                    valid[:, start:end, :seen] = ok
+                    continue
                 index = self._index_of(q[:, :, start:end], weights[:, start:end], keys[:, None, :seen])
                 if is_causal:  # aligned bottom-right: only the chunk's own keys can be late
                     own = index[..., lk - n + start:]

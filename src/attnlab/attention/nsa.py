@@ -170,12 +170,15 @@ class NativeSparseAttention(GroupedQueryAttention):
                 outs.append(torch.zeros_like(qc))
                 continue
             unseen = (blocks[:seen] + 1) * b - 1 > tc[:, :, None]  # (B, C, seen)
-            o, _ = scaled_dot_product_attention(qc, k_cmp[:, :, :seen], v_cmp[:, :, :seen], attn_mask=unseen[:, None],
-                                                scale=self.scale)
-            outs.append(o)
+            learning = torch.is_grad_enabled() and any(x.requires_grad for x in (qc, k_cmp, v_cmp))
+            if learning:  # the fused kernel, whose backward keeps no weights
+                outs.append(scaled_dot_product_attention(qc, k_cmp[:, :, :seen], v_cmp[:, :, :seen],
+                                                         attn_mask=unseen[:, None], scale=self.scale)[0])
             with torch.no_grad():  # the selection is not differentiable
-                _, p = scaled_dot_product_attention(qc, k_cmp[:, :, :seen], v_cmp[:, :, :seen],
+                o, p = scaled_dot_product_attention(qc, k_cmp[:, :, :seen], v_cmp[:, :, :seen],
                                                     attn_mask=unseen[:, None], scale=self.scale, need_weights=True)
+                if not learning:  # without autograd one call gives both
+                    outs.append(o)
                 score = p.view(batch, hkv, group, -1, seen).sum(2).masked_fill(unseen[:, None], float("-inf"))
                 top = score.topk(min(self.num_selected, seen), dim=-1)
                 best = top.indices.masked_fill((top.values == float("-inf")) | (top.indices == own[:, None, :, None]), -1)

@@ -53,10 +53,11 @@ THEORY: dict[str, tuple[str, str, str, str]] = {
                      "a difference of two maps cancels the attention they share"),
     "gated_delta": ("Gated delta rule (Gated DeltaNet, chunks c)", "O(nd² + ncd)", "O(nd); a d x d state a head",
                     "a decaying associative memory written by the delta rule; causal only"),
-    "dsa": ("DeepSeek sparse attention (an indexer's top k)", "O(n²d_i + nkd)", "O(n²) here: the scores are formed",
+    "dsa": ("DeepSeek sparse attention (an indexer's top k)", "O(n²d_i + nkd)",
+            "O(nk): the indexer a chunk of queries at a time",
             "each query attends to the k keys its indexer picks"),
     "nsa": ("Native sparse attention (compressed, selected, window)", "O(n²d/b + n(sb + w)d)",
-            "O(n²) here: dense masks", "block summaries, the best blocks in full and a window, gated; causal only"),
+            "O(n(s + w)): blocked", "block summaries, the best blocks in full and a window, gated; causal only"),
 }
 PASS_NAMES = {"fwd": "forward", "fwd_bwd": "forward + backward"}
 
