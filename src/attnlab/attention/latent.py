@@ -381,16 +381,6 @@ def _top_keys_grouped(index: Tensor, k: int) -> tuple[Tensor, Tensor]:
     best = _top_keys_flat(candidates, k)
     at = order.gather(1, best.indices // GROUP) * GROUP + best.indices % GROUP - front
     return torch.return_types.topk((best.values.view(*lead, k), at.view(*lead, k)))
-    last = top.values.amin(-1, keepdim=True)  # the k-th score
-    shared = (index == last).sum(-1) > (top.values == last).sum(-1)  # rows where it is not taken whole
-    if bool(shared.any()):
-        rows, bound = index[shared], last[shared]
-        above, equal = rows > bound, rows == bound
-        after = equal.flip(-1).cumsum(-1).flip(-1)  # the equal keys at or after each one
-        chosen = above | (equal & (after <= k - above.sum(-1, keepdim=True)))
-        picked = chosen.nonzero()[:, -1].view(-1, k)
-        top.indices[shared], top.values[shared] = picked, rows.gather(-1, picked)
-    return top
 
 
 DSA_OPTIONS = LATENT_OPTIONS.extend(
