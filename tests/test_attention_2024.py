@@ -599,17 +599,17 @@ def test_hybrid_settings_that_cannot_work_are_one_line(options, message):
 
 
 # --------------------------------------------------------------------------- DeepSeek-V3.2's sparse attention
-def _deepseek_v32(topk):
-    """16 index heads: a key scores exactly 0 when every head's ReLU is 0, and transformers' top-k
-    breaks such ties as torch's kernel happens to (attnlab: towards the latest key); with 16 heads a
-    key scores 0 with probability 2^-16, with 3 heads one key in 8 did."""
+def _deepseek_v32(topk, index_heads=16, layers=2):
+    """A tiny random DeepSeek-V3.2 of transformers'. With few index heads a key often scores exactly
+    0 (every head's ReLU at 0: with 4 heads one key in 16), and equal scores at the k-th place are
+    broken by torch.topk over every key of the call, which attnlab follows."""
     torch.manual_seed(0)
     config = transformers.DeepseekV32Config(
-        vocab_size=VOCAB, hidden_size=48, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        vocab_size=VOCAB, hidden_size=48, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
         n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=12,
-        v_head_dim=10, first_k_dense_replace=2, max_position_embeddings=64, index_topk=topk, index_head_dim=16,
-        index_n_heads=16, eos_token_id=None, bos_token_id=None, pad_token_id=None, attn_implementation="eager")
+        v_head_dim=10, first_k_dense_replace=layers, max_position_embeddings=64, index_topk=topk, index_head_dim=16,
+        index_n_heads=index_heads, eos_token_id=None, bos_token_id=None, pad_token_id=None, attn_implementation="eager")
     model = transformers.DeepseekV32ForCausalLM(config).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -633,6 +633,28 @@ def test_deepseek_v32_logits_of_a_padded_batch_equal_transformers_to_1e_5(deepse
 
 def test_deepseek_v32_greedy_generation_gives_transformers_tokens(deepseek_v32):
     _greedy_equals_theirs(*deepseek_v32, new=14)
+
+
+@pytest.fixture(scope="module")
+def deepseek_v32_ties(tmp_path_factory):
+    model = _deepseek_v32(topk=8, index_heads=4, layers=6)  # equal index scores at the 8th place are common
+    folder = tmp_path_factory.mktemp("deepseek_v32_ties")
+    model.save_pretrained(folder)
+    return model, folder
+
+
+def test_deepseek_v32_with_equal_index_scores_breaks_them_as_transformers(deepseek_v32_ties):
+    theirs, folder = deepseek_v32_ties
+    ours = from_hf(folder)
+    ids = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():  # rows 0-7 see fewer keys than index_topk; the rest pick 8 of up to 20
+        got, expected = ours(ids), theirs(ids).logits
+        with capture_attention(ours):  # the form that forms the weights picks the same keys
+            captured = ours(ids)
+    assert (got - expected).abs().max().item() < 1e-5
+    assert (captured - expected).abs().max().item() < 1e-5
+    _logits_equal_theirs(theirs, folder, length=20, pad_from=13)
+    _greedy_equals_theirs(theirs, folder, new=14)
 
 
 def test_the_selection_matters_and_keeping_every_key_is_latent_attention():

@@ -4,9 +4,12 @@ decoding equal to recomputing the sequence, and the command line's ``--int8``.""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from attnlab.attention import list_attention
 from attnlab.attention.int8 import Int8Linear, int8_product, quantize_int8
+from attnlab.attention.registry import attention_honours, attention_takes
 from attnlab.models.gpt import GPT
 
 
@@ -47,3 +50,24 @@ def test_cached_decoding_with_8_bit_weights_equals_recomputing() -> None:
         recomputed = model.generate(ids, max_new_tokens=8, use_cache=False)
     assert (close - full).abs().max() < 0.05 * full.abs().max()
     assert cached.tolist() == recomputed.tolist()
+
+
+CAUSAL_KINDS = [kind for kind in list_attention("tokens") if attention_honours(kind)["causal"]]
+
+
+@pytest.mark.parametrize("kind", CAUSAL_KINDS)
+def test_every_causal_kind_decodes_with_8_bit_weights(kind: str) -> None:
+    """``--int8`` takes every decoder: latent and dsa attention read ``kv_b_proj``'s matrix itself
+    (absorbed into the query), which an 8-bit layer gives as its rows times their scales."""
+    torch.manual_seed(3)
+    positions = "rope" if attention_takes(kind, "rope") else "learned"
+    model = GPT(vocab_size=50, max_len=64, embed_dim=32, depth=2, num_heads=4, pos_embed=positions,
+                norm="rmsnorm", attention=kind).eval()
+    ids = torch.randint(0, 50, (2, 6))
+    with torch.no_grad():
+        full = model(ids)
+        quantize_int8(model)
+        close = model(ids)
+        out = model.generate(ids, max_new_tokens=5)
+    assert (close - full).abs().max() < 0.05 * full.abs().max()
+    assert out.shape == (2, 11) and torch.equal(out[:, :6], ids)

@@ -157,8 +157,12 @@ def test_dsa_scores_no_key_for_queries_that_pick_every_key_they_see(monkeypatch)
 
 def test_dsa_blocked_prompt_after_a_cache_equals_the_whole_prompt():
     """A prompt given in two parts through the cache (the second part's queries after 30 cached
-    keys) gives the outputs of the whole prompt at once."""
-    attn = _dsa(index_topk=6, rope=True, rope_dim=4).eval()
+    keys) gives the outputs of the whole prompt at once. 16 index heads: a key scores exactly 0 with
+    probability 2^-16; where equal scores straddle the k-th place, each call breaks them over its
+    own keys, as DeepSeek's reference and transformers do (the parity tests)."""
+    torch.manual_seed(0)
+    attn = IndexedSparseAttention(32, 4, kv_rank=16, q_rank=24, index_heads=16, index_topk=6, rope=True,
+                                  rope_dim=4).eval()
     x = torch.randn(2, 50, 32)
     with torch.no_grad():
         whole, _ = attn(x, is_causal=True)
@@ -362,20 +366,28 @@ def test_the_band_is_taken_only_where_it_is_the_same_attention():
     assert torch.equal(attn(x, is_causal=True)[0], attn(x, is_causal=True)[0])
 
 
-def test_the_indexers_ties_go_to_the_latest_keys_however_the_row_is_cut():
+def _picked(best):
+    """The set of keys a top-k picked, those with a finite score (among masked keys the choice is moot)."""
+    return [sorted(i for i, v in zip(idx.tolist(), val.tolist()) if v > float("-inf"))
+            for idx, val in zip(best.indices.reshape(-1, best.indices.shape[-1]),
+                                best.values.reshape(-1, best.values.shape[-1]))]
+
+
+def test_the_indexers_ties_are_broken_as_torch_topk_over_the_whole_row_however_it_is_cut():
     from attnlab.attention.latent import top_keys
 
-    index = torch.tensor([[3.0, 0.0, 0.0, 1.0, 0.0, 0.0, float("-inf")]])
-    assert sorted(top_keys(index, 3).indices[0].tolist()) == [0, 3, 5]
     scores = torch.randn(16, 200, generator=torch.Generator().manual_seed(6)).clamp_min(0)  # half of them 0
     for cut in (150, 199):  # a row cut after the keys a causal chunk sees, or kept whole with the rest masked
         masked = scores.masked_fill(torch.arange(200) >= cut, float("-inf"))
-        assert torch.equal(top_keys(scores[:, :cut], 120).indices.sort(-1).values,
-                           top_keys(masked, 120).indices.sort(-1).values)
+        reference = masked.topk(120)  # DeepSeek's and transformers' rule: torch.topk over every key
+        assert _picked(top_keys(scores[:, :cut], 120, width=200)) == _picked(reference)
+        assert _picked(top_keys(masked, 120)) == _picked(reference)
+    # without the whole row's width, a cut row breaks its ties as torch.topk over the cut row
+    assert _picked(top_keys(scores[:, :150], 120)) == _picked(scores[:, :150].topk(120))
 
 
-def test_the_top_k_narrowed_by_groups_picks_the_keys_of_one_over_the_whole_row():
-    from attnlab.attention.latent import _top_keys_flat, top_keys
+def test_the_top_k_narrowed_by_groups_picks_the_keys_of_torch_topk_over_the_whole_row():
+    from attnlab.attention.latent import top_keys
 
     gen = torch.Generator().manual_seed(7)
     for trial in range(200):
@@ -385,8 +397,8 @@ def test_the_top_k_narrowed_by_groups_picks_the_keys_of_one_over_the_whole_row()
         index[torch.rand(index.shape, generator=gen) < 0.2] = float("-inf")
         if trial % 4 == 0:  # a row with fewer keys it may see than picks
             index[0, 1, : width - k // 2] = float("-inf")
-        ours, whole = top_keys(index, k), _top_keys_flat(index, k)
-        assert torch.equal(ours.indices.sort(-1).values, whole.indices.sort(-1).values), (width, k)
+        ours, whole = top_keys(index, k), index.topk(k)
+        assert _picked(ours) == _picked(whole), (width, k)
         assert torch.equal(ours.values.sort(-1).values, whole.values.sort(-1).values)
 
 

@@ -20,6 +20,11 @@ __all__ = ["KeepsJoinedWeights", "fused_linear", "joined_weight", "product", "bo
 
 
 def _weight_of(layer: nn.Linear) -> Tensor:
+    """The ``(out, in)`` weight that ``layer``'s product applies in eval mode: a plain layer's own,
+    LoRA's merged one, an 8-bit layer's rows times their scales (for the few products that need the
+    matrix itself, such as latent attention's absorbed projections)."""
+    if isinstance(layer, Int8Linear):
+        return layer.rows.float() * layer.scale[:, None]
     merged = getattr(layer, "merged_weight", None)
     return layer.weight if merged is None else merged()
 

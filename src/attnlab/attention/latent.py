@@ -328,57 +328,50 @@ class LatentAttention(nn.Module):
         return ", ".join(parts)
 
 
-def top_keys(index: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def top_keys(index: Tensor, k: int, width: int | None = None) -> tuple[Tensor, Tensor]:
     """The ``k`` best keys of each row of ``index`` ``(..., L)``, as ``(values, indices)`` in no
-    order; among keys of equal score the later ones (the most recent), so that the choice does
-    not depend on how many keys the row holds or how the rows were cut into chunks (the indexer's
-    ReLU makes exact ties at 0 common: with 3 heads, one key in 8 scores 0).
+    order. Keys of equal score at the k-th place are chosen as ``torch.topk`` chooses them in a row
+    of ``width`` keys (default ``L``) whose keys past ``L`` are masked: DeepSeek's reference and
+    transformers take ``torch.topk`` over every key of the call, masked ones included, and the
+    indexer's ReLU makes exact ties at 0 common (with 4 heads, one key in 16 scores 0). So a row
+    cut to the keys a chunk of queries may see picks what the whole row picks.
 
     A long row is narrowed first to the ``k`` groups of :data:`GROUP` neighbours whose best key
-    ranks highest, which hold the ``k`` best keys (each of those keys is at most its group's
-    best, and the groups rank by their best keys under the same order), and chosen among their
-    ``k x GROUP`` keys: the same keys, in 4.7 ms against 8.5 for 128 rows of 16,384 keys and 256
-    picks, 3.2 against 3.6 at 6,144 (AMX Xeon; narrower rows are faster whole)."""
-    width = index.shape[-1]
-    if k > 0 and width >= 24 * k and index.numel():
-        return _top_keys_grouped(index, k)
-    return _top_keys_flat(index, k)
-
-
-GROUP = 8  # neighbouring keys narrowed as one by top_keys (at 16,384 keys: 8: 4.7 ms, 4: 5.7, 16: 5.7)
-
-
-def _top_keys_flat(index: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    top = index.topk(k, dim=-1, sorted=False)
-    if top.values.numel() == 0:
-        return top
-    last = top.values.amin(-1, keepdim=True)  # the k-th score
-    shared = (index == last).sum(-1) > (top.values == last).sum(-1)  # rows where it is not taken whole
+    ranks highest, which hold every key above the k-th score and enough equal to it (each key is
+    at most its group's best); the rows where equal scores straddle the k-th place are then
+    chosen again over the whole row."""
+    length = index.shape[-1]
+    best = (_top_keys_grouped(index, k) if k > 0 and length >= 24 * k and index.numel()
+            else index.topk(k, dim=-1, sorted=False))
+    if best.values.numel() == 0:
+        return best
+    last = best.values.amin(-1, keepdim=True)  # the k-th score
+    # rows where the k-th score is shared by a key left out; among masked keys (-inf) the choice is moot
+    shared = ((index == last).sum(-1) > (best.values == last).sum(-1)) & last[..., 0].isfinite()
     if bool(shared.any()):
-        rows, bound = index[shared], last[shared]
-        above, equal = rows > bound, rows == bound
-        after = equal.flip(-1).cumsum(-1).flip(-1)  # the equal keys at or after each one
-        chosen = above | (equal & (after <= k - above.sum(-1, keepdim=True)))
-        picked = chosen.nonzero()[:, -1].view(-1, k)
-        top.indices[shared], top.values[shared] = picked, rows.gather(-1, picked)
-    return top
+        rows = index[shared]
+        if width is not None and width > length:
+            rows = F.pad(rows, (0, width - length), value=float("-inf"))
+        again = rows.topk(k, dim=-1, sorted=False)
+        best.indices[shared], best.values[shared] = again.indices, again.values
+    return best
+
+
+GROUP = 8  # neighbouring keys narrowed as one by top_keys (its speed against other sizes: the results pages)
 
 
 def _top_keys_grouped(index: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """:func:`top_keys` of rows of at least ``k`` groups: the best groups, then the best of their keys."""
-    lead, width = index.shape[:-1], index.shape[-1]
-    rows = index.reshape(-1, width)
-    # -inf before the row, not after: equal scores go to the later keys, so these are never taken
-    front = (-width) % GROUP
+    """The ``k`` best keys of rows of at least ``k`` groups, as :func:`top_keys` before its ties
+    are settled: the best groups, then the best of their keys."""
+    lead, length = index.shape[:-1], index.shape[-1]
+    rows = index.reshape(-1, length)
+    front = (-length) % GROUP  # -inf before the row: a key of the row is never a padded one
     if front:
         rows = F.pad(rows, (front, 0), value=float("-inf"))
     groups = rows.view(rows.shape[0], -1, GROUP)
-    best_groups = _top_keys_flat(groups.amax(-1), k).indices
-    # in order of position, so that the choice among their keys breaks ties as one over the row would
-    marks = torch.zeros(groups.shape[:2], dtype=torch.bool, device=index.device).scatter_(1, best_groups, True)
-    order = marks.nonzero()[:, 1].view(-1, k)
+    order = groups.amax(-1).topk(k, dim=-1, sorted=False).indices
     candidates = groups.gather(1, order[..., None].expand(-1, -1, GROUP)).view(-1, k * GROUP)
-    best = _top_keys_flat(candidates, k)
+    best = candidates.topk(k, dim=-1, sorted=False)
     at = order.gather(1, best.indices // GROUP) * GROUP + best.indices % GROUP - front
     return torch.return_types.topk((best.values.view(*lead, k), at.view(*lead, k)))
 
@@ -620,7 +613,7 @@ class IndexedSparseAttention(LatentAttention):
                                      float("-inf"))
                 if key_padding_mask is not None:
                     index.masked_fill_(key_padding_mask[:, None, :seen], float("-inf"))
-                best = top_keys(index, min(top, seen))
+                best = top_keys(index, min(top, seen), width=lk)
                 idx[:, start:end, : best.indices.shape[-1]] = best.indices
                 valid[:, start:end, : best.indices.shape[-1]] = best.values > float("-inf")
         return idx, valid
