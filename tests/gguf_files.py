@@ -111,7 +111,9 @@ def random_blocks(qtype: Q, shape: tuple[int, ...], seed: int) -> np.ndarray:
 def write_gguf(path: Path, arch: str, model: Any, vocab: dict[str, Any], qtype: Q = Q.F32,
                extra: dict[str, Any] | None = None) -> Path:
     """``model`` (a transformers causal LM) written as a GGUF file of ``arch`` with tokenizer
-    ``vocab``; its matrices in ``qtype``, the norms and biases in F32, as llama.cpp keeps them."""
+    ``vocab``; its matrices in ``qtype``, the norms and biases in F32, as llama.cpp keeps them.
+    ``extra``: metadata added or replaced, a text or uint32 by its Python type, or ``(value,
+    GGUFValueType[, item type])``."""
     c = model.config
     w = gguf.GGUFWriter(str(path), arch)
     heads, kv = c.num_attention_heads, c.num_key_value_heads
@@ -137,8 +139,6 @@ def write_gguf(path: Path, arch: str, model: Any, vocab: dict[str, Any], qtype: 
     if arch == "gemma2":
         w.add_float32(f"{arch}.attn_logit_softcapping", float(c.attn_logit_softcapping))
         w.add_float32(f"{arch}.final_logit_softcapping", float(c.final_logit_softcapping))
-    for key, value in (extra or {}).items():
-        (w.add_string if isinstance(value, str) else w.add_uint32)(key, value)
     w.add_tokenizer_model(vocab["model"])
     w.add_tokenizer_pre(vocab["pre"])
     w.add_token_list(vocab["tokens"])
@@ -173,6 +173,11 @@ def write_gguf(path: Path, arch: str, model: Any, vocab: dict[str, Any], qtype: 
         else:
             q = gguf.quants.quantize(data, qtype)
             w.add_tensor(out, q, raw_shape=q.shape, raw_dtype=qtype)
+    for key, value in (extra or {}).items():  # last: a key written above is replaced (gguf warns of it)
+        if isinstance(value, tuple):  # (value, GGUFValueType[, the array's item type]): any type, wrong ones too
+            w.add_key_value(key, *value)
+        else:
+            (w.add_string if isinstance(value, str) else w.add_uint32)(key, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import gguf_files
 from gguf_files import MIXED_TEXT, Q, byte_level_vocab, sentencepiece_vocab, write_gguf
 
 transformers = pytest.importorskip("transformers", reason="transformers reads the same files as the reference")
@@ -176,6 +177,68 @@ def test_hostile_and_careless_files_are_refused_in_one_line(tmp_path: Path) -> N
         _refused(path, *words)
 
 
+T = gguf_files.gguf.GGUFValueType
+WRONG_METADATA = {  # key: (a value of the wrong type or range, words of the refusal)
+    "llama.rope.scaling.factor": (("2", T.STRING), "must be a number > 0", "got the text '2'"),
+    "llama.rope.dimension_count": (("16", T.STRING), "must be a whole number", "got the text '16'"),
+    "llama.rope.scaling.type": ((["linear"], T.ARRAY, T.STRING), "must be a text", "got a list of 1 text"),
+    "llama.expert_count": (([1, 2], T.ARRAY, T.UINT32), "must be a whole number", "a list of 2 whole numbers"),
+    "llama.attention.key_length": (([16, 16], T.ARRAY, T.UINT32), "must be a whole number", "a list of 2"),
+    "llama.attention.layer_norm_rms_epsilon": (("1e-5", T.STRING), "must be a number > 0", "the text '1e-5'"),
+    "split.count": (("2", T.STRING), "must be a whole number", "the text '2'"),
+    "llama.attention.head_count": ((0, T.UINT32), "from 1 to", "got the number 0"),
+    "llama.block_count": ((0, T.UINT32), "from 1 to", "got the number 0"),
+    "llama.context_length": (("128", T.STRING), "must be a whole number", "the text '128'"),
+    "llama.rope.freq_base": ((float("nan"), T.FLOAT32), "must be a number > 0", "got the number nan"),
+    "general.architecture": ((["llama", "qwen2"], T.ARRAY, T.STRING), "must be a text", "a list of 2 texts"),
+    "general.type": ((["model"], T.ARRAY, T.STRING), "must be a text", "a list of 1 text"),
+    "tokenizer.ggml.tokens": ((list(range(320)), T.ARRAY, T.INT32), "must be a list of texts", "320 whole numbers"),
+    "tokenizer.ggml.merges": (([1, 2, 3], T.ARRAY, T.INT32), "must be a list of texts", "3 whole numbers"),
+    "tokenizer.ggml.pre": ((["gpt2"], T.ARRAY, T.STRING), "must be a text", "a list of 1 text"),
+    "tokenizer.ggml.eos_token_id": (("2", T.STRING), "must be a whole number", "the text '2'"),
+    "tokenizer.ggml.add_bos_token": (("yes", T.STRING), "must be true or false", "the text 'yes'"),
+    "tokenizer.chat_template": ((5, T.UINT32), "must be a text", "got the number 5"),
+    "tokenizer.ggml.token_type": ((["a"] * 320, T.ARRAY, T.STRING), "must be a list of whole numbers", "320 texts"),
+}
+
+
+@pytest.fixture(scope="module")
+def llama_model() -> object:
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(_config("llama", len(byte_level_vocab()["tokens"]))).eval()
+
+
+@pytest.mark.parametrize("key", WRONG_METADATA)
+def test_metadata_of_the_wrong_type_or_range_is_refused_in_one_line_naming_the_key(tmp_path: Path, key: str,
+                                                                                   llama_model: object) -> None:
+    value, *words = WRONG_METADATA[key]
+    path = write_gguf(tmp_path / "m.gguf", "llama", llama_model, byte_level_vocab(), extra={key: value})
+    _refused(path, f"metadata {key} must be", *words)
+
+
+def test_every_command_refuses_metadata_of_the_wrong_type_in_one_line(tmp_path: Path, llama_model: object,
+                                                                      capsys) -> None:
+    """A text where a number is read reached generate, chat and explore unchecked (a traceback in
+    chat and explore): now each refuses the file when it opens it, before any work."""
+    from attnlab.cli import main
+
+    path = write_gguf(tmp_path / "m.gguf", "llama", llama_model, byte_level_vocab(),
+                      extra={"llama.context_length": ("128", T.STRING)})
+    for argv in (["generate", str(path), "hi"], ["chat", str(path)], ["explore", str(path), "hi", "--out",
+                                                                       str(tmp_path / "x.html")],
+                 ["train", "lm-text", f"model.checkpoint={path}", "data.path=x.txt"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "llama.context_length must be a whole number" in err, (argv, err)
+
+
+def test_a_tensor_whose_dimensions_are_not_sizes_is_refused(tmp_path: Path) -> None:
+    arch = [("general.architecture", 8, _string("llama"))]
+    path = tmp_path / "dims.gguf"
+    path.write_bytes(_header(arch, [("token_embd.weight", [0, 2**64 - 1], 0, 0)]) + bytes(64))
+    _refused(path, "token_embd.weight", "not sizes of a tensor")
+
+
 def test_other_kinds_of_gguf_files_are_named(tmp_path: Path) -> None:
     path, _ = _write(tmp_path, "llama")
     data = path.read_bytes()
@@ -263,3 +326,40 @@ def test_an_empty_or_symlinked_gguf_file(tmp_path: Path) -> None:
     link = tmp_path / "link.gguf"
     link.symlink_to(path)
     assert from_hf(link).config.vocab_size == from_hf(path).config.vocab_size
+
+
+def _merges_tried_at_every_place(tokens: list[str], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """The merges of a SentencePiece vocabulary, every split of every piece tried (as transformers)."""
+    ids = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for piece in scores:
+        local = sorted(((piece[:k], piece[k:]) for k in range(1, len(piece))
+                        if piece[:k] in ids and piece[k:] in ids), key=lambda lr: (ids[lr[0]], ids[lr[1]]))
+        merges += [(scores[piece], len(left), len(right), left, right) for left, right in local]
+    merges.sort(key=lambda m: m[:3], reverse=True)
+    return [m[3:] for m in merges]
+
+
+def test_the_merges_of_a_sentencepiece_vocabulary_are_those_of_every_split() -> None:
+    from attnlab.models.gguf_tokenizer import _merges_from_scores
+
+    gen = np.random.default_rng(0)
+    tokens = ["".join(gen.choice(list("ab▁c"), size=gen.integers(1, 14))) for _ in range(3000)]
+    tokens += ["a" * k for k in range(1, 40)] + ["▁" * k for k in range(1, 20)] + ["ab" * 20 + "c" * 9]
+    tokens = list(dict.fromkeys(tokens))
+    scores = {t: -float(i % 50) for i, t in enumerate(tokens)}  # many equal scores: the order of ties matters
+    assert _merges_from_scores(tokens, scores) == _merges_tried_at_every_place(tokens, scores)
+
+
+def test_a_vocabulary_of_a_few_huge_pieces_builds_its_tokenizer(tmp_path: Path) -> None:
+    """Three pieces of 1,000,000 characters (a 3 MB file): every split of each tried was 10^12
+    character comparisons (still running after 150 s); now each piece costs a few set lookups."""
+    vocab = sentencepiece_vocab()
+    huge = [chr(ord("a") + i) * 1_000_000 + str(i) for i in range(3)]
+    vocab.update(tokens=vocab["tokens"] + huge, scores=vocab["scores"] + [-1000.0, -1001.0, -1002.0],
+                 types=vocab["types"] + [1, 1, 1])
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_config("llama", len(vocab["tokens"]))).eval()
+    path = write_gguf(tmp_path / "huge.gguf", "llama", model, vocab)
+    tok = open_checkpoint(path).tokenizer()
+    assert tok.decode(tok.encode("hello a" + "a" * 10)) == "hello a" + "a" * 10

@@ -54,6 +54,7 @@ SUPPORTED_TYPES: dict[int, tuple[str, int, int]] = {
 # Rows dequantized at a time: the chunk's temporaries (several float32 copies inside gguf's
 # dequantization) stay near 4M elements, whatever the tensor's size.
 _CHUNK_ELEMENTS = 1 << 22
+_MAX_ELEMENTS = 2**63 - 1
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -206,6 +207,9 @@ class GGUFFile:
             numel = 1
             for d in dims:
                 numel *= d
+            if max(dims) > _MAX_ELEMENTS or numel > _MAX_ELEMENTS:  # ggml's sizes are int64, as torch's
+                raise InputError(f"{self.path}: tensor {name}'s dimensions {' x '.join(map(str, dims[::-1]))} are not "
+                                 f"sizes of a tensor (each, and their product, at most 2^63 - 1)")
             if dims[0] % block:
                 raise InputError(f"{self.path}: tensor {name}'s rows of {dims[0]} values are not whole blocks of "
                                  f"{block} ({tname})")

@@ -6,8 +6,8 @@ into that family's, so that a GGUF file then loads through the same tables as a 
 What llama.cpp's converter changed is undone here, as ``transformers`` undoes it: the query
 and key rows of ``llama`` files were reordered for llama.cpp's interleaved rotary layout,
 and Gemma's norms are stored as ``1 + weight``. Every metadata key is read, declared
-irrelevant with its reason (:data:`IRRELEVANT`, :data:`~attnlab.models.gguf_tokenizer.TOKENIZER_KEYS`),
-or refused by name, as every tensor name is.
+irrelevant with its reason, both in its schema (:data:`~attnlab.models.gguf_metadata.METADATA`,
+which also types it), or refused by name, as every tensor name is.
 """
 
 from __future__ import annotations
@@ -21,35 +21,14 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from .gguf_metadata import METADATA, check_metadata, schema_of
 from .gguf_reader import GGUFFile
-from .gguf_tokenizer import TOKENIZER_KEYS
 
-__all__ = ["GGUF_ARCHITECTURES", "GGUFArchitecture", "GGUFCheckpoint", "IRRELEVANT"]
+__all__ = ["GGUF_ARCHITECTURES", "GGUFArchitecture", "GGUFCheckpoint"]
 
-# {arch}.KEY -> config.json key: what every architecture's metadata says alike.
-_COMMON: dict[str, str] = {
-    "context_length": "max_position_embeddings",
-    "embedding_length": "hidden_size",
-    "block_count": "num_hidden_layers",
-    "feed_forward_length": "intermediate_size",
-    "attention.head_count": "num_attention_heads",
-    "attention.head_count_kv": "num_key_value_heads",
-    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
-    "rope.freq_base": "rope_theta",
-    "vocab_size": "vocab_size",
-    "attention.key_length": "head_dim",
-    "attention.sliding_window": "sliding_window",
-}
-# {arch}.KEY read by a rule below rather than copied.
-_RULES = ("attention.value_length", "rope.dimension_count", "rope.scaling.type", "rope.scaling.factor",
-          "rope.scaling.original_context_length", "expert_count", "expert_used_count")
-# Metadata of no effect on what the model computes, and why.
-IRRELEVANT: dict[str, str] = {
-    "general.": "a description of the file (name, license, authors, sources, tags, the quantization it used)",
-    "quantize.imatrix.": "how the quantization was calibrated",
-    "{arch}.tensor_data_layout": "the layout of the weights that llama.cpp's converter read",
-    "{arch}.rope.scaling.finetuned": "whether the model was fine-tuned with its rotary scaling: a description",
-}
+# {arch}.KEY -> config.json key: the keys every architecture's metadata holds alike, copied.
+_COMMON: dict[str, str] = {name[len("{arch}."):]: spec.config for name, spec in METADATA.items()
+                           if name.startswith("{arch}.") and spec.config and not spec.only}
 _ROPE_TYPES = {"none": None, "linear": "linear", "yarn": "yarn"}
 
 
@@ -66,14 +45,14 @@ def _query_scale(layers_27b: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 @dataclass(frozen=True)
 class GGUFArchitecture:
-    """One ``general.architecture``: the Hugging Face ``model_type`` its config becomes, the
-    metadata it reads besides :data:`_COMMON`, the config values it always has, and the
+    """One ``general.architecture``: the Hugging Face ``model_type`` its config becomes (the
+    metadata it reads besides :data:`_COMMON` is the schema's, ``MetaKey.only``), the config
+    values it always has, and the
     tensors llama.cpp changed: ``permute_qk`` (rows reordered for the interleaved rotary
     layout), ``norms_plus_one`` (Gemma's norms stored as ``1 + weight``), ``ffn_norm`` (the
     Hugging Face name of ``ffn_norm``), ``packed`` (Phi-3's joined projections)."""
 
     model_type: str
-    keys: dict[str, str] = field(default_factory=dict)
     fixed: dict[str, Any] = field(default_factory=dict)
     derived: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     permute_qk: bool = False
@@ -89,13 +68,9 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "qwen2": GGUFArchitecture("qwen2"),
     "qwen3": GGUFArchitecture("qwen3"),
     "phi3": GGUFArchitecture("phi3", packed=True),
-    "gemma2": GGUFArchitecture("gemma2", keys={"attn_logit_softcapping": "attn_logit_softcapping",
-                                               "final_logit_softcapping": "final_logit_softcapping"},
-                               fixed=_GEMMA_FIXED, derived=_query_scale(46), norms_plus_one=True,
+    "gemma2": GGUFArchitecture("gemma2", fixed=_GEMMA_FIXED, derived=_query_scale(46), norms_plus_one=True,
                                ffn_norm="pre_feedforward_layernorm"),
-    "gemma3": GGUFArchitecture("gemma3_text", keys={"attention.sliding_window_pattern": "sliding_window_pattern",
-                                                    "final_logit_softcapping": "final_logit_softcapping"},
-                               fixed=_GEMMA_FIXED, derived=_query_scale(62), norms_plus_one=True,
+    "gemma3": GGUFArchitecture("gemma3_text", fixed=_GEMMA_FIXED, derived=_query_scale(62), norms_plus_one=True,
                                ffn_norm="pre_feedforward_layernorm"),
 }
 
@@ -149,8 +124,9 @@ class GGUFCheckpoint:
         self.path = Path(path).expanduser()
         self.file = GGUFFile(self.path)
         meta = self.file.metadata
+        check_metadata(meta, self.path)  # every value typed before any is read
         self.config_file = self.path  # what messages name
-        arch_name = meta.get("general.architecture")
+        arch_name = meta["general.architecture"]
         kind = meta.get("general.type", "model")
         if kind != "model":
             what = {"adapter": "a LoRA adapter", "mmproj": "a vision projector", "vocab": "a vocabulary alone"}
@@ -176,26 +152,19 @@ class GGUFCheckpoint:
     def _make_config(self) -> dict[str, Any]:
         meta, arch, path = self.file.metadata, self.architecture, self.path
         prefix = arch + "."
-        table = {**_COMMON, **self.arch.keys}
+        table = [*_COMMON, *(name[len("{arch}."):] for name, spec in METADATA.items() if arch in spec.only)]
         config: dict[str, Any] = {"model_type": self.arch.model_type, **self.arch.fixed}
         for key, value in meta.items():
-            if key.startswith(prefix):
-                sub = key[len(prefix):]
-                if sub in table:
-                    config[table[sub]] = _plain(value)
-                elif sub not in _RULES and f"{{arch}}.{sub}" not in IRRELEVANT:
-                    raise InputError(f"{path}: metadata key {key} is not one attnlab reads for a {arch} model; it "
-                                     f"reads {', '.join(prefix + k for k in [*table, *_RULES])}")
-            elif key.startswith("tokenizer."):
-                if key not in TOKENIZER_KEYS and not key.startswith("tokenizer.chat_template."):
-                    raise InputError(f"{path}: metadata key {key} is not one attnlab reads; it reads "
-                                     f"{', '.join(TOKENIZER_KEYS)}")
-            elif key.startswith("split."):
-                if meta.get("split.count", 1) != 1:
-                    raise InputError(f"{path}: is part {meta.get('split.no', 0) + 1} of {meta['split.count']} of a "
-                                     f"split file; merge them first (llama-gguf-split --merge FIRST OUT)")
-            elif not any(key.startswith(p) for p in IRRELEVANT if not p.startswith("{arch}")):
-                raise InputError(f"{path}: metadata key {key} is not one attnlab reads for a {arch} model")
+            found = schema_of(key, arch)
+            if found is None or (found[1].only and arch not in found[1].only):
+                readable = [prefix + k for k in table] if key.startswith(prefix) else []
+                raise InputError(f"{path}: metadata key {key} is not one attnlab reads for a {arch} model"
+                                 + (f"; it reads {', '.join(readable)} and the keys of its rules" if readable else ""))
+            if key.startswith(prefix) and found[1].config:
+                config[found[1].config] = _plain(value)
+        if meta.get("split.count", 1) > 1:
+            raise InputError(f"{path}: is part {meta.get('split.no', 0) + 1} of {meta['split.count']} of a split file; "
+                             f"merge them first (llama-gguf-split --merge FIRST OUT)")
         experts = meta.get(prefix + "expert_count", 0)
         if experts:
             raise InputError(f"{path}: metadata {prefix}expert_count {experts}: a mixture of experts, which attnlab "

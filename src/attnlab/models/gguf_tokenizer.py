@@ -14,7 +14,8 @@ Two vocabularies are read, as llama.cpp reads them:
   (Gemma's by its position in the vocabulary, which is its merge order).
 
 Token types (``tokenizer.ggml.token_type``): 3 (control, ``<|im_end|>``) become special
-tokens, 4 (user-defined, ``<think>``) added tokens matched whole.
+tokens, 4 (user-defined, ``<think>``) added tokens matched whole. The metadata's values are
+typed by their schema (:mod:`attnlab.models.gguf_metadata`) when the file is opened.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["gguf_tokenizer", "TOKENIZER_KEYS", "PRE_SPLITS"]
+__all__ = ["gguf_tokenizer", "PRE_SPLITS"]
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
@@ -43,41 +44,6 @@ PRE_SPLITS: dict[str, tuple[str, ...]] = {
     "qwen2": (_QWEN2,), "stablelm2": (_QWEN2,), "deepseek-r1-qwen": (_QWEN2,), "megrez": (_QWEN2,),
 }
 
-# Every tokenizer key a GGUF file may hold, and what attnlab does with it.
-TOKENIZER_KEYS: dict[str, str] = {
-    "tokenizer.ggml.model": "the kind of vocabulary (gpt2: byte-level BPE; llama: SentencePiece-style)",
-    "tokenizer.ggml.pre": "how text is split before merging (PRE_SPLITS)",
-    "tokenizer.ggml.tokens": "the vocabulary",
-    "tokenizer.ggml.scores": "the pieces' scores: the merges' ranks of a llama vocabulary",
-    "tokenizer.ggml.token_type": "control tokens become special, user-defined ones added tokens",
-    "tokenizer.ggml.merges": "the merges of a gpt2 vocabulary",
-    "tokenizer.ggml.bos_token_id": "the first token a prompt gets, with add_bos_token",
-    "tokenizer.ggml.eos_token_id": "ends a generation and the documents a run trains on",
-    "tokenizer.ggml.eot_token_id": "ends a generation (end of turn)",
-    "tokenizer.ggml.eom_token_id": "ends a generation (end of message)",
-    "tokenizer.ggml.unknown_token_id": "the unknown token",
-    "tokenizer.ggml.padding_token_id": "the padding token",
-    "tokenizer.ggml.add_bos_token": "whether a prompt starts with the bos token",
-    "tokenizer.ggml.add_eos_token": "whether a prompt ends with the eos token",
-    "tokenizer.ggml.add_space_prefix": "whether a llama vocabulary's text starts with ▁",
-    "tokenizer.chat_template": "the chat template",
-    # read and of no effect on what attnlab computes:
-    "tokenizer.ggml.add_sep_token": "irrelevant: a separator is for pairs of texts, which a decoder does not take",
-    "tokenizer.ggml.seperator_token_id": "irrelevant: as add_sep_token (llama.cpp's spelling)",
-    "tokenizer.ggml.cls_token_id": "irrelevant: an encoder's classification token",
-    "tokenizer.ggml.mask_token_id": "irrelevant: an encoder's mask token",
-    "tokenizer.ggml.prefix_token_id": "irrelevant: fill-in-the-middle tokens, for code completion",
-    "tokenizer.ggml.suffix_token_id": "irrelevant: fill-in-the-middle tokens, for code completion",
-    "tokenizer.ggml.middle_token_id": "irrelevant: fill-in-the-middle tokens, for code completion",
-    "tokenizer.ggml.fim_pre_token_id": "irrelevant: fill-in-the-middle tokens, for code completion",
-    "tokenizer.ggml.fim_suf_token_id": "irrelevant: fill-in-the-middle tokens, for code completion",
-    "tokenizer.ggml.fim_mid_token_id": "irrelevant: fill-in-the-middle tokens, for code completion",
-    "tokenizer.ggml.fim_pad_token_id": "irrelevant: fill-in-the-middle tokens, for code completion",
-    "tokenizer.ggml.fim_rep_token_id": "irrelevant: fill-in-the-middle tokens, for code completion",
-    "tokenizer.ggml.fim_sep_token_id": "irrelevant: fill-in-the-middle tokens, for code completion",
-    "tokenizer.ggml.remove_extra_whitespaces": "read: true is refused (a normalizer attnlab does not build)",
-    "tokenizer.chat_templates": "the names of the templates besides the default (tokenizer.chat_template.NAME)",
-}
 # Control tokens that end a turn, as llama.cpp finds them by their text when no eot id is given.
 _TURN_ENDS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>", "<|end_of_text|>")
 _CONTROL, _USER_DEFINED = 3, 4
@@ -94,20 +60,41 @@ def _byte_alphabet() -> dict[int, str]:
     return spelled
 
 
+_EDGE = 8  # the characters at each end of a token that its signature holds
+
+
 def _merges_from_scores(tokens: list[str], scores: dict[str, float]) -> list[tuple[str, str]]:
     """The merges a SentencePiece vocabulary implies: each piece that two pieces of the
     vocabulary join to, ranked by the joined piece's score (the higher first; ties: the longer
     left part, then the longer right one, then the vocabulary's order), as ``transformers``
-    derives them for its GGUF tokenizers."""
+    derives them for its GGUF tokenizers.
+
+    A piece of ``n`` characters has ``n - 1`` places to split it, each a comparison of ``n``
+    characters: tried all, a hostile vocabulary of a few long pieces costs hours. A place is tried
+    only where both parts have the length of some piece, and the signature of some piece of that
+    length (its first and last characters), which takes a few characters to read; so the time
+    grows with the vocabulary's bytes and the merges it really holds. Each merge holds the
+    vocabulary's own strings."""
     ids = {t: i for i, t in enumerate(tokens)}
-    merges: list[tuple[float, int, int, int, int, str, str]] = []
+    lengths = sorted({len(t) for t in ids})
+    signatures = {(len(t), t[:_EDGE], t[-_EDGE:]) for t in ids}
+    merges: list[tuple[float, int, int, str, str]] = []
     for piece in scores:  # the vocabulary's order, a repeated piece once
-        local = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in ids and piece[k:] in ids]
-        local.sort(key=lambda lr: (ids[lr[0]], ids[lr[1]]))
+        n, local = len(piece), []
+        for k in lengths:
+            if k >= n:
+                break
+            if (k, piece[:min(k, _EDGE)], piece[max(0, k - _EDGE):k]) not in signatures or \
+                    (n - k, piece[k:k + _EDGE], piece[max(k, n - _EDGE):]) not in signatures:
+                continue
+            left, right = ids.get(piece[:k]), ids.get(piece[k:])
+            if left is not None and right is not None:
+                local.append((left, right))
+        local.sort()
         score = scores[piece]
-        merges.extend((score, len(l), len(r), 0, 0, l, r) for l, r in local)
+        merges.extend((score, n - len(tokens[r]), len(tokens[r]), tokens[l], tokens[r]) for l, r in local)
     merges.sort(key=lambda m: (m[0], m[1], m[2]), reverse=True)  # stable: equal keys keep their order
-    return [(m[5], m[6]) for m in merges]
+    return [(m[3], m[4]) for m in merges]
 
 
 def _token_list(meta: dict[str, Any], key: str, path: Any, n: int, kind: type) -> list[Any] | None:
@@ -123,7 +110,7 @@ def _token_id(meta: dict[str, Any], key: str, path: Any, n: int) -> int | None:
     value = meta.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+    if value >= n:
         raise InputError(f"{path}: metadata {key} must be a token id below {n:,} (the vocabulary's size); got {value!r}")
     return value
 
@@ -139,8 +126,6 @@ def gguf_tokenizer(meta: dict[str, Any], path: Any, architecture: str) -> Any:
     if not tokens:
         raise InputError(f"{path}: metadata tokenizer.ggml.tokens is missing or empty: the file has no vocabulary, "
                          f"and a language model reads text with its own")
-    if not all(isinstance(t, str) for t in tokens):
-        raise InputError(f"{path}: metadata tokenizer.ggml.tokens must be a list of strings")
     n = len(tokens)
     types = _token_list(meta, "tokenizer.ggml.token_type", path, n, int) or [1] * n
     if meta.get("tokenizer.ggml.remove_extra_whitespaces"):
@@ -227,10 +212,8 @@ def gguf_tokenizer(meta: dict[str, Any], path: Any, architecture: str) -> Any:
                          _token_id(meta, "tokenizer.ggml.eom_token_id", path, n)) if i is not None]
     stops += [i for i, (t, k) in enumerate(zip(tokens, types)) if k == _CONTROL and t in _TURN_ENDS and i not in stops]
     chat = meta.get("tokenizer.chat_template")
-    if chat is not None and not isinstance(chat, str):
-        raise InputError(f"{path}: metadata tokenizer.chat_template must be text (a Jinja template)")
     named = {name[len("tokenizer.chat_template."):]: t for name, t in meta.items()
-             if name.startswith("tokenizer.chat_template.") and isinstance(t, str)}
+             if name.startswith("tokenizer.chat_template.")}
     template: str | dict[str, str] | None = {"default": chat, **named} if named and chat is not None else chat
     return HFTokenizer(tok, special=special, eos_id=eos, stop_ids=stops, chat_template=template,
                        chat_source=f"the tokenizer.chat_template of {path}", folder=path)
