@@ -2,9 +2,13 @@
 decoder folder or a language-model run whose tokenizer has a chat template.
 
 Each message is rendered with the whole conversation by the model's chat template and the
-reply is printed as it comes. Ctrl-C ends a reply (what was printed of it stays in the
-conversation) and not the session; Ctrl-D or ``/exit`` ends the session; ``/reset`` forgets
-the conversation; ``/system TEXT`` sets the system message (``/system`` alone removes it).
+reply is printed as it comes. Ctrl-C ends a reply and not the session: the interrupted exchange
+(the message and what was printed of the reply) is left out of the conversation, so the model
+never reads a reply cut short. Keys typed while a reply is printed are not echoed into it; they
+wait for the next prompt. Ctrl-D or ``/exit`` ends the session; ``/reset`` forgets the
+conversation; ``/system TEXT`` sets the system message (``/system`` alone removes it). A
+message the session cannot send (text that is not UTF-8, one the chat template refuses, one
+longer than the model's context) is refused in one line, and the session goes on.
 Before a reply, the rendered conversation and the reply's tokens are checked against the
 model's context: the oldest exchanges are dropped to make room, saying how many and how many
 tokens, and a message that does not fit on its own is refused with the room it has.
@@ -13,10 +17,14 @@ tokens, and a message that does not fit on its own is refused with the room it h
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
 from typing import Any, Callable, Iterator, Sequence
 
+from ..errors import InputError
 from ..families import decoder_names
+from ..tasks.base import check_text
 from .common import CHECKPOINT_HELP, UsageError, load_run_or_model
 
 HELP = "/reset: forget the conversation; /system TEXT: set the system message; /exit (or Ctrl-D): leave"
@@ -67,17 +75,39 @@ class ChatSession:
         return min(room, wanted)
 
     def reply(self, message: str) -> Iterator[str]:
-        """The reply to ``message``, as it comes; the exchange joins the history when it ends
-        or is interrupted (with what was said of the reply)."""
+        """The reply to ``message``, as it comes; the exchange joins the history when the reply
+        has ended. A reply that is interrupted (Ctrl-C, or the caller stops reading) leaves the
+        history as it was: a model fed a reply cut short tends to repeat it."""
         length = self.fit(message)
         said: list[str] = []
-        try:
-            for piece in self.run.task.stream(self.run, message, chat=True, system=self.system,
-                                              messages=self.history, **{**self.options, "max_new_tokens": length}):
-                said.append(piece)
-                yield piece
-        finally:
-            self.history += [{"role": "user", "content": message}, {"role": "assistant", "content": "".join(said)}]
+        for piece in self.run.task.stream(self.run, message, chat=True, system=self.system,
+                                          messages=self.history, **{**self.options, "max_new_tokens": length}):
+            said.append(piece)
+            yield piece
+        self.history += [{"role": "user", "content": message}, {"role": "assistant", "content": "".join(said)}]
+
+
+@contextlib.contextmanager
+def _keys_held() -> Iterator[None]:
+    """While a reply is printed: the terminal does not echo what is typed (it would land in the
+    reply's text) and keeps it for the next prompt, Ctrl-C included (``NOFLSH``: the interrupt
+    does not flush it). Nothing changes where standard input is not a terminal."""
+    try:
+        import termios
+    except ImportError:  # no POSIX terminal (Windows)
+        yield
+        return
+    fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else None
+    saved = termios.tcgetattr(fd) if fd is not None else None
+    if saved is not None:
+        quiet = list(saved)
+        quiet[3] = (quiet[3] & ~termios.ECHO) | termios.NOFLSH  # the local modes
+        termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            termios.tcsetattr(fd, termios.TCSANOW, saved)
 
 
 def _lines(read: Callable[[str], str], prompt: str) -> Iterator[str | None]:
@@ -105,6 +135,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if getattr(tokenizer, "chat_template", None) is None:
         tokenizer.chat_prompt([{"role": "user", "content": ""}])  # its own one-line reason
     session = ChatSession(run, options, args.system)
+    if isinstance(sys.stdin, io.TextIOWrapper):  # bytes that are not UTF-8 reach the check of the text, not a crash
+        sys.stdin.reconfigure(errors="surrogateescape")
     print(f"chatting with {args.model} (context {session.context:,} tokens). {HELP}", flush=True)
     try:
         import readline  # noqa: F401  # line editing and history for input(), where the platform has it
@@ -123,20 +155,27 @@ def cmd_chat(args: argparse.Namespace) -> int:
             print("[the conversation is forgotten]")
             continue
         if text == "/system" or text.startswith("/system "):
-            session.system = text[len("/system"):].strip() or None
+            system = text[len("/system"):].strip() or None
+            try:
+                check_text(system or "", "the system message")
+            except InputError as exc:
+                print(f"[{exc}]")
+                continue
+            session.system = system
             print(f"[system message: {session.system!r}]" if session.system else "[no system message]")
             continue
         if text.startswith("/"):
             print(f"[{text.split()[0]} is not a command. {HELP}]")
             continue
         try:
-            for piece in session.reply(line):
-                sys.stdout.write(piece)
-                sys.stdout.flush()
+            with _keys_held():
+                for piece in session.reply(line):
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
             print()
         except KeyboardInterrupt:
-            print(" [interrupted]")
-        except UsageError as exc:
+            print(" [interrupted: left out of the conversation]")
+        except InputError as exc:  # this message cannot be sent; the conversation goes on without it
             print(f"[{exc}]")
     return 0
 

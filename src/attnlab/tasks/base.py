@@ -543,7 +543,18 @@ def check_texts(inputs: Sequence[Any], task: str) -> list[str]:
         if not isinstance(t, str):
             shape = f" of shape {shape_str(t)}" if hasattr(t, "shape") else ""  # a tensor by its shape, never whole
             raise InputError(f"inputs[{i}] must be a text (str) for a {task} run; got {type(t).__name__}{shape}")
+        check_text(t, f"inputs[{i}]")
     return list(inputs)
+
+
+def check_text(text: str, where: str) -> None:
+    """Refuse a text that holds bytes which are not UTF-8: Python reads them (from a terminal, a
+    pipe or a file name) as lone surrogates, which no tokenizer can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"{where} is not UTF-8 text: {exc.end - exc.start:,} of its bytes, from character "
+                         f"{exc.start:,}, are not (given in another encoding?)") from None
 
 
 # ----------------------------------------------------------------------------- the registry

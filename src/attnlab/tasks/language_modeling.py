@@ -57,8 +57,8 @@ from ..models.hf_files import open_checkpoint
 from ..models.generation import DecoderSession, search
 from ..models.processors import processors_for
 from ..models.sampling import GENERATION_OPTIONS, check_generation, only_decodable
-from .base import (ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_texts, get_task,
-                   register_task)
+from .base import (ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_text, check_texts,
+                   get_task, register_task)
 from .run_files import train_config
 from .views import GenerationAttention, SampleTable, TextAttention, TextPrediction
 
@@ -630,6 +630,9 @@ class LanguageModeling(Task):
         tokens itself."""
         if system is not None and not isinstance(system, str):
             raise InputError(f"system must be a text; got {type(system).__name__}")
+        check_text(message, "the message")
+        if system is not None:
+            check_text(system, "the system message")
         if not isinstance(tokenizer, HFTokenizer):
             raise InputError(f"{run.run_dir} has no chat template: its tokenizer was learnt by the run (a run "
                              f"fine-tuned from a Hugging Face folder keeps the folder's, in its tokenizer_config.json)")
