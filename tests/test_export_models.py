@@ -210,3 +210,85 @@ def test_a_folder_in_bfloat16_holds_bfloat16_weights_that_read_back_as_the_round
     assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+
+
+# ---------------------------------------------------------------------------- what --force may replace
+@pytest.fixture(scope="module")
+def llama_and_tokenizer(tmp_path_factory):
+    source = _source(tmp_path_factory.mktemp("source"), "llama")
+    return from_hf(source), open_checkpoint(source).tokenizer()
+
+
+def test_force_replaces_an_export_folder_and_nothing_else(tmp_path: Path, llama_and_tokenizer) -> None:
+    model, tokenizer = llama_and_tokenizer
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "main.py").write_text("print('mine')\n")
+    with pytest.raises(InputError, match="did not write as an export") as caught:
+        save_hf(model, tokenizer, project, overwrite=True)
+    assert "\n" not in str(caught.value) and (project / "src" / "main.py").read_text() == "print('mine')\n"
+
+    folder, _ = save_hf(model, tokenizer, tmp_path / "hf")
+    assert (folder / ".attnlab-export.json").is_file()
+    save_hf(model, tokenizer, folder, overwrite=True)  # an export's folder: replaced
+    (folder / "README.md").write_text("notes of mine")
+    with pytest.raises(InputError, match=r"holds what the export did not write \(README.md\)"):
+        save_hf(model, tokenizer, folder, overwrite=True)
+    assert (folder / "README.md").read_text() == "notes of mine"
+
+    link = tmp_path / "link"
+    link.symlink_to(project, target_is_directory=True)
+    with pytest.raises(InputError, match="is a symbolic link"):
+        save_hf(model, tokenizer, link, overwrite=True)
+    (tmp_path / "a.gguf").write_bytes(b"not a folder")
+    for out in (tmp_path / "a.gguf" / "hf", tmp_path / "a.gguf"):
+        with pytest.raises(InputError, match="is a file"):
+            save_hf(model, tokenizer, out, overwrite=True)
+    (tmp_path / "dir.gguf").mkdir()
+    with pytest.raises(InputError, match="is a folder; this export is one file"):
+        save_gguf(model, tokenizer, tmp_path / "dir.gguf", overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # nothing left aside
+
+
+def test_the_command_line_refuses_force_onto_a_folder_of_the_users_before_any_work(tmp_path: Path, capsys) -> None:
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "main.py").write_text("print('mine')\n")
+    # a run that does not exist: --out is checked first
+    assert main(["export", str(tmp_path / "no-run"), "--format", "hf", "--out", str(project), "--force"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--out" in err and "did not write as an export" in err
+    assert (project / "src" / "main.py").is_file()
+
+
+@pytest.mark.parametrize("kind", ["hf", "gguf"])
+def test_a_full_disk_names_the_file_and_leaves_nothing_behind(tmp_path: Path, kind: str) -> None:
+    """Files capped at 100 KB in a child process (RLIMIT_FSIZE: the file system refuses what is past it,
+    as a full disk does); the model's weights are past it."""
+    source = _source(tmp_path, "llama")
+    out = tmp_path / "out" / ("hf" if kind == "hf" else "m.gguf")
+    code = (f"import resource; resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))\n"
+            f"from attnlab.models.hf import from_hf\nfrom attnlab.models.hf_files import open_checkpoint\n"
+            f"from attnlab.errors import WriteError\n"
+            f"from attnlab.models.{'hf_export import save_hf as save' if kind == 'hf' else 'gguf_writer import save_gguf as save'}\n"
+            f"try:\n    save(from_hf({str(source)!r}), open_checkpoint({str(source)!r}).tokenizer(), {str(out)!r})\n"
+            f"except WriteError as exc:\n    print('WriteError', exc.filename, '|', exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.stdout.startswith("WriteError"), done.stdout + done.stderr
+    named = str(out / "model.safetensors") if kind == "hf" else str(out)
+    assert f"WriteError {named} | could not write {named}" in done.stdout, done.stdout
+    assert "free there" in done.stdout or "File too large" in done.stdout
+    assert list((tmp_path / "out").iterdir()) == []  # nothing half-written, nothing aside
+
+
+def test_the_leftovers_of_a_killed_export_are_removed_by_the_next(tmp_path: Path, llama_and_tokenizer) -> None:
+    model, tokenizer = llama_and_tokenizer
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)  # a process that has ended
+    (tmp_path / f".hf.staging-{pid}.abc").mkdir()
+    (tmp_path / f".hf.staging-{pid}.abc" / "model.safetensors").write_bytes(b"half")
+    (tmp_path / f".m.gguf.staging-{pid}.xyz.gguf").write_bytes(b"half")
+    save_hf(model, tokenizer, tmp_path / "hf")
+    save_gguf(model, tokenizer, tmp_path / "m.gguf", "f32")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "m.gguf"]

@@ -126,6 +126,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _export_model(args: argparse.Namespace) -> int:
     """A language model as a Hugging Face folder or a GGUF file."""
+    from ..io import check_output
     from ..tasks import load_run
     from ..tasks.export_model import check_model_format, default_model_out, export_language_model
 
@@ -135,8 +136,7 @@ def _export_model(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_model_out(args.run_dir, args.format, args.gguf_type or "f16")
     if args.format == "gguf" and out.suffix != ".gguf":
         raise UsageError(f"--out must be a .gguf file with --format gguf; got {out}")
-    if out.exists() and not args.force:
-        raise UsageError(f"--out {out} exists already; pass --force to replace it, or choose another --out")
+    check_output(out, folder=args.format == "hf", overwrite=args.force, name="--out")  # before the run loads
     run = load_run(args.run_dir, args.checkpoint)
     result = export_language_model(run, out, args.format, weight_type=args.gguf_type, overwrite=args.force)
     print(f"{'folder' if result.format == 'hf' else 'file'}: {result.path}")

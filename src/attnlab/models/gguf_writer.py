@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from ..io import check_output, put_in_place, staging_for, write_error
 from .gguf_tables import _COMMON, _LAYER, _TOP, GGUF_ARCHITECTURES, _unpermute
 from .gguf_tokenizer import PRE_SPLITS, _GPT2
 from .gpt import GPT
@@ -188,9 +187,7 @@ def save_gguf(model: GPT, tokenizer: Any, path: str | Path, weight_type: str = "
     path = Path(path).expanduser()
     if path.suffix != ".gguf":
         raise InputError(f"out must be a .gguf file; got {path}")
-    if path.exists() and not overwrite:
-        raise InputError(f"out: {path} exists already; pass --force (overwrite=True in Python) to replace it, or "
-                         f"choose another --out")
+    check_output(path, folder=False, overwrite=overwrite)
     if not hasattr(tokenizer, "special"):
         raise InputError(f"a GGUF file needs the model's own tokenizer (a run started from a pretrained model's folder "
                          f"or GGUF file has it); got {type(tokenizer).__name__}")
@@ -200,11 +197,9 @@ def save_gguf(model: GPT, tokenizer: Any, path: str | Path, weight_type: str = "
     meta = {**_architecture_metadata(config, architecture), **tokenizer_metadata(tokenizer, config["vocab_size"])}
     weights = hf_weights(model, family)
     rounded: dict[str, Tensor] = {}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".gguf", dir=path.parent)
-    os.close(handle)
+    staging = staging_for(path, folder=False)
     try:
-        writer = gguf.GGUFWriter(staging, architecture)
+        writer = gguf.GGUFWriter(str(staging), architecture)
         writer.add_name(name)
         writer.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                               "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[weight_type])
@@ -221,18 +216,17 @@ def save_gguf(model: GPT, tokenizer: Any, path: str | Path, weight_type: str = "
             data, raw, back = _stored(stored, weight_type)
             writer.add_tensor(gguf_tensor_name(hf_name, architecture), data, raw_dtype=raw)
             rounded[hf_name] = back if stored is w else _unpermute(back, heads if ".q_proj." in hf_name else kv)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        try:
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
+        except OSError as exc:  # a full disk: numpy's short write says only how much it wrote
+            raise write_error(exc, path) from None
         difference = _check(model, family, rounded, staging, path)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o666 & ~umask)  # as a file opened for writing would be, not mkstemp's 0600
-        os.replace(staging, path)
+        put_in_place(staging, path)
     finally:
-        if os.path.exists(staging):
-            os.unlink(staging)
+        staging.unlink(missing_ok=True)
     return path, difference
 
 
@@ -251,7 +245,7 @@ def _add(writer: Any, key: str, value: Any) -> None:
         raise AssertionError(f"metadata {key}: {value!r} of no GGUF type")
 
 
-def _check(model: GPT, family: str, rounded: dict[str, Tensor], staging: str, path: Path) -> float:
+def _check(model: GPT, family: str, rounded: dict[str, Tensor], staging: Path, path: Path) -> float:
     """The written file read back against the model with the file's rounding of its weights."""
     from .hf import from_hf
 

@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..errors import InputError
+from ..errors import InputError, WriteError
+from ..io import atomic_write_bytes, check_output, put_in_place, staging_for
 from ..weight_rules import expand, invert_map
 from .gpt import GPT, GPTConfig
 from .hf_tables import HF_FAMILIES
@@ -149,16 +148,14 @@ def save_hf(model: GPT, tokenizer: Any, folder: str | Path, *, dtype: torch.dtyp
     Hugging Face folder ``folder``, weights in ``dtype`` (default: the model's). The folder is
     written aside, read back with :func:`~attnlab.models.from_hf` and its logits compared with
     the model's on random tokens (largest difference at most ``atol`` in float32) before it
-    is renamed into place; an existing ``folder`` is replaced only when ``overwrite``. Returns
-    the folder and that difference."""
-    from safetensors.torch import save_file
+    is renamed into place; an existing ``folder`` is replaced only when ``overwrite``, and only
+    when it is an export's (:func:`~attnlab.io.check_output`). A write that fails names the file
+    and the cause, and leaves nothing behind. Returns the folder and that difference."""
+    from safetensors.torch import save
 
     from .hf import from_hf
 
-    folder = Path(folder).expanduser()
-    if folder.exists() and not overwrite:
-        raise InputError(f"out: {folder} exists already; pass --force (overwrite=True in Python) to replace it, or "
-                         f"choose another --out")
+    folder = check_output(folder, folder=True, overwrite=overwrite)  # replaces only an export's own folder
     if not hasattr(tokenizer, "special") or not hasattr(tokenizer, "save"):
         raise InputError(f"a Hugging Face folder needs the model's own tokenizer (a run started from a pretrained "
                          f"model's folder or GGUF file has it); got {type(tokenizer).__name__}")
@@ -168,28 +165,27 @@ def save_hf(model: GPT, tokenizer: Any, folder: str | Path, *, dtype: torch.dtyp
     if dtype is not None:
         weights = {k: v.to(dtype) for k, v in weights.items()}
         config["dtype"] = str(dtype).removeprefix("torch.")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    staging = staging_for(folder, folder=True)
     try:
-        tokenizer.save(staging)
-        settings = json.loads((staging / "tokenizer_config.json").read_text(encoding="utf-8"))
-        # transformers then reads tokenizer.json as it is, not through its family's own tokenizer class
-        # (LlamaTokenizerFast would add a first token that a byte-level vocabulary like SmolLM2's has none of)
-        settings["tokenizer_class"] = "PreTrainedTokenizerFast"
-        (staging / "tokenizer_config.json").write_text(json.dumps(settings, indent=1, ensure_ascii=False) + "\n",
-                                                       encoding="utf-8")
-        (staging / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
-        save_file({k: v.contiguous() for k, v in weights.items()}, str(staging / "model.safetensors"),
-                  metadata={"format": "pt"})
+        try:
+            tokenizer.save(staging)
+            settings = json.loads((staging / "tokenizer_config.json").read_text(encoding="utf-8"))
+            # transformers then reads tokenizer.json as it is, not through its family's own tokenizer class
+            # (LlamaTokenizerFast would add a first token that a byte-level vocabulary like SmolLM2's has none of)
+            settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+            atomic_write_bytes(staging / "tokenizer_config.json",
+                               (json.dumps(settings, indent=1, ensure_ascii=False) + "\n").encode())
+            atomic_write_bytes(staging / "config.json", (json.dumps(config, indent=1) + "\n").encode())
+            # serialized first: safetensors' own writer reports a full disk as its error, without the errno
+            atomic_write_bytes(staging / "model.safetensors",
+                               save({k: v.contiguous() for k, v in weights.items()}, metadata={"format": "pt"}))
+        except WriteError as exc:  # named as the file it was for, not the hidden folder it was written in
+            exc.filename = str(folder / Path(exc.filename).relative_to(staging))
+            raise
         # against the model with its weights rounded to the folder's type, as from_hf reads them back in float32
         expected = model if dtype is None else copy.deepcopy(model).to(dtype).to(torch.float32)
         difference = check_logits(expected, from_hf(staging), atol, str(folder))
-        umask = os.umask(0)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)  # as a folder made with mkdir would be, not mkdtemp's 0700
-        if folder.exists():
-            shutil.rmtree(folder)
-        staging.rename(folder)
+        put_in_place(staging, folder)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
