@@ -68,6 +68,53 @@ def test_a_chat_template_cannot_make_more_than_its_limit(template, said):
     assert said in str(info.value) and time.perf_counter() - start < 2
 
 
+@pytest.mark.parametrize("template, said", [
+    ("{{ messages|tojson(indent=1000000000) }}", "the filter tojson was given 1,000,000,000"),
+    ("{{ (messages * 1000)|tojson(indent=900000) }}", "tojson made a value of more than 1,000,000"),
+    ("{{ '%1000000000s'|format('x') }}", "the filter format would make a value of 1,000,000,000"),
+    ("{{ '%.1000000000f' % 1.0 }}", "a value of 1,000,000,000 characters"),
+    ("{{ '{:>1000000000}'.format('x') }}", "format would make a value of 1,000,000,000"),
+    ("{{ ('\\n' * 999999)|indent(999999) }}", "the filter indent would make a value of 999,999,999,999"),
+    ("{{ ('x' * 999999)|replace('x', 'xx' * 1000) }}", "the filter replace would make"),
+    ("{{ ('x' * 999999).replace('', 'yy') }}", "replace would make a value of 2,999,999"),
+    ("{{ (['x' * 999999] * 1000)|join }}", "the filter join would make a value of 999,999,000"),
+    ("{{ '-'.join(['x' * 999999] * 1000) }}", "join would make a value of 999,999,999"),
+    ("{{ ('\\t' * 999999).expandtabs(999999) }}", "expandtabs would make"),
+])
+def test_what_multiplies_a_value_is_refused_before_it_is_made(template, said):
+    with pytest.raises(InputError, match="CHAT_MAX_CHARS") as info:
+        render_chat(template, HI)
+    assert said in str(info.value)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the memory is read from Linux's /proc")
+def test_a_template_that_doubles_a_value_is_stopped_at_its_memory_limit():
+    """The three templates that reached 4-6 GB before: the process grows by a few times
+    CHAT_MAX_BYTES at most (a doubling can land between two looks at the memory)."""
+    code = """
+import resource
+from attnlab.data.chat import render_chat
+from attnlab.errors import InputError
+from attnlab.limits import CHAT_MAX_BYTES
+hi = [{"role": "user", "content": "hi"}]
+render_chat("{{ messages|tojson }}", hi)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+for template in ["{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+                 "{{ messages|tojson(indent=1000000000) }}", "{{ '%1000000000s'|format('x') }}"]:
+    try:
+        render_chat(template, hi)
+        print("rendered")
+    except InputError as exc:
+        print("refused", "CHAT_MAX" in str(exc))
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+print("grown", grown / CHAT_MAX_BYTES)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    lines = done.stdout.split("\n")
+    assert lines[:3] == ["refused True"] * 3, done.stdout + done.stderr
+    assert float(lines[3].split()[1]) < 3.5, lines[3]
+
+
 def test_a_chat_template_that_runs_long_is_stopped_at_its_time_limit(monkeypatch):
     monkeypatch.setattr(chat, "CHAT_MAX_SECONDS", 0.3)
     start = time.perf_counter()

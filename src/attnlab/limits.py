@@ -4,7 +4,7 @@ line reads them to build its options before it imports torch."""
 from __future__ import annotations
 
 __all__ = ["MAX_LINE_CHARS", "JSON_MAX_BYTES", "JSON_MAX_DEPTH", "CHAT_MAX_CHARS", "CHAT_MAX_SECONDS",
-           "CHAT_TEMPLATE_MAX_BYTES"]
+           "CHAT_MAX_BYTES", "CHAT_TEMPLATE_MAX_BYTES"]
 
 # A line longer than this is refused before it is decoded (data.max_line_chars in a recipe,
 # --max-line-chars on the command line): a hostile file of one 200 MB line would otherwise be
@@ -23,6 +23,9 @@ JSON_MAX_DEPTH = 64
 # runs at most this many seconds (real templates render in under 10 ms).
 CHAT_MAX_CHARS = 1_000_000
 CHAT_MAX_SECONDS = 5.0
+# ... and grows the process's memory by at most about this much while it renders (values it
+# makes in between, which a doubling loop can grow past any output limit before printing them).
+CHAT_MAX_BYTES = 128 * 2**20
 # A chat_template.jinja larger than this is refused before it is read (the largest of the
 # families attnlab loads is under 20 KB).
 CHAT_TEMPLATE_MAX_BYTES = 2**20

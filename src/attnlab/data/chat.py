@@ -24,9 +24,12 @@ transformers gives it and nothing more:
   ``pad_token``, ``cls_token``, ``mask_token``) as text.
 
 A template is someone else's code, so its rendering is bounded: at most
-:data:`~attnlab.limits.CHAT_MAX_CHARS` characters out, no value (``'x' * n``, a filter's
-width) past that size, at most :data:`~attnlab.limits.CHAT_MAX_SECONDS` seconds; the
-refusal names the limit.
+:data:`~attnlab.limits.CHAT_MAX_CHARS` characters out; no value past that size from the
+operations that multiply one (``'x' * n``, a width in a filter, ``'%999999999s'|format``,
+``tojson(indent=n)``, ``indent``, ``replace``, ``join``); at most
+:data:`~attnlab.limits.CHAT_MAX_BYTES` more memory in the process for the values it makes in
+between (a string doubled in a loop), watched as it runs; at most
+:data:`~attnlab.limits.CHAT_MAX_SECONDS` seconds. The refusal names the limit.
 
 Jinja itself is a dependency of torch; its versions before 3.1.6 had sandbox escapes, so
 they are refused, as transformers refuses them.
@@ -35,6 +38,8 @@ they are refused, as transformers refuses them.
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -43,7 +48,7 @@ from functools import lru_cache, wraps
 from typing import Any
 
 from ..errors import InputError
-from ..limits import CHAT_MAX_CHARS, CHAT_MAX_SECONDS
+from ..limits import CHAT_MAX_BYTES, CHAT_MAX_CHARS, CHAT_MAX_SECONDS
 
 __all__ = ["render_chat", "SPECIAL_TOKEN_NAMES"]
 
@@ -116,21 +121,38 @@ def _compile(template: str) -> Any:
 
     def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
                sort_keys: bool = False) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        """``json.dumps``, a chunk at a time, stopped past CHAT_MAX_CHARS: the indent repeats on
+        every line, so a moderate one makes a huge text of a long conversation."""
+        _check_counts("the filter tojson", (indent,), {})
+        encoder = json.JSONEncoder(ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                                   sort_keys=sort_keys)
+        pieces, size = [], 0
+        for piece in encoder.iterencode(x):
+            size += len(piece)
+            if size > CHAT_MAX_CHARS:
+                raise _TooLong(f"tojson made a value of more than {CHAT_MAX_CHARS:,} characters (attnlab.limits."
+                               f"CHAT_MAX_CHARS)")
+            pieces.append(piece)
+        return "".join(pieces)
 
     class Bounded(ImmutableSandboxedEnvironment):
         """The sandbox, with the operators and calls that make one value of any size refused
         past CHAT_MAX_CHARS (``'x' * 10**9``, ``'x' | center(10**9)``, ``2 ** 10**8``):
         each is one C call, done before a time check could see it."""
 
-        intercepted_binops = frozenset({"*", "**", "+"})
+        intercepted_binops = frozenset({"*", "**", "+", "%"})
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             _check_size(operator, left, right)
             return super().call_binop(context, operator, left, right)
 
         def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
-            _check_counts(getattr(__obj, "__name__", "a call"), args, kwargs)
+            name = getattr(__obj, "__name__", "a call")
+            _check_counts(name, args, kwargs)
+            method = getattr(__obj, "__wrapped__", __obj)  # str.format comes wrapped in the sandbox's formatter
+            owner = getattr(method, "__self__", None)
+            if isinstance(owner, str) and name in _METHOD_SIZES:
+                _check_total(name, _METHOD_SIZES[name](owner, *args, **kwargs))
             return super().call(__context, __obj, *args, **kwargs)
 
     env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
@@ -155,7 +177,9 @@ def _length(value: Any) -> int:
 def _check_size(operator: str, left: Any, right: Any) -> None:
     """Refuses ``left operator right`` when its result would pass CHAT_MAX_CHARS (or, for
     ``**``, an integer of more than CHAT_MAX_CHARS bits)."""
-    if operator == "*" and isinstance(left, int) != isinstance(right, int):
+    if operator == "%" and isinstance(left, str):
+        size = _widths(left)
+    elif operator == "*" and isinstance(left, int) != isinstance(right, int):
         n = left if isinstance(left, int) else right
         size = _length(right if isinstance(left, int) else left) * max(int(n), 0)
     elif operator == "+" and isinstance(left, (str, list, tuple)):
@@ -167,6 +191,60 @@ def _check_size(operator: str, left: Any, right: Any) -> None:
     if size > CHAT_MAX_CHARS:
         raise _TooLong(f"a value of {size:,} characters, past the limit of {CHAT_MAX_CHARS:,} (attnlab.limits."
                        f"CHAT_MAX_CHARS)")
+
+
+def _check_total(name: str, size: int) -> None:
+    if size > CHAT_MAX_CHARS:
+        raise _TooLong(f"{name} would make a value of {size:,} characters, past the limit of {CHAT_MAX_CHARS:,} "
+                       f"(attnlab.limits.CHAT_MAX_CHARS)")
+
+
+_PRINTF = re.compile(r"%(?:\([^)]*\))?[#0 +\-]*(\d*)(?:\.(\d*))?")
+_FIELD = re.compile(r"\{[^{}]*?:([^{}]*)\}")
+
+
+def _widths(text: Any) -> int:
+    """The widest width or precision a format string asks for (``%9s``, ``{:>9}``, ``{:.9f}``)."""
+    if not isinstance(text, str):
+        return 0
+    numbers = [n for m in _PRINTF.finditer(text) for n in m.groups() if n]
+    numbers += [n for spec in _FIELD.findall(text) for n in re.findall(r"\d+", spec)]
+    return max((int(n) for n in numbers), default=0)
+
+
+def _replaced(s: Any, old: Any = "", new: Any = "", count: Any = None, *_: Any) -> int:
+    if not (isinstance(s, str) and isinstance(old, str) and isinstance(new, str)):
+        return 0
+    n = s.count(old) if old else len(s) + 1
+    if isinstance(count, int) and count >= 0:
+        n = min(n, count)
+    return len(s) + n * max(len(new) - len(old), 0)
+
+
+def _joined(separator: Any, items: Any) -> int:
+    if not isinstance(items, (list, tuple)):
+        return 0  # made on the way (a generator): its parts were bounded as they were made
+    return sum(len(x) for x in items if isinstance(x, str)) + len(str(separator)) * max(len(items) - 1, 0)
+
+
+def _indented(s: Any, width: Any = 4, *_: Any, **__: Any) -> int:
+    text = str(s)
+    return len(text) + (text.count("\n") + 1) * (len(width) if isinstance(width, str) else int(width or 0))
+
+
+# What a filter or a method of a string would make, in characters, from what it is given: the
+# operations whose result can be many times their inputs.
+_FILTER_SIZES: dict[str, Any] = {
+    "format": lambda value, *a, **k: _widths(value),
+    "replace": _replaced,
+    "join": lambda value, d="", attribute=None: _joined(d, value) if attribute is None else 0,
+    "indent": _indented,
+}
+_METHOD_SIZES: dict[str, Any] = {
+    "format": lambda s, *a, **k: _widths(s), "format_map": lambda s, *a, **k: _widths(s),
+    "replace": _replaced, "join": _joined,
+    "expandtabs": lambda s, tabsize=8: len(s) + s.count("\t") * (tabsize if isinstance(tabsize, int) else 0),
+}
 
 
 def _check_counts(name: str, args: Any, kwargs: Any) -> None:
@@ -181,10 +259,13 @@ def _counted(name: str, f: Any) -> Any:
     """Filter ``f`` refusing a count past CHAT_MAX_CHARS (``center(10**9)``); Jinja's marks of
     what the filter is passed (``jinja_pass_arg``) carry over."""
     skip = 2 if getattr(f, "jinja_pass_arg", None) else 1  # the value (after the context Jinja passes) is no count
+    size_of = _FILTER_SIZES.get(name)
 
     @wraps(f)
     def filter_(*args: Any, **kwargs: Any) -> Any:
         _check_counts(f"the filter {name}", args[skip:], kwargs)
+        if size_of is not None:
+            _check_total(f"the filter {name}", size_of(*args[skip - 1:], **kwargs))
         return f(*args, **kwargs)
 
     return filter_
@@ -197,12 +278,22 @@ def _render(compiled: Any, context: dict[str, Any]) -> str:
     stopped too. The trace covers the template's frames alone; it costs 0.5 ms a prompt
     (measured on an AMD EPYC: Llama 3.1's template, 11 messages, 0.66 ms bounded against
     0.17 ms by ``render``), nothing beside a model's forward pass."""
-    deadline = time.monotonic() + CHAT_MAX_SECONDS
+    start = time.monotonic()
+    deadline = start + CHAT_MAX_SECONDS
     late = f"it ran past the limit of {CHAT_MAX_SECONDS:g} s (attnlab.limits.CHAT_MAX_SECONDS)"
+    base = _resident()
+    look = [start]  # when the memory is looked at next: a thousand times a second at most
 
     def line(frame: Any, event: str, arg: Any) -> Any:
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise _TooLong(late)
+        if base is not None and now >= look[0]:
+            look[0] = now + 0.001
+            grown = (_resident() or base) - base
+            if grown > CHAT_MAX_BYTES:
+                raise _TooLong(f"the values it made took {grown / 2**20:,.1f} MB, past the limit of "
+                               f"{CHAT_MAX_BYTES / 2**20:,.0f} MB (attnlab.limits.CHAT_MAX_BYTES)")
         return line
 
     def call(frame: Any, event: str, arg: Any) -> Any:
@@ -220,6 +311,18 @@ def _render(compiled: Any, context: dict[str, Any]) -> str:
     finally:
         sys.settrace(previous)
     return "".join(pieces)
+
+
+def _resident() -> int | None:
+    """The process's resident memory in bytes (Linux's /proc), or None where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _plain(value: Any, where: str) -> Any:
