@@ -178,3 +178,43 @@ def test_a_language_model_trains_under_torchrun_as_one_process_with_twice_the_ba
 
 if __name__ == "__main__":
     worker(Path(sys.argv[1]))
+
+
+def test_a_killed_process_stops_the_others_in_one_line_and_the_run_resumes(tmp_path):
+    """SIGKILL to rank 1 mid-training: rank 0's collective loses its peer; it stops saying which process
+    ended and how to resume (no traceback labelled a bug), and the run resumes from its last checkpoint."""
+    import signal
+    import time
+
+    common = tiny_story_recipe(tmp_path, "train.steps=100000", "train.checkpoint_every=5")
+    run_dir = tmp_path / "run"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    launcher = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+                                 "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "attnlab", "train",
+                                 "lm-text", *common, "--run-dir", str(run_dir)], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "checkpoints" / "step_000000010").is_dir():
+            assert launcher.poll() is None and time.monotonic() < deadline, "the run did not reach step 10"
+            time.sleep(0.2)
+        ranks = {}
+        for pid in subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split():
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            ranks[next(int(v[5:]) for v in environ if v.startswith(b"RANK="))] = int(pid)
+        os.kill(ranks[1], signal.SIGKILL)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode != 0
+    said = [line for line in err.splitlines() if line.startswith("attnlab train: error")]
+    assert len(said) == 1 and f"rank 1 (pid {ranks[1]}) of the run has ended" in said[0], err[-3000:]
+    assert f"--run-dir {run_dir} --resume" in said[0] and "bug in attnlab" not in err
+    last = max(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*"))
+    out = torchrun("-m", "attnlab", "train", "--run-dir", str(run_dir), "--resume", "--allow-changes",
+                   f"train.steps={last + 2}", cwd=tmp_path).stdout
+    assert json.loads((run_dir / "results.json").read_text())["steps"] == last + 2, out

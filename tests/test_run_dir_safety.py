@@ -175,6 +175,23 @@ def test_a_second_training_on_a_locked_run_dir_is_refused_naming_the_holder(tmp_
     assert not (run / ".lock").exists()
 
 
+def test_a_resume_while_the_run_writes_its_report_is_refused_by_its_lock(tmp_path, capsys, monkeypatch):
+    """The report is written after the last step and the test set: the lock is still held then."""
+    import attnlab.report as report
+
+    run = tmp_path / "run"
+    tried = []
+
+    def report_and_resume(run_dir, log):  # a second `attnlab train --resume` while the report is written
+        tried.append(train_digits(run, "--resume"))
+        tried.append(capsys.readouterr().err)
+
+    monkeypatch.setattr(report, "write_run_report_safely", report_and_resume)
+    assert train_digits(run) == 0
+    assert tried[0] == 2 and f"--run-dir {run} is in use by another training (pid {os.getpid()} on " in tried[1]
+    assert not (run / ".lock").exists()
+
+
 def test_two_trainings_started_together_one_wins_and_nothing_is_lost(tmp_path):
     """Two real processes on one folder: exactly one trains, the other exits 2 naming it."""
     run = tmp_path / "run"

@@ -10,7 +10,7 @@ other exception that escapes a command is a bug in attnlab, shown with its trace
 
 from __future__ import annotations
 
-__all__ = ["InputError", "AttentionUnavailable", "WriteError", "NonFiniteLossError", "shape_str"]
+__all__ = ["InputError", "AttentionUnavailable", "WriteError", "NonFiniteLossError", "LostProcessError", "shape_str"]
 
 
 class InputError(ValueError):
@@ -64,3 +64,9 @@ class NonFiniteLossError(RuntimeError):
     """Training stopped: a step's loss or gradient norm was NaN or infinite (the weights
     were not updated by that step), or the weights themselves were about to be saved with
     a NaN or an infinity. No checkpoint holds non-finite weights."""
+
+
+class LostProcessError(RuntimeError):
+    """A process of a run under torchrun ended (killed, crashed) while the others trained: they
+    stop too. The message names it and says how to resume; the checkpoints saved before are
+    intact."""

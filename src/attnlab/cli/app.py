@@ -13,7 +13,7 @@ import warnings
 from typing import Sequence
 
 from .. import __version__
-from ..errors import InputError, NonFiniteLossError, WriteError
+from ..errors import InputError, LostProcessError, NonFiniteLossError, WriteError
 from ..memory import keep_freed_memory
 from ..plugins import import_plugins
 from . import bench, catalog_cmds, chat, data, demo, explore, generate, predict, train
@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             where = f"{exc.filename}: " if exc.filename else ""
             print(f"{prefix}: error: {where}{exc.strerror or exc}", file=sys.stderr)
             return 2
-        except NonFiniteLossError as exc:
+        except (NonFiniteLossError, LostProcessError) as exc:
             print(f"{prefix}: error: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:

@@ -13,13 +13,20 @@ from .common import CHECKPOINT_HELP, UsageError, load_run_or_model, positive_int
 
 def cmd_train(args: argparse.Namespace) -> int:
     from ..engine import distributed
+    from ..errors import LostProcessError
 
     if args.allow_changes and not args.resume:
         raise UsageError("--allow-changes applies to --resume: it lets a resumed run continue with changed settings")
     try:
         code = _train(args)
-    except BaseException:
+    except BaseException as exc:
+        lost = distributed.lost_process(exc)
+        world = distributed.world_size()
         distributed.cleanup(wait=False)  # a failing rank must not wait for peers that may be gone
+        if lost is not None:
+            raise LostProcessError(
+                f"{lost}, and this process stops too; every checkpoint saved before is intact: resume with "
+                f"torchrun --nproc_per_node={world} -m attnlab train --run-dir {args.run_dir} --resume") from None
         raise
     distributed.cleanup()  # under torchrun: all ranks meet, then the process group goes
     return code
@@ -34,15 +41,17 @@ def _train(args: argparse.Namespace) -> int:
     task = get_task(recipe.task)
     distributed.init_distributed(recipe.train.device)  # under torchrun: join the group; else nothing
     # Under torchrun all ranks take rank 0's name (their clocks may straddle a second).
-    run_dir = args.run_dir or distributed.broadcast_object(f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = args.run_dir = args.run_dir or distributed.broadcast_object(
+        f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if distributed.is_main():
         verb = "resuming" if args.resume else "train"
         print(f"attnlab {verb} {name}: {model_label(recipe.model)} on {recipe.data.name} ({task.name}), "
               f"run directory {run_dir}")
-    results = train(recipe, run_dir, resume=args.resume, allow_changes=args.allow_changes)
+    # the report is written while the run directory is still locked: a --resume meanwhile is refused
+    results = train(recipe, run_dir, resume=args.resume, allow_changes=args.allow_changes,
+                    finish=lambda _: write_run_report_safely(run_dir, print))
     if not distributed.is_main():  # rank 0 alone writes the report and prints the results
         return 0
-    write_run_report_safely(run_dir, print)
     print()
     stopped = [("training steps", f"{results['steps']:,} of {recipe.train.steps:,} ({results['stopped']})")] \
         if results.get("stopped") else []

@@ -14,6 +14,8 @@ function here is a no-op: ``rank()`` is 0, ``world_size()`` is 1, ``is_main()`` 
 from __future__ import annotations
 
 import os
+import re
+import socket
 from typing import Any
 
 import torch
@@ -23,7 +25,7 @@ from ..errors import InputError
 from .device import select_device
 
 __all__ = ["launched", "initialized", "init_distributed", "local_device", "rank", "world_size", "is_main",
-           "barrier", "all_reduce_sum", "broadcast_object", "cleanup"]
+           "barrier", "all_reduce_sum", "broadcast_object", "cleanup", "lost_process"]
 
 
 def launched() -> bool:
@@ -87,7 +89,47 @@ def init_distributed(device_pref: str = "auto") -> torch.device:
         raise InputError(f"distributed training runs on cpu or cuda devices; got {device}")
     if not initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        processes = [None] * dist.get_world_size()
+        dist.all_gather_object(processes, (socket.gethostname(), os.getpid()))
+        _PROCESSES[:] = processes  # to name the one that is gone if a connection to it breaks
     return device
+
+
+_PROCESSES: list[Any] = []  # (host, pid) of each rank, from init_distributed
+# How a collective says that a peer's process has gone (killed, crashed): gloo's broken connections,
+# NCCL's remote errors. Said by message: both raise plain RuntimeErrors.
+_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|Socket closed|remote process exited|"
+                   r"NCCL communicator was aborted|ncclRemoteError")
+
+
+def lost_process(exc: BaseException) -> str | None:
+    """What ``exc`` says of the run's processes when it is a collective that lost a peer (the
+    process of another rank was killed or crashed), in words: "rank 1 (pid 10055) has ended";
+    ``None`` for any other exception."""
+    if not initialized() or not isinstance(exc, RuntimeError) or not _LOST.search(str(exc)):
+        return None
+    here = socket.gethostname()
+    gone = [f"rank {r} (pid {pid})" for r, (host, pid) in enumerate(_PROCESSES)
+            if r != rank() and host == here and not _alive(pid)]
+    if gone:
+        return f"{' and '.join(gone)} of the run {'has' if len(gone) == 1 else 'have'} ended"
+    return "a process of the run on another host has ended (its connection was lost)"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: not gone, and not a zombie (ended, not yet reaped by torchrun)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in (b"Z", b"X")
 
 
 def barrier() -> None:

@@ -209,7 +209,8 @@ def finish_run(run_dir: str | Path, recipe: Recipe, *, classes: Sequence[str] | 
 
 
 def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_changes: bool = False,
-          log: Callable[[str], None] = print) -> dict[str, Any]:
+          log: Callable[[str], None] = print,
+          finish: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train ``recipe`` into ``run_dir`` and return what it writes to ``results.json``: the
     one skeleton of every task, whose steps the task fills in (see :class:`Task`)::
 
@@ -223,7 +224,9 @@ def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_ch
 
     A task whose :meth:`Task.folds` splits the run trains each fold as a complete run in
     its own folder (a resumed run keeps the finished ones) and writes the
-    :meth:`Task.combine` of their results at the top."""
+    :meth:`Task.combine` of their results at the top. ``finish``: called with the results (on
+    rank 0 under torchrun) while the run directory is still locked, so that nothing resumes the
+    run before its last file is written (the command line writes its report there)."""
     task = get_task(recipe.task)
     run_dir = Path(run_dir)
     require_model(recipe)
@@ -231,7 +234,10 @@ def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_ch
     folds = task.folds(recipe, data)
     if folds is None:
         with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, log=log) as resume_from:
-            return _train_one(task, recipe, run_dir, data, resume_from, log)
+            results = _train_one(task, recipe, run_dir, data, resume_from, log)
+            if finish is not None and distributed.is_main():
+                finish(results)
+            return results
     # config.yaml and the lock at the top too; the folds hold the checkpoints
     with open_run(recipe, run_dir, resume=resume, allow_changes=allow_changes, checkpoints=False, log=log):
         start = time.perf_counter()
@@ -249,6 +255,8 @@ def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_ch
                                                                 for key, value in task.metric_rows(results[-1])))
         combined = {**task.combine(recipe, results), "wall_seconds": time.perf_counter() - start}
         write_results(run_dir, combined)
+        if finish is not None and distributed.is_main():
+            finish(combined)
         return combined
 
 
