@@ -46,6 +46,13 @@ def test_a_near_miss_of_an_option_is_told_the_right_name(typed, meant, capsys, t
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("command, typed, meant", [("train", "--out", "--run-dir"), ("train", "--output-dir", "--run-dir"),
+                                                    ("export", "--output", "--out")])
+def test_another_tools_name_for_an_option_is_told_ours(command, typed, meant, capsys):
+    assert main([command, "x", typed, "y"]) == 2
+    assert capsys.readouterr().err.strip() == f"attnlab {command}: error: unrecognized option {typed}; did you mean {meant}?"
+
+
 def test_an_unknown_option_far_from_any_points_to_help(capsys):
     assert main(["train", "vit-digits", "--zzzz"]) == 2
     assert capsys.readouterr().err.strip() == ("attnlab train: error: unrecognized option --zzzz; see attnlab train "

@@ -42,3 +42,33 @@ def test_resume_counts_from_the_start_step():
 
 def test_format_seconds():
     assert format_seconds(59) == "0:59" and format_seconds(3661) == "1:01:01"
+
+
+def test_a_slow_rate_keeps_its_digits_and_says_seconds_a_step(monkeypatch):
+    import attnlab.engine.progress as progress
+
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])
+    out = io.StringIO()
+    p = Progress(2000, stream=out, every=0.0, unit="samples")
+    clock[0] += 30.0  # one step of 4 samples in 30 s: 0.13 samples/s, not "0"
+    p.update(1, 4, loss=2.0)
+    line = out.getvalue().splitlines()[-1]
+    assert "0.13 samples/s (30.0 s/step)" in line and "eta 16:39:30" in line
+
+
+def test_the_eta_ends_with_the_time_budget(monkeypatch):
+    """train.max_minutes=3: the run stops in minutes, whatever the steps left would take."""
+    import attnlab.engine.progress as progress
+
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])
+    for tty in (False, True):
+        out = io.StringIO()
+        p = Progress(2000, stream=out, every=0.0, tty=tty, budget=180.0)
+        clock[0] += 30.0
+        p.update(1, 4, loss=2.0)
+        if p._bar is not None:
+            p._bar.refresh()
+        assert "eta 2:30" in out.getvalue() and "16:39" not in out.getvalue(), out.getvalue()
+        p.close()

@@ -161,3 +161,29 @@ def test_load_run_says_when_the_run_has_not_finished(digits_run):
     with pytest.warns(UnfinishedRunWarning, match=r"has not finished \(no results.json\): loaded checkpoint .* of "
                                                   r"train.steps=4; continue it with: attnlab train"):
         load_run(digits_run)
+
+
+# ---------------------------------------------------------------------------- too little text for a batch
+
+
+@pytest.mark.parametrize("overrides, said", [
+    (["train.batch_size=32"], "train.batch_size=32: the training data has 11 samples (windows of text.context=32 "
+                              "tokens), fewer than one batch; give train.batch_size=11 or less, or more data"),
+    (["text.context=100000"], "the training data has 1 samples (windows of text.context=100000 tokens), fewer than "
+                              "one batch; give train.batch_size=1 or less"),
+])
+def test_too_few_samples_for_a_batch_are_refused_before_the_model_is_built(tmp_path, capsys, monkeypatch, overrides,
+                                                                            said):
+    from attnlab.tasks import get_task
+
+    from conftest import tiny_story_recipe
+
+    monkeypatch.setattr(type(get_task("language_modeling")), "build_model",
+                        lambda *a, **k: pytest.fail("the model was built"))
+    common = [k for k in tiny_story_recipe(tmp_path) if not k.startswith("data.path")]
+    (tmp_path / "mine.txt").write_text("the cat sat on the mat and looked at the moon.\n" * 8, encoding="utf-8")
+    assert main(["train", "lm-text", f"data.path={tmp_path / 'mine.txt'}", *common, "train.batch_size=16",
+                 *overrides, "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and said in err, err
+    assert not (tmp_path / "run").exists()  # nothing left of the refused run

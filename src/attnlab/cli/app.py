@@ -128,6 +128,12 @@ def _dashed(argv: list[str]) -> list[str]:
     return out
 
 
+# What other tools call an option that attnlab names otherwise (a command's output folder is its
+# --run-dir for train, --out for the commands that write one file or folder).
+_MEANT = {"--out": ("--run-dir",), "--output": ("--out", "--run-dir"), "--output-dir": ("--out", "--run-dir"),
+          "--out-dir": ("--out", "--run-dir"), "--outdir": ("--out", "--run-dir"), "--dir": ("--run-dir",)}
+
+
 def _unknown_options(parser: argparse.ArgumentParser, extra: Sequence[str], typed: dict[str, str]) -> None:
     """Exit 2 naming the first option of ``extra`` that ``parser`` does not know (as the user
     typed it: ``typed`` maps the dashed spelling back), with the options it knows that are close
@@ -136,7 +142,8 @@ def _unknown_options(parser: argparse.ArgumentParser, extra: Sequence[str], type
     for token in extra:
         name = token.partition("=")[0]
         if name.startswith("--") and not any(o.startswith(name) for o in known):
-            close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+            meant = [o for o in _MEANT.get(name, ()) if o in known]  # another tool's word for one of ours
+            close = meant or difflib.get_close_matches(name, known, n=3, cutoff=0.6)
             hint = f"; did you mean {' or '.join(close)}?" if close else f"; see {parser.prog} --help"
             parser.exit(2, f"{parser.prog}: error: unrecognized option {typed.get(token, token).partition('=')[0]}"
                            f"{hint}\n")

@@ -93,6 +93,9 @@ class LMDataset:
                              f"label; it reads windows of text.context={context} tokens, a short last one padded): "
                              f"give it more text")
         self.tokenizer, self.context = tokenizer, context
+        # what a sample is, as a refusal of too few of them says it (the trainer's batch check)
+        self.sample_note = f"windows of text.context={context} tokens" if name is not None else \
+            f"windows of context={context} tokens"
         self.num_tokens = len(self.tokens)
         self.num_chars = sum(len(documents[i]) for i in kept)
         self.num_documents = len(kept)

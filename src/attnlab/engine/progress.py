@@ -2,7 +2,9 @@
 
 On a terminal (``stream.isatty()``) a tqdm bar shows the step, loss, throughput and ETA.
 When output goes to a file or a CI log, one plain line is printed every ``every``
-seconds (and at the end), so logs stay short and readable.
+seconds (and at the end), so logs stay short and readable. The ETA is the sooner of the
+last step at the rate so far and the end of a time budget (``train.max_minutes``); a slow
+rate keeps its significant digits, and a step of a second or more is said in seconds.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ class Progress:
     """
 
     def __init__(self, total: int, *, desc: str = "train", unit: str = "samples", every: float = 30.0,
-                 stream: IO[str] | None = None, tty: bool | None = None, start_step: int = 0) -> None:
+                 stream: IO[str] | None = None, tty: bool | None = None, start_step: int = 0,
+                 budget: float | None = None) -> None:
         self.total, self.desc, self.unit, self.every = total, desc, unit, every
+        self.budget = budget  # seconds this session may train (train.max_minutes less what earlier ones used)
         self.stream = stream or sys.stdout
         self.tty = self.stream.isatty() if tty is None else tty
         self.step = self.start_step = start_step
@@ -42,7 +46,9 @@ class Progress:
         if self.tty:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, initial=start_step, desc=desc, file=self.stream, dynamic_ncols=True)
+            # tqdm's own estimate knows no time budget: the bar shows ours, in the postfix
+            self._bar = tqdm(total=total, initial=start_step, desc=desc, file=self.stream, dynamic_ncols=True,
+                             bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
 
     @property
     def rate(self) -> float:
@@ -50,14 +56,28 @@ class Progress:
         return self.samples / max(time.perf_counter() - self.start, 1e-9)
 
     def eta(self) -> float:
+        """Seconds to the end: to the last step at the rate so far, or to the end of the budget."""
         done = self.step - self.start_step
         if done <= 0:
             return float("nan")
-        return (self.total - self.step) * (time.perf_counter() - self.start) / done
+        elapsed = time.perf_counter() - self.start
+        left = (self.total - self.step) * elapsed / done
+        return left if self.budget is None else max(min(left, self.budget - elapsed), 0.0)
+
+    def _speed(self) -> str:
+        rate = self.rate
+        text = f"{rate:,.0f}" if rate >= 100 else f"{rate:.1f}" if rate >= 1 else f"{rate:.2g}"
+        done = self.step - self.start_step
+        per_step = (time.perf_counter() - self.start) / done if done > 0 else 0.0
+        return f"{text} {self.unit}/s" + (f" ({per_step:.1f} s/step)" if per_step >= 1 else "")
 
     def _postfix(self) -> str:
         parts = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in self.metrics.items()]
-        return "  ".join(parts + [f"{self.rate:,.0f} {self.unit}/s"])
+        parts.append(self._speed())
+        if self._bar is not None:
+            eta = self.eta()
+            parts.append(f"eta {'-' if eta != eta else format_seconds(eta)}")
+        return "  ".join(parts)
 
     def update(self, steps: int = 1, samples: int = 0, **metrics: Any) -> None:
         self.step += steps

@@ -670,7 +670,9 @@ class Trainer:
         world = distributed.world_size()
         per_step = cfg.batch_size * cfg.accum_steps * world  # global samples per optimizer step
         show = cfg.progress and distributed.is_main()
-        progress = Progress(cfg.steps, start_step=self.step, every=cfg.progress_seconds) if show else None
+        budget = None if cfg.max_minutes is None else 60 * cfg.max_minutes - self.train_seconds
+        progress = Progress(cfg.steps, start_step=self.step, every=cfg.progress_seconds, budget=budget) \
+            if show else None
         say = progress.write if progress else self.log
         result: dict[str, Any] = {}
         try:

@@ -95,6 +95,23 @@ class UnfinishedRunWarning(UserWarning):
 # ----------------------------------------------------------------------------- training and testing
 
 
+def check_batch_fits(train_set: Any, batch_size: int, world: int) -> None:
+    """Refuse, naming ``train.batch_size`` and the largest that fits, a training set of fewer
+    samples than one global batch (``batch_size`` a process, ``world`` processes); a data set
+    says what its samples are with ``sample_note`` (a language model's windows of
+    ``text.context`` tokens)."""
+    size = len(train_set)
+    if size >= batch_size * world:
+        return
+    what = getattr(train_set, "sample_note", "samples")
+    processes = f" x {world} processes" if world > 1 else ""
+    fits = size // world
+    advice = (f"give train.batch_size={fits} or less, or more data" if fits else
+              f"give it more data{' or fewer processes' if world > 1 else ''}")
+    raise InputError(f"train.batch_size={batch_size}{processes}: the training data has {size:,} samples ({what}), "
+                     f"fewer than one batch; {advice}")
+
+
 def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module], train_set: Any, val_set: Any, *,
         resume_from: Path | None, log: Callable[[str], None], classes: Sequence[str] | None = None,
         before_first_step: Callable[[nn.Module, torch.device, str], None] | None = None) -> dict[str, Any]:
@@ -104,7 +121,9 @@ def fit_run(recipe: Recipe, run_dir: Path, build_model: Callable[[], nn.Module],
     ``train.seed``. ``model.checkpoint`` initializes it (``classes``: the run's class names,
     which decide whether a source run's head fits). ``before_first_step(model, device,
     precision)`` runs once the trainer holds the model and before it trains (the skeleton's
-    :func:`preflight`). Returns the training figures of ``results.json``."""
+    :func:`preflight`). Returns the training figures of ``results.json``. A training set of
+    fewer samples than one batch is refused before the model is built, saying what fits."""
+    check_batch_fits(train_set, recipe.train.batch_size, distributed.world_size())
     torch.manual_seed(recipe.train.seed)
     model = build_model()
     base = None
