@@ -295,3 +295,18 @@ def test_resave_of_a_step_replaces_it_whole(tmp_path):
     weights, state = load_checkpoint(tmp_path / "step_000000001")
     assert torch.equal(weights["w"], _weights(5)["w"]) and state["again"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000000001"]  # no .new / .old left
+
+
+def test_a_folder_of_a_pretrained_model_is_never_a_run_dir(tmp_path, capsys):
+    """Its tokenizer.json has a run's name, and a run that never saved a checkpoint is started over by
+    removing such files: a folder without config.yaml is refused instead, its files kept."""
+    folder = tmp_path / "SmolLM2-135M-Instruct"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        (folder / name).write_text(f"the user's {name}")
+    assert train_digits(folder) == 2
+    err = capsys.readouterr().err
+    assert "no config.yaml: it is not a run of attnlab's" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                       "tokenizer_config.json"]
+    assert (folder / "tokenizer.json").read_text() == "the user's tokenizer.json"

@@ -167,23 +167,30 @@ def test_load_run_says_when_the_run_has_not_finished(digits_run):
 
 
 @pytest.mark.parametrize("overrides, said", [
-    (["train.batch_size=32"], "train.batch_size=32: the training data has 11 samples (windows of text.context=32 "
-                              "tokens), fewer than one batch; give train.batch_size=11 or less, or more data"),
+    (["train.batch_size=32"], "train.batch_size=32: the training data has 3 samples (windows of text.context=64 "
+                              "tokens), fewer than one batch; give train.batch_size=3 or less, or more data"),
     (["text.context=100000"], "the training data has 1 samples (windows of text.context=100000 tokens), fewer than "
                               "one batch; give train.batch_size=1 or less"),
 ])
-def test_too_few_samples_for_a_batch_are_refused_before_the_model_is_built(tmp_path, capsys, monkeypatch, overrides,
-                                                                            said):
-    from attnlab.tasks import get_task
+def test_too_few_samples_for_a_batch_are_refused_before_the_model_loads(tmp_path, capsys, monkeypatch, overrides,
+                                                                         said):
+    """One's own text on a pretrained model: the refusal comes before its weights are read."""
+    transformers = pytest.importorskip("transformers", reason="transformers writes the tiny pretrained model")
+    import torch
 
-    from conftest import tiny_story_recipe
+    import attnlab.tasks.runs as runs
+    from gguf_files import byte_level_vocab, write_gguf
 
-    monkeypatch.setattr(type(get_task("language_modeling")), "build_model",
-                        lambda *a, **k: pytest.fail("the model was built"))
-    common = [k for k in tiny_story_recipe(tmp_path) if not k.startswith("data.path")]
+    torch.manual_seed(0)
+    vocab = byte_level_vocab()
+    config = transformers.LlamaConfig(vocab_size=len(vocab["tokens"]), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                      max_position_embeddings=200_000)
+    source = write_gguf(tmp_path / "m.gguf", "llama", transformers.LlamaForCausalLM(config), vocab)
+    monkeypatch.setattr(runs, "init_weights", lambda *a, **k: pytest.fail("the pretrained weights were read"))
     (tmp_path / "mine.txt").write_text("the cat sat on the mat and looked at the moon.\n" * 8, encoding="utf-8")
-    assert main(["train", "lm-text", f"data.path={tmp_path / 'mine.txt'}", *common, "train.batch_size=16",
-                 *overrides, "--run-dir", str(tmp_path / "run")]) == 2
+    assert main(["train", "lm-text", f"data.path={tmp_path / 'mine.txt'}", f"model.checkpoint={source}",
+                 "text.context=64", "train.progress=false", *overrides, "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and said in err, err
-    assert not (tmp_path / "run").exists()  # nothing left of the refused run
+    assert not (tmp_path / "run").exists(), list((tmp_path / "run").rglob("*"))  # nothing left of the refused run

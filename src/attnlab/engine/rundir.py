@@ -38,7 +38,7 @@ LOCK = ".lock"
 # What a run writes at the top of its folder; any of them means the folder holds a run.
 RUN_FILES = ("config.yaml", "config.changes.yaml", "results.json", "metrics.jsonl", "checkpoints", "tensorboard",
              "report.html", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json", "translations.test.txt",
-             "classes.json", "resolved.json")
+             "classes.json", "resolved.json", "tokenizer_config.json", "generation_config.json")
 
 
 class RunDirError(InputError):

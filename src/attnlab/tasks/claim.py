@@ -138,6 +138,10 @@ def _claim(recipe: Recipe, run_dir: Path, resume: bool, allow_changes: bool, che
         if keeps:
             raise RunDirError(f"--run-dir {run_dir} already holds a run ({state.summary()}); pass --resume to "
                               f"continue it, or choose another --run-dir")
+        if not has_config:  # a pretrained model's folder, say: files of a run's names, not a run of attnlab's
+            raise RunDirError(f"--run-dir {run_dir} holds {', '.join(state.files)} but no {CONFIG}: it is not a run "
+                              f"of attnlab's, and training would write over those files; choose a new or empty "
+                              f"--run-dir")
         # A run that never saved a checkpoint: nothing in it can be continued or evaluated.
         log(f"note: {run_dir} holds a run that never saved a checkpoint ({state.summary()}); starting over in it")
         _forget(run_dir)
