@@ -82,6 +82,26 @@ def test_head_figures_single_out_previous_token_sink_and_broad_heads():
     assert dict(zip(PROFILE_BINS, head_stats([both_ways])["profile"][0][0]))["ahead"] == pytest.approx(6 / 16)
 
 
+def test_heads_are_labelled_by_the_role_whose_figure_passes_its_threshold():
+    n = 8
+    prev = torch.zeros(n, n)
+    prev[0, 0] = 1
+    prev[torch.arange(1, n), torch.arange(n - 1)] = 1
+    sink = torch.zeros(n, n)
+    sink[:, 0] = 1
+    broad = torch.tril(torch.ones(n, n))
+    broad = broad / broad.sum(-1, keepdim=True)
+    half = 0.45 * prev + 0.55 * torch.eye(n)  # 0.45 on the previous token: below 0.5
+    assert head_stats([torch.stack([prev, sink, broad, half])])["roles"] == [
+        ["previous-token", "first-token", None, None]]
+    labels = list("abcabc")
+    ind = torch.eye(6)
+    for i, j in ((3, 1), (4, 2), (5, 3)):
+        ind[i] = 0
+        ind[i, j] = 1
+    assert head_stats([torch.stack([ind, torch.eye(6)])], labels)["roles"] == [["induction", None]]
+
+
 # ----------------------------------------------------------------------------- a language model's continuation
 @pytest.mark.parametrize("options", [{}, {"sliding_window": 4}, {"num_kv_heads": 1, "pos_embed": "rope"}])
 def test_each_generated_token_row_is_its_cached_steps_weights_equal_to_one_pass(options):

@@ -237,6 +237,9 @@ def test_the_heads_change_in_loss_sorts_and_shows_each_heads_figure(browser, tmp
     layer, head = int(first.get_attribute("data-layer")), int(first.get_attribute("data-head"))
     best = max((v, l, h) for l, row in enumerate(changes) for h, v in enumerate(row))
     assert (layer, head) == best[1:]
-    shown = first.find_elements("css selector", "td")[8].text  # layer, head, six figures, then the change
+    cells = first.find_elements("css selector", "td")  # layer, head, role, six figures, then the change
+    shown = cells[9].text
+    roles = page.data["documents"][0]["groups"][0]["stats"]["roles"]
+    assert cells[2].text == (roles[layer][head] or "–")  # the head's role, where a figure passes its threshold
     assert float(shown) == pytest.approx(best[0], abs=5e-4)
     assert errors(driver) == []

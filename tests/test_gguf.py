@@ -363,3 +363,11 @@ def test_a_vocabulary_of_a_few_huge_pieces_builds_its_tokenizer(tmp_path: Path) 
     path = write_gguf(tmp_path / "huge.gguf", "llama", model, vocab)
     tok = open_checkpoint(path).tokenizer()
     assert tok.decode(tok.encode("hello a" + "a" * 10)) == "hello a" + "a" * 10
+
+
+def test_the_explorer_names_a_gguf_file_as_what_it_is(tmp_path: Path) -> None:
+    from attnlab.viz.explorer import explore
+
+    path, _ = _write(tmp_path, "llama")
+    page = explore(path, ["The cat sat on the mat. The cat sat"], new_tokens=2)
+    assert page.data["subtitle"] == f"GGUF file (llama) {path}"

@@ -19,11 +19,31 @@ from ...tasks.views import AlignmentAttention, GenerationAttention, ImageAttenti
 from ..attention import _rgb, attention_rollout, visible
 from .page import encode_weights
 
-__all__ = ["PROFILE_BINS", "head_stats", "group", "document_of", "image_data_url"]
+__all__ = ["PROFILE_BINS", "ROLES", "head_stats", "head_roles", "group", "document_of", "image_data_url"]
 
 # Distance from a query back to a key, d = i - j, in bins that double: "ahead" (d < 0, keys after the
 # query: an encoder's), then 0 (the token itself), 1 (the previous one), 2-3, 4-7, ...
 PROFILE_BINS = ["ahead", "0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64+"]
+
+
+# A head's role, named where its figure passes a threshold (the largest share wins): the mean weight
+# on the previous token, on the tokens that followed earlier occurrences of the query's token, on
+# the first token. Shares of all of a query's weight, so above 0.5 the head puts most of it there.
+ROLES = {"previous-token": ("previous", 0.5), "induction": ("induction", 0.4), "first-token": ("first", 0.5)}
+
+
+def head_roles(stats: dict[str, Any]) -> list[list[str | None]]:
+    """Per layer, per head, the :data:`ROLES` name whose figure in ``stats`` (:func:`head_stats`)
+    passes its threshold, the largest first; ``None`` where none does."""
+    roles = []
+    for layer in range(len(stats["previous"])):
+        row = []
+        for head in range(len(stats["previous"][layer])):
+            passed = [(value, name) for name, (key, threshold) in ROLES.items()
+                      if (value := stats[key][layer][head]) is not None and value >= threshold]
+            row.append(max(passed)[1] if passed else None)
+        roles.append(row)
+    return roles
 
 
 def _bin_of_distance(d: Tensor) -> Tensor:
@@ -57,7 +77,8 @@ def head_stats(layers: Sequence[Tensor], labels: Sequence[str] | None = None) ->
     over queries ``i >= 1``), ``diagonal`` (weight on ``i``), ``profile`` (the share of
     weight in each :data:`PROFILE_BINS` bin of distance) and, given the tokens' ``labels``,
     ``induction``: the weight on the tokens that followed earlier occurrences of the query's
-    token, over the queries whose token occurred before (``None`` when none did)."""
+    token, over the queries whose token occurred before (``None`` when none did); ``roles``: each
+    head's :func:`head_roles`."""
     out: dict[str, Any] = {k: [] for k in ("entropy", "distance", "previous", "first", "diagonal", "profile",
                                            "induction")}
     out["profile_bins"] = PROFILE_BINS
@@ -83,7 +104,9 @@ def head_stats(layers: Sequence[Tensor], labels: Sequence[str] | None = None) ->
         else:
             on = (w * induction).sum(-1)[:, repeats]  # (H, queries whose token came before)
             out["induction"].append(on.mean(-1).tolist())
-    return {k: _rounded(v) for k, v in out.items()}
+    out = {k: _rounded(v) for k, v in out.items()}
+    out["roles"] = head_roles(out)
+    return out
 
 
 def _rounded(value: Any) -> Any:

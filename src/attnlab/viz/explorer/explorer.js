@@ -302,12 +302,13 @@
     }
     $("layer").value = String(state.layer);
     const H = group.layers[state.layer].heads;
-    const chipsKey = `${groupKey}/${H}`;
+    const chipsKey = `${groupKey}/${state.layer}/${H}`;
     if (synced.chipsKey !== chipsKey) {
       synced.chipsKey = chipsKey;
+      const roles = group.stats?.roles?.[state.layer] || [];
       $("heads").replaceChildren(...Array.from({ length: H }, (_, h) => el("button", {
-        type: "button", className: "head-chip", text: String(h), title: `head ${h}`,
-        dataset: { head: String(h) },
+        type: "button", className: "head-chip", text: String(h) + (roles[h] ? ` ${ROLE_MARK[roles[h]]}` : ""),
+        title: `head ${h}` + (roles[h] ? `: a ${roles[h]} head` : ""), dataset: { head: String(h) },
       })));
       // each chip's colour, as a custom property (explorer.css: .head-chip)
       for (const chip of $("heads").children) chip.style.setProperty("--c", headColour(Number(chip.dataset.head)));
@@ -461,8 +462,10 @@
       root.append(el("div", { className: "row-label", text: `${l}: ${layer.name}` }));
       for (let h = 0; h < H; h++) {
         if (h >= layer.heads) { root.append(el("div")); continue; }
+        const role = group.stats?.roles?.[l]?.[h];
         root.append(el("canvas", {
-          className: "cell", width: Tk, height: Tq, title: `layer ${l} (${layer.name}), head ${h}`,
+          className: "cell", width: Tk, height: Tq,
+          title: `layer ${l} (${layer.name}), head ${h}` + (role ? `: a ${role} head` : ""),
           dataset: { layer: String(l), head: String(h) },
         }));
       }
@@ -690,6 +693,8 @@
   }
 
   const STAT_KEYS = ["entropy", "distance", "previous", "first", "diagonal", "induction", "ablation"];
+  // a head's role (attnlab.viz.explorer.documents.ROLES) as its chip shows it
+  const ROLE_MARK = { "previous-token": "←", "induction": "⇢", "first-token": "⊢" };
   const STAT_DIGITS = { entropy: 2, distance: 1, previous: 3, first: 3, diagonal: 3, induction: 3, ablation: 3 };
   let statsKey = "";
   let statRows = [];   // {layer, head, entropy, ..., tr}
@@ -709,9 +714,11 @@
           const row = { layer: l, head: h };
           for (const k of STAT_KEYS) row[k] = Number(stats[k]?.[l]?.[h] ?? NaN);
           const profile = stats.profile?.[l]?.[h] || [];
+          row.role = stats.roles?.[l]?.[h] || "";
           row.tr = el("tr", { dataset: { layer: String(l), head: String(h) } }, [
             el("td", { text: String(l) }),
             el("td", { text: String(h), style: { color: headColour(h), fontWeight: "600" } }),
+            el("td", { className: "role", text: row.role || "–" }),
             ...STAT_KEYS.map((k) => statCell(k, row[k])),
             el("td", {}, [sparkline(profile, stats.profile_bins || [])]),
           ]);
@@ -775,6 +782,10 @@
       // missing values last either way; ties by (layer, head)
       rows.sort((x, y) => {
         const a = x[key], b = y[key];
+        if (typeof a === "string") {  // the role: unlabelled heads last either way
+          if (!a !== !b) return a ? -1 : 1;
+          return a.localeCompare(b) * dir || x.layer - y.layer || x.head - y.head;
+        }
         if (Number.isNaN(a) !== Number.isNaN(b)) return Number.isNaN(a) ? 1 : -1;
         return (a - b) * dir || x.layer - y.layer || x.head - y.head;
       });

@@ -22,6 +22,7 @@ from ...attention.capture import capture_attention
 from ...engine.device import select_device
 from ...errors import InputError
 from ...io import read_json_mapping
+from ...models.gguf_reader import is_gguf
 from ...models.hf import HF_FAMILIES, from_hf, is_pretrained
 from ...models.hf_files import open_checkpoint
 from ...tasks import TrainedRun, load_run
@@ -75,19 +76,20 @@ def load_target(target: Any, *, checkpoint: str = "auto", device: str = "cpu", h
         raise InputError(f"TARGET {path} is neither a run directory (config.yaml), a Hugging Face folder "
                          f"(config.json) nor a GGUF file")
     family = open_checkpoint(path).config().get("model_type")
+    source = f"GGUF file ({family}) {path}" if is_gguf(path) else f"Hugging Face {family} folder {path}"
     if not has_inputs:
         raise InputError(f"INPUT must be given for the Hugging Face folder {path}: "
                          f"{'image files' if family == 'vit' else 'texts'} to look at")
     if family in DECODER_TYPES:
         run = load_folder(path, device=device)
-        return Target(path.name, f"Hugging Face {family} folder {path}", run=run, folder=path, family=str(family))
+        return Target(path.name, source, run=run, folder=path, family=str(family))
     if family not in HF_FAMILIES:
         raise InputError(f"{path / 'config.json'}: model_type {family!r} is not one attnlab reads; it reads "
                          f"{', '.join(HF_FAMILIES)}")
     if family != "vit" and not (path / "tokenizer.json").is_file():
         raise InputError(f"{path} has no tokenizer.json: the explorer labels an encoder's tokens with it")
     model = from_hf(path).to(select_device(device))
-    return Target(path.name, f"Hugging Face {family} folder {path}", model=model, folder=path, family=str(family))
+    return Target(path.name, source, model=model, folder=path, family=str(family))
 
 
 def _run_target(run: TrainedRun) -> Target:
