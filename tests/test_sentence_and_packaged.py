@@ -48,3 +48,19 @@ def test_a_packaged_name_is_checked_and_a_path_of_that_name_wins(tmp_path: Path,
     (tmp_path / "smollm2-135m-instruct").mkdir()  # a folder of one's own of that name is taken as it is
     assert resolve_packaged("smollm2-135m-instruct") == "smollm2-135m-instruct"
     assert resolve_packaged("anything/else") == "anything/else"
+
+
+@pytest.mark.parametrize("typed, meant", [("smolm2-135m-instruct", "smollm2-135m-instruct"),
+                                          ("SmolLM2-135M-Instruct", "smollm2-135m-instruct"),
+                                          ("gemma3-270", "gemma3-270m"), ("all-minilm-l6", "all-minilm-l6-v2")])
+def test_a_misspelt_packaged_name_is_told_the_right_one(typed: str, meant: str, tmp_path: Path, monkeypatch,
+                                                         capsys) -> None:
+    from attnlab.cli import main
+
+    monkeypatch.chdir(tmp_path)  # no file or folder of that name here
+    with pytest.raises(InputError, match=f"did you mean {meant}\\?"):
+        resolve_packaged(typed)
+    assert main(["generate", typed, "hi"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{typed} is neither a file, a folder nor a packaged model" in err
+    assert resolve_packaged("runs/my-run") == "runs/my-run" and resolve_packaged("gpt2") == "gpt2"  # not close: as given

@@ -34,6 +34,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from ..engine import distributed
+    from ..engine.progress import format_rate
     from ..report import write_run_report_safely
     from ..tasks import get_task, model_label, train
 
@@ -57,7 +58,7 @@ def _train(args: argparse.Namespace) -> int:
         if results.get("stopped") else []
     table([*task.metric_rows(results), ("parameters", f"{results['params']:,}"), *stopped,
             ("training time", f"{results['train_seconds']:.1f} s"),
-            ("throughput", f"{results['samples_per_s']:,.0f} {task.sample_unit}/s")])
+            ("throughput", f"{format_rate(results['samples_per_s'])} {task.sample_unit}/s")])
     print(f"\nrun directory: {run_dir}")
     return 0
 

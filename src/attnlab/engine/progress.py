@@ -13,7 +13,7 @@ import sys
 import time
 from typing import IO, Any
 
-__all__ = ["Progress", "format_seconds"]
+__all__ = ["Progress", "format_seconds", "format_rate"]
 
 
 def format_seconds(seconds: float) -> str:
@@ -21,6 +21,11 @@ def format_seconds(seconds: float) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def format_rate(rate: float) -> str:
+    """A rate with its significant digits: ``12,345``, ``12.3``, ``0.13``."""
+    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.1f}" if rate >= 1 else f"{rate:.2g}"
 
 
 class Progress:
@@ -65,8 +70,7 @@ class Progress:
         return left if self.budget is None else max(min(left, self.budget - elapsed), 0.0)
 
     def _speed(self) -> str:
-        rate = self.rate
-        text = f"{rate:,.0f}" if rate >= 100 else f"{rate:.1f}" if rate >= 1 else f"{rate:.2g}"
+        text = format_rate(self.rate)
         done = self.step - self.start_step
         per_step = (time.perf_counter() - self.start) / done if done > 0 else 0.0
         return f"{text} {self.unit}/s" + (f" ({per_step:.1f} s/step)" if per_step >= 1 else "")

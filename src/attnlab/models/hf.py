@@ -36,6 +36,7 @@ from .gpt import GPT
 from .hf_files import is_hf_folder, is_pretrained, open_checkpoint, weight_files
 from .hf_keys import Reading, check_keys, check_switched_off
 from .hf_tables import ENCODER_ARCHITECTURES, HF_FAMILIES, HFFamily, stored_layers
+from .packaged import resolve_packaged
 from .vit import VisionTransformer
 
 __all__ = ["from_hf", "read_hf", "hf_model_spec", "is_hf_folder", "is_pretrained", "weight_files", "HF_FAMILIES", "HFFamily",
@@ -183,8 +184,11 @@ def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | 
     * ViT: a :class:`~attnlab.models.vit.VisionTransformer`; ``model(images)`` gives
       ``(B, num_labels)`` logits (``ViTForImageClassification``) or the pooled features
       (``ViTModel``: its pooler's ``tanh(dense(cls))``); ``model.forward_features(images)``
-      the last hidden states, after the final norm."""
-    folder = Path(folder).expanduser()
+      the last hidden states, after the final norm.
+
+    ``folder`` may also name a packaged model (``"smollm2-135m-instruct"``: what ``make models``
+    installs from the package registry, :data:`attnlab.models.packaged.PACKAGED`)."""
+    folder = Path(resolve_packaged(folder) if isinstance(folder, str) else folder).expanduser()
     checkpoint, family, cfg, meta, headers, expected = _inspect_hf(folder)  # every shape checked: what follows only reads and copies
     stored, built = _nbytes(headers.values()), _nbytes([*meta.parameters(), *meta.buffers()])
     require_memory(stored + built, f"{folder}: reading its weights ({gib(stored)}) and building its model "

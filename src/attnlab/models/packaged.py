@@ -17,6 +17,7 @@ interrupted extraction leaves nothing half-written.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.metadata as metadata
 import os
@@ -154,8 +155,18 @@ def _joined(sums: Path, parts: tuple[str, ...], target: Path) -> Path:
 
 def resolve_packaged(source: str) -> str:
     """``source`` itself, or, when it names a packaged model (:data:`PACKAGED`) and no file or
-    folder of that name exists here, that model's path: what ``model.checkpoint`` and the
-    commands' MODEL take (``attnlab chat smollm2-135m-instruct``)."""
-    if isinstance(source, str) and source in PACKAGED and not Path(source).exists():
+    folder of that name exists here, that model's path: what ``model.checkpoint``, the
+    commands' MODEL and :func:`~attnlab.models.from_hf` take (``attnlab chat
+    smollm2-135m-instruct``). A name that is no path and close to a packaged one (other case, a
+    letter off) is refused with the packaged names it resembles."""
+    if not isinstance(source, str) or Path(source).expanduser().exists():
+        return source
+    if source in PACKAGED:
         return str(packaged_model(source))
+    if "/" not in source and "\\" not in source and not Path(source).suffix:
+        close = [name for name in PACKAGED if name == source.lower()] or \
+            difflib.get_close_matches(source.lower(), list(PACKAGED), n=3, cutoff=0.75)
+        if close:
+            raise InputError(f"{source} is neither a file, a folder nor a packaged model; did you mean "
+                             f"{' or '.join(close)}? (the packaged models: {', '.join(PACKAGED)})")
     return source

@@ -54,6 +54,7 @@ from ..io import atomic_write_bytes, read_json_mapping
 from ..models.gpt import GPT
 from ..models.hf import HF_FAMILIES, from_hf, hf_model_spec, is_pretrained
 from ..models.hf_files import open_checkpoint
+from ..models.packaged import resolve_packaged
 from ..models.generation import DecoderSession, search
 from ..models.processors import processors_for
 from ..models.sampling import GENERATION_OPTIONS, check_generation, only_decodable
@@ -239,8 +240,9 @@ def load_folder(folder: str | Path, *, device: str = "cpu") -> TrainedRun:
     with the folder's special tokens, stop ids and chat template
     (:class:`~attnlab.data.lm_tokenize.HFTokenizer`), and a recipe whose ``generate`` section
     holds the defaults of its ``generation_config.json`` (:func:`folder_sampling`). A folder
-    that is not a decoder's, or lacks ``tokenizer.json``, is refused naming the file."""
-    path = Path(folder).expanduser()
+    that is not a decoder's, or lacks ``tokenizer.json``, is refused naming the file; a packaged
+    model's name (``"smollm2-135m-instruct"``) is its installed file."""
+    path = Path(resolve_packaged(folder) if isinstance(folder, str) else folder).expanduser()
     if not is_pretrained(path):
         raise InputError(f"folder must be a Hugging Face checkpoint folder (config.json, model.safetensors, "
                          f"tokenizer.json) or a GGUF file; {path} "
