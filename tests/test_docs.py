@@ -46,7 +46,7 @@ def site(tmp_path_factory) -> Path:
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
                            "-d", str(out)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "ATTNLAB_DOCS_CACHE": "0"})  # every example runs
     assert proc.returncode == 0, f"mkdocs build failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     print(f"site built in {time.perf_counter() - t0:.0f} s")
     return out
@@ -288,3 +288,26 @@ def test_no_page_holds_a_control_character():
         text = page.read_text(encoding="utf-8")
         bad = [(n, line) for n, line in enumerate(text.splitlines(), 1) if re.search(r"[\x00-\x08\x0b-\x1f]|\t", line)]
         assert not bad, f"{page.relative_to(ROOT)}: line {bad[0][0]} holds a control character: {bad[0][1]!r}"
+
+
+def test_every_relative_link_of_a_page_resolves_where_the_markdown_is_read():
+    """On GitHub a page's links are files of the repository: the Chinese pages reach the English-only
+    API reference as ../../en/api/NAME.md (the build turns them into the site's URLs)."""
+    missing = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            path = target.split("#")[0]
+            if not path or re.match(r"^[a-z]+:", path) or path.startswith("/") or not path.endswith((".md", ".html")):
+                continue
+            if not (page.parent / unquote(path)).exists():
+                missing.append(f"{page.relative_to(ROOT)}: {target}")
+    assert missing == []
+
+
+def test_a_chinese_pages_links_to_english_pages_become_the_sites_urls():
+    hooks = _hooks()
+    text = "见 [API](../../en/api/attention.md#attnlab.attention.build_attention) 与 [中文](../guide/index.md)"
+    assert hooks.english_links(text, "zh/tutorials/vit.md") == \
+        "见 [API](../../api/attention.html#attnlab.attention.build_attention) 与 [中文](../guide/index.md)"
+    assert hooks.english_links("[c](../en/changelog.md)", "zh/index.md") == "[c](../changelog.html)"
