@@ -295,3 +295,27 @@ def test_a_char_tokenizer_built_in_python_still_suggests_unk():
         CharTokenizer.train("hello").encode("hé")
     with pytest.raises(InputError, match=r"^text holds 1 character .*; my advice$"):
         CharTokenizer.train("hello", advice="my advice").encode("hé")
+
+
+# ---------------------------------------------------------------------------- what a path is, and numbers past int64
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX's")
+def test_a_named_pipe_in_a_data_folder_is_named_as_one(tmp_path, capsys):
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("the cat sat on the mat\n" * 50)
+    os.mkfifo(texts / "b.txt")  # opened, it would wait for a writer forever
+    assert main(["train", "lm-text", f"data.path={texts}", *LM, "--run-dir", str(tmp_path / "run")]) == 2
+    assert one_line(capsys.readouterr().err).endswith(f"{texts / 'b.txt'} is a named pipe (FIFO), not a regular file; "
+                                                      f"a text file was expected")
+    (texts / "c.txt").symlink_to(tmp_path / "gone.txt")
+    from attnlab.data.paths import not_a_file
+
+    assert not_a_file(texts / "c.txt") == "is a broken symbolic link"
+    assert not_a_file(texts) == "is a folder, not a regular file" and not_a_file(tmp_path / "no") == "does not exist"
+
+
+def test_a_count_past_64_bits_is_refused_naming_its_key(capsys):
+    assert main(["train", "vit-digits", "train.steps=1000000000000000000000"]) == 2
+    assert "train.steps must be a whole number of 64 bits" in one_line(capsys.readouterr().err)

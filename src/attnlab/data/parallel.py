@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from .multi30k import read_gzip_lines
+from .paths import not_a_file
 from .text import MAX_LINE_CHARS, check_max_line_chars, read_lines
 
 __all__ = [
@@ -62,8 +63,7 @@ def read_text_lines(path: str | Path, *, max_line_chars: int = MAX_LINE_CHARS) -
     check_max_line_chars(max_line_chars)
     path = Path(path).expanduser()
     if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise FileNotFoundError(f"{path} {what}; a text file was expected")
+        raise FileNotFoundError(f"{path} {not_a_file(path)}; a text file was expected")
     if path.name.lower().endswith(".gz"):
         return read_gzip_lines(path, max_line_chars=max_line_chars)
     return read_lines(path, max_line_chars=max_line_chars)

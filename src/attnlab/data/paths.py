@@ -13,13 +13,14 @@ Each data set keeps its original folder name under that directory, e.g.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import InputError
 from .image_extensions import IMG_EXTENSIONS
 
-__all__ = ["ENV_VAR", "DEFAULT_DATA_DIR", "data_dir", "require", "folder_contents"]
+__all__ = ["ENV_VAR", "DEFAULT_DATA_DIR", "data_dir", "require", "folder_contents", "not_a_file"]
 
 ENV_VAR = "ATTNLAB_DATA_DIR"
 DEFAULT_DATA_DIR = Path("~/.cache/attnlab")
@@ -83,3 +84,19 @@ def folder_contents(path: str | Path, limit: int = 10_000) -> str:
     images = sum(n for suffix, n in counts.items() if suffix in IMG_EXTENSIONS)
     kind = "a folder of images" if images >= seen / 2 else "a folder"
     return f"{kind} ({shown} files)" if kind != "a folder" else f"a folder (of {shown} files)"
+
+
+def not_a_file(path: Path) -> str:
+    """What ``path``, which is no regular file, is instead, as a message says it: "is a folder",
+    "is a named pipe (FIFO)", "is a broken symbolic link", "does not exist", ..."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "is a broken symbolic link" if path.is_symlink() else "does not exist"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return f"is {what}, not a regular file"
+    return "is not a regular file"

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..limits import MAX_LINE_CHARS
+from .paths import not_a_file
 from .tokenize import TextTokenizer
 
 __all__ = ["MAX_LINE_CHARS", "read_lines", "iter_lines", "decode_lines", "SentimentDataset"]
@@ -155,8 +156,7 @@ def read_lines(path: str | Path, encoding: str = "utf-8", *, max_line_chars: int
     """
     path = Path(path).expanduser()
     if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise FileNotFoundError(f"{path} {what}; a text file was expected")
+        raise FileNotFoundError(f"{path} {not_a_file(path)}; a text file was expected")
     with open(path, "rb") as f:
         return list(iter_lines(f, path, encoding, max_line_chars=max_line_chars))
 

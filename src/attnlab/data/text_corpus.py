@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from ..errors import InputError
-from .paths import data_dir, folder_contents, require
+from .paths import data_dir, folder_contents, not_a_file, require
 from .source import Source, SourceConfig, Splits, register_source
 from .tables import EXTENSIONS, read_text_column
 from .text import MAX_LINE_CHARS, check_max_line_chars, iter_lines
@@ -97,8 +97,7 @@ def read_text(path: str | Path, *, max_line_chars: int = MAX_LINE_CHARS) -> str:
     check_max_line_chars(max_line_chars)
     path = Path(path).expanduser()
     if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise FileNotFoundError(f"{path} {what}; a text file was expected")
+        raise FileNotFoundError(f"{path} {not_a_file(path)}; a text file was expected")
     with open(path, "rb") as f:
         lines = list(iter_lines(f, path, max_line_chars=max_line_chars))
         size = f.tell()

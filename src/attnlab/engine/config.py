@@ -132,6 +132,8 @@ def _check_bound(value: Any, meta: Any, name: str) -> None:
         return
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{name} must be a finite number; got {value!r}")
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:  # counts become torch's int64 and the clock's
+        raise ConfigError(f"{name} must be a whole number of 64 bits (at most {2**63 - 1:,}); got {value:,}")
     for key, (ok, word) in _BOUNDS.items():
         if key in meta and not ok(value, meta[key]):
             raise ConfigError(f"{name} must be {word} {meta[key]}; got {value!r}")
