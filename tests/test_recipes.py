@@ -148,3 +148,13 @@ def test_naming_another_data_source_leaves_out_the_recipes_own_source_keys_sayin
         warnings.simplefilter("always")
         load_recipe("text-classification", ["data.name=file"])
     assert not [w for w in caught if "replaces" in str(w.message)]
+
+
+@pytest.mark.parametrize("value", ["!foo 3", "!!python/object/apply:os.system ['echo hi']"])
+def test_a_yaml_tag_in_an_override_is_one_line(value, capsys):
+    from attnlab.cli import main
+
+    assert main(["train", "vit-digits", f"train.lr={value}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read the value (at line 1, column 1: could not determine a constructor" \
+        in err, err

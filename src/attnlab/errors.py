@@ -10,7 +10,8 @@ other exception that escapes a command is a bug in attnlab, shown with its trace
 
 from __future__ import annotations
 
-__all__ = ["InputError", "AttentionUnavailable", "WriteError", "NonFiniteLossError", "LostProcessError", "shape_str"]
+__all__ = ["InputError", "AttentionUnavailable", "WriteError", "NonFiniteLossError", "LostProcessError", "shape_str",
+           "yaml_problem"]
 
 
 class InputError(ValueError):
@@ -70,3 +71,12 @@ class LostProcessError(RuntimeError):
     """A process of a run under torchrun ended (killed, crashed) while the others trained: they
     stop too. The message names it and says how to resume; the checkpoints saved before are
     intact."""
+
+
+def yaml_problem(exc: Exception) -> str:
+    """A YAML parser's error in one line: ``at line 3, column 5: found a tab`` (PyYAML's own
+    message spans lines, quoting the text under a caret)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"at line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    return where + problem

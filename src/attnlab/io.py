@@ -30,7 +30,7 @@ from typing import IO, Iterator
 import torch
 from torch import Tensor
 
-from .errors import InputError, WriteError
+from .errors import InputError, WriteError, yaml_problem
 from .jsonfile import read_bytes, read_json
 from .limits import JSON_MAX_BYTES
 
@@ -147,7 +147,7 @@ def read_yaml_mapping(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise InputError(f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
+        raise InputError(f"{path} is not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise InputError(f"{path} must hold a YAML mapping of settings; got {type(data).__name__}")
     return data

@@ -24,7 +24,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
-from ..errors import InputError
+from ..errors import InputError, yaml_problem
 from ..suggest import did_you_mean
 
 __all__ = ["ConfigError", "from_dict", "to_dict", "apply_overrides", "parse_override", "check_bounds"]
@@ -168,7 +168,7 @@ def _read_value(raw: str, text: str) -> Any:
     try:
         return yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {text!r}: cannot read the value: {exc}") from None
+        raise ConfigError(f"override {text!r}: cannot read the value ({yaml_problem(exc)})") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: typing.Iterable[str]) -> dict[str, Any]:

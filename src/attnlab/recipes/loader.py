@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from ..engine.config import ConfigError, apply_overrides, parse_override
+from ..errors import yaml_problem
 from ..models.hf import is_pretrained
 from ..suggest import did_you_mean
 from ..tasks import Recipe, get_task, model_label, recipe_from_dict
@@ -43,10 +44,7 @@ def read_recipe_file(name_or_path: str) -> tuple[dict[str, Any], str]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{source} is not valid YAML{where}: {problem}") from None
+        raise ConfigError(f"{source} is not valid YAML {yaml_problem(exc)}") from None
     if data is None:
         raise ConfigError(f"{source} is empty; a recipe needs at least its task and model")
     if not isinstance(data, dict):

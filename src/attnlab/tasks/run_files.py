@@ -15,7 +15,7 @@ import yaml
 from ..engine import distributed
 from ..engine.resolved import run_precision
 from ..engine.trainer import TrainConfig
-from ..errors import InputError
+from ..errors import InputError, yaml_problem
 from ..io import atomic_write_bytes, read_json_mapping, read_yaml_mapping
 from .base import Recipe, recipe_dict, recipe_from_dict
 
@@ -78,7 +78,9 @@ def read_changes(run_dir: Path) -> list[dict[str, Any]]:
         return []
     try:
         records = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path} cannot be read: {yaml_problem(exc)}") from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path} cannot be read: {exc}") from None
     if not isinstance(records, list) or not all(
             isinstance(r, dict) and isinstance(r.get("changed"), dict)
