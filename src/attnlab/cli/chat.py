@@ -24,7 +24,6 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import InputError
 from ..families import decoder_names
-from ..tasks.base import check_text
 from .common import CHECKPOINT_HELP, UsageError, load_run_or_model
 
 HELP = "/reset: forget the conversation; /system TEXT: set the system message; /exit (or Ctrl-D): leave"
@@ -125,6 +124,7 @@ def _lines(read: Callable[[str], str], prompt: str) -> Iterator[str | None]:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from ..models.sampling import GENERATION_OPTIONS, check_generation
+    from ..tasks.base import check_text
 
     given = {k: getattr(args, k) for k in GENERATION_OPTIONS if getattr(args, k) is not None}
     options = check_generation(names=lambda key: "--" + key.replace("_", "-"), **given)  # before the model loads

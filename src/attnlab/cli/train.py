@@ -17,6 +17,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.allow_changes and not args.resume:
         raise UsageError("--allow-changes applies to --resume: it lets a resumed run continue with changed settings")
+    if distributed.launched():  # torchrun's SIGTERM, after another process ended, is said as that
+        distributed.stop_on_sigterm()
     try:
         code = _train(args)
     except BaseException as exc:

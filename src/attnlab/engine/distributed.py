@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
+import time
 from typing import Any
 
 import torch
@@ -25,7 +27,8 @@ from ..errors import InputError
 from .device import select_device
 
 __all__ = ["launched", "initialized", "init_distributed", "local_device", "rank", "world_size", "is_main",
-           "barrier", "all_reduce_sum", "broadcast_object", "cleanup", "lost_process"]
+           "barrier", "all_reduce_sum", "broadcast_object", "cleanup", "lost_process", "ProcessStopped",
+           "stop_on_sigterm"]
 
 
 def launched() -> bool:
@@ -102,18 +105,40 @@ _LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|Socket closed
                    r"NCCL communicator was aborted|ncclRemoteError")
 
 
+class ProcessStopped(KeyboardInterrupt):
+    """SIGTERM in a process of a run under torchrun (:func:`stop_on_sigterm`): torchrun stops the
+    other processes so when one of them has ended, often before a collective could notice."""
+
+
+def stop_on_sigterm() -> None:
+    """Turn SIGTERM into :class:`ProcessStopped`, so that a process torchrun stops says why."""
+    def stopped(signum: int, frame: Any) -> None:
+        raise ProcessStopped("SIGTERM")
+
+    signal.signal(signal.SIGTERM, stopped)
+
+
 def lost_process(exc: BaseException) -> str | None:
-    """What ``exc`` says of the run's processes when it is a collective that lost a peer (the
-    process of another rank was killed or crashed), in words: "rank 1 (pid 10055) has ended";
-    ``None`` for any other exception."""
-    if not initialized() or not isinstance(exc, RuntimeError) or not _LOST.search(str(exc)):
+    """What ``exc`` says of the run's processes when a process of another rank has ended (killed
+    or crashed): a collective that lost its peer, or torchrun's SIGTERM to the others
+    (:class:`ProcessStopped`) after it. In words: "rank 1 (pid 10055) of the run has ended";
+    ``None`` for any other exception, and for a SIGTERM while every process runs (torchrun
+    stopping them all, a Ctrl-C)."""
+    broken = isinstance(exc, RuntimeError) and _LOST.search(str(exc)) is not None
+    if not initialized() or not (broken or isinstance(exc, ProcessStopped)):
         return None
     here = socket.gethostname()
-    gone = [f"rank {r} (pid {pid})" for r, (host, pid) in enumerate(_PROCESSES)
-            if r != rank() and host == here and not _alive(pid)]
+    local = [(r, pid) for r, (host, pid) in enumerate(_PROCESSES) if r != rank() and host == here]
+    # a killed process's sockets close before it is gone: give it a moment to be seen as ended
+    deadline = time.monotonic() + 2.0
+    while not (gone := [f"rank {r} (pid {pid})" for r, pid in local if not _alive(pid)]) and \
+            local and time.monotonic() < deadline:
+        time.sleep(0.05)
     if gone:
         return f"{' and '.join(gone)} of the run {'has' if len(gone) == 1 else 'have'} ended"
-    return "a process of the run on another host has ended (its connection was lost)"
+    if broken:
+        return "a process of the run on another host has ended (its connection was lost)"
+    return None
 
 
 def _alive(pid: int) -> bool:
