@@ -4,12 +4,14 @@ was dropped."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -74,11 +76,11 @@ def _read_until(fd: int, wanted: bytes, seconds: float = 60.0, more_than: int = 
     return out
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX's")
-def test_a_session_in_a_terminal_survives_ctrl_c_and_takes_its_commands(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _chat(path: Path, *args: str) -> Iterator[tuple[int, int]]:
+    """``attnlab chat PATH ARGS`` in a pseudo-terminal: (pid, the terminal's fd), killed and closed after."""
     import pty
 
-    path = _model(tmp_path, 100_000)
     attnlab = Path(sys.executable).with_name("attnlab")
     pid, fd = pty.fork()
     if pid == 0:  # the child: attnlab, with the pseudo-terminal as its terminal
@@ -86,8 +88,20 @@ def test_a_session_in_a_terminal_survives_ctrl_c_and_takes_its_commands(tmp_path
         # it) stays ignored across exec, as a blocked one stays blocked, and Ctrl-C would never arrive
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        os.execv(str(attnlab), [str(attnlab), "chat", str(path), "--max-new-tokens", "50000", "--temperature", "0"])
+        os.execv(str(attnlab), [str(attnlab), "chat", str(path), *args])
     try:
+        yield pid, fd
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+        os.close(fd)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX's")
+def test_a_session_in_a_terminal_survives_ctrl_c_and_takes_its_commands(tmp_path: Path) -> None:
+    with _chat(_model(tmp_path, 100_000), "--max-new-tokens", "50000", "--temperature", "0") as (pid, fd):
         _read_until(fd, b"> ")
         os.write(fd, b"hello there\n")
         echoed = _read_until(fd, b"hello there\r\n")
@@ -106,12 +120,6 @@ def test_a_session_in_a_terminal_survives_ctrl_c_and_takes_its_commands(tmp_path
         os.write(fd, b"/exit\n")
         _, status = os.waitpid(pid, 0)
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-    finally:
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-        os.close(fd)
 
 
 def test_an_interrupted_reply_is_left_out_and_the_next_reply_is_that_of_a_chat_without_it(tmp_path: Path) -> None:
@@ -135,19 +143,6 @@ REFUSES_SYSTEM = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_ex
                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def _chat(path: Path, *args: str) -> tuple[int, int]:
-    """``attnlab chat PATH ARGS`` in a pseudo-terminal: (pid, the terminal's fd)."""
-    import pty
-
-    attnlab = Path(sys.executable).with_name("attnlab")
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: attnlab, with the pseudo-terminal as its terminal
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C as a terminal's program gets it (see above)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        os.execv(str(attnlab), [str(attnlab), "chat", str(path), *args])
-    return pid, fd
-
-
 @pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX's")
 def test_keys_typed_during_a_reply_wait_for_the_prompt_and_bad_messages_are_refused_one_by_one(
         tmp_path: Path) -> None:
@@ -159,8 +154,7 @@ def test_keys_typed_during_a_reply_wait_for_the_prompt_and_bad_messages_are_refu
                                    max_position_embeddings=100_000)
     path = write_gguf(tmp_path / "strict.gguf", "llama", transformers.LlamaForCausalLM(cfg).eval(), vocab,
                       extra={"tokenizer.chat_template": REFUSES_SYSTEM})
-    pid, fd = _chat(path, "--max-new-tokens", "50000", "--temperature", "0")
-    try:
+    with _chat(path, "--max-new-tokens", "50000", "--temperature", "0") as (pid, fd):
         _read_until(fd, b"> ")
         os.write(fd, b"hello there\n")
         echoed = _read_until(fd, b"hello there\r\n")
@@ -183,12 +177,6 @@ def test_keys_typed_during_a_reply_wait_for_the_prompt_and_bad_messages_are_refu
         os.write(fd, b"/exit\n")
         _, status = os.waitpid(pid, 0)
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0  # the session went on to /exit
-    finally:
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-        os.close(fd)
 
 
 def test_text_that_is_not_utf8_piped_in_is_refused_and_the_session_goes_on(tmp_path: Path) -> None:

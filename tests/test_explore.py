@@ -51,15 +51,30 @@ def test_weights_are_stored_8_bits_a_value_within_half_a_step():
     assert len(encode_weights(zeros)) < 12 * 512 * 512 / 100  # mostly zeros: compressed away
 
 
-def test_head_figures_single_out_previous_token_sink_and_broad_heads():
-    n = 8
+def _heads(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Causal maps ``(n, n)`` of a previous-token head, a sink (everything on position 0) and a
+    broad head (an even spread over what each query sees)."""
     prev = torch.zeros(n, n)
     prev[0, 0] = 1
     prev[torch.arange(1, n), torch.arange(n - 1)] = 1
     sink = torch.zeros(n, n)
     sink[:, 0] = 1
     broad = torch.tril(torch.ones(n, n))
-    broad = broad / broad.sum(-1, keepdim=True)
+    return prev, sink, broad / broad.sum(-1, keepdim=True)
+
+
+def _induction() -> tuple[list[str], torch.Tensor]:
+    """An induction head on "a b c a b c": the second "a" looks at the "b" after the first, and so on."""
+    ind = torch.eye(6)
+    for i, j in ((3, 1), (4, 2), (5, 3)):
+        ind[i] = 0
+        ind[i, j] = 1
+    return list("abcabc"), ind
+
+
+def test_head_figures_single_out_previous_token_sink_and_broad_heads():
+    n = 8
+    prev, sink, broad = _heads(n)
     stats = head_stats([torch.stack([prev, sink, broad])])
     assert stats["previous"][0][:2] == [1.0, pytest.approx(1 / (n - 1), abs=1e-5)]
     assert stats["first"][0][:2] == [pytest.approx(1 / (n - 1), abs=1e-5), 1.0]
@@ -70,12 +85,7 @@ def test_head_figures_single_out_previous_token_sink_and_broad_heads():
     assert profile["1"] == pytest.approx((n - 1) / n, abs=1e-4) and profile["0"] == pytest.approx(1 / n, abs=1e-4)
     assert all(sum(p) == pytest.approx(1, abs=1e-3) for p in stats["profile"][0])
     assert stats["induction"] == [[None, None, None]]  # no tokens, no repeats to look for
-    # an induction head: on "a b c a b c", the second "a" looks at the "b" after the first "a", and so on
-    labels = list("abcabc")
-    ind = torch.eye(6)
-    for i, j in ((3, 1), (4, 2), (5, 3)):
-        ind[i] = 0
-        ind[i, j] = 1
+    labels, ind = _induction()
     [[copying, diagonal]] = head_stats([torch.stack([ind, torch.eye(6)])], labels)["induction"]
     assert copying == 1.0 and diagonal == 0.0
     both_ways = torch.full((1, 4, 4), 0.25)  # an encoder's head looks ahead as much as back
@@ -84,21 +94,11 @@ def test_head_figures_single_out_previous_token_sink_and_broad_heads():
 
 def test_heads_are_labelled_by_the_role_whose_figure_passes_its_threshold():
     n = 8
-    prev = torch.zeros(n, n)
-    prev[0, 0] = 1
-    prev[torch.arange(1, n), torch.arange(n - 1)] = 1
-    sink = torch.zeros(n, n)
-    sink[:, 0] = 1
-    broad = torch.tril(torch.ones(n, n))
-    broad = broad / broad.sum(-1, keepdim=True)
+    prev, sink, broad = _heads(n)
     half = 0.45 * prev + 0.55 * torch.eye(n)  # 0.45 on the previous token: below 0.5
     assert head_stats([torch.stack([prev, sink, broad, half])])["roles"] == [
         ["previous-token", "first-token", None, None]]
-    labels = list("abcabc")
-    ind = torch.eye(6)
-    for i, j in ((3, 1), (4, 2), (5, 3)):
-        ind[i] = 0
-        ind[i, j] = 1
+    labels, ind = _induction()
     assert head_stats([torch.stack([ind, torch.eye(6)])], labels)["roles"] == [["induction", None]]
 
 
