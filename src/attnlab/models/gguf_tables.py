@@ -152,14 +152,14 @@ class GGUFCheckpoint:
     def _make_config(self) -> dict[str, Any]:
         meta, arch, path = self.file.metadata, self.architecture, self.path
         prefix = arch + "."
-        table = [*_COMMON, *(name[len("{arch}."):] for name, spec in METADATA.items() if arch in spec.only)]
         config: dict[str, Any] = {"model_type": self.arch.model_type, **self.arch.fixed}
         for key, value in meta.items():
             found = schema_of(key, arch)
             if found is None or (found[1].only and arch not in found[1].only):
-                readable = [prefix + k for k in table] if key.startswith(prefix) else []
+                readable = [prefix + name[len("{arch}."):] for name, spec in METADATA.items()
+                            if name.startswith("{arch}.") and (not spec.only or arch in spec.only)]
                 raise InputError(f"{path}: metadata key {key} is not one attnlab reads for a {arch} model"
-                                 + (f"; it reads {', '.join(readable)} and the keys of its rules" if readable else ""))
+                                 + (f"; it reads {', '.join(readable)}" if key.startswith(prefix) else ""))
             if key.startswith(prefix) and found[1].config:
                 config[found[1].config] = _plain(value)
         if meta.get("split.count", 1) > 1:
