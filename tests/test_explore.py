@@ -263,3 +263,17 @@ def test_hugging_face_vit_and_encoder_folders(tmp_path, image_files, capsys):  #
     assert main(["explore", str(bert), "hello"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has no tokenizer.json" in err
+
+
+def test_a_character_over_several_tokens_is_shown_on_each_of_them():
+    from attnlab.data.lm_tokenize import ByteTokenizer
+    from attnlab.tasks.views import token_labels
+
+    tok = ByteTokenizer()
+    text = "a注意 🙂!"
+    labels = token_labels(tok.decode, tok.encode(text))
+    assert labels == ["a", "注 1/3", "注 2/3", "注 3/3", "意 1/3", "意 2/3", "意 3/3", " ", "🙂 1/4", "🙂 2/4", "🙂 3/4",
+                      "🙂 4/4", "!"]
+    assert "\ufffd" not in "".join(labels)
+    # a text that ends inside a character: its parts of an unknown character
+    assert token_labels(tok.decode, tok.encode("注")[:2]) == ["\ufffd 1/2", "\ufffd 2/2"]

@@ -61,7 +61,7 @@ from ..models.sampling import GENERATION_OPTIONS, check_generation, only_decodab
 from .base import (ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_text, check_texts,
                    get_task, register_task)
 from .run_files import train_config
-from .views import GenerationAttention, SampleTable, TextAttention, TextPrediction
+from .views import GenerationAttention, SampleTable, TextAttention, TextPrediction, token_labels
 
 __all__ = ["LMTextConfig", "SampleConfig", "LanguageModelingRecipe", "LanguageModeling", "lm_figures", "load_folder",
            "folder_sampling", "DECODER_TYPES"]
@@ -690,6 +690,7 @@ class LanguageModeling(Task):
             ids = _encode_prompt(tokenizer, text)[:context]
             view = generation_attention(run.model, ids, label, new_tokens=max(0, min(new_tokens, context - len(ids))),
                                         decodable=known)
+            view.tokens = token_labels(tokenizer.decode, view.ids)  # a character over several tokens on each
             view.title = f'"{shorten(text)}" and its greedy continuation'
             views.append(view)
         return views

@@ -8,11 +8,11 @@ tasks, draw them by their type, so that neither names a task.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from torch import Tensor
 
-__all__ = ["LabelPrediction", "TextPrediction", "ClassifierPredictions", "SampleTable", "TextAttention",
+__all__ = ["token_labels", "LabelPrediction", "TextPrediction", "ClassifierPredictions", "SampleTable", "TextAttention",
            "AlignmentAttention", "ImageAttention", "PixelAttention", "GenerationAttention"]
 
 
@@ -153,3 +153,35 @@ class GenerationAttention:
     cached: bool
     opaque: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
+
+
+PARTIAL = "\ufffd"  # what a tokenizer decodes a piece of a character's bytes to
+
+
+def token_labels(decode: Callable[[Sequence[int]], str], ids: Sequence[int]) -> list[str]:
+    """Each token of ``ids`` as the text it adds to those before it, so that a character whose
+    bytes a byte-level vocabulary splits over several tokens (most Chinese characters) is shown
+    on each of them, marked with its part ("注 1/2", "注 2/2"), never as "\ufffd". ``decode``:
+    the tokenizer's, of a list of ids. A token that adds text other than as a suffix (a
+    vocabulary that rewrites what came before) is shown as decoded alone; ids that end inside a
+    character show their parts of "\ufffd"."""
+    labels: list[str] = []
+    pending: list[int] = []  # tokens that end inside a character whose bytes are not all out
+    done = ""  # the text of the tokens so far, up to the last whole character
+    for i in range(len(ids)):
+        text = decode(ids[: i + 1])
+        whole = text.rstrip(PARTIAL) if i + 1 < len(ids) else text  # the next tokens may complete it
+        added = whole[len(done):] if whole.startswith(done) else decode(ids[i: i + 1])
+        if whole != text:  # this token ends inside a character
+            pending.append(i)
+            labels.append(added)
+        elif pending:  # ... which this one completes
+            char, parts = added[:1], len(pending) + 1
+            for n, k in enumerate(pending, 1):
+                labels[k] += f"{char} {n}/{parts}"
+            labels.append(f"{char} {parts}/{parts}" + added[1:])
+            pending = []
+        else:
+            labels.append(added)
+        done = whole
+    return labels

@@ -1007,6 +1007,8 @@
     });
   }
 
+  let started = false;
+
   function start() {
     $("title").textContent = data.title || "attention explorer";
     $("subtitle").textContent = data.subtitle || "";
@@ -1015,13 +1017,34 @@
     if (!data.documents || !data.documents.length) throw new Error("the data holds no document");
     setOptions($("doc"), data.documents.map((doc, i) => doc.title || `input ${i}`));
     $("doc-control").hidden = data.documents.length < 2;
-    $("threshold").value = String(ui.threshold);
-    bindControls();
-    bindImage();
-    bindResize();
-    applyChange({});
-    state.heads = defaultHeads(current().layer.heads);
+    if (!started) {  // the controls are bound once; a later load() keeps them
+      started = true;
+      $("threshold").value = String(ui.threshold);
+      bindControls();
+      bindImage();
+      bindResize();
+      applyChange({});
+      state.heads = defaultHeads(current().layer.heads);
+    } else {
+      applyChange({ doc: Math.min(state.doc, data.documents.length - 1) });
+    }
     return render();
+  }
+
+  /** New data in the page (a page built on the explorer, the lab, after each edit): what was
+   * decoded or drawn of the old data is dropped; the view, layer and heads stay where the new
+   * data has them. Resolves once the view is drawn. */
+  function load(next) {
+    data = next;
+    decoded.clear();
+    modelGrids.clear();
+    images.clear();
+    ui.imageQuery.clear();
+    ui.lmPin.clear();
+    statsKey = "";
+    Object.assign(synced, { doc: -1, groupKey: "", chipsKey: "" });
+    clearError();
+    return start();
   }
 
   let ready;
@@ -1034,5 +1057,5 @@
     ready = Promise.resolve();
   }
   ready = ready.then(() => { performance.mark("attnlab-ready"); });
-  window.attnlabExplorer = { ready, state, select, weights };
+  window.attnlabExplorer = { ready, state, select, weights, load, current: () => data };
 })();

@@ -76,21 +76,32 @@ def script_hashes(page: str) -> list[str]:
     return [f"'sha256-{base64.b64encode(hashlib.sha256(s.encode('utf-8')).digest()).decode('ascii')}'" for s in found]
 
 
-def page_policy(hashes: list[str]) -> str:
+def page_policy(hashes: list[str], *, connect: bool = False) -> str:
     """The explorer's Content-Security-Policy: its own script and nothing fetched (a stray
-    reference elsewhere shows as a blocked request, not a page that works online only)."""
-    return f"default-src 'none'; script-src {' '.join(hashes)}; style-src 'unsafe-inline'; img-src data:"
+    reference elsewhere shows as a blocked request, not a page that works online only);
+    ``connect``: requests to the page's own server (the lab's)."""
+    return (f"default-src 'none'; script-src {' '.join(hashes)}; style-src 'unsafe-inline'; img-src data:"
+            + (" blob:; connect-src 'self'" if connect else ""))
 
 
-def render_page(data: dict[str, Any]) -> str:
-    """The self-contained HTML page of ``data`` (the format above)."""
+def render_page(data: dict[str, Any], *, extra_html: str = "", extra_js: str = "", extra_css: str = "",
+                connect: bool = False) -> str:
+    """The self-contained HTML page of ``data`` (the format above). A page built on the explorer
+    (the lab) adds its own markup after the header, its own script after the explorer's (which
+    it drives through ``window.attnlabExplorer``) and its own styles; ``connect``: its script
+    talks to the server that served it."""
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     payload = payload.replace("<", "\\u003c")  # no "</script>" or "<!--" in a token can end the data early
     title = data.get("title", "attention explorer")
     escaped = (title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
-    values = {"TITLE": escaped, "CSS": _asset("explorer.css"), "DATA": payload,
-              "JS": _asset("explorer.js").replace("</script", "<\\/script")}
+    closed = extra_js.replace("</script", "<\\/script")
+    script = f"<script>\n{closed}\n</script>" if extra_js else ""
+    values = {"TITLE": escaped, "CSS": _asset("explorer.css") + extra_css, "DATA": payload,
+              "JS": _asset("explorer.js").replace("</script", "<\\/script"), "EXTRA_HTML": extra_html,
+              "EXTRA_JS": script}
     # one pass over the template: what goes in is never searched for placeholders again
-    page = re.sub(r"\{\{(TITLE|CSS|JS|DATA)\}\}", lambda m: values[m.group(1)], _asset("template.html"))
-    policy = f'<meta http-equiv="Content-Security-Policy" content="{page_policy(script_hashes(page))}">'
+    page = re.sub(r"\{\{(TITLE|CSS|JS|DATA|EXTRA_HTML|EXTRA_JS)\}\}", lambda m: values[m.group(1)],
+                  _asset("template.html"))
+    rules = page_policy(script_hashes(page), connect=connect)
+    policy = f'<meta http-equiv="Content-Security-Policy" content="{rules}">'
     return page.replace("<head>", "<head>\n" + policy, 1)
