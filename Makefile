@@ -37,7 +37,7 @@ $(STAMP):
 	  "a few minutes, once per change of pyproject.toml or the Makefile"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check "$(TORCH)"
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,export,docs,gguf]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,export,docs,gguf,lab]'
 # Best effort, only when missing: the browser tests of report.html and the site drive Debian's chromium, and skip
 # without it; a CJK font shows the Chinese pages' characters in its screenshots.
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \

@@ -16,7 +16,7 @@ from .. import __version__
 from ..errors import InputError, LostProcessError, NonFiniteLossError, WriteError
 from ..memory import keep_freed_memory
 from ..plugins import import_plugins
-from . import bench, catalog_cmds, chat, data, demo, explore, generate, predict, train
+from . import bench, catalog_cmds, chat, data, demo, explore, generate, lab, predict, train
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,8 +28,8 @@ class _Parser(argparse.ArgumentParser):
 # Each command's sub-parser (its module's ``add_NAME``), in the order `attnlab --help` lists them.
 COMMANDS = (catalog_cmds.add_models, catalog_cmds.add_kinds, catalog_cmds.add_sources, demo.add_demo,
             catalog_cmds.add_recipes, train.add_train, train.add_eval, predict.add_predict, generate.add_generate, chat.add_chat,
-            train.add_export, explore.add_visualize, explore.add_explore, predict.add_translate, train.add_report,
-            data.add_data, bench.add_bench)
+            train.add_export, explore.add_visualize, explore.add_explore, lab.add_lab, predict.add_translate,
+            train.add_report, data.add_data, bench.add_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,304 @@
+/* attnlab lab: the page's side of the lab server (attnlab/lab/server.py). It sends the text typed,
+ * the sampling settings, the heads switched off and the head to step through; every answer is
+ * shown in place (the explorer's views through window.attnlabExplorer.load). Requests carry the
+ * token of the page's URL; a newer edit makes the answers to older ones stale, and they are dropped.
+ */
+"use strict";
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const config = JSON.parse($("lab-config").textContent);
+  const token = new URLSearchParams(location.search).get("token") || "";
+  const explorer = window.attnlabExplorer;
+
+  const TEXTS = {
+    en: {
+      model: "model", type: "Type a sentence (English or Chinese); every view follows it.", next: "Next token",
+      temperature: "temperature", topk: "top-k", topp: "top-p", append: "append the chosen token",
+      generate: "generate 10 tokens, one by one", off: "Switch heads off",
+      offhelp: "Click a head to remove its output: the next-token candidates and the loss on the text change at once.",
+      offclear: "switch every head on", step: "One head, step by step",
+      stephelp: "The head chosen in the explorer's controls below (its layer and first selected head); click a token to make it the query.",
+      limit: (c, t) => `At most ${c.toLocaleString()} characters and ${t} tokens.`,
+      loss: (l, n, off) => `loss on the text: ${l} nats a token over ${n} tokens` + (off ? `, ${off} heads off` : ""),
+      busy: "computing…", ready: (s) => `updated in ${s} s`, greedy: "greedy: the most probable token",
+      layer: "layer", token: "token", dot: "q·k", scaled: "× scale", capped: "soft-capped", bias: "+ ALiBi",
+      weight: "weight", blocked: "masked", lang: "中文",
+      formula: (d, scale) => `weights = softmax(q·k × ${scale.toPrecision(4)}) over the keys the mask leaves (1/√${d} = ${(1 / Math.sqrt(d)).toPrecision(4)})`,
+      query: "query vector q", output: "output = Σ weight × v", sink: (w) => `the sink takes ${w}`,
+    },
+    zh: {
+      model: "模型", type: "输入一句话（中文或英文），所有视图都会随之更新。", next: "下一个词元（token）",
+      temperature: "温度（temperature）", topk: "top-k", topp: "top-p", append: "把选中的词元接到句子后面",
+      generate: "逐个生成 10 个词元", off: "关掉注意力头",
+      offhelp: "点击一个头，去掉它的输出：下一个词元的候选和整句的损失会立刻变化。",
+      offclear: "重新打开所有的头", step: "一步一步算一个头",
+      stephelp: "用下方浏览器控件里选中的层和第一个选中的头；点击一个词元，把它当作查询（query）。",
+      limit: (c, t) => `最多 ${c.toLocaleString()} 个字符、${t} 个词元。`,
+      loss: (l, n, off) => `整句的损失：${n} 个词元，平均每个 ${l} nats` + (off ? `，关掉了 ${off} 个头` : ""),
+      busy: "计算中…", ready: (s) => `用时 ${s} 秒`, greedy: "贪心：取概率最大的词元",
+      layer: "层", token: "词元", dot: "q·k", scaled: "× 缩放", capped: "软截断后", bias: "+ ALiBi",
+      weight: "权重", blocked: "被遮住", lang: "English",
+      formula: (d, scale) => `权重 = softmax(q·k × ${scale.toPrecision(4)})，只在掩码（mask）留下的键上计算（1/√${d} = ${(1 / Math.sqrt(d)).toPrecision(4)}）`,
+      query: "查询向量 q", output: "输出 = Σ 权重 × v", sink: (w) => `sink 分走了 ${w}`,
+    },
+  };
+  const lab = { lang: "en", model: 0, text: config.text, off: new Set(), chosen: 0, query: null, seq: 0,
+                candidates: [], layers: 0, heads: [] };
+  const t = (key, ...args) => { const v = TEXTS[lab.lang][key]; return typeof v === "function" ? v(...args) : v; };
+
+  function el(tag, props = {}, children = []) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(props)) {
+      if (k === "text") node.textContent = v;
+      else if (k === "dataset") Object.assign(node.dataset, v);
+      else node[k] = v;
+    }
+    node.append(...children);
+    return node;
+  }
+
+  async function post(path, body) {
+    const res = await fetch(path, {
+      method: "POST", headers: { "Content-Type": "application/json", "X-Lab-Token": token },
+      body: JSON.stringify({ model: lab.model, ...body }),
+    });
+    const answer = await res.json().catch(() => ({ error: `${res.status} ${res.statusText}` }));
+    if (!res.ok) throw new Error(answer.error || `${res.status}`);
+    return answer;
+  }
+
+  function showError(err) {
+    const box = $("error");
+    box.textContent = `Error: ${err.message || err}`;
+    box.hidden = false;
+  }
+
+  const decoder = () => Boolean(config.models[lab.model] && config.models[lab.model].decoder);
+
+  // ------------------------------------------------------------------ the text and the views
+  let timer = 0;
+  function edited() {
+    clearTimeout(timer);
+    timer = setTimeout(() => refresh(), 250);
+  }
+
+  /** Every view after an edit (or a model's change): the explorer's data, then the decoder's panels. */
+  async function refresh() {
+    const seq = ++lab.seq;
+    const text = $("lab-text").value;
+    lab.text = text;
+    if (!text.trim()) return;
+    document.body.dataset.labReady = "0";
+    $("lab-status").textContent = t("busy");
+    const start = performance.now();
+    try {
+      const data = await post("/api/analyze", { text });
+      if (seq !== lab.seq) return;
+      await explorer.load(data);
+      syncShape(data);
+      if (decoder()) await Promise.all([refreshNext(seq), refreshStep(seq)]);
+      if (seq !== lab.seq) return;
+      $("lab-status").textContent = t("ready", ((performance.now() - start) / 1000).toFixed(2));
+      $("error").hidden = true;
+    } catch (err) {
+      if (seq === lab.seq) showError(err);
+    } finally {
+      if (seq === lab.seq) document.body.dataset.labReady = "1";
+    }
+  }
+
+  /** The layers and heads of the data shown: the heads-off grid and the query tokens follow them. */
+  function syncShape(data) {
+    const group = data.documents[0].groups[0];
+    const heads = group.layers.map((layer) => layer.heads);
+    const key = heads.join(",");
+    if (key !== lab.heads.join(",")) {
+      lab.heads = heads;
+      lab.off.clear();
+      drawOffGrid();
+    }
+    drawQueries(group.queries);
+  }
+
+  // ------------------------------------------------------------------ next token
+  function sampling() {
+    const temperature = Number($("lab-temperature").value);
+    const topk = Number($("lab-topk").value);
+    const topp = Number($("lab-topp").value);
+    return { temperature, top_k: temperature > 0 && topk > 0 ? topk : null, top_p: temperature > 0 && topp < 1 ? topp : null };
+  }
+
+  async function refreshNext(seq = lab.seq) {
+    if (!decoder()) return;
+    const off = [...lab.off].map((k) => k.split("/").map(Number));
+    const answer = await post("/api/next", { text: lab.text, off, ...sampling() });
+    if (seq !== lab.seq) return;
+    lab.candidates = answer.candidates;
+    lab.chosen = 0;
+    $("lab-loss").textContent = answer.loss === null ? "" : t("loss", answer.loss.toFixed(4), answer.tokens, off.length);
+    drawCandidates();
+  }
+
+  function drawCandidates() {
+    const rows = lab.candidates.map((c, i) => el("tr", { className: i === lab.chosen ? "chosen" : "", dataset: { i: String(i) } }, [
+      el("td", { className: "tok", text: JSON.stringify(c.token).slice(1, -1) }),
+      el("td", { text: (100 * c.prob).toFixed(2) + "%" }),
+      el("td", {}, [el("span", { className: "bar", style: "" })]),
+    ]));
+    rows.forEach((row, i) => { row.querySelector(".bar").style.width = `${Math.round(120 * lab.candidates[i].prob)}px`; });
+    $("lab-candidates").replaceChildren(...rows);
+  }
+
+  /** The token to append: the most probable when greedy, else one drawn from the candidates' probabilities. */
+  function pick() {
+    if (!lab.candidates.length) return null;
+    if (Number($("lab-temperature").value) === 0) return lab.candidates[lab.chosen];
+    let r = Math.random() * lab.candidates.reduce((s, c) => s + c.prob, 0);
+    for (const c of lab.candidates) { r -= c.prob; if (r <= 0) return c; }
+    return lab.candidates[lab.candidates.length - 1];
+  }
+
+  async function append(times = 1) {
+    for (let n = 0; n < times; n++) {
+      const chosen = pick();
+      if (!chosen) return;
+      $("lab-text").value += chosen.token;
+      await refresh();
+    }
+  }
+
+  // ------------------------------------------------------------------ heads off
+  function drawOffGrid() {
+    const grid = $("lab-off");
+    const most = Math.max(1, ...lab.heads);
+    grid.style.gridTemplateColumns = `auto repeat(${most}, auto)`;
+    const cells = [];
+    lab.heads.forEach((count, layer) => {
+      cells.push(el("span", { className: "row-label", text: `${t("layer")} ${layer}` }));
+      for (let h = 0; h < most; h++) {
+        cells.push(h < count
+          ? el("button", { type: "button", text: String(h), title: `${t("layer")} ${layer}, head ${h}`, dataset: { key: `${layer}/${h}` } })
+          : el("span"));
+      }
+    });
+    grid.replaceChildren(...cells);
+  }
+
+  function toggleHead(button) {
+    const key = button.dataset.key;
+    if (lab.off.has(key)) lab.off.delete(key); else lab.off.add(key);
+    button.classList.toggle("off", lab.off.has(key));
+    return refreshNext().catch(showError);
+  }
+
+  // ------------------------------------------------------------------ one head, step by step
+  function drawQueries(tokens) {
+    if (lab.query === null || lab.query >= tokens.length) lab.query = tokens.length - 1;
+    $("lab-queries").replaceChildren(...tokens.map((tok, i) => el("button", {
+      type: "button", text: tok, className: i === lab.query ? "on" : "", dataset: { i: String(i) },
+    })));
+  }
+
+  async function refreshStep(seq = lab.seq) {
+    if (!decoder() || lab.query === null) return;
+    const layer = explorer.state.layer, head = explorer.state.heads[0] ?? 0;
+    let step;
+    try {
+      step = await post("/api/step", { text: lab.text, layer, head, query: lab.query });
+    } catch (err) {  // a layer whose heads have no such steps (a kind of attention other than softmax's)
+      if (seq === lab.seq) $("lab-step").replaceChildren(el("p", { className: "caption", text: err.message }));
+      return;
+    }
+    if (seq === lab.seq) drawStep(step);
+  }
+
+  const num = (v) => (v === null || v === undefined ? "−∞" : Number(v).toPrecision(4));
+  const vec = (v, n = 8) => `[${v.slice(0, n).map((x) => Number(x).toFixed(3)).join(", ")}${v.length > n ? ", …" : ""}] (${v.length})`;
+
+  function drawStep(s) {
+    const head = [el("th", { text: t("token") }), el("th", { text: t("dot") }), el("th", { text: t("scaled") })];
+    if (s.capped) head.push(el("th", { text: t("capped") }));
+    if (s.alibi) head.push(el("th", { text: t("bias") }));
+    head.push(el("th", { text: t("weight") }));
+    const rows = s.tokens.map((tok, j) => {
+      const cells = [el("td", { className: "tok", text: `${j}: ${tok}` }), el("td", { text: num(s.dots[j]) }),
+                     el("td", { text: num(s.scaled[j]) })];
+      if (s.capped) cells.push(el("td", { text: num(s.capped[j]) }));
+      if (s.alibi) cells.push(el("td", { text: num(s.alibi[j]) }));
+      cells.push(el("td", { text: s.allowed[j] ? num(s.weights[j]) : t("blocked") }));
+      return el("tr", { className: s.allowed[j] ? "" : "blocked" }, cells);
+    });
+    $("lab-step").replaceChildren(
+      el("p", { className: "formula", text: `${s.layer_name}, head ${s.head} (key/value head ${s.kv_head}), query ${s.query}: ${s.tokens[s.query]}` }),
+      el("p", { className: "formula", text: t("formula", s.head_dim, s.scale) }),
+      el("p", { className: "vector", text: `${t("query")} = ${vec(s.query_vector)}` }),
+      el("table", {}, [el("thead", {}, [el("tr", {}, head)]), el("tbody", {}, rows)]),
+      ...(s.sink_weight !== null ? [el("p", { className: "formula", text: t("sink", num(s.sink_weight)) })] : []),
+      el("p", { className: "vector", text: `${t("output")} = ${vec(s.output)}` }),
+    );
+  }
+
+  // ------------------------------------------------------------------ language
+  function setLanguage(lang) {
+    lab.lang = lang;
+    document.documentElement.lang = lang === "zh" ? "zh-CN" : "en";
+    for (const node of document.querySelectorAll("#lab [data-t]")) node.textContent = t(node.dataset.t);
+    $("lab-lang").textContent = t("lang");
+    $("lab-limit").textContent = t("limit", config.max_chars, config.max_tokens);
+    if (lab.heads.length) drawOffGrid();
+    drawCandidates();
+  }
+
+  // ------------------------------------------------------------------ start
+  function start() {
+    $("lab-model").replaceChildren(...config.models.map((m, i) => el("option", { value: String(i), text: m.name })));
+    $("lab-text").value = config.text;
+    $("lab-text").maxLength = config.max_chars;
+    $("lab-decoder").hidden = !decoder();
+    $("lab-text").addEventListener("input", edited);
+    $("lab-model").addEventListener("change", () => {
+      lab.model = Number($("lab-model").value);
+      $("lab-decoder").hidden = !decoder();
+      lab.heads = [];
+      refresh();
+    });
+    for (const id of ["lab-temperature", "lab-topk", "lab-topp"]) {
+      $(id).addEventListener("input", () => {
+        $(`${id}-v`).textContent = $(id).value;
+        clearTimeout(timer);
+        timer = setTimeout(() => refreshNext().catch(showError), 150);
+      });
+    }
+    $("lab-candidates").addEventListener("click", (e) => {
+      const row = e.target.closest("tr[data-i]");
+      if (row) { lab.chosen = Number(row.dataset.i); drawCandidates(); }
+    });
+    $("lab-append").addEventListener("click", () => append(1));
+    $("lab-generate").addEventListener("click", () => append(10));
+    $("lab-off").addEventListener("click", (e) => { const b = e.target.closest("button[data-key]"); if (b) toggleHead(b); });
+    $("lab-off-clear").addEventListener("click", () => {
+      lab.off.clear();
+      for (const b of $("lab-off").querySelectorAll("button.off")) b.classList.remove("off");
+      refreshNext().catch(showError);
+    });
+    $("lab-queries").addEventListener("click", (e) => {
+      const b = e.target.closest("button[data-i]");
+      if (!b) return;
+      lab.query = Number(b.dataset.i);
+      for (const x of $("lab-queries").children) x.classList.toggle("on", x === b);
+      refreshStep().catch(showError);
+    });
+    // the explorer's own layer and head choice is the head stepped through
+    for (const id of ["layer", "heads"]) $(id).addEventListener("click", () => setTimeout(() => refreshStep().catch(showError), 0));
+    $("layer").addEventListener("change", () => setTimeout(() => refreshStep().catch(showError), 0));
+    $("lab-lang").addEventListener("click", () => setLanguage(lab.lang === "en" ? "zh" : "en"));
+    setLanguage("en");
+    const data = explorer.current();
+    syncShape(data);
+    if (decoder()) Promise.all([refreshNext(), refreshStep()]).catch(showError).finally(() => { document.body.dataset.labReady = "1"; });
+    else document.body.dataset.labReady = "1";
+  }
+
+  window.attnlabLab = { state: lab, refresh, refreshNext, refreshStep, append };
+  explorer.ready.then(start).catch(showError);
+})();

@@ -1,0 +1,250 @@
+"""The attention lab (``attnlab lab``): its server answered with a real HTTP client (a uvicorn
+server in this process, http.client) and its page driven in headless Chromium. The server
+answers only its own token and Host, bounds every input naming the limit, keeps a slow request on
+one model from holding another, and answers 16 requests at once; the page follows a sentence
+typed (Chinese characters as characters), switches heads off, steps through a head and speaks
+Chinese, with no error in the browser's console."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("starlette", reason="the lab's server: pip install 'attnlab[lab]'")
+uvicorn = pytest.importorskip("uvicorn", reason="the lab's server: pip install 'attnlab[lab]'")
+transformers = pytest.importorskip("transformers", reason="transformers writes the tiny model as a GGUF file")
+
+from gguf_files import byte_level_vocab, write_gguf  # noqa: E402
+
+from attnlab.lab.models import MAX_CHARS, MAX_TOKENS, load_models  # noqa: E402
+from attnlab.lab.server import MAX_BODY, create_app  # noqa: E402
+from attnlab.viz.explorer import decode_weights  # noqa: E402
+
+TOKEN = "the-test-token"
+
+
+def _tiny(tmp: Path, name: str, seed: int) -> Path:
+    """A tiny random llama with a byte-level vocabulary, as a GGUF file."""
+    torch.manual_seed(seed)
+    vocab = byte_level_vocab()
+    config = transformers.LlamaConfig(vocab_size=len(vocab["tokens"]), hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=512)
+    return write_gguf(tmp / name, "llama", transformers.LlamaForCausalLM(config).eval(), vocab)
+
+
+class Served:
+    """The lab's application under uvicorn on a free port of 127.0.0.1, in a thread."""
+
+    def __init__(self, models) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        app = create_app(models, TOKEN, {f"127.0.0.1:{self.port}", f"localhost:{self.port}"})
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+
+    def request(self, method: str, path: str, body: object = None, *, token: str | None = TOKEN,
+                host: str | None = None, raw: bytes | None = None) -> tuple[int, dict | str, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        headers = {"Host": host or f"127.0.0.1:{self.port}"}
+        if token is not None:
+            headers["X-Lab-Token"] = token
+        data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        conn.request(method, path, body=data, headers=headers)
+        res = conn.getresponse()
+        text = res.read().decode()
+        conn.close()
+        kind = res.getheader("content-type", "")
+        return res.status, json.loads(text) if "json" in kind else text, dict(res.getheaders())
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lab")
+    models = load_models([str(_tiny(tmp, "a.gguf", 0)), str(_tiny(tmp, "b.gguf", 1))])
+    served = Served(models)
+    yield served, models
+    served.stop()
+
+
+# ----------------------------------------------------------------------------- who may ask
+def test_every_request_needs_the_token_and_the_labs_own_host(lab):
+    served, _ = lab
+    assert served.request("GET", "/api/models", token=None)[0] == 403
+    assert served.request("GET", "/api/models", token="wrong")[0] == 403
+    status, body, _ = served.request("GET", f"/api/models?token={TOKEN}", token=None)
+    assert status == 200 and [m["decoder"] for m in body["models"]] == [True, True]
+    # a page of another site whose name resolves to this machine (DNS rebinding): its Host is refused
+    status, body, _ = served.request("GET", "/api/models", host=f"evil.example:{served.port}")
+    assert status == 403 and "its own address" in body["error"]
+    status, page, headers = served.request("GET", f"/?token={TOKEN}", token=None)
+    assert status == 200 and "attnlab-explorer/1" in page and 'id="lab-text"' in page
+    assert headers["referrer-policy"] == "no-referrer" and headers["cache-control"] == "no-store"
+    assert "connect-src 'self'" in page  # the page talks to its server, and to nothing else
+
+
+def test_inputs_are_bounded_and_refused_naming_the_limit(lab):
+    served, _ = lab
+    status, body, _ = served.request("POST", "/api/analyze", raw=b"{" + b" " * MAX_BODY + b"}")
+    assert status == 413 and f"{MAX_BODY:,} bytes" in body["error"]
+    assert served.request("POST", "/api/analyze", raw=b"not json")[1]["error"] == "the request's body must be JSON"
+    status, body, _ = served.request("POST", "/api/analyze", {"model": 5, "text": "hi"})
+    assert status == 400 and "model must be an index in [0, 1]" in body["error"]
+    status, body, _ = served.request("POST", "/api/analyze", {"model": 0, "text": "x" * (MAX_CHARS + 1)})
+    assert status == 400 and f"at most {MAX_CHARS:,}" in body["error"]
+    status, body, _ = served.request("POST", "/api/analyze", {"model": 0, "text": "注意力 " * 200})
+    assert status == 400 and f"at most {MAX_TOKENS}" in body["error"]
+    status, body, _ = served.request("POST", "/api/analyze", {"model": 0, "text": "../../etc/passwd"})
+    assert status == 200  # a path is only a text here: the models are those the command line named
+    status, body, _ = served.request("POST", "/api/next", {"model": 0, "text": "hi", "off": [[9, 0]]})
+    assert status == 400 and "off must list [layer, head] pairs" in body["error"]
+    status, body, _ = served.request("POST", "/api/next", {"model": 0, "text": "hi", "temperature": -1})
+    assert status == 400 and "temperature" in body["error"]
+
+
+# ----------------------------------------------------------------------------- what it answers
+def test_a_chinese_sentence_is_analyzed_with_its_characters_and_every_head(lab):
+    served, models = lab
+    status, data, _ = served.request("POST", "/api/analyze", {"model": 0, "text": "注意力机制 is attention"})
+    assert status == 200 and data["format"] == "attnlab-explorer/1"
+    group = data["documents"][0]["groups"][0]
+    assert "\ufffd" not in "".join(group["queries"])
+    assert any(q.startswith("注") for q in group["queries"]) and len(group["layers"]) == 2
+    assert group["stats"]["roles"] is not None and data["documents"][0]["lm"] is not None
+
+
+def test_switching_a_head_off_changes_the_loss_and_the_step_is_the_layers(lab):
+    served, _ = lab
+    text = "the cat sat on the mat. the cat sat on the"
+    _, plain, _ = served.request("POST", "/api/next", {"model": 0, "text": text})
+    _, off, _ = served.request("POST", "/api/next", {"model": 0, "text": text, "off": [[1, 0], [1, 2]]})
+    assert plain["loss"] != off["loss"] and off["off"] == [[1, 0], [1, 2]]
+    _, again, _ = served.request("POST", "/api/next", {"model": 0, "text": text})
+    assert again["loss"] == plain["loss"]  # the heads are back
+    _, sampled, _ = served.request("POST", "/api/next", {"model": 0, "text": text, "temperature": 1.0, "top_k": 3})
+    assert len(sampled["candidates"]) == 3 and abs(sum(c["prob"] for c in sampled["candidates"]) - 1) < 1e-4
+    _, data, _ = served.request("POST", "/api/analyze", {"model": 0, "text": text})
+    group = data["documents"][0]["groups"][0]
+    n = len(group["queries"])
+    status, step, _ = served.request("POST", "/api/step", {"model": 0, "text": text, "layer": 1, "head": 2,
+                                                           "query": n - 1})
+    assert status == 200 and step["kv_head"] == 1 and len(step["keys"]) == n
+    shown = decode_weights(group["layers"][1]["data"], (4, n, n))[2, n - 1]  # what the views draw, 8 bits
+    assert (torch.tensor(step["weights"]) - shown).abs().max() <= 1 / 255 + 1e-6
+    status, body, _ = served.request("POST", "/api/step", {"model": 0, "text": text, "layer": 1, "head": 9,
+                                                           "query": 0})
+    assert status == 400 and "head must be in [0, 3]" in body["error"]
+
+
+def test_a_slow_request_on_one_model_does_not_hold_the_other(lab, monkeypatch):
+    served, models = lab
+    original = models[0].analyze
+
+    def slow(text):
+        time.sleep(3)
+        return original(text)
+
+    monkeypatch.setattr(models[0], "analyze", slow)
+    with ThreadPoolExecutor(2) as pool:
+        held = pool.submit(served.request, "POST", "/api/analyze", {"model": 0, "text": "slow"})
+        time.sleep(0.3)
+        start = time.monotonic()
+        status, _, _ = served.request("POST", "/api/next", {"model": 1, "text": "quick"})
+        quick = time.monotonic() - start
+        assert status == 200 and not held.done() and quick < 2.5
+        assert held.result()[0] == 200
+
+
+def test_sixteen_requests_at_once_are_all_answered_in_bounded_memory(lab):
+    served, _ = lab
+    texts = [f"request {i}: the cat sat on the mat and 注意力 {i}" for i in range(16)]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda i: served.request("POST", "/api/analyze" if i % 2 else "/api/next",
+                                                         {"model": i % 2, "text": texts[i]}), range(16)))
+    assert [a[0] for a in answers] == [200] * 16
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 500, grown_mb  # each model one request at a time: no 16 passes side by side
+
+
+# ----------------------------------------------------------------------------- the command
+def test_the_command_listens_on_loopback_with_a_token_and_stops_on_ctrl_c(tmp_path):
+    path = _tiny(tmp_path, "m.gguf", 0)
+    proc = subprocess.Popen([sys.executable, "-m", "attnlab", "lab", str(path), "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        proc.stdout.readline()
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:") and "/?token=" in url and len(url.split("token=")[1]) >= 32
+        port = int(url.split(":")[2].split("/")[0])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("GET", "/" + url.split("/", 3)[3])
+        assert conn.getresponse().status == 200
+        proc.send_signal(2)  # Ctrl-C
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+    other = subprocess.run([sys.executable, "-m", "attnlab", "lab", str(path), "--port", "99999"], capture_output=True,
+                           text=True)
+    assert other.returncode == 2 and other.stderr.strip().endswith("got 99999")
+
+
+# ----------------------------------------------------------------------------- the page in a browser
+def test_the_page_follows_a_sentence_switches_heads_off_and_steps_through_a_head(lab, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    served, _ = lab
+    driver = browser
+    driver.get_log("browser")
+    driver.get(f"http://127.0.0.1:{served.port}/?token={TOKEN}")
+    wait = WebDriverWait(driver, 60)
+    ready = lambda d: d.execute_script("return document.body.dataset.labReady") == "1"  # noqa: E731
+    wait.until(ready)
+    box = driver.find_element(By.ID, "lab-text")
+    box.clear()
+    box.send_keys("注意力机制 and the cat sat")
+    wait.until(lambda d: "注" in "".join(d.execute_script(
+        "return window.attnlabExplorer.current().documents[0].groups[0].queries")))
+    wait.until(ready)
+    loss = driver.find_element(By.ID, "lab-loss").text
+    driver.find_element(By.CSS_SELECTOR, "#lab-off button[data-key='1/0']").click()
+    wait.until(lambda d: d.find_element(By.ID, "lab-loss").text not in ("", loss))
+    assert "1 heads off" in driver.find_element(By.ID, "lab-loss").text
+    driver.find_element(By.CSS_SELECTOR, "#lab-queries button[data-i='2']").click()
+    wait.until(lambda d: "query 2" in d.find_element(By.ID, "lab-step").text)
+    weights = driver.execute_script("return Array.from(document.querySelectorAll('#lab-step tbody tr'))"
+                                    ".map(r => r.lastChild.textContent)")
+    assert len(weights) == len(driver.execute_script(
+        "return window.attnlabExplorer.current().documents[0].groups[0].queries"))
+    driver.find_element(By.ID, "lab-lang").click()
+    assert driver.find_element(By.CSS_SELECTOR, "#lab h2[data-t='off']").text == "关掉注意力头"
+    driver.find_element(By.ID, "lab-append").click()
+    wait.until(ready)
+    severe = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert severe == []
