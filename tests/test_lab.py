@@ -248,3 +248,19 @@ def test_the_page_follows_a_sentence_switches_heads_off_and_steps_through_a_head
     wait.until(ready)
     severe = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert severe == []
+
+
+def test_what_an_analysis_keeps_gives_the_answers_of_a_pass_of_their_own(lab):
+    """The next token and the step of a text just analyzed come from that analysis's pass: the same
+    numbers as a pass of their own."""
+    _, models = lab
+    model = models[1]
+    text = "an analysis keeps its logits and the layers' inputs"
+    model._kept = None
+    fresh_next, fresh_step = model.next_tokens(text), model.step(text, 1, 3, 5)
+    model.analyze(text)
+    assert model._kept_for(model._decoder_ids(text)[1]) is not None
+    kept_next, kept_step = model.next_tokens(text), model.step(text, 1, 3, 5)
+    assert [c["id"] for c in kept_next["candidates"]] == [c["id"] for c in fresh_next["candidates"]]
+    assert abs(kept_next["loss"] - fresh_next["loss"]) < 1e-4
+    assert torch.allclose(torch.tensor(kept_step["weights"]), torch.tensor(fresh_step["weights"]), atol=1e-5)

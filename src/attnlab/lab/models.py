@@ -19,11 +19,13 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..attention.capture import attention_modules
 from ..errors import InputError
 from ..models.packaged import resolve_packaged
 from ..models.processors import processors_for
 from ..models.sampling import check_generation
 from ..tasks.base import check_text
+from ..tasks.views import token_labels
 from ..viz.ablation import heads_removed, next_token_loss
 from ..viz.explorer.documents import document_of
 from ..viz.explorer.page import FORMAT
@@ -64,19 +66,52 @@ class LabModel:
         return view
 
     def analyze(self, text: str) -> dict[str, Any]:
-        """The explorer's page data (format ``attnlab-explorer/1``) of ``text``: one document."""
+        """The explorer's page data (format ``attnlab-explorer/1``) of ``text``: one document. A
+        decoder's pass also keeps what the next questions about the same text need (its last
+        logits, each attention layer's input), so that they run no pass of their own."""
         with self.lock:
-            view = self._view(text)
+            if not self.decoder:
+                view = self._view(text)
+            else:
+                model = self.target.run.model  # type: ignore[union-attr]
+                kept: dict[str, Any] = {"inputs": {}}
+                hooks = [module.register_forward_pre_hook(_keep_input(kept["inputs"], name), with_kwargs=True)
+                         for name, module in attention_modules(model)[0]]
+                hooks.append(model.register_forward_hook(lambda m, a, k, out: kept.setdefault("logits", out),
+                                                         with_kwargs=True))
+                try:
+                    view = self._view(text)
+                finally:
+                    for hook in hooks:
+                        hook.remove()
+                logits = kept.get("logits")
+                if logits is not None and logits.shape[1] == len(view.ids):  # the prompt's one pass
+                    self._kept = (tuple(view.ids), kept["inputs"], logits[0].float())
             view.title = self.name
             return {"format": FORMAT, "title": self.name, "subtitle": self.target.subtitle, "notes": [],
                     "documents": [document_of(view)]}
 
+    def _kept_for(self, ids: list[int]) -> tuple[dict[str, Any], Any] | None:
+        """The layers' inputs and the logits that the last :meth:`analyze` kept, when it read ``ids``."""
+        kept = getattr(self, "_kept", None)
+        return (kept[1], kept[2]) if kept is not None and kept[0] == tuple(ids) else None
+
     # ------------------------------------------------------------------ a decoder's next token
-    def _decoder_ids(self, text: str) -> tuple[Any, list[int]]:
+    def _decoder_ids(self, text: str) -> tuple[list[str], list[int]]:
+        """The names of the decoder's attention layers that the views show (in their order), and
+        the ids of ``text`` as its views read them: no views are made (a forward pass fewer)."""
         if not self.decoder:
             raise InputError(f"{self.name} is not a language model: it has no next token")
-        view = self._view(text)
-        return view, list(view.ids)
+        run = self.target.run
+        text = check_lab_text(text)
+        ids = run.task.tokenizer_of(run).encode_prompt(text)[: run.recipe.text.context]  # type: ignore[union-attr]
+        if not ids:
+            raise InputError("text gives no token")
+        if len(ids) > MAX_TOKENS:
+            raise InputError(f"the text gives {len(ids):,} tokens; the lab takes at most {MAX_TOKENS}")
+        if "layers" not in self.__dict__:
+            self.__dict__["layers"] = [name for name, _ in attention_modules(run.model)[0]]  # type: ignore[union-attr]
+        return self.__dict__["layers"], ids
 
     def next_tokens(self, text: str, *, temperature: float = 0.0, top_k: int | None = None,
                     top_p: float | None = None, off: Sequence[Sequence[int]] = ()) -> dict[str, Any]:
@@ -88,8 +123,7 @@ class LabModel:
                                    **({"top_p": top_p} if top_p is not None else {}))
         run = self.target.run
         with self.lock:
-            view, ids = self._decoder_ids(text)
-            names = [name for name, _ in view.layers]
+            names, ids = self._decoder_ids(text)
             removed: dict[str, list[int]] = {}
             for pair in off:
                 if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(v, int) for v in pair)
@@ -100,8 +134,12 @@ class LabModel:
             model = run.model  # type: ignore[union-attr]
             device = next(model.parameters()).device
             x = torch.tensor([ids], device=device)
-            with torch.no_grad(), heads_removed(model, removed):
-                logits = model(x).float()
+            kept = None if removed else self._kept_for(ids)
+            if kept is not None:  # the analysis of this text has its logits
+                logits = kept[1][None]
+            else:
+                with torch.no_grad(), heads_removed(model, removed):
+                    logits = model(x).float()
             loss = float(next_token_loss(logits, x)[0]) if len(ids) > 1 else None
             last = logits[0, -1]
             tokenizer = run.task.tokenizer_of(run)  # type: ignore[union-attr]
@@ -119,33 +157,43 @@ class LabModel:
     # ------------------------------------------------------------------ one head, step by step
     def step(self, text: str, layer: int, head: int, query: int) -> dict[str, Any]:
         """:func:`~attnlab.lab.steps.head_step` of ``head`` of the ``layer``-th attention layer for
-        the token at ``query``, with the layer's real input on ``text``."""
+        the token at ``query`` (negative: from the end), with the layer's real input on ``text``."""
         run = self.target.run
         if run is None or not self.decoder:
             raise InputError(f"{self.name}: one head step by step is shown for language models")
         with self.lock:
-            view, ids = self._decoder_ids(text)
-            names = [name for name, _ in view.layers]
+            names, ids = self._decoder_ids(text)
+            if isinstance(query, int) and not isinstance(query, bool) and -len(ids) <= query < 0:
+                query += len(ids)  # from the end: -1 is the last token
             if not (isinstance(layer, int) and 0 <= layer < len(names)):
                 raise InputError(f"layer must be in [0, {len(names) - 1}]; got {layer!r}")
             model = run.model
             module = model.get_submodule(names[layer])
-            seen: dict[str, Any] = {}
-
-            def keep(_module: Any, args: tuple, kwargs: dict) -> None:
-                seen["x"], seen["positions"] = args[0], kwargs.get("positions")
-
-            handle = module.register_forward_pre_hook(keep, with_kwargs=True)
-            try:
-                with torch.no_grad():
-                    model(torch.tensor([ids], device=next(model.parameters()).device))
-            finally:
-                handle.remove()
+            kept = self._kept_for(ids)
+            if kept is not None:  # the analysis of this text kept the layer's input
+                seen = kept[0][names[layer]]
+            else:
+                inputs: dict[str, Any] = {}
+                handle = module.register_forward_pre_hook(_keep_input(inputs, names[layer]), with_kwargs=True)
+                try:
+                    with torch.no_grad():
+                        model(torch.tensor([ids], device=next(model.parameters()).device))
+                finally:
+                    handle.remove()
+                seen = inputs[names[layer]]
             positions = seen["positions"]
             if positions is not None and positions.dim() == 2:
                 positions = positions[0]
             out = head_step(module, seen["x"], head, query, positions=positions)
-            return {**out, "layer": layer, "layer_name": names[layer], "tokens": view.tokens}
+            tokens = token_labels(run.task.tokenizer_of(run).decode, ids)
+            return {**out, "layer": layer, "layer_name": names[layer], "tokens": tokens}
+
+
+def _keep_input(store: dict[str, Any], name: str) -> Any:
+    """A forward pre-hook keeping an attention layer's input and positions under ``name``."""
+    def keep(_module: Any, args: tuple, kwargs: dict) -> None:
+        store.setdefault(name, {"x": args[0].detach(), "positions": kwargs.get("positions")})
+    return keep
 
 
 def check_lab_text(text: Any) -> str:
