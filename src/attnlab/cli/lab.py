@@ -45,12 +45,12 @@ def cmd_lab(args: argparse.Namespace) -> int:
     if _loopback(args.host):  # the names a browser on this machine may give the loopback address
         hosts |= {f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"}
     app = create_app(models, token, hosts)
+    import uvicorn
+
+    sock.listen(128)  # before the URL is printed: a browser (or a test) may ask at once
     print(f"attnlab lab: {len(models)} model{'s' * (len(models) != 1)} ready; open this URL (Ctrl-C stops the lab):")
     print(f"http://{'127.0.0.1' if _loopback(args.host) and ':' not in args.host else shown}:{port}/?token={token}",
           flush=True)
-    import uvicorn
-
-    sock.listen(128)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
     try:
         uvicorn.Server(config).run(sockets=[sock])
