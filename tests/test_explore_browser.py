@@ -243,3 +243,32 @@ def test_the_heads_change_in_loss_sorts_and_shows_each_heads_figure(browser, tmp
     assert cells[2].text == (roles[layer][head] or "–")  # the head's role, where a figure passes its threshold
     assert float(shown) == pytest.approx(best[0], abs=5e-4)
     assert errors(driver) == []
+
+
+def test_the_head_view_and_the_matrix_are_saved_as_svg_and_png(browser, lm_page, tmp_path):
+    import base64
+    import io
+    import xml.etree.ElementTree as ET
+
+    from PIL import Image
+
+    driver = open_page(browser, lm_page[0], tmp_path / "figures.html")
+    run(driver, "await attnlabExplorer.select({view: 'head', layer: 0, heads: [0, 1]});")
+    svg = run(driver, "return await attnlabExplorer.figure('svg');")
+    root = ET.fromstring(svg)  # well-formed, whatever the tokens hold
+    lines = root.findall(".//{http://www.w3.org/2000/svg}line")
+    assert len(lines) == visible_lines(driver) > 0
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert all(tok in texts for tok in driver.execute_script(
+        "return Array.from(document.querySelectorAll('#tokens-left .tok')).map(n => n.textContent)"))
+    png = run(driver, "return await attnlabExplorer.figure('png');")
+    image = Image.open(io.BytesIO(base64.b64decode(png.split(",", 1)[1])))
+    assert image.size == (2 * int(root.get("width")), 2 * int(root.get("height")))
+    run(driver, "await attnlabExplorer.select({view: 'matrix', heads: [0]});")
+    matrix = ET.fromstring(run(driver, "return await attnlabExplorer.figure('svg');"))
+    cells = matrix.findall(".//{http://www.w3.org/2000/svg}rect")
+    assert len(cells) > 10  # one square a weight that is not 0, beside the background and the frame
+    assert not driver.find_element("id", "figure-control").get_attribute("hidden")
+    run(driver, "await attnlabExplorer.select({view: 'model'});")
+    assert driver.find_element("id", "figure-control").get_attribute("hidden")
+    assert errors(driver) == []

@@ -319,6 +319,7 @@
       tab.hidden = !views.includes(tab.dataset.view);
       tab.classList.toggle("active", tab.dataset.view === state.view);
     }
+    $("figure-control").hidden = !["head", "matrix"].includes(state.view);
     for (const section of document.querySelectorAll("section.view")) section.hidden = section.id !== `view-${state.view}`;
   }
 
@@ -335,6 +336,8 @@
     });
     $("heads-all").addEventListener("click", () => select({ heads: [...Array(current().layer.heads).keys()] }));
     $("heads-none").addEventListener("click", () => select({ heads: [] }));
+    $("save-png").addEventListener("click", () => saveFigure("png"));
+    $("save-svg").addEventListener("click", () => saveFigure("svg"));
     $("threshold").addEventListener("input", (e) => {
       const t = Number(e.target.value);
       if (e.target.value === "" || !Number.isFinite(t)) return;
@@ -686,10 +689,106 @@
     const Lq = group.queries.length, Lk = group.keys.length;
     $("matrix-title").textContent = `${group.name}, layer ${state.layer} (${layer.name}), ${headsText(used)}: `
       + `queries as rows, keys as columns${rowScale ? ", each row scaled to its maximum" : ""}. Hover for values.`;
-    drawMatrix($("matrix-canvas"), {
+    const shownMatrix = {
       vals: headMap(bytes, Lq, Lk, used), Lq, Lk, qLabels: group.queries, kLabels: group.keys, rowScale, maxPx: MATRIX_PX,
-    });
+    };
+    drawMatrix($("matrix-canvas"), shownMatrix);
+    lastMatrix = { ...shownMatrix, title: $("matrix-title").textContent.replace(" Hover for values.", "") };
     drawStats(group);
+  }
+
+  // ------------------------------------------------------------------ a figure to keep
+  let lastMatrix = null;  // what the matrix view drew last: its figure
+  const FIGURE_FONT = "system-ui, 'Noto Sans CJK SC', 'WenQuanYi Zen Hei', sans-serif";
+  const esc = (text) => String(text).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+  const rgb = (byte) => `rgb(${RAMP[byte * 3]},${RAMP[byte * 3 + 1]},${RAMP[byte * 3 + 2]})`;
+
+  function svgDocument(width, height, title, body) {
+    return `<svg xmlns="${SVGNS}" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" `
+      + `font-family="${FIGURE_FONT}" font-size="12"><rect width="100%" height="100%" fill="#fff"/>`
+      + `<text x="8" y="16" font-size="13" fill="#24292f">${esc(title)}</text>${body}</svg>`;
+  }
+
+  /** The head view as drawn: its tokens as text, its lines with their colours and weights. */
+  function headFigure() {
+    const lines = $("head-svg");
+    const width = Number(lines.getAttribute("width")), height = Number(lines.getAttribute("height"));
+    const left = Array.from($("tokens-left").children, (n) => n.textContent);
+    const right = Array.from($("tokens-right").children, (n) => n.textContent);
+    const label = 150, top = 28;
+    let body = `<g transform="translate(${label},${top})">`;
+    for (const line of lines.querySelectorAll("line")) {
+      if (line.style.display === "none") continue;
+      body += `<line x1="${line.getAttribute("x1")}" y1="${line.getAttribute("y1")}" x2="${line.getAttribute("x2")}" `
+        + `y2="${line.getAttribute("y2")}" stroke="${line.getAttribute("stroke")}" stroke-opacity="${line.getAttribute("stroke-opacity")}" stroke-width="2"/>`;
+    }
+    body += "</g>";
+    left.forEach((tok, i) => { body += `<text x="${label - 6}" y="${top + (i + 0.5) * ROW + 4}" text-anchor="end">${esc(tok)}</text>`; });
+    right.forEach((tok, j) => { body += `<text x="${label + width + 6}" y="${top + (j + 0.5) * ROW + 4}">${esc(tok)}</text>`; });
+    return svgDocument(2 * label + width, top + height + 8, $("lines-info").textContent.replace(" Hover a token to see only its lines.", ""), body);
+  }
+
+  /** The matrix as drawn: one square a weight, its token labels where the matrix has room for them. */
+  function matrixFigure() {
+    const m = lastMatrix;
+    const cell = Math.max(4, Math.min(18, Math.floor(MATRIX_PX / Math.max(m.Lq, m.Lk, 1))));
+    const rows = m.Lq <= MAX_LABELS, cols = m.Lk <= MAX_LABELS;
+    const left = rows ? 110 : 10, top = 28 + (cols ? 90 : 0);
+    let body = `<g transform="translate(${left},${top})">`;
+    for (let i = 0; i < m.Lq; i++) {
+      let scale = 255;
+      if (m.rowScale) {
+        let max = 0;
+        for (let j = 0; j < m.Lk; j++) max = Math.max(max, m.vals[i * m.Lk + j]);
+        scale = max > 0 ? 255 / max : 0;
+      }
+      for (let j = 0; j < m.Lk; j++) {
+        const byte = Math.min(255, Math.round(m.vals[i * m.Lk + j] * scale));
+        if (byte > 0) body += `<rect x="${j * cell}" y="${i * cell}" width="${cell}" height="${cell}" fill="${rgb(byte)}"/>`;
+      }
+    }
+    body += `<rect width="${m.Lk * cell}" height="${m.Lq * cell}" fill="none" stroke="#d0d7de"/></g>`;
+    if (rows) m.qLabels.forEach((tok, i) => { body += `<text x="${left - 4}" y="${top + (i + 0.5) * cell + 4}" text-anchor="end">${esc(shown(tok))}</text>`; });
+    if (cols) m.kLabels.forEach((tok, j) => {
+      const x = left + (j + 0.5) * cell + 4, y = top - 4;
+      body += `<text x="${x}" y="${y}" transform="rotate(-60 ${x} ${y})">${esc(shown(tok))}</text>`;
+    });
+    return svgDocument(left + m.Lk * cell + 16, top + m.Lq * cell + 12, m.title, body);
+  }
+
+  /** The view shown as a figure: ``"svg"`` (text) or ``"png"`` (a data URL, drawn from the SVG at
+   * twice its size); the head view and the matrix have one. */
+  async function figure(format) {
+    if (!["head", "matrix"].includes(state.view) || (state.view === "matrix" && !lastMatrix)) {
+      throw new Error("a figure is saved from the head view or the matrix");
+    }
+    const svg = state.view === "head" ? headFigure() : matrixFigure();
+    if (format === "svg") return svg;
+    const image = new Image();
+    image.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(svg);
+    await image.decode();
+    const canvas = document.createElement("canvas");
+    canvas.width = 2 * image.naturalWidth;
+    canvas.height = 2 * image.naturalHeight;
+    const ctx = canvas.getContext("2d");
+    ctx.scale(2, 2);
+    ctx.drawImage(image, 0, 0);
+    return canvas.toDataURL("image/png");
+  }
+
+  async function saveFigure(format) {
+    try {
+      const out = await figure(format);
+      const link = el("a", {
+        href: format === "svg" ? "data:image/svg+xml;charset=utf-8," + encodeURIComponent(out) : out,
+        download: `attention-${state.view}-layer${state.layer}.${format}`,
+      });
+      document.body.append(link);
+      link.click();
+      link.remove();
+    } catch (err) {
+      showError(err);
+    }
   }
 
   const STAT_KEYS = ["entropy", "distance", "previous", "first", "diagonal", "induction", "ablation"];
@@ -1057,5 +1156,5 @@
     ready = Promise.resolve();
   }
   ready = ready.then(() => { performance.mark("attnlab-ready"); });
-  window.attnlabExplorer = { ready, state, select, weights, load, current: () => data };
+  window.attnlabExplorer = { ready, state, select, weights, load, figure, current: () => data };
 })();
