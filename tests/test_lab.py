@@ -264,3 +264,26 @@ def test_what_an_analysis_keeps_gives_the_answers_of_a_pass_of_their_own(lab):
     assert [c["id"] for c in kept_next["candidates"]] == [c["id"] for c in fresh_next["candidates"]]
     assert abs(kept_next["loss"] - fresh_next["loss"]) < 1e-4
     assert torch.allclose(torch.tensor(kept_step["weights"]), torch.tensor(fresh_step["weights"]), atol=1e-5)
+
+
+def test_two_models_side_by_side_on_the_same_text(lab, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    served, _ = lab
+    driver = browser
+    driver.get_log("browser")
+    driver.get(f"http://127.0.0.1:{served.port}/?token={TOKEN}")
+    wait = WebDriverWait(driver, 60)
+    wait.until(lambda d: d.execute_script("return document.body.dataset.labReady") == "1")
+    Select(driver.find_element(By.ID, "lab-compare")).select_by_value("1")
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#lab-side-columns > .lab-box canvas.matrix")) == 2)
+    boxes = driver.find_elements(By.CSS_SELECTOR, "#lab-side-columns > .lab-box")
+    losses = [b.find_element(By.CSS_SELECTOR, "p.caption").text for b in boxes]
+    assert all(l.startswith("loss on the text:") for l in losses) and losses[0] != losses[1]  # two models
+    box = driver.find_element(By.ID, "lab-text")
+    box.send_keys(" 注意")
+    wait.until(lambda d: d.execute_script(
+        "const s = window.attnlabLab.state.side; return s.length === 2 && "
+        "s[1].analyzed.documents[0].groups[0].queries.some(q => q.startsWith('意'))"))
+    assert [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []

@@ -25,6 +25,9 @@
       weight: "weight", blocked: "masked", lang: "中文",
       formula: (d, scale) => `weights = softmax(q·k × ${scale.toPrecision(4)}) over the keys the mask leaves (1/√${d} = ${(1 / Math.sqrt(d)).toPrecision(4)})`,
       query: "query vector q", output: "output = Σ weight × v", sink: (w) => `the sink takes ${w}`,
+      compare: "beside it", none: "none", side: "Two models on the same text",
+      sidehelp: "The layer and heads chosen in the explorer's controls, in each model (its last layer if it has fewer).",
+      sideloss: (l) => `loss on the text: ${l} nats a token`,
     },
     zh: {
       model: "模型", type: "输入一句话（中文或英文），所有视图都会随之更新。", next: "下一个词元（token）",
@@ -40,10 +43,13 @@
       weight: "权重", blocked: "被遮住", lang: "English",
       formula: (d, scale) => `权重 = softmax(q·k × ${scale.toPrecision(4)})，只在掩码（mask）留下的键上计算（1/√${d} = ${(1 / Math.sqrt(d)).toPrecision(4)}）`,
       query: "查询向量 q", output: "输出 = Σ 权重 × v", sink: (w) => `sink 分走了 ${w}`,
+      compare: "并排对比", none: "不对比", side: "两个模型读同一句话",
+      sidehelp: "用浏览器控件里选中的层和头，两个模型各画一张（层数较少的模型取它的最后一层）。",
+      sideloss: (l) => `整句的损失：平均每个词元 ${l} nats`,
     },
   };
   const PAUSE = 150;  // ms after the last key before the page asks (a typist's pause)
-  const lab = { lang: "en", model: 0, text: config.text, off: new Set(), chosen: 0, query: null, seq: 0,
+  const lab = { lang: "en", model: 0, compare: null, side: [], text: config.text, off: new Set(), chosen: 0, query: null, seq: 0,
                 candidates: [], layers: 0, heads: [], queries: 0 };
   const t = (key, ...args) => { const v = TEXTS[lab.lang][key]; return typeof v === "function" ? v(...args) : v; };
 
@@ -100,6 +106,8 @@
       await explorer.load(data);
       syncShape(data);
       await Promise.all(others);
+      if (seq !== lab.seq) return;
+      await refreshSide(seq, data);
       if (seq !== lab.seq) return;
       $("lab-status").textContent = t("ready", ((performance.now() - start) / 1000).toFixed(2));
       $("error").hidden = true;
@@ -246,6 +254,46 @@
     );
   }
 
+  // ------------------------------------------------------------------ two models side by side
+  /** The chosen model and the one beside it on the same text: each one's loss, its best next tokens and
+   * the explorer's layer and heads as a matrix. */
+  async function refreshSide(seq = lab.seq, data = explorer.current()) {
+    $("lab-side").hidden = lab.compare === null;
+    if (lab.compare === null) return;
+    const models = [lab.model, lab.compare];
+    const answers = [];
+    for (const model of models) {  // one after the other: each model's own lock, and the page's order
+      const analyzed = model === lab.model ? data : await post("/api/analyze", { text: lab.text, model });
+      const next = config.models[model].decoder ? await post("/api/next", { text: lab.text, model }) : null;
+      answers.push({ model, analyzed, next });
+    }
+    if (seq !== lab.seq) return;
+    lab.side = answers;
+    await drawSide();
+  }
+
+  async function drawSide() {
+    const columns = [];
+    for (const { model, analyzed, next } of lab.side) {
+      const canvas = el("canvas", { className: "matrix" });
+      const box = el("div", { className: "lab-box" }, [
+        el("h3", { text: config.models[model].name }),
+        el("p", { className: "caption", text: next && next.loss !== null ? t("sideloss", next.loss.toFixed(4)) : "" }),
+        el("p", { className: "caption side-next", text: next ? next.candidates.slice(0, 5).map((c) => `${JSON.stringify(c.token)} ${(100 * c.prob).toFixed(1)}%`).join("  ") : "" }),
+        el("div", { className: "scroll" }, [el("div", { className: "matrix-frame" }, [canvas])]),
+      ]);
+      columns.push(box);
+      box.dataset.model = String(model);
+      box.canvas = canvas;
+      box.analyzed = analyzed;
+    }
+    $("lab-side-columns").replaceChildren(...columns);
+    for (const box of columns) {
+      const shown = await explorer.drawMatrixOf(box.analyzed, explorer.state.layer, explorer.state.heads, box.canvas);
+      box.querySelector("h3").textContent += ` · ${shown.layer}, head${shown.heads.length > 1 ? "s" : ""} ${shown.heads.join(", ")}`;
+    }
+  }
+
   // ------------------------------------------------------------------ language
   function setLanguage(lang) {
     lab.lang = lang;
@@ -253,6 +301,10 @@
     for (const node of document.querySelectorAll("#lab [data-t]")) node.textContent = t(node.dataset.t);
     $("lab-lang").textContent = t("lang");
     $("lab-limit").textContent = t("limit", config.max_chars, config.max_tokens);
+    const compare = $("lab-compare").value;
+    $("lab-compare").replaceChildren(el("option", { value: "", text: t("none") }),
+      ...config.models.map((m, i) => el("option", { value: String(i), text: m.name })));
+    $("lab-compare").value = compare;
     if (lab.heads.length) drawOffGrid();
     drawCandidates();
   }
@@ -269,6 +321,12 @@
       $("lab-decoder").hidden = !decoder();
       lab.heads = [];
       refresh();
+    });
+    $("lab-compare-control").hidden = config.models.length < 2;
+    $("lab-compare").addEventListener("change", () => {
+      const value = $("lab-compare").value;
+      lab.compare = value === "" ? null : Number(value);
+      refreshSide().catch(showError);
     });
     for (const id of ["lab-temperature", "lab-topk", "lab-topp"]) {
       $(id).addEventListener("input", () => {
@@ -297,8 +355,12 @@
       refreshStep().catch(showError);
     });
     // the explorer's own layer and head choice is the head stepped through
-    for (const id of ["layer", "heads"]) $(id).addEventListener("click", () => setTimeout(() => refreshStep().catch(showError), 0));
-    $("layer").addEventListener("change", () => setTimeout(() => refreshStep().catch(showError), 0));
+    const followHead = () => setTimeout(() => {
+      refreshStep().catch(showError);
+      if (lab.side.length) drawSide().catch(showError);
+    }, 0);
+    for (const id of ["layer", "heads"]) $(id).addEventListener("click", followHead);
+    $("layer").addEventListener("change", followHead);
     $("lab-lang").addEventListener("click", () => setLanguage(lab.lang === "en" ? "zh" : "en"));
     setLanguage("en");
     const data = explorer.current();
@@ -307,6 +369,6 @@
     else document.body.dataset.labReady = "1";
   }
 
-  window.attnlabLab = { state: lab, pause: PAUSE, refresh, refreshNext, refreshStep, append };
+  window.attnlabLab = { state: lab, pause: PAUSE, refresh, refreshNext, refreshStep, refreshSide, append };
   explorer.ready.then(start).catch(showError);
 })();

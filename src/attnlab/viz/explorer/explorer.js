@@ -776,6 +776,20 @@
     return canvas.toDataURL("image/png");
   }
 
+  /** Another page's data (the lab's second model) drawn as a matrix on `canvas` (inside a .matrix-frame):
+   * its first group, layer `l` (its last if it has fewer), the mean of `heads` it has. */
+  async function drawMatrixOf(other, l, heads, canvas) {
+    const group = other.documents[0].groups[0];
+    const layer = group.layers[Math.min(l, group.layers.length - 1)];
+    const Lq = group.queries.length, Lk = group.keys.length;
+    const bytes = await inflate(layer.data);
+    if (bytes.length !== layer.heads * Lq * Lk) throw new Error(`${layer.name}: ${bytes.length} values, expected ${layer.heads * Lq * Lk}`);
+    const kept = heads.filter((h) => h < layer.heads);
+    const used = kept.length ? kept : [0];
+    drawMatrix(canvas, { vals: headMap(bytes, Lq, Lk, used), Lq, Lk, qLabels: group.queries, kLabels: group.keys, maxPx: PANEL_PX });
+    return { layer: layer.name, heads: used };
+  }
+
   async function saveFigure(format) {
     try {
       const out = await figure(format);
@@ -1156,5 +1170,5 @@
     ready = Promise.resolve();
   }
   ready = ready.then(() => { performance.mark("attnlab-ready"); });
-  window.attnlabExplorer = { ready, state, select, weights, load, figure, current: () => data };
+  window.attnlabExplorer = { ready, state, select, weights, load, figure, drawMatrixOf, current: () => data };
 })();
