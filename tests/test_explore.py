@@ -277,3 +277,15 @@ def test_a_character_over_several_tokens_is_shown_on_each_of_them():
     assert "\ufffd" not in "".join(labels)
     # a text that ends inside a character: its parts of an unknown character
     assert token_labels(tok.decode, tok.encode("注")[:2]) == ["\ufffd 1/2", "\ufffd 2/2"]
+
+
+def test_a_special_token_is_shown_as_its_vocabulary_spells_it():
+    from attnlab.data.lm_tokenize import BPETokenizer, ByteTokenizer
+    from attnlab.tasks.views import token_labels
+
+    tok = BPETokenizer.train(["hello world, hello there"] * 4, vocab_size=270)
+    ids = [tok.eos_id, *tok.encode("hello")]
+    assert token_labels(tok.decode, ids)[0] == ""  # decoding drops it
+    labels = token_labels(tok.decode, ids, tok.spelling)
+    assert labels[0] == "<|endoftext|>" and "".join(labels[1:]) == "hello"
+    assert ByteTokenizer().spelling(65) is None  # a vocabulary without spellings

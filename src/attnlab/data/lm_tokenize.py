@@ -117,6 +117,12 @@ class LMTokenizer:
         """The text of ids ``(L,)``; the end-of-document token is dropped."""
         raise NotImplementedError
 
+    def spelling(self, token_id: int) -> str | None:
+        """Token ``token_id`` as its vocabulary spells it (``<bos>``, ``<|im_start|>``), or
+        ``None`` where the vocabulary keeps no spelling: what shows a special token, which
+        :meth:`decode` leaves out."""
+        return None
+
     # What generation asks of a tokenizer: a pretrained model's (HFTokenizer) answers as its folder says.
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -317,6 +323,9 @@ class BPETokenizer(LMTokenizer):
         self.eos_id = next((i for name in _EOS_NAMES if (i := tokenizer.token_to_id(name)) is not None), None)
         self.unk_id = _unk_id(tokenizer)
         self._cuttable = _gpt2_split(tokenizer)
+
+    def spelling(self, token_id: int) -> str | None:
+        return self.tokenizer.id_to_token(token_id)
 
     @classmethod
     def train(cls, texts: str | Sequence[str], vocab_size: int = 8192, *, min_frequency: int = 2) -> "BPETokenizer":

@@ -185,7 +185,8 @@ class LabModel:
             if positions is not None and positions.dim() == 2:
                 positions = positions[0]
             out = head_step(module, seen["x"], head, query, positions=positions)
-            tokens = token_labels(run.task.tokenizer_of(run).decode, ids)
+            tokenizer = run.task.tokenizer_of(run)
+            tokens = token_labels(tokenizer.decode, ids, tokenizer.spelling)
             return {**out, "layer": layer, "layer_name": names[layer], "tokens": tokens}
 
 

@@ -690,7 +690,7 @@ class LanguageModeling(Task):
             ids = _encode_prompt(tokenizer, text)[:context]
             view = generation_attention(run.model, ids, label, new_tokens=max(0, min(new_tokens, context - len(ids))),
                                         decodable=known)
-            view.tokens = token_labels(tokenizer.decode, view.ids)  # a character over several tokens on each
+            view.tokens = token_labels(tokenizer.decode, view.ids, tokenizer.spelling)  # a character on each
             view.title = f'"{shorten(text)}" and its greedy continuation'
             views.append(view)
         return views

@@ -158,13 +158,15 @@ class GenerationAttention:
 PARTIAL = "\ufffd"  # what a tokenizer decodes a piece of a character's bytes to
 
 
-def token_labels(decode: Callable[[Sequence[int]], str], ids: Sequence[int]) -> list[str]:
+def token_labels(decode: Callable[[Sequence[int]], str], ids: Sequence[int],
+                 piece: Callable[[int], str | None] | None = None) -> list[str]:
     """Each token of ``ids`` as the text it adds to those before it, so that a character whose
     bytes a byte-level vocabulary splits over several tokens (most Chinese characters) is shown
     on each of them, marked with its part ("注 1/2", "注 2/2"), never as "\ufffd". ``decode``:
     the tokenizer's, of a list of ids. A token that adds text other than as a suffix (a
     vocabulary that rewrites what came before) is shown as decoded alone; ids that end inside a
-    character show their parts of "\ufffd"."""
+    character show their parts of "\ufffd". ``piece``: a token's own spelling, for the tokens that
+    add no text (special tokens, which decoding leaves out: ``<bos>``)."""
     labels: list[str] = []
     pending: list[int] = []  # tokens that end inside a character whose bytes are not all out
     done = ""  # the text of the tokens so far, up to the last whole character
@@ -182,6 +184,6 @@ def token_labels(decode: Callable[[Sequence[int]], str], ids: Sequence[int]) -> 
             labels.append(f"{char} {parts}/{parts}" + added[1:])
             pending = []
         else:
-            labels.append(added)
+            labels.append(added if added or piece is None else (piece(ids[i]) or ""))
         done = whole
     return labels
