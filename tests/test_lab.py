@@ -287,3 +287,113 @@ def test_two_models_side_by_side_on_the_same_text(lab, browser):
         "const s = window.attnlabLab.state.side; return s.length === 2 && "
         "s[1].analyzed.documents[0].groups[0].queries.some(q => q.startsWith('意'))"))
     assert [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+# ----------------------------------------------------------------------------- an image model
+def _png(width: int, height: int, seed: int = 0) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def image_lab(tmp_path_factory, _finished_digits_run):
+    """The lab over a digits run (a ViT of 4x4 patches), a Hugging Face ViT folder and a text model."""
+    import shutil
+
+    tmp = tmp_path_factory.mktemp("image-lab")
+    run = shutil.copytree(_finished_digits_run, tmp / "digits")
+    vit = tmp / "vit"
+    torch.manual_seed(0)
+    transformers.ViTModel(transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                                 num_attention_heads=4, intermediate_size=64)).eval().save_pretrained(vit)
+    models = load_models([str(run), str(vit), str(_tiny(tmp, "a.gguf", 0))])
+    served = Served(models)
+    yield served, models
+    served.stop()
+
+
+def test_an_uploaded_image_gives_its_patches_every_head_and_the_rollout(image_lab):
+    from attnlab.lab.models import MAX_IMAGE_BYTES, MAX_IMAGE_SIDE
+
+    served, _ = image_lab
+    status, body, _ = served.request("GET", "/api/models")
+    assert [m["reads"] for m in body["models"]] == ["images", "images", "texts"]
+    for model, grid, prefix in ((0, [4, 4], 1), (1, [4, 4], 1)):
+        status, page, _ = served.request("POST", f"/api/image?model={model}", raw=_png(40, 30))
+        assert status == 200, page
+        [doc] = page["documents"]
+        assert doc["kind"] == "image" and doc["image"]["grid"] == grid and doc["image"]["prefix"] == prefix
+        assert doc["image"]["rollout"] is not None and doc["image"]["src"].startswith("data:image/png;base64,")
+        assert doc["title"].startswith("your image")
+        layer = doc["groups"][0]["layers"][0]
+        n = prefix + grid[0] * grid[1]
+        weights = decode_weights(layer["data"], (layer["heads"], n, n))
+        # each query's row of each head sums to 1, up to the page's 8 bits a weight
+        assert (weights.sum(-1) - 1).abs().max() <= n * 0.5 / 255 + 1e-6
+    assert " -> " in served.request("POST", "/api/image?model=0", raw=_png(8, 8))[1]["documents"][0]["title"]  # a run predicts
+    # bounded, each limit named; the body's size is checked while it is read
+    status, body, _ = served.request("POST", "/api/image?model=0", raw=b"\0" * (MAX_IMAGE_BYTES + 1))
+    assert status == 413 and f"{MAX_IMAGE_BYTES:,} bytes" in body["error"]
+    status, body, _ = served.request("POST", "/api/image?model=0", raw=_png(MAX_IMAGE_SIDE + 1, 2))
+    assert status == 400 and f"at most {MAX_IMAGE_SIDE} a side" in body["error"]
+    status, body, _ = served.request("POST", "/api/image?model=0", raw=b"GIF89a but not really")
+    assert status == 400 and "not an image file" in body["error"]
+    status, body, _ = served.request("POST", "/api/image?model=0", raw=_png(16, 16)[:60])
+    assert status == 400 and "not an image file" in body["error"]
+    status, body, _ = served.request("POST", "/api/image?model=0", raw=b"")
+    assert status == 400 and "empty" in body["error"]
+    status, body, _ = served.request("POST", "/api/image?model=../x", raw=_png(8, 8))
+    assert status == 400 and "model must be an index in [0, 2]" in body["error"]
+    # each model its own kind of input
+    status, body, _ = served.request("POST", "/api/image?model=2", raw=_png(8, 8))
+    assert status == 400 and "reads text, not images" in body["error"]
+    status, body, _ = served.request("POST", "/api/analyze", {"model": 0, "text": "hello"})
+    assert status == 400 and "reads images, not text" in body["error"]
+    status, body, _ = served.request("POST", "/api/image?model=0", raw=_png(8, 8), token=None)
+    assert status == 403
+
+
+def test_the_page_takes_an_uploaded_image_and_compares_two_image_models(image_lab, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    served, _ = image_lab
+    picture = tmp_path / "my picture.png"
+    picture.write_bytes(_png(64, 48, seed=3))
+    driver = browser
+    driver.get_log("browser")
+    driver.get(f"http://127.0.0.1:{served.port}/?token={TOKEN}")
+    wait = WebDriverWait(driver, 60)
+    ready = lambda d: d.execute_script("return document.body.dataset.labReady") == "1"  # noqa: E731
+    wait.until(ready)
+    assert not driver.find_element(By.ID, "lab-text").is_displayed()  # an image model: an upload, no text box
+    assert "4096×4096 pixels" in driver.find_element(By.ID, "lab-image-limit").text
+    title = "return window.attnlabExplorer.current().documents[0].title"
+    driver.find_element(By.ID, "lab-image").send_keys(str(picture))
+    wait.until(lambda d: d.execute_script(title).startswith("your image ->"))
+    wait.until(ready)
+    assert driver.find_element(By.ID, "lab-image-title").text.startswith("my picture.png -> ")  # the prediction
+    assert driver.find_element(By.ID, "image-canvas").get_attribute("width") != "0"
+    assert "4×4 patches" in driver.find_element(By.ID, "image-caption").text
+    Select(driver.find_element(By.ID, "image-source")).select_by_value("1")  # the rollout over the pixels
+    wait.until(lambda d: "rollout" in d.find_element(By.ID, "image-caption").text)
+    # the ViT folder beside it, on the same upload
+    compare = Select(driver.find_element(By.ID, "lab-compare"))
+    assert [o.get_attribute("value") for o in compare.options] == ["", "1"]  # image models only
+    compare.select_by_value("1")
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#lab-side-columns > .lab-box canvas.matrix")) == 2)
+    assert driver.execute_script("return window.attnlabLab.state.side[1].analyzed.documents[0].title"
+                                 ).startswith("your image")
+    # a text model: the text box again
+    Select(driver.find_element(By.ID, "lab-model")).select_by_value("2")
+    wait.until(lambda d: d.find_element(By.ID, "lab-text").is_displayed())
+    wait.until(lambda d: d.execute_script("return window.attnlabExplorer.current().documents[0].kind") == "lm")
+    wait.until(ready)
+    assert [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []

@@ -28,6 +28,9 @@
       compare: "beside it", none: "none", side: "Two models on the same text",
       sidehelp: "The layer and heads chosen in the explorer's controls, in each model (its last layer if it has fewer).",
       sideloss: (l) => `loss on the text: ${l} nats a token`,
+      upload: "Choose an image, or drop one here: its patches, each head's attention and the rollout over the pixels.",
+      imagelimit: (b, s) => `At most ${(b / 1048576).toFixed(0)} MB and ${s}×${s} pixels; the model reads it at its own size.`,
+      toolarge: (n, b) => `the file has ${n.toLocaleString()} bytes; the lab takes at most ${b.toLocaleString()}`,
     },
     zh: {
       model: "模型", type: "输入一句话（中文或英文），所有视图都会随之更新。", next: "下一个词元（token）",
@@ -46,6 +49,9 @@
       compare: "并排对比", none: "不对比", side: "两个模型读同一句话",
       sidehelp: "用浏览器控件里选中的层和头，两个模型各画一张（层数较少的模型取它的最后一层）。",
       sideloss: (l) => `整句的损失：平均每个词元 ${l} nats`,
+      upload: "选一张图片，或者把图片拖到这里：看它被切成的图块、每个头的注意力，以及整张图上的注意力展开（rollout）。",
+      imagelimit: (b, s) => `文件不超过 ${(b / 1048576).toFixed(0)} MB，边长不超过 ${s} 像素；模型会把它缩放到自己的输入大小。`,
+      toolarge: (n, b) => `文件有 ${n.toLocaleString()} 字节，实验室最多接受 ${b.toLocaleString()} 字节`,
     },
   };
   const PAUSE = 150;  // ms after the last key before the page asks (a typist's pause)
@@ -63,6 +69,19 @@
     node.append(...children);
     return node;
   }
+
+  /** An image model's page data: the image chosen in the page, else the picture the lab opens with. */
+  async function analyzeImage(model) {
+    if (!lab.image) return post("/api/first", { model });
+    const res = await fetch(`/api/image?model=${model}`, {
+      method: "POST", headers: { "Content-Type": "application/octet-stream", "X-Lab-Token": token }, body: lab.image,
+    });
+    const answer = await res.json().catch(() => ({ error: `${res.status} ${res.statusText}` }));
+    if (!res.ok) throw new Error(answer.error || `${res.status}`);
+    return answer;
+  }
+
+  const reads = (model = lab.model) => config.models[model].reads;
 
   async function post(path, body) {
     const res = await fetch(path, {
@@ -94,16 +113,17 @@
     const seq = ++lab.seq;
     const text = $("lab-text").value;
     lab.text = text;
-    if (!text.trim()) return;
+    if (reads() === "texts" && !text.trim()) return;
     document.body.dataset.labReady = "0";
     $("lab-status").textContent = t("busy");
     const start = performance.now();
     try {
       // the analysis first: its pass keeps what the next token and the step need, which then cost no pass
-      const data = await post("/api/analyze", { text });
+      const data = reads() === "images" ? await analyzeImage(lab.model) : await post("/api/analyze", { text });
       if (seq !== lab.seq) return;
       const others = decoder() ? [refreshNext(seq), refreshStep(seq, true)] : [];
       await explorer.load(data);
+      await showImageView(data);
       syncShape(data);
       await Promise.all(others);
       if (seq !== lab.seq) return;
@@ -119,6 +139,16 @@
         document.body.dataset.labReady = "1";
       }
     }
+  }
+
+  /** An image's page opens on its image view (the patches over the pixels) when the lab moves to an image model. */
+  async function showImageView(data) {
+    const image = Boolean(data.documents[0].image);
+    const title = data.documents[0].title;  // a run's prediction: "your image -> 7 (0.93)", shown with the file's name
+    $("lab-image-title").textContent = !image ? "" : lab.image && title.startsWith("your image")
+      ? lab.image.name + title.slice("your image".length) : title;
+    if (image && !lab.showedImage) await explorer.select({ view: "image" });
+    lab.showedImage = image;
   }
 
   /** The layers and heads of the data shown: the heads-off grid and the query tokens follow them. */
@@ -263,7 +293,8 @@
     const models = [lab.model, lab.compare];
     const answers = [];
     for (const model of models) {  // one after the other: each model's own lock, and the page's order
-      const analyzed = model === lab.model ? data : await post("/api/analyze", { text: lab.text, model });
+      const analyzed = model === lab.model ? data
+        : reads(model) === "images" ? await analyzeImage(model) : await post("/api/analyze", { text: lab.text, model });
       const next = config.models[model].decoder ? await post("/api/next", { text: lab.text, model }) : null;
       answers.push({ model, analyzed, next });
     }
@@ -302,11 +333,34 @@
     $("lab-lang").textContent = t("lang");
     $("lab-limit").textContent = t("limit", config.max_chars, config.max_tokens);
     const compare = $("lab-compare").value;
-    $("lab-compare").replaceChildren(el("option", { value: "", text: t("none") }),
-      ...config.models.map((m, i) => el("option", { value: String(i), text: m.name })));
-    $("lab-compare").value = compare;
+    syncCompare(compare);
+    $("lab-image-limit").textContent = t("imagelimit", config.max_image_bytes, config.max_image_side);
     if (lab.heads.length) drawOffGrid();
     drawCandidates();
+  }
+
+  /** The models that can stand beside the chosen one: those reading the same kind of input. */
+  function syncCompare(keep = $("lab-compare").value) {
+    const others = config.models.map((m, i) => [m, i]).filter(([m, i]) => i !== lab.model && m.reads === reads());
+    $("lab-compare").replaceChildren(el("option", { value: "", text: t("none") }),
+      ...others.map(([m, i]) => el("option", { value: String(i), text: m.name })));
+    $("lab-compare").value = others.some(([, i]) => String(i) === keep) ? keep : "";
+    lab.compare = $("lab-compare").value === "" ? null : Number($("lab-compare").value);
+    $("lab-compare-control").hidden = others.length === 0;
+  }
+
+  /** The input box of the chosen model's kind: a text box, or an image to upload. */
+  function syncInput() {
+    $("lab-text-box").hidden = reads() !== "texts";
+    $("lab-image-box").hidden = reads() !== "images";
+    $("lab-decoder").hidden = !decoder();
+  }
+
+  function chooseImage(file) {
+    if (!file) return;
+    if (file.size > config.max_image_bytes) { showError(new Error(t("toolarge", file.size, config.max_image_bytes))); return; }
+    lab.image = file;
+    refresh();
   }
 
   // ------------------------------------------------------------------ start
@@ -314,15 +368,24 @@
     $("lab-model").replaceChildren(...config.models.map((m, i) => el("option", { value: String(i), text: m.name })));
     $("lab-text").value = config.text;
     $("lab-text").maxLength = config.max_chars;
-    $("lab-decoder").hidden = !decoder();
+    syncInput();
     $("lab-text").addEventListener("input", edited);
     $("lab-model").addEventListener("change", () => {
       lab.model = Number($("lab-model").value);
-      $("lab-decoder").hidden = !decoder();
+      syncInput();
+      syncCompare();
       lab.heads = [];
       refresh();
     });
-    $("lab-compare-control").hidden = config.models.length < 2;
+    $("lab-image").addEventListener("change", () => chooseImage($("lab-image").files[0]));
+    const drop = $("lab-image-box");
+    drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
+    drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+    drop.addEventListener("drop", (e) => {
+      e.preventDefault();
+      drop.classList.remove("over");
+      chooseImage(e.dataTransfer.files[0]);
+    });
     $("lab-compare").addEventListener("change", () => {
       const value = $("lab-compare").value;
       lab.compare = value === "" ? null : Number(value);
@@ -364,6 +427,7 @@
     $("lab-lang").addEventListener("click", () => setLanguage(lab.lang === "en" ? "zh" : "en"));
     setLanguage("en");
     const data = explorer.current();
+    showImageView(data).catch(showError);
     syncShape(data);
     if (decoder()) Promise.all([refreshNext(), refreshStep()]).catch(showError).finally(() => { document.body.dataset.labReady = "1"; });
     else document.body.dataset.labReady = "1";

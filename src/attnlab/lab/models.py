@@ -4,7 +4,9 @@
   per-head figures and roles; a decoder's next tokens after each position);
 * :meth:`LabModel.next_tokens`: a decoder's candidates for the next token under temperature,
   top-k and top-p, and its loss on the text, with chosen heads switched off;
-* :meth:`LabModel.step`: one head's arithmetic for one query token (:mod:`.steps`).
+* :meth:`LabModel.step`: one head's arithmetic for one query token (:mod:`.steps`);
+* :meth:`LabModel.analyze_image`: an image model's views of an uploaded image (its patches, each
+  layer's attention and the rollout over them).
 
 A model serves one request at a time (its lock): switching heads off changes its weights for
 one pass. Every input is bounded before the model sees it (:data:`MAX_CHARS`, :data:`MAX_TOKENS`).
@@ -12,12 +14,14 @@ one pass. Every input is bounded before the model sees it (:data:`MAX_CHARS`, :d
 
 from __future__ import annotations
 
+import io
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
+from PIL import Image, ImageDraw, UnidentifiedImageError
 
 from ..attention.capture import attention_modules
 from ..errors import InputError
@@ -32,10 +36,13 @@ from ..viz.explorer.page import FORMAT
 from ..viz.explorer.targets import Target, load_target, target_views
 from .steps import head_step
 
-__all__ = ["LabModel", "MAX_CHARS", "MAX_TOKENS", "load_models"]
+__all__ = ["LabModel", "MAX_CHARS", "MAX_IMAGE_BYTES", "MAX_IMAGE_SIDE", "MAX_TOKENS", "load_models", "open_upload",
+           "drawn_picture"]
 
 MAX_CHARS = 2000  # a text the page sends, in characters ...
 MAX_TOKENS = 256  # ... and in tokens: the matrices a layer sends grow with its square
+MAX_IMAGE_BYTES = 8 * 1024 * 1024  # an uploaded image file ...
+MAX_IMAGE_SIDE = 4096  # ... and its pixels a side, read from its header before it is decoded
 CANDIDATES = 10  # next-token candidates shown
 
 
@@ -48,16 +55,39 @@ class LabModel:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
+    def reads(self) -> str:
+        """``"images"`` (a ViT folder, an image-classification run) or ``"texts"``."""
+        run = self.target.run
+        images = self.target.family == "vit" or (run is not None and run.task.inputs == "images")
+        return "images" if images else "texts"
+
+    @property
     def decoder(self) -> bool:
         run = self.target.run
         return run is not None and run.task.outputs == "text" and hasattr(run.model, "keeps_cache")
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "title": self.target.title, "subtitle": self.target.subtitle,
-                "decoder": self.decoder}
+                "decoder": self.decoder, "reads": self.reads}
+
+    def first(self, text: str) -> dict[str, Any]:
+        """The page data the lab opens with: :meth:`analyze` of ``text``; an image model's
+        first test image when its run's data is here, else :func:`drawn_picture`."""
+        if self.reads == "texts":
+            return self.analyze(text)
+        if self.target.run is not None:
+            try:
+                with self.lock:
+                    [view] = target_views(self.target, None, max_inputs=1, new_tokens=0)
+                return self._page(view)
+            except InputError:  # its data is not on this machine: a picture of the lab's own
+                pass
+        return self.analyze_image(drawn_picture(), "a drawn picture (upload one of your own)")
 
     # ------------------------------------------------------------------ the views of a text
     def _view(self, text: str) -> Any:
+        if self.reads != "texts":
+            raise InputError(f"{self.name} reads images, not text: upload an image")
         text = check_lab_text(text)
         [view] = target_views(self.target, [text], max_inputs=1, new_tokens=0)
         tokens = getattr(view, "tokens", None)
@@ -88,8 +118,24 @@ class LabModel:
                 if logits is not None and logits.shape[1] == len(view.ids):  # the prompt's one pass
                     self._kept = (tuple(view.ids), kept["inputs"], logits[0].float())
             view.title = self.name
-            return {"format": FORMAT, "title": self.name, "subtitle": self.target.subtitle, "notes": [],
-                    "documents": [document_of(view)]}
+            return self._page(view)
+
+    def _page(self, view: Any) -> dict[str, Any]:
+        return {"format": FORMAT, "title": self.name, "subtitle": self.target.subtitle, "notes": [],
+                "documents": [document_of(view)]}
+
+    # ------------------------------------------------------------------ an image model's views
+    def analyze_image(self, data: bytes | Image.Image, name: str = "your image") -> dict[str, Any]:
+        """The explorer's page data of the image ``data`` (a file's bytes, checked by
+        :func:`open_upload`, or an image): the image as the model reads it, its patches, each
+        layer's attention and the rollout over them; the title says the model's prediction."""
+        if self.reads != "images":
+            raise InputError(f"{self.name} reads text, not images: type a sentence")
+        image = data if isinstance(data, Image.Image) else open_upload(data)
+        with self.lock:
+            [view] = target_views(self.target, [image], max_inputs=1, new_tokens=0)
+        view.title = f"{name}{view.title[len('the image'):]}" if view.title.startswith("the image") else name
+        return self._page(view)
 
     def _kept_for(self, ids: list[int]) -> tuple[dict[str, Any], Any] | None:
         """The layers' inputs and the logits that the last :meth:`analyze` kept, when it read ``ids``."""
@@ -195,6 +241,48 @@ def _keep_input(store: dict[str, Any], name: str) -> Any:
     def keep(_module: Any, args: tuple, kwargs: dict) -> None:
         store.setdefault(name, {"x": args[0].detach(), "positions": kwargs.get("positions")})
     return keep
+
+
+def open_upload(data: bytes) -> Image.Image:
+    """The image file ``data`` (an upload), decoded once its size and its pixels (read from its
+    header, before decoding) are within :data:`MAX_IMAGE_BYTES` and :data:`MAX_IMAGE_SIDE`."""
+    if not isinstance(data, (bytes, bytearray)) or not data:
+        raise InputError("image: the upload is empty; choose an image file")
+    if len(data) > MAX_IMAGE_BYTES:
+        raise InputError(f"image: the file has {len(data):,} bytes; the lab takes at most {MAX_IMAGE_BYTES:,}")
+    readable = "an image file Pillow reads (PNG, JPEG, GIF, WebP, BMP, ...)"
+    try:
+        image = Image.open(io.BytesIO(data))  # reads the header only
+    except Image.DecompressionBombError:  # a header Pillow itself refuses; not an OSError
+        raise InputError(f"image: too many pixels to decode safely; the lab takes at most {MAX_IMAGE_SIDE} a "
+                         f"side") from None
+    except UnidentifiedImageError:
+        raise InputError(f"image: the file is not {readable}") from None
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise InputError(f"image: the file is not {readable}: {exc}") from None
+    width, height = image.size
+    if max(width, height) > MAX_IMAGE_SIDE:
+        raise InputError(f"image: {width}x{height} pixels; the lab takes at most {MAX_IMAGE_SIDE} a side (the model "
+                         f"reads it much smaller: downscale it)")
+    try:
+        image.load()
+    except (OSError, ValueError, SyntaxError) as exc:  # cut short, or damaged
+        raise InputError(f"image: the file is not {readable}: {exc}") from None
+    return image
+
+
+def drawn_picture(size: int = 224) -> Image.Image:
+    """A picture the lab opens an image model with when no image of its data is here: a house
+    under the sun on a green field, shapes whose patches a model's heads can be seen to follow."""
+    image = Image.new("RGB", (size, size), (135, 190, 235))
+    draw = ImageDraw.Draw(image)
+    u = size / 16
+    draw.rectangle([0, 11 * u, size, size], fill=(80, 160, 70))
+    draw.ellipse([11 * u, 1.5 * u, 14.5 * u, 5 * u], fill=(250, 215, 60))
+    draw.rectangle([3 * u, 7.5 * u, 9 * u, 12.5 * u], fill=(200, 70, 50))
+    draw.polygon([(2.2 * u, 7.6 * u), (6 * u, 4 * u), (9.8 * u, 7.6 * u)], fill=(110, 60, 40))
+    draw.rectangle([5.3 * u, 10 * u, 6.7 * u, 12.5 * u], fill=(60, 40, 30))
+    return image
 
 
 def check_lab_text(text: Any) -> str:

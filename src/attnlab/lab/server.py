@@ -9,7 +9,8 @@ What it takes, so that no other page in the browser and nothing else on the netw
 * no path from the page: the models are those the command line named, by their index;
 * bounded inputs: a request body of at most :data:`MAX_BODY` bytes, a text of
   :data:`~attnlab.lab.models.MAX_CHARS` characters and :data:`~attnlab.lab.models.MAX_TOKENS`
-  tokens, each limit named in the refusal.
+  tokens, an image file of :data:`~attnlab.lab.models.MAX_IMAGE_BYTES` bytes and
+  :data:`~attnlab.lab.models.MAX_IMAGE_SIDE` pixels a side, each limit named in the refusal.
 
 The model work runs in a thread pool, each model one request at a time (its lock), so a slow
 request on one model does not hold the page or the others.
@@ -24,7 +25,7 @@ from typing import Any, Awaitable, Callable
 
 from ..errors import InputError
 from ..viz.explorer.page import render_page
-from .models import MAX_CHARS, MAX_TOKENS, LabModel
+from .models import MAX_CHARS, MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, MAX_TOKENS, LabModel
 
 __all__ = ["create_app", "MAX_BODY", "lab_page", "require_lab"]
 
@@ -50,7 +51,7 @@ def lab_page(models: list[LabModel], first: dict[str, Any], text: str) -> str:
     """The lab's page: the explorer showing ``first`` (the first model's page data for ``text``),
     with the lab's panel and script over it."""
     config = {"models": [m.describe() for m in models], "text": text, "max_chars": MAX_CHARS,
-              "max_tokens": MAX_TOKENS}
+              "max_tokens": MAX_TOKENS, "max_image_bytes": MAX_IMAGE_BYTES, "max_image_side": MAX_IMAGE_SIDE}
     payload = json.dumps(config, ensure_ascii=False).replace("<", "\\u003c")
     html = _asset("lab.html").replace("{{LAB_CONFIG}}", payload)
     return render_page(first, extra_html=html, extra_js=_asset("lab.js"), extra_css=_asset("lab.css"), connect=True)
@@ -75,28 +76,33 @@ def create_app(models: list[LabModel], token: str, hosts: set[str], *, text: str
                              f"named); got {index!r}")
         return models[index]
 
-    async def read_body(request: Request) -> dict[str, Any]:
+    async def read_bytes(request: Request, limit: int) -> bytes:
         size, chunks = 0, []
         async for chunk in request.stream():
             size += len(chunk)
-            if size > MAX_BODY:
-                raise _TooLarge()
+            if size > limit:
+                raise _TooLarge(limit)
             chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def read_body(request: Request) -> dict[str, Any]:
+        data = await read_bytes(request, MAX_BODY)
         try:
-            body = json.loads(b"".join(chunks) or b"{}")
+            body = json.loads(data or b"{}")
         except (ValueError, UnicodeDecodeError):
             raise InputError("the request's body must be JSON") from None
         if not isinstance(body, dict):
             raise InputError("the request's body must be a JSON object")
         return body
 
-    def api(work: Callable[[dict[str, Any]], Any]) -> Callable[[Request], Awaitable[Response]]:
+    def api(work: Callable[[Any], Any], read: Callable[[Request], Awaitable[Any]] = read_body
+            ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:
-                body = await read_body(request)
+                body = await read(request)
                 result = await run_in_threadpool(work, body)
-            except _TooLarge:
-                return JSONResponse({"error": f"the request is larger than {MAX_BODY:,} bytes"}, status_code=413)
+            except _TooLarge as exc:
+                return JSONResponse({"error": f"the request is larger than {exc.args[0]:,} bytes"}, status_code=413)
             except InputError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=400)
             return JSONResponse(result)
@@ -112,9 +118,21 @@ def create_app(models: list[LabModel], token: str, hosts: set[str], *, text: str
     def step(body: dict[str, Any]) -> Any:
         return model_of(body).step(body.get("text"), body.get("layer"), body.get("head"), body.get("query"))
 
+    async def read_image(request: Request) -> tuple[LabModel, bytes]:
+        """An upload: the file's bytes as the body, the model's index in the query (``?model=1``)."""
+        given = request.query_params.get("model", "0")
+        model = model_of({"model": int(given) if given.isdecimal() and len(given) < 6 else given})
+        return model, await read_bytes(request, MAX_IMAGE_BYTES)
+
+    def image(upload: tuple[LabModel, bytes]) -> Any:
+        return upload[0].analyze_image(upload[1])
+
+    def first(body: dict[str, Any]) -> Any:  # what a model opens with (an image model's own picture)
+        return model_of(body).first(text)
+
     async def index(request: Request) -> Response:
         if "html" not in page:
-            first = await run_in_threadpool(models[0].analyze, text)
+            first = await run_in_threadpool(models[0].first, text)
             page["html"] = lab_page(models, first, text)
         return HTMLResponse(page["html"])
 
@@ -124,7 +142,9 @@ def create_app(models: list[LabModel], token: str, hosts: set[str], *, text: str
     routes = [Route("/", index, methods=["GET"]), Route("/api/models", listing, methods=["GET"]),
               Route("/api/analyze", api(analyze), methods=["POST"]),
               Route("/api/next", api(next_tokens), methods=["POST"]),
-              Route("/api/step", api(step), methods=["POST"])]
+              Route("/api/step", api(step), methods=["POST"]),
+              Route("/api/image", api(image, read_image), methods=["POST"]),
+              Route("/api/first", api(first), methods=["POST"])]
     return _Guard(Starlette(routes=routes), token, hosts)
 
 

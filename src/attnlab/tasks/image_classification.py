@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from PIL import Image
 from torch import Tensor
 
 from ..data.labelled_images import ImageSource, ImageSourceConfig, labelled_folder, read_image
@@ -176,11 +177,11 @@ class ImageClassification(Task):
         """``uint8`` ``(N, C, H, W)`` images as the model's data has them, and their names."""
         if inputs is not None:
             for i, f in enumerate(inputs):
-                if not isinstance(f, (str, Path)):
-                    raise InputError(f"inputs[{i}] must be an image file path for an image run; "
+                if not isinstance(f, (str, Path, Image.Image)):
+                    raise InputError(f"inputs[{i}] must be an image file path or a PIL image for an image run; "
                                      f"got {type(f).__name__}")
             images = torch.stack([read_image(f, run.image.mode, run.image.size, run.image.resize) for f in inputs])
-            return images, [Path(f).name for f in inputs]
+            return images, [Path(f).name if isinstance(f, (str, Path)) else "the image" for f in inputs]
         test = _source(run.recipe).load_test(run.recipe.data)
         n = min(max_inputs, len(test))
         images = torch.stack([test.image(k) for k in range(n)])

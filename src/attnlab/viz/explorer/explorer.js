@@ -974,6 +974,13 @@
       ctx.fillStyle = `rgba(255, 90, 0, ${(0.6 * row[p] / max).toFixed(3)})`;
       ctx.fillRect((p % cols) * pw, Math.floor(p / cols) * ph, pw, ph);
     }
+    // the patches the model cut the image into, as thin lines
+    ctx.strokeStyle = "rgba(255, 255, 255, 0.35)";
+    ctx.lineWidth = 1;
+    ctx.beginPath();
+    for (let c = 1; c < cols; c++) { ctx.moveTo(Math.round(c * pw) + 0.5, 0); ctx.lineTo(Math.round(c * pw) + 0.5, H); }
+    for (let r = 1; r < rows; r++) { ctx.moveTo(0, Math.round(r * ph) + 0.5); ctx.lineTo(W, Math.round(r * ph) + 0.5); }
+    ctx.stroke();
     if (q >= prefix) {   // the query patch, outlined
       const p = q - prefix;
       ctx.lineWidth = 2.5;

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from PIL import Image
 
 from ...attention.capture import capture_attention
 from ...engine.device import select_device
@@ -146,8 +147,9 @@ def _vit_views(target: Target, files: list[Any]) -> list[Any]:
     std = torch.tensor(pre_cfg.get("image_std", [0.5, 0.5, 0.5]), dtype=torch.float32)[:, None, None]
     views = []
     for i, f in enumerate(files):
-        if not isinstance(f, (str, Path)):
-            raise InputError(f"inputs[{i}] must be an image file path for a ViT folder; got {type(f).__name__}")
+        if not isinstance(f, (str, Path, Image.Image)):
+            raise InputError(f"inputs[{i}] must be an image file path or a PIL image for a ViT folder; "
+                             f"got {type(f).__name__}")
         image = read_image(f, "RGB" if cfg.in_chans == 3 else "L", size)
         x = ((image.float() / 255 - mean[: cfg.in_chans]) / std[: cfg.in_chans])[None]
         x = x.to(next(model.parameters()).device)
@@ -156,5 +158,6 @@ def _vit_views(target: Target, files: list[Any]) -> list[Any]:
         layers = [calls[0][0] for calls in maps.values() if calls]
         grid = (size[0] // cfg.patch_size, size[1] // cfg.patch_size)
         prefix = layers[0].shape[-1] - grid[0] * grid[1]
-        views.append(ImageAttention(Path(f).name, image, layers, grid, prefix, "token"))
+        name = Path(f).name if isinstance(f, (str, Path)) else "the image"
+        views.append(ImageAttention(name, image, layers, grid, prefix, "token"))
     return views
