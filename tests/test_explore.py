@@ -151,6 +151,25 @@ def test_a_module_shows_each_group_of_maps_and_refuses_a_model_without_attention
         explore(model, ids, tokens=[list("abcdef")])
 
 
+def test_the_page_opens_in_english_or_chinese_and_refuses_another_language(capsys):
+    from attnlab.viz.explorer.page import render_page
+
+    torch.manual_seed(0)
+    model = GPT(vocab_size=30, max_len=32, embed_dim=16, depth=1, num_heads=2).eval()
+    ids = torch.randint(0, 30, (1, 6))
+    assert explore(model, ids).data["lang"] == "en"
+    page = explore(model, ids, lang="zh")
+    assert page.data["lang"] == "zh" and page.data["format"] == "attnlab-explorer/1"
+    with pytest.raises(InputError, match=r"^lang must be one of 'en', 'zh'; got 'fr'$"):
+        explore(model, ids, lang="fr")
+    assert main(["explore", "no-such-run", "--lang", "fr"]) == 2
+    assert "--lang: invalid choice: 'fr' (choose from 'en', 'zh')" in capsys.readouterr().err
+    # the page's own switch, shown unless a page that embeds the explorer switches the language itself
+    switch = r'<button type="button" id="lang"[^>]*>'
+    assert " hidden" not in re.search(switch, page.html()).group(0)
+    assert " hidden" in re.search(switch, render_page(page.data, language_switch=False)).group(0)
+
+
 # ----------------------------------------------------------------------------- runs of each task
 def test_explore_a_language_model_run_writes_its_page_beside_the_report(lm_run, capsys):  # noqa: F811
     out = lm_run / "explore.html"

@@ -272,3 +272,151 @@ def test_the_head_view_and_the_matrix_are_saved_as_svg_and_png(browser, lm_page,
     run(driver, "await attnlabExplorer.select({view: 'model'});")
     assert driver.find_element("id", "figure-control").get_attribute("hidden")
     assert errors(driver) == []
+
+
+# ----------------------------------------------------------------------------- English and Chinese
+def page_texts(driver):
+    """What the page says in a few of its places: a tab, control labels, a column's tooltip, captions."""
+    return driver.execute_script(
+        "const text = (q) => document.querySelector(q).textContent;"
+        "return {tab: text('.tab[data-view=head]'), matrixTab: text('.tab[data-view=matrix]'),"
+        " layer: text('[data-t=layer]'), heads: text('[data-t=heads]'), threshold: text('[data-t=threshold]'),"
+        " entropy: document.querySelector('#head-table th[data-key=entropy]').title,"
+        " caption: text('#matrix-title'), button: text('#lang'), lang: attnlabExplorer.state.lang,"
+        " html: document.documentElement.lang};")
+
+
+def test_switching_to_chinese_relabels_the_tabs_controls_and_captions_and_back(browser, lm_page, tmp_path):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = open_page(browser, lm_page[0], tmp_path / "lang.html")
+    run(driver, "await attnlabExplorer.select({view: 'matrix', layer: 1, heads: [2]});")
+    english = page_texts(driver)
+    assert english == {
+        "tab": "head view", "matrixTab": "matrix", "layer": "layer", "heads": "heads", "threshold": "threshold",
+        "entropy": "spread of a query's weights, in bits: 0 = all on one key",
+        "caption": "self-attention, layer 1 (blocks.1.attn), head 2: queries as rows, keys as columns. "
+                   "Hover for values.",
+        "button": "中文", "lang": "en", "html": "en"}
+    run(driver, "await attnlabExplorer.setLanguage('zh');")
+    chinese = page_texts(driver)
+    assert chinese == {
+        "tab": "头视图", "matrixTab": "注意力矩阵", "layer": "层", "heads": "注意力头", "threshold": "阈值",
+        "entropy": "熵 (entropy)：一个查询的权重有多分散，单位是比特；0 表示全部权重落在一个键上",
+        "caption": "自注意力，第 1 层（blocks.1.attn），头 2：行是查询，列是键。鼠标移到格子上可以看到数值。",
+        "button": "English", "lang": "zh", "html": "zh-CN"}
+    assert driver.find_element("css selector", "#head-table th[data-key=role]").text == "角色"
+    driver.save_screenshot(str(tmp_path / "matrix_view_zh.png"))
+    # the head view's caption follows; the page's own button switches back
+    run(driver, "await attnlabExplorer.select({view: 'head', heads: [0, 2]});")
+    assert "条连线：第 1 层，头 0、2" in driver.find_element("id", "lines-info").text
+    driver.find_element("id", "lang").click()
+    WebDriverWait(driver, 10).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+    run(driver, "await attnlabExplorer.select({view: 'matrix', layer: 1, heads: [2]});")
+    assert page_texts(driver) == english
+    assert run(driver, "attnlabExplorer.setLanguage('fr');")["error"] == \
+        'Error: language must be one of en, zh; got "fr"'
+    assert errors(driver) == []
+
+
+def test_a_page_explored_in_chinese_opens_in_chinese(browser, tmp_path):
+    run_dir = make_run(tmp_path / "vit", "vit-digits", ["model.options.depth=2"], image_model)
+    driver = open_page(browser, explore(run_dir, max_inputs=1, lang="zh"), tmp_path / "vit_zh.html")
+    assert driver.execute_script("return attnlabExplorer.state.lang") == "zh"
+    assert driver.find_element("css selector", ".tab[data-view=image]").text == "图像"
+    run(driver, "await attnlabExplorer.select({view: 'image', layer: 0, heads: [0]});")
+    caption = driver.find_element("id", "image-caption").text
+    assert caption.startswith("查询 0「[CLS]」的自注意力（第 0 层 ") and "，头 0）" in caption
+    assert "分布在 4×4 个图块上" in caption and caption.endswith("点击一个图块，把它设为查询。")
+    assert [o.text for o in driver.find_elements("css selector", "#image-source option")] == \
+        ["选中头的平均", "注意力展开 (rollout)"]
+    driver.save_screenshot(str(tmp_path / "image_view_zh.png"))
+    assert errors(driver) == []
+
+
+# ----------------------------------------------------------------------------- the horizontal head view
+SENTENCE = ["我们", "用", "注意力", "机制", "让", "模型", "在", "生成", "每", "一个", "词元", "时", "，", "关注", "输入",
+            "里", "最", "相关", "的", "部分", "。", "这", "是", "Transformer", "的", "核心", "思想", "：", "查询", "和",
+            "键", "的", "点积", "经过", "softmax", "变成", "权重", "，", "再", "对", "值", "加权", "求和", "。"]
+
+
+def token_boxes(driver, row):
+    return driver.execute_script(
+        "return Array.from(document.getElementById(arguments[0]).children, n => {"
+        " const r = n.getBoundingClientRect();"
+        " return {text: n.textContent, left: r.left, right: r.right, top: r.top, bottom: r.bottom,"
+        "  width: r.width, height: r.height, cut: n.scrollWidth > n.clientWidth}; });", row)
+
+
+def test_the_horizontal_head_view_shows_every_chinese_token_in_its_own_box(browser, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    torch.manual_seed(0)
+    model = GPT(vocab_size=64, max_len=64, embed_dim=16, depth=2, num_heads=2).eval()
+    ids = torch.randint(0, 64, (1, len(SENTENCE)))
+    driver = open_page(browser, explore(model, ids, tokens=[SENTENCE], lang="zh"), tmp_path / "zh.html")
+    assert driver.find_element("id", "head-layout").get_attribute("value") == "vertical"  # the default stays
+    run(driver, "await attnlabExplorer.select({view: 'head', layer: 1, heads: [0, 1], layout: 'horizontal'});")
+    assert driver.execute_script("return attnlabExplorer.state.layout") == "horizontal"
+    assert driver.find_element("id", "head-layout").get_attribute("value") == "horizontal"
+    queries, keys = token_boxes(driver, "tokens-left"), token_boxes(driver, "tokens-right")
+    for row in (queries, keys):
+        assert [b["text"] for b in row] == SENTENCE  # every token, whole and upright
+        assert all(b["width"] > 0 and b["height"] > 0 and not b["cut"] for b in row)
+        assert all(a["right"] <= b["left"] for a, b in zip(row, row[1:]))  # left to right, none overlapping
+        assert len({round(b["top"]) for b in row}) == 1  # one row
+    assert queries[0]["bottom"] < keys[0]["top"]  # the queries above the keys
+    wide, seen = driver.execute_script("const v = document.getElementById('head-view');"
+                                       "return [v.scrollWidth, v.clientWidth]")
+    assert wide > seen  # wider than the page: it scrolls sideways
+    # a line per weight at or above the threshold, from the middle of its query's box to its key's
+    shown = torch.tensor(run(driver, "return Array.from(await attnlabExplorer.weights(0, 0, 1));"))
+    shown = shown.reshape(2, len(SENTENCE), len(SENTENCE))
+    threshold = float(driver.find_element("id", "threshold").get_attribute("value"))
+    assert visible_lines(driver) == int((shown >= threshold - 1e-9).sum()) > 0
+    offsets = driver.execute_script(
+        "const svg = document.getElementById('head-svg').getBoundingClientRect();"
+        "const mid = (q) => { const r = document.querySelector(q).getBoundingClientRect();"
+        " return r.left + r.width / 2; };"
+        "return Array.from(document.querySelectorAll('#head-svg line'), l => ["
+        " svg.left + Number(l.getAttribute('x1')) - mid(`.tok-left[data-i=\"${l.dataset.q}\"]`),"
+        " svg.left + Number(l.getAttribute('x2')) - mid(`.tok-right[data-j=\"${l.dataset.k}\"]`)]);")
+    assert max(abs(x) for pair in offsets for x in pair) < 1
+    # hovering a key keeps its lines only
+    token = driver.find_element("css selector", ".tok-right[data-j='23']")  # "Transformer"
+    ActionChains(driver).move_to_element(token).perform()
+    assert visible_lines(driver) == int((shown[:, :, 23] >= threshold - 1e-9).sum())
+    ActionChains(driver).move_to_element(driver.find_element("tag name", "h1")).perform()
+    driver.save_screenshot(str(tmp_path / "head_view_horizontal_zh.png"))
+    assert errors(driver) == []
+
+
+def test_the_horizontal_head_view_is_saved_with_its_chinese_tokens_as_text(browser, tmp_path):
+    import base64
+    import io
+    import xml.etree.ElementTree as ET
+
+    from PIL import Image
+
+    torch.manual_seed(0)
+    model = GPT(vocab_size=64, max_len=64, embed_dim=16, depth=1, num_heads=2).eval()
+    ids = torch.randint(0, 64, (1, len(SENTENCE)))
+    driver = open_page(browser, explore(model, ids, tokens=[SENTENCE], lang="zh"), tmp_path / "zh_figure.html")
+    run(driver, "await attnlabExplorer.select({view: 'head', heads: [0, 1], layout: 'horizontal'});")
+    svg = run(driver, "return await attnlabExplorer.figure('svg');")
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    texts = [t.text for t in root.iter(f"{ns}text")]
+    assert texts[0].endswith("条连线：第 0 层，头 0、1 中权重 ≥ 0.051 的部分。")  # the caption, no hover hint
+    assert texts[1:] == SENTENCE + SENTENCE  # the query row, then the key row
+    assert len(root.findall(f".//{ns}line")) == visible_lines(driver) > 0
+    # the query boxes in a row above the key boxes, none overlapping
+    boxes = [(float(r.get("x")), float(r.get("y")), float(r.get("width"))) for r in root.iter(f"{ns}rect")
+             if r.get("rx")]
+    top, bottom = boxes[: len(SENTENCE)], boxes[len(SENTENCE):]
+    assert len(bottom) == len(SENTENCE) and top[0][1] < bottom[0][1]
+    assert all(a[0] + a[2] <= b[0] for row in (top, bottom) for a, b in zip(row, row[1:]))
+    png = run(driver, "return await attnlabExplorer.figure('png');")
+    image = Image.open(io.BytesIO(base64.b64decode(png.split(",", 1)[1])))
+    assert image.size == (2 * int(float(root.get("width"))), 2 * int(float(root.get("height"))))
+    assert errors(driver) == []

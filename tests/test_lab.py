@@ -244,6 +244,9 @@ def test_the_page_follows_a_sentence_switches_heads_off_and_steps_through_a_head
         "return window.attnlabExplorer.current().documents[0].groups[0].queries"))
     driver.find_element(By.ID, "lab-lang").click()
     assert driver.find_element(By.CSS_SELECTOR, "#lab h2[data-t='off']").text == "关掉注意力头"
+    # one switch for the lab's panel and the explorer's views (whose own switch the lab hides)
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".tab[data-view='head']").text == "头视图")
+    assert not driver.find_element(By.ID, "lang").is_displayed()
     driver.find_element(By.ID, "lab-append").click()
     wait.until(ready)
     severe = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]

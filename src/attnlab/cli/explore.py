@@ -35,7 +35,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
     check_output(out, args.force)  # before any work: a page is never written over unasked
     inputs = text_arguments(args.inputs, "INPUT") if args.inputs else None
     page = explore(target, inputs, max_inputs=args.max_inputs, new_tokens=args.new_tokens,
-                   checkpoint=args.checkpoint, device=args.device, title=args.title, ablate=args.ablate)
+                   checkpoint=args.checkpoint, device=args.device, title=args.title, ablate=args.ablate,
+                   lang=args.lang)
     path = page.save(out, force=True)
     docs = page.data["documents"]
     layers = sum(len(g["layers"]) for g in docs[0]["groups"]) if docs else 0
@@ -93,4 +94,7 @@ def add_explore(sub, plugins: argparse.ArgumentParser) -> None:
     p.add_argument("--ablate", action="store_true",
                    help="a language model: each head's row gains the change in the loss on the input when the head's "
                         "output is removed")
+    p.add_argument("--lang", choices=("en", "zh"), default="en",
+                   help="the language the page opens in: en (English, default) or zh (Chinese); a button on the "
+                        "page switches")
     p.set_defaults(func=cmd_explore)

@@ -328,6 +328,7 @@
   // ------------------------------------------------------------------ language
   function setLanguage(lang) {
     lab.lang = lang;
+    if (explorer.state.lang !== lang) explorer.setLanguage(lang).catch(showError);  // the views' own texts
     document.documentElement.lang = lang === "zh" ? "zh-CN" : "en";
     for (const node of document.querySelectorAll("#lab [data-t]")) node.textContent = t(node.dataset.t);
     $("lab-lang").textContent = t("lang");

@@ -54,7 +54,9 @@ def lab_page(models: list[LabModel], first: dict[str, Any], text: str) -> str:
               "max_tokens": MAX_TOKENS, "max_image_bytes": MAX_IMAGE_BYTES, "max_image_side": MAX_IMAGE_SIDE}
     payload = json.dumps(config, ensure_ascii=False).replace("<", "\\u003c")
     html = _asset("lab.html").replace("{{LAB_CONFIG}}", payload)
-    return render_page(first, extra_html=html, extra_js=_asset("lab.js"), extra_css=_asset("lab.css"), connect=True)
+    # one language switch, the lab's, for its panel and the explorer's views alike
+    return render_page(first, extra_html=html, extra_js=_asset("lab.js"), extra_css=_asset("lab.css"), connect=True,
+                       language_switch=False)
 
 
 def create_app(models: list[LabModel], token: str, hosts: set[str], *, text: str = START_TEXT) -> Any:

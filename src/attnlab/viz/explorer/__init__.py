@@ -39,6 +39,7 @@ from .targets import check_inputs, load_target, target_views
 __all__ = ["Exploration", "explore", "encode_weights", "decode_weights", "default_output"]
 
 MAX_NEW_TOKENS = 4096
+LANGUAGES = ("en", "zh")  # the page's own texts (explorer.js: TEXTS)
 
 
 class Exploration:
@@ -86,6 +87,12 @@ def default_output(target: str | Path) -> Path:
     return path.parent / f"{path.name}.explore.html"
 
 
+def _check_language(lang: Any) -> str:
+    if not isinstance(lang, str) or lang not in LANGUAGES:
+        raise InputError(f"lang must be one of {', '.join(map(repr, LANGUAGES))}; got {lang!r}")
+    return lang
+
+
 def _check_count(value: Any, name: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InputError(f"{name} must be an integer from {low} to {high}; got {value!r}")
@@ -94,7 +101,7 @@ def _check_count(value: Any, name: str, low: int, high: int) -> int:
 
 def explore(target: Any, inputs: Any = None, *, tokens: Sequence[Sequence[str]] | None = None,
             max_inputs: int = 2, new_tokens: int = 20, checkpoint: str = "auto", device: str = "cpu",
-            title: str | None = None, ablate: bool = False) -> Exploration:
+            title: str | None = None, ablate: bool = False, lang: str = "en") -> Exploration:
     """The explorer page of ``target`` on ``inputs``.
 
     Args:
@@ -114,15 +121,19 @@ def explore(target: Any, inputs: Any = None, *, tokens: Sequence[Sequence[str]] 
         ablate: for a language model, add to each head's row the change in the model's loss on
             the input shown when that head's output is removed (one batched pass a layer:
             :func:`attnlab.viz.ablation.head_ablation`).
+        lang: the language the page opens in, ``"en"`` or ``"zh"`` (its own labels and captions;
+            a button on the page switches). The model's tokens and names are shown as they are.
 
     Raises:
         InputError: a target that is neither a run, a folder nor a module; inputs of the wrong
-            kind or empty texts; a model whose attention records no weights.
+            kind or empty texts; a model whose attention records no weights; a ``lang`` other
+            than ``"en"`` or ``"zh"``.
     """
+    _check_language(lang)
     _check_count(max_inputs, "max_inputs", 1, 64)
     _check_count(new_tokens, "new_tokens", 0, MAX_NEW_TOKENS)
     if isinstance(target, nn.Module):
-        return _explore_module(target, inputs, tokens, title or type(target).__name__)
+        return _explore_module(target, inputs, tokens, title or type(target).__name__, lang)
     if tokens is not None:
         raise InputError("tokens labels a module's inputs; a run or a folder labels its own tokens")
     inputs = check_inputs(inputs)  # before anything is loaded
@@ -142,12 +153,12 @@ def explore(target: Any, inputs: Any = None, *, tokens: Sequence[Sequence[str]] 
     if ablate and not any(isinstance(v, GenerationAttention) for v in views):
         notes.append("head removal (ablate) applies to language models: this target's loss is not a next-token loss")
     return Exploration({"format": FORMAT, "title": title or loaded.title, "subtitle": loaded.subtitle,
-                        "notes": notes, "documents": documents})
+                        "notes": notes, "lang": lang, "documents": documents})
 
 
 @torch.no_grad()
 def _explore_module(model: nn.Module, inputs: Any, tokens: Sequence[Sequence[str]] | None,
-                    title: str) -> Exploration:
+                    title: str, lang: str) -> Exploration:
     recordable, opaque = attention_modules(model)
     if not recordable:
         what = (f"its attention ({', '.join(n or type(m).__name__ for n, m in opaque[:3])}) forms no weight matrix"
@@ -175,6 +186,6 @@ def _explore_module(model: nn.Module, inputs: Any, tokens: Sequence[Sequence[str
     notes = [f"{name or type(m).__name__} ({type(m).__name__}): this attention forms no weight matrix; not shown"
              for name, m in opaque]
     return Exploration({"format": FORMAT, "title": title, "subtitle": f"{type(model).__name__}, "
-                        f"{sum(p.numel() for p in model.parameters()):,} parameters", "notes": notes,
+                        f"{sum(p.numel() for p in model.parameters()):,} parameters", "notes": notes, "lang": lang,
                         "documents": tensor_documents({name or type(m).__name__: maps[name] for name, m in recordable},
                                                       tokens, title, [])})

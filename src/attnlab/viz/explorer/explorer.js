@@ -18,6 +18,10 @@
   const MATRIX_PX = 640;    // matrix view: the map's target size in px
   const PANEL_PX = 360;     // translation view: each map's target size in px
   const MAX_LABELS = 64;    // matrices label an axis of at most this many tokens
+  const BOX_MAX = 180;       // head view, horizontal: the widest token box in px (explorer.css: .tok max-width)
+  const BOX_GAP = 4;         // head view, horizontal: px between two token boxes (explorer.css: .horizontal .tokens)
+  const ROWS_GAP = 150;      // head view, horizontal: px between the query row and the key row
+  const LAYOUTS = ["vertical", "horizontal"];
   const SVGNS = "http://www.w3.org/2000/svg";
   const PALETTE = [         // head colours, cycling: distinguishable on white
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
@@ -26,6 +30,174 @@
   ];
   // white -> dark blue, 256 entries of (r, g, b): the colour of weight byte / 255
   const RAMP = buildRamp([[255, 255, 255], [198, 219, 239], [107, 174, 214], [33, 113, 181], [8, 48, 107]]);
+
+  // ------------------------------------------------------------------ texts
+  // Every text the explorer itself shows, in English and Chinese: the markup's by key (data-t: its
+  // text, data-t-title: its tooltip, data-t-html: a legend line with its italics), the script's by
+  // key or as a function of its numbers. What the data holds (titles, notes, layer names) is shown
+  // as it is; group names and head roles the script knows are shown in the page's language.
+  const TEXTS = {
+    en: {
+      input: "input", attention: "attention", layer: "layer", heads: "heads", all: "all", none: "none",
+      threshold: "threshold", thresholdTip: "weights below it draw no line in the head view",
+      save: "save", pngTip: "the view shown, as a picture", svgTip: "the view shown, as a drawing that scales",
+      loading: "loading…", switchTo: "中文", switchTip: "切换到中文界面",
+      tabHead: "head view", tabModel: "model view", tabMatrix: "matrix", tabImage: "image",
+      tabLm: "language model", tabTranslation: "translation",
+      layout: "layout", vertical: "vertical: queries left, keys right", horizontal: "horizontal: queries above, keys below",
+      previous: "◀ previous", next: "next ▶",
+      pageRemark: "lines to keys outside this page are not drawn: see the matrix view",
+      queries: "queries", keys: "keys",
+      modelCaption: "Every head of every layer: queries as rows, keys as columns (long inputs: the largest weight of "
+        + "each block). Click a map to open it in the head view.",
+      matrixMean: "mean of the selected heads", matrixRowScale: "scale each row to its maximum",
+      colLayer: "layer", colHead: "head", colRole: "role", colEntropy: "entropy", colDistance: "distance",
+      colPrevious: "previous", colFirst: "first", colDiagonal: "diagonal", colInduction: "induction",
+      colAblation: "Δ loss", colProfile: "profile",
+      colRoleTip: "previous-token: previous ≥ 0.5; induction: induction ≥ 0.4; first-token: first ≥ 0.5 (the largest share wins)",
+      colEntropyTip: "spread of a query's weights, in bits: 0 = all on one key",
+      colDistanceTip: "mean number of positions back",
+      colPreviousTip: "mean weight on position i − 1",
+      colFirstTip: "mean weight on position 0",
+      colDiagonalTip: "mean weight on position i itself",
+      colInductionTip: "mean weight on the tokens that followed earlier occurrences of the query's token (– when no token repeats)",
+      colAblationTip: "the model's loss on this input with the head's output removed, less its loss with every head "
+        + "(nats a token; – unless explored with --ablate)",
+      colProfileTip: "the share of weight at each distance back",
+      legendIntro: "Per head, averaged over queries; click a column to sort it, a row to show that head. Profile: the "
+        + "share of weight at each distance back (bins left to right).",
+      legendRole: "<i>role</i>: a head is labelled <b>previous-token</b> where <i>previous</i> ≥ 0.5, <b>induction</b> "
+        + "where <i>induction</i> ≥ 0.4, <b>first-token</b> where <i>first</i> ≥ 0.5 (shares of a query's weight; the "
+        + "largest wins). Its chip above the views shows ← ⇢ ⊢.",
+      legendPrevious: "<b>Previous-token</b> heads: a high <i>previous</i>.",
+      legendPositional: "<b>Positional</b> heads: a narrow profile (one distance takes most weight).",
+      legendSink: "<b>Attention sinks</b>: a high <i>first</i> (weight parked on position 0).",
+      legendInduction: "<b>Induction-like</b> heads: a high <i>induction</i> (weight on the tokens that followed earlier "
+        + "occurrences of the current one); on repeated text their matrix has a stripe parallel to the diagonal, one "
+        + "repeat back and one position ahead.",
+      legendEntropy: "Low <i>entropy</i>: focused heads; high: spread out.",
+      map: "map", imageTip: "click a patch to make it the query",
+      lmCaption: "Hover or click a token: its attention over the earlier tokens (shading) and the model's most probable "
+        + "next tokens after it.",
+      prompt: "prompt", generated: "generated",
+      translationCaption: "The selected layer of each group, mean of the selected heads; hover a map for its values.",
+      title: "attention explorer",
+      error: "Error: ",
+      then: (a, b) => `${a} ${b}`,   // two sentences
+      inputN: (i) => `input ${i}`,
+      head: (h) => `head ${h}`,
+      meanOfHeads: (heads) => `mean of heads ${heads.join(", ")}`,
+      headRole: (h, role) => `head ${h}` + (role ? `: a ${role} head` : ""),
+      cellTitle: (l, name, h, role) => `layer ${l} (${name}), head ${h}` + (role ? `: a ${role} head` : ""),
+      positions: (a, b, n) => `positions ${a}–${b} of ${n}`,
+      noHeads: "No head selected: choose heads above.",
+      strongest: (most, total, thr) => `The strongest ${most} of ${total} lines (weights ≥ ${thr}): raise the threshold to see all.`,
+      lines: (total, thr, heads, l) => `${total} lines: weights ≥ ${thr} of ${heads.length === 1 ? "head" : "heads"} `
+        + `${heads.join(", ")}, layer ${l}.`,
+      linesHint: "Hover a token to see only its lines.",
+      matrixTitle: (group, l, name, heads, rowScale) => `${group}, layer ${l} (${name}), ${heads}: queries as rows, keys `
+        + `as columns${rowScale ? ", each row scaled to its maximum" : ""}.`,
+      matrixHint: "Hover for values.",
+      cellTip: (i, q, j, k, v) => `query ${i} "${q}" → key ${j} "${k}": ${v}`,
+      labelTip: (isKey, k, tok) => `${isKey ? "key" : "query"} ${k}: ${tok}`,
+      meanSource: "selected heads (mean)", rolloutSource: "rollout",
+      queryButton: (tok) => `query: ${tok}`,
+      rolloutWhat: "attention rollout over all layers",
+      layerWhat: (group, l, name, heads) => `${group}, layer ${l} (${name}), ${heads}`,
+      imageCaption: (q, tok, what, rows, cols, lo, hi) => `Query ${q} "${tok}": its ${what}, over the ${rows}×${cols} `
+        + `patches (more orange = more weight, scaled to the strongest patch; weights from ${lo} to ${hi}). Click a `
+        + "patch to make it the query.",
+      lmAfter: (i, tok, desc, any) => `After position ${i} "${tok}": shading = its attention (${desc}); `
+        + (any ? "the most probable next tokens:" : "no next-token probabilities for this position."),
+      lmDesc: (l, name, heads) => `layer ${l} (${name}), ${heads}`,
+      missingGroup: "not in this document's data",
+      panelCaption: (l, name, has, asked, heads) => `layer ${l} (${name})${has ? "" : `: it has no layer ${asked}, its `
+        + "last shown"}; ${heads}`,
+      figureViews: "a figure is saved from the head view or the matrix",
+      roles: {},
+      groups: {},
+    },
+    zh: {
+      input: "输入", attention: "注意力", layer: "层", heads: "注意力头", all: "全选", none: "全不选",
+      threshold: "阈值", thresholdTip: "权重低于阈值的连线不在头视图中画出",
+      save: "保存", pngTip: "把当前视图存成图片", svgTip: "把当前视图存成可任意缩放的矢量图",
+      loading: "加载中…", switchTo: "English", switchTip: "Switch to English",
+      tabHead: "头视图", tabModel: "模型视图", tabMatrix: "注意力矩阵", tabImage: "图像",
+      tabLm: "语言模型", tabTranslation: "翻译",
+      layout: "布局", vertical: "纵向：查询在左，键在右", horizontal: "横向：查询在上，键在下",
+      previous: "◀ 上一页", next: "下一页 ▶",
+      pageRemark: "连向本页以外的键的连线没有画出，完整的权重请看注意力矩阵",
+      queries: "查询 (query)", keys: "键 (key)",
+      modelCaption: "所有层的所有头：每张图的行是查询，列是键（输入较长时，每个小块取其中最大的权重）。点击一张图，"
+        + "在头视图中打开这个头。",
+      matrixMean: "对选中的头取平均", matrixRowScale: "每行按本行的最大值缩放",
+      colLayer: "层", colHead: "头", colRole: "角色", colEntropy: "熵", colDistance: "距离",
+      colPrevious: "前一个", colFirst: "首位", colDiagonal: "对角", colInduction: "归纳",
+      colAblation: "Δ 损失", colProfile: "距离分布",
+      colRoleTip: "前一词元头 (previous-token)：前一个 ≥ 0.5；归纳头 (induction)：归纳 ≥ 0.4；首词元头 (first-token)："
+        + "首位 ≥ 0.5（几项都达到时取比例最大的一项）",
+      colEntropyTip: "熵 (entropy)：一个查询的权重有多分散，单位是比特；0 表示全部权重落在一个键上",
+      colDistanceTip: "平均往回看多少个位置 (distance)",
+      colPreviousTip: "落在位置 i − 1 上的平均权重 (previous)",
+      colFirstTip: "落在位置 0 上的平均权重 (first)",
+      colDiagonalTip: "落在位置 i 自身的平均权重 (diagonal)",
+      colInductionTip: "落在“查询词元前几次出现时紧跟在后面的词元”上的平均权重 (induction)；没有重复的词元时为 –",
+      colAblationTip: "去掉这个头的输出之后，模型在这个输入上的损失减去所有头都在时的损失（单位：每个词元的 nats；"
+        + "生成页面时没有加 --ablate 则为 –）",
+      colProfileTip: "权重在各个回看距离上所占的比例 (profile)",
+      legendIntro: "每个头的数值都是对所有查询取的平均；点击列名按这一列排序，点击一行显示那个头。<i>距离分布</i> "
+        + "(profile)：权重落在各个回看距离上的比例（分箱从左到右）。",
+      legendRole: "<i>角色</i>：<i>前一个</i> ≥ 0.5 的头标为<b>前一词元</b>头，<i>归纳</i> ≥ 0.4 的标为<b>归纳</b>头，"
+        + "<i>首位</i> ≥ 0.5 的标为<b>首词元</b>头（都是一个查询的权重所占的比例，几项都达到时取最大的一项）。上方的"
+        + "头按钮分别标着 ← ⇢ ⊢。",
+      legendPrevious: "<b>前一词元头</b> (previous-token head)：<i>前一个</i> 很高。",
+      legendPositional: "<b>位置头</b> (positional head)：距离分布很窄（大部分权重落在同一个距离上）。",
+      legendSink: "<b>注意力汇聚</b> (attention sink)：<i>首位</i> 很高（多余的权重都停在位置 0 上）。",
+      legendInduction: "<b>类归纳头</b> (induction head)：<i>归纳</i> 很高（权重落在当前词元前几次出现时紧跟在后面的"
+        + "词元上）；在重复的文本上，它的注意力矩阵有一条与对角线平行的斜纹：往回一个重复周期，再往前一个位置。",
+      legendEntropy: "<i>熵</i>低：注意力集中的头；熵高：注意力分散的头。",
+      map: "显示", imageTip: "点击一个图块，把它设为查询",
+      lmCaption: "把鼠标移到一个词元上或点击它：底色是它对前面各个词元的注意力，右边是模型预测的最可能的下一个词元。",
+      prompt: "提示词 (prompt)", generated: "生成的词元",
+      translationCaption: "每一组注意力的当前层，对选中的头取平均；鼠标移到图上可以看到数值。",
+      title: "注意力可视化",
+      error: "出错：",
+      then: (a, b) => a + b,
+      inputN: (i) => `输入 ${i}`,
+      head: (h) => `头 ${h}`,
+      meanOfHeads: (heads) => `头 ${heads.join("、")} 的平均`,
+      headRole: (h, role) => `头 ${h}` + (role ? `：${role}头` : ""),
+      cellTitle: (l, name, h, role) => `第 ${l} 层（${name}），头 ${h}` + (role ? `：${role}头` : ""),
+      positions: (a, b, n) => `位置 ${a}–${b}（共 ${n} 个）`,
+      noHeads: "没有选中的头：请在上方选择注意力头。",
+      strongest: (most, total, thr) => `只画出最强的 ${most} 条连线（权重 ≥ ${thr} 的共 ${total} 条）：调高阈值可以看到全部。`,
+      lines: (total, thr, heads, l) => `${total} 条连线：第 ${l} 层，头 ${heads.join("、")} 中权重 ≥ ${thr} 的部分。`,
+      linesHint: "鼠标移到一个词元上，只显示它的连线。",
+      matrixTitle: (group, l, name, heads, rowScale) => `${group}，第 ${l} 层（${name}），${heads}：行是查询，列是键`
+        + `${rowScale ? "，每行按本行的最大值缩放" : ""}。`,
+      matrixHint: "鼠标移到格子上可以看到数值。",
+      cellTip: (i, q, j, k, v) => `查询 ${i}「${q}」→ 键 ${j}「${k}」：${v}`,
+      labelTip: (isKey, k, tok) => `${isKey ? "键" : "查询"} ${k}：${tok}`,
+      meanSource: "选中头的平均", rolloutSource: "注意力展开 (rollout)",
+      queryButton: (tok) => `查询：${tok}`,
+      rolloutWhat: "注意力展开 (rollout，综合所有层)",
+      layerWhat: (group, l, name, heads) => `${group}（第 ${l} 层 ${name}，${heads}）`,
+      imageCaption: (q, tok, what, rows, cols, lo, hi) => `查询 ${q}「${tok}」的${what}，分布在 ${rows}×${cols} 个图块上`
+        + `（越橙表示权重越大，以最强的图块为满色；权重从 ${lo} 到 ${hi}）。点击一个图块，把它设为查询。`,
+      lmAfter: (i, tok, desc, any) => `位置 ${i}「${tok}」之后：底色是它的注意力（${desc}）；`
+        + (any ? "最可能的下一个词元：" : "这个位置没有下一个词元的概率。"),
+      lmDesc: (l, name, heads) => `第 ${l} 层（${name}），${heads}`,
+      missingGroup: "这份数据里没有这一组",
+      panelCaption: (l, name, has, asked, heads) => `第 ${l} 层（${name}）${has ? "" : `：它没有第 ${asked} 层，显示的是`
+        + "最后一层"}；${heads}`,
+      figureViews: "只有头视图和注意力矩阵可以保存成图",
+      roles: { "previous-token": "前一词元", "induction": "归纳", "first-token": "首词元" },
+      groups: {
+        "self-attention": "自注意力", "cross-attention": "交叉注意力",
+        "encoder self-attention": "编码器自注意力", "decoder self-attention": "解码器自注意力",
+      },
+    },
+  };
 
   const $ = (id) => document.getElementById(id);
   const headColour = (h) => PALETTE[h % PALETTE.length];
@@ -177,7 +349,7 @@
 
   // ------------------------------------------------------------------ data and state
   let data;
-  const state = { doc: 0, group: 0, layer: 0, heads: [0], view: "head", page: 0 };
+  const state = { doc: 0, group: 0, layer: 0, heads: [0], view: "head", page: 0, lang: "en", layout: "vertical" };
   const ui = {
     threshold: 0.05,
     imageQuery: new Map(),    // document -> query index of the image view
@@ -196,7 +368,29 @@
     const heads = state.heads.filter((h) => h < H);
     return heads.length ? heads : [0];
   }
-  const headsText = (heads) => (heads.length === 1 ? `head ${heads[0]}` : `mean of heads ${heads.join(", ")}`);
+  const headsText = (heads) => (heads.length === 1 ? t("head", heads[0]) : t("meanOfHeads", heads));
+
+  /** The text `key` in the page's language (a function of `args` where it holds numbers). */
+  function t(key, ...args) {
+    const text = TEXTS[state.lang][key] ?? TEXTS.en[key];
+    return typeof text === "function" ? text(...args) : text;
+  }
+  const roleName = (role) => TEXTS[state.lang].roles[role] ?? role;
+  const groupName = (name) => TEXTS[state.lang].groups[name] ?? name;
+  const known = (table, key) => typeof key === "string" && Object.hasOwn(table, key);
+
+  /** The explorer's own markup in the page's language; a page built on it (the lab) labels its own. */
+  function relabel() {
+    document.documentElement.lang = state.lang === "zh" ? "zh-CN" : "en";
+    for (const root of document.querySelectorAll(".controls, .tabs, main")) {
+      for (const node of root.querySelectorAll("[data-t]")) node.textContent = t(node.dataset.t);
+      for (const node of root.querySelectorAll("[data-t-title]")) node.title = t(node.dataset.tTitle);
+      for (const node of root.querySelectorAll("[data-t-html]")) node.innerHTML = t(node.dataset.tHtml);
+    }
+    $("lang").lang = state.lang === "zh" ? "en" : "zh";   // the button names the other language, in it
+    $("title").textContent = data.title || t("title");
+    setOptions($("doc"), data.documents.map((doc, i) => doc.title || t("inputN", i)));
+  }
 
   function availableViews(doc) {
     const views = ["head", "model", "matrix"];
@@ -239,6 +433,8 @@
     }
     const views = availableViews(doc);
     if (change.view !== undefined && views.includes(change.view)) state.view = change.view;
+    if (known(TEXTS, change.lang)) state.lang = change.lang;
+    if (LAYOUTS.includes(change.layout)) state.layout = change.layout;
     if (!views.includes(state.view)) state.view = "head";
     const pages = Math.max(1, Math.ceil(group.queries.length / PAGE));
     if (change.page !== undefined) state.page = clampInt(change.page, 0, pages - 1);
@@ -272,14 +468,14 @@
 
   function showError(err) {
     const box = $("error");
-    box.textContent = `Error: ${err && err.message ? err.message : err}`;
+    box.textContent = `${t("error")}${err && err.message ? err.message : err}`;
     box.hidden = false;
     console.error(err);
   }
   function clearError() { $("error").hidden = true; }
 
   // ------------------------------------------------------------------ controls
-  const synced = { doc: -1, groupKey: "", chipsKey: "" };
+  const synced = { lang: "", doc: -1, groupKey: "", chipsKey: "" };
 
   function setOptions(select, labels) {
     select.replaceChildren(...labels.map((label, i) => el("option", { value: String(i), text: label })));
@@ -288,11 +484,16 @@
   /** Brings selectors, head chips, tabs and sections in line with `state`. */
   function syncControls() {
     const { doc, group } = current();
+    if (synced.lang !== state.lang) {  // a new language: every label, option and tooltip is made again
+      Object.assign(synced, { lang: state.lang, doc: -1, groupKey: "", chipsKey: "" });
+      statsKey = "";
+      relabel();
+    }
     $("doc").value = String(state.doc);
     if (synced.doc !== state.doc) {
       synced.doc = state.doc;
       $("doc-notes").replaceChildren(...(doc.notes || []).map((n) => el("div", { className: "note", text: n })));
-      setOptions($("group"), doc.groups.map((g) => g.name));
+      setOptions($("group"), doc.groups.map((g) => groupName(g.name)));
     }
     $("group").value = String(state.group);
     const groupKey = `${state.doc}/${state.group}`;
@@ -308,7 +509,7 @@
       const roles = group.stats?.roles?.[state.layer] || [];
       $("heads").replaceChildren(...Array.from({ length: H }, (_, h) => el("button", {
         type: "button", className: "head-chip", text: String(h) + (roles[h] ? ` ${ROLE_MARK[roles[h]]}` : ""),
-        title: `head ${h}` + (roles[h] ? `: a ${roles[h]} head` : ""), dataset: { head: String(h) },
+        title: t("headRole", h, roles[h] && roleName(roles[h])), dataset: { head: String(h) },
       })));
       // each chip's colour, as a custom property (explorer.css: .head-chip)
       for (const chip of $("heads").children) chip.style.setProperty("--c", headColour(Number(chip.dataset.head)));
@@ -320,6 +521,7 @@
       tab.classList.toggle("active", tab.dataset.view === state.view);
     }
     $("figure-control").hidden = !["head", "matrix"].includes(state.view);
+    $("head-layout").value = state.layout;
     for (const section of document.querySelectorAll("section.view")) section.hidden = section.id !== `view-${state.view}`;
   }
 
@@ -349,10 +551,20 @@
     $("page-next").addEventListener("click", () => select({ page: state.page + 1 }));
     for (const id of ["matrix-mean", "matrix-rowscale", "image-source"]) $(id).addEventListener("change", () => render());
     $("image-cls").addEventListener("click", () => { ui.imageQuery.set(state.doc, 0); render(); });
+    $("head-layout").addEventListener("change", (e) => select({ layout: e.target.value }));
+    $("lang").addEventListener("click", () => setLanguage(state.lang === "en" ? "zh" : "en"));
+  }
+
+  /** Shows the explorer in `lang` ("en" or "zh"): its labels, then the view redrawn. */
+  function setLanguage(lang) {
+    if (!known(TEXTS, lang)) throw new Error(`language must be one of ${Object.keys(TEXTS).join(", ")}; got ${JSON.stringify(lang)}`);
+    return select({ lang });
   }
 
   // ------------------------------------------------------------------ head view
   let headLines = [];   // {node, q, k} of the lines drawn, for hover filtering
+  let headDrawn = null; // what the head view drew last, for its figure: {caption, rows: null | {font, top, bottom}}
+  const measure = document.createElement("canvas").getContext("2d");   // text widths
 
   async function drawHeadView(gen) {
     const { group, layer } = current();
@@ -365,7 +577,7 @@
     const k0 = group.self ? Math.min(a, Lk) : 0, k1 = group.self ? Math.min(b, Lk) : Lk;
 
     $("pager").hidden = pages <= 1;
-    $("page-label").textContent = `positions ${a}–${b - 1} of ${Lq}`;
+    $("page-label").textContent = t("positions", a, b - 1, Lq);
     $("page-prev").disabled = state.page === 0;
     $("page-next").disabled = state.page >= pages - 1;
     $("page-remark").hidden = !(group.self && pages > 1);
@@ -381,7 +593,23 @@
     const right = tokens(group.keys, k0, k1, "tok-right", "j");
     $("tokens-left").replaceChildren(...left);
     $("tokens-right").replaceChildren(...right);
-    const width = headWidth();
+    const horizontal = state.layout === "horizontal";
+    $("head-view").classList.toggle("horizontal", horizontal);
+    // where each line ends: the middle of its token's row (vertical) or of its token's box (horizontal)
+    let width, height, qAt, kAt, rows = null;
+    if (horizontal) {
+      const top = sizeBoxes(left), bottom = sizeBoxes(right);
+      rows = { font: top.font || bottom.font, top, bottom };
+      width = Math.max(top.width, bottom.width, 1);
+      height = ROWS_GAP;
+      qAt = (i) => [top.centres[i - a], 0];
+      kAt = (j) => [bottom.centres[j - k0], height];
+    } else {
+      width = headWidth();
+      height = Math.max(b - a, k1 - k0) * ROW;
+      qAt = (i) => [0, (i - a + 0.5) * ROW];
+      kAt = (j) => [width, (j - k0 + 0.5) * ROW];
+    }
 
     // the lines: one per (selected head, query, key) with weight >= threshold; zeros never draw
     const minByte = Math.max(1, Math.ceil(ui.threshold * 255 - 1e-9));
@@ -400,7 +628,6 @@
     if (total > MAX_LINES) found = found.sort((x, y) => y[3] - x[3]).slice(0, MAX_LINES);
 
     const svg = $("head-svg");
-    const height = Math.max(b - a, k1 - k0) * ROW;
     svg.setAttribute("width", String(width));
     svg.setAttribute("height", String(height));
     svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
@@ -408,10 +635,11 @@
     headLines = found.map(([h, i, j, v]) => {
       const line = document.createElementNS(SVGNS, "line");
       line.setAttribute("class", "attn-line");
-      line.setAttribute("x1", "0");
-      line.setAttribute("y1", String((i - a + 0.5) * ROW));
-      line.setAttribute("x2", String(width));
-      line.setAttribute("y2", String((j - k0 + 0.5) * ROW));
+      const [x1, y1] = qAt(i), [x2, y2] = kAt(j);
+      line.setAttribute("x1", String(x1));
+      line.setAttribute("y1", String(y1));
+      line.setAttribute("x2", String(x2));
+      line.setAttribute("y2", String(y2));
       line.setAttribute("stroke", headColour(h));
       line.setAttribute("stroke-opacity", String(v / 255));
       line.setAttribute("data-head", String(h));
@@ -424,11 +652,43 @@
     svg.replaceChildren(frag);
 
     const thr = (minByte / 255).toFixed(3);
-    $("lines-info").textContent = heads.length === 0 ? "No head selected: choose heads above."
-      : total > MAX_LINES ? `The strongest ${MAX_LINES} of ${total} lines (weights ≥ ${thr}): raise the threshold to see all.`
-        : `${total} lines: weights ≥ ${thr} of ${heads.length === 1 ? "head" : "heads"} ${heads.join(", ")}, layer ${state.layer}. Hover a token to see only its lines.`;
+    const caption = heads.length === 0 ? t("noHeads")
+      : total > MAX_LINES ? t("strongest", MAX_LINES, total, thr) : t("lines", total, thr, heads, state.layer);
+    $("lines-info").textContent = heads.length && total <= MAX_LINES ? t("then", caption, t("linesHint")) : caption;
+    headDrawn = { caption, rows };
     for (const node of left) hoverFilter(node, "q", Number(node.dataset.i));
     for (const node of right) hoverFilter(node, "k", Number(node.dataset.j));
+  }
+
+  /** The canvas font of a token box: its CSS font. */
+  function boxFont(node) {
+    const style = getComputedStyle(node);
+    return `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+  }
+
+  /** Sizes the token boxes of a row (horizontal layout) to their text, measured in their font (the
+   * longest stop at BOX_MAX and end in an ellipsis); returns each box's middle in px from the row's
+   * start, its width and text, the row's width and the font. Boxes side by side in a row of known
+   * widths never overlap. */
+  function sizeBoxes(nodes) {
+    if (!nodes.length) return { centres: [], widths: [], texts: [], width: 0, font: "" };
+    const style = getComputedStyle(nodes[0]);
+    const frame = ["paddingLeft", "paddingRight", "borderLeftWidth", "borderRightWidth"]
+      .reduce((sum, k) => sum + (parseFloat(style[k]) || 0), 0);
+    const font = boxFont(nodes[0]);
+    measure.font = font;
+    const centres = [], widths = [], texts = [];
+    let x = 0;
+    for (const node of nodes) {
+      // one px to spare: a width rounded down would cut the text
+      const w = Math.min(BOX_MAX, Math.ceil(measure.measureText(node.textContent).width + frame) + 1);
+      node.style.width = `${w}px`;
+      centres.push(x + w / 2);
+      widths.push(w);
+      texts.push(node.textContent);
+      x += w + BOX_GAP;
+    }
+    return { centres, widths, texts, width: x - BOX_GAP, font };
   }
 
   /** The head view's px between its token columns: what the page's width leaves them, SVG_WIDTH to SVG_MAX. */
@@ -465,19 +725,14 @@
       root.append(el("div", { className: "row-label", text: `${l}: ${layer.name}` }));
       for (let h = 0; h < H; h++) {
         if (h >= layer.heads) { root.append(el("div")); continue; }
-        const role = group.stats?.roles?.[l]?.[h];
-        root.append(el("canvas", {
-          className: "cell", width: Tk, height: Tq,
-          title: `layer ${l} (${layer.name}), head ${h}` + (role ? `: a ${role} head` : ""),
-          dataset: { layer: String(l), head: String(h) },
-        }));
+        root.append(el("canvas", { className: "cell", width: Tk, height: Tq, dataset: { layer: String(l), head: String(h) } }));
       }
     });
     root.addEventListener("click", (e) => {
       const cell = e.target.closest("canvas.cell");
       if (cell) select({ layer: Number(cell.dataset.layer), heads: [Number(cell.dataset.head)], view: "head" });
     });
-    return { root, drawn: new Set() };
+    return { root, drawn: new Set(), lang: "" };
   }
 
   /** Maps positions 0..n-1 onto `t` bins (t <= n). */
@@ -525,6 +780,13 @@
     const grid = modelGrids.get(key);
     const host = $("model-host");
     if (host.firstChild !== grid.root) host.replaceChildren(grid.root);
+    if (grid.lang !== state.lang) {
+      grid.lang = state.lang;
+      for (const cell of grid.root.querySelectorAll("canvas.cell")) {
+        const l = Number(cell.dataset.layer), h = Number(cell.dataset.head), role = group.stats?.roles?.[l]?.[h];
+        cell.title = t("cellTitle", l, group.layers[l].name, h, role && roleName(role));
+      }
+    }
     for (const cell of grid.root.querySelectorAll("canvas.cell")) {
       cell.classList.toggle("selected", Number(cell.dataset.layer) === state.layer && state.heads.includes(Number(cell.dataset.head)));
     }
@@ -645,7 +907,7 @@
       const rect = canvas.getBoundingClientRect();
       const k = Math.floor((m.vertical ? e.clientX - rect.left : e.clientY - rect.top) / m.s);
       if (k < 0 || k >= m.full.length) { hideTooltip(); return; }
-      showTooltip(e, `${m.vertical ? "key" : "query"} ${k}: ${shown(m.full[k])}`);
+      showTooltip(e, t("labelTip", m.vertical, k, shown(m.full[k])));
     });
     canvas.addEventListener("mouseleave", hideTooltip);
   }
@@ -662,7 +924,7 @@
       const i = Math.floor((e.clientY - rect.top) / m.s);
       if (i < 0 || j < 0 || i >= m.Lq || j >= m.Lk) { hideTooltip(); return; }
       const v = m.vals[i * m.Lk + j];
-      showTooltip(e, `query ${i} "${shown(m.qLabels[i])}" → key ${j} "${shown(m.kLabels[j])}": ${v.toFixed(3)}`);
+      showTooltip(e, t("cellTip", i, shown(m.qLabels[i]), j, shown(m.kLabels[j]), v.toFixed(3)));
     });
     canvas.addEventListener("mouseleave", hideTooltip);
   }
@@ -687,13 +949,13 @@
     const used = $("matrix-mean").checked ? heads : [heads[0]];
     const rowScale = $("matrix-rowscale").checked;
     const Lq = group.queries.length, Lk = group.keys.length;
-    $("matrix-title").textContent = `${group.name}, layer ${state.layer} (${layer.name}), ${headsText(used)}: `
-      + `queries as rows, keys as columns${rowScale ? ", each row scaled to its maximum" : ""}. Hover for values.`;
+    const title = t("matrixTitle", groupName(group.name), state.layer, layer.name, headsText(used), rowScale);
+    $("matrix-title").textContent = t("then", title, t("matrixHint"));
     const shownMatrix = {
       vals: headMap(bytes, Lq, Lk, used), Lq, Lk, qLabels: group.queries, kLabels: group.keys, rowScale, maxPx: MATRIX_PX,
     };
     drawMatrix($("matrix-canvas"), shownMatrix);
-    lastMatrix = { ...shownMatrix, title: $("matrix-title").textContent.replace(" Hover for values.", "") };
+    lastMatrix = { ...shownMatrix, title };
     drawStats(group);
   }
 
@@ -709,23 +971,44 @@
       + `<text x="8" y="16" font-size="13" fill="#24292f">${esc(title)}</text>${body}</svg>`;
   }
 
+  /** The head view's lines shown (a hover hides some), moved by (`dx`, `dy`). */
+  function headLinesFigure(dx, dy) {
+    let body = `<g transform="translate(${dx},${dy})">`;
+    for (const line of $("head-svg").querySelectorAll("line")) {
+      if (line.style.display === "none") continue;
+      body += `<line x1="${line.getAttribute("x1")}" y1="${line.getAttribute("y1")}" x2="${line.getAttribute("x2")}" `
+        + `y2="${line.getAttribute("y2")}" stroke="${line.getAttribute("stroke")}" stroke-opacity="${line.getAttribute("stroke-opacity")}" stroke-width="2"/>`;
+    }
+    return body + "</g>";
+  }
+
   /** The head view as drawn: its tokens as text, its lines with their colours and weights. */
   function headFigure() {
+    if (headDrawn.rows) return headRowsFigure(headDrawn.rows);
     const lines = $("head-svg");
     const width = Number(lines.getAttribute("width")), height = Number(lines.getAttribute("height"));
     const left = Array.from($("tokens-left").children, (n) => n.textContent);
     const right = Array.from($("tokens-right").children, (n) => n.textContent);
     const label = 150, top = 28;
-    let body = `<g transform="translate(${label},${top})">`;
-    for (const line of lines.querySelectorAll("line")) {
-      if (line.style.display === "none") continue;
-      body += `<line x1="${line.getAttribute("x1")}" y1="${line.getAttribute("y1")}" x2="${line.getAttribute("x2")}" `
-        + `y2="${line.getAttribute("y2")}" stroke="${line.getAttribute("stroke")}" stroke-opacity="${line.getAttribute("stroke-opacity")}" stroke-width="2"/>`;
-    }
-    body += "</g>";
+    let body = headLinesFigure(label, top);
     left.forEach((tok, i) => { body += `<text x="${label - 6}" y="${top + (i + 0.5) * ROW + 4}" text-anchor="end">${esc(tok)}</text>`; });
     right.forEach((tok, j) => { body += `<text x="${label + width + 6}" y="${top + (j + 0.5) * ROW + 4}">${esc(tok)}</text>`; });
-    return svgDocument(2 * label + width, top + height + 8, $("lines-info").textContent.replace(" Hover a token to see only its lines.", ""), body);
+    return svgDocument(2 * label + width, top + height + 8, headDrawn.caption, body);
+  }
+
+  /** The horizontal head view as drawn: the query boxes above, the key boxes below, the lines between. */
+  function headRowsFigure(rows) {
+    const lines = $("head-svg");
+    const width = Number(lines.getAttribute("width")), height = Number(lines.getAttribute("height"));
+    const margin = 8, box = 22, top = 28, pad = 12;
+    measure.font = rows.font;
+    const boxes = (row, y) => row.centres.map((x, k) => {
+      const w = row.widths[k], text = fitText(measure, row.texts[k], w - pad);
+      return `<rect x="${margin + x - w / 2}" y="${y}" width="${w}" height="${box}" rx="3" fill="#f6f8fa" stroke="#d0d7de"/>`
+        + `<text x="${margin + x}" y="${y + box / 2 + 4}" text-anchor="middle">${esc(text)}</text>`;
+    }).join("");
+    const body = headLinesFigure(margin, top + box) + boxes(rows.top, top) + boxes(rows.bottom, top + box + height);
+    return svgDocument(2 * margin + width, top + 2 * box + height + 8, headDrawn.caption, body);
   }
 
   /** The matrix as drawn: one square a weight, its token labels where the matrix has room for them. */
@@ -759,8 +1042,8 @@
   /** The view shown as a figure: ``"svg"`` (text) or ``"png"`` (a data URL, drawn from the SVG at
    * twice its size); the head view and the matrix have one. */
   async function figure(format) {
-    if (!["head", "matrix"].includes(state.view) || (state.view === "matrix" && !lastMatrix)) {
-      throw new Error("a figure is saved from the head view or the matrix");
+    if (!["head", "matrix"].includes(state.view) || (state.view === "matrix" ? !lastMatrix : !headDrawn)) {
+      throw new Error(t("figureViews"));
     }
     const svg = state.view === "head" ? headFigure() : matrixFigure();
     if (format === "svg") return svg;
@@ -831,7 +1114,7 @@
           row.tr = el("tr", { dataset: { layer: String(l), head: String(h) } }, [
             el("td", { text: String(l) }),
             el("td", { text: String(h), style: { color: headColour(h), fontWeight: "600" } }),
-            el("td", { className: "role", text: row.role || "–" }),
+            el("td", { className: "role", text: row.role ? roleName(row.role) : "–" }),
             ...STAT_KEYS.map((k) => statCell(k, row[k])),
             el("td", {}, [sparkline(profile, stats.profile_bins || [])]),
           ]);
@@ -934,11 +1217,15 @@
     const prefix = image.prefix || 0, n = prefix + rows * cols;
     if (group.keys.length !== n) throw new Error(`image: ${group.name} has ${group.keys.length} keys, expected ${prefix} + ${rows}x${cols}`);
     const source = $("image-source");
-    const choices = image.rollout ? ["selected heads (mean)", "rollout"] : ["selected heads (mean)"];
-    if (source.options.length !== choices.length) setOptions(source, choices);
+    const choices = image.rollout ? [t("meanSource"), t("rolloutSource")] : [t("meanSource")];
+    if (Array.from(source.options, (o) => o.text).join("\n") !== choices.join("\n")) {
+      const was = source.value;
+      setOptions(source, choices);
+      if (Number(was) < choices.length) source.value = was;
+    }
     const useRollout = image.rollout && source.value === "1";
     $("image-cls").hidden = prefix === 0;
-    $("image-cls").textContent = `query: ${shown(group.queries[0])}`;
+    $("image-cls").textContent = t("queryButton", shown(group.queries[0]));
 
     const Lq = group.queries.length;
     let q = ui.imageQuery.get(d) ?? 0;   // default: the class token, or patch 0 (index 0 either way)
@@ -948,13 +1235,13 @@
     if (useRollout) {
       const bytes = await rolloutBytes(d);
       row = Float32Array.from(bytes.subarray(q * n + prefix, q * n + n), (b) => b / 255);
-      what = "attention rollout over all layers";
+      what = t("rolloutWhat");
     } else {
       const l = Math.min(state.layer, group.layers.length - 1), layer = group.layers[l];
       const bytes = await layerBytes(d, image.group, l);
       const heads = effectiveHeads(layer.heads);
       row = headRow(bytes, Lq, n, heads, q, prefix, n);
-      what = `${group.name}, layer ${l} (${layer.name}), ${headsText(heads)}`;
+      what = t("layerWhat", groupName(group.name), l, layer.name, headsText(heads));
     }
     if (stale(gen)) return;
 
@@ -989,9 +1276,8 @@
     }
     canvas.dataset.query = String(q);
     canvas.grid = { rows, cols, prefix, W, H };
-    $("image-caption").textContent = `Query ${q} "${shown(group.queries[q] ?? q)}": its ${what}, over the ${rows}×${cols} patches `
-      + `(more orange = more weight, scaled to the strongest patch; weights from ${Math.min(...row).toFixed(3)} to `
-      + `${max.toFixed(3)}). Click a patch to make it the query.`;
+    $("image-caption").textContent = t("imageCaption", q, shown(group.queries[q] ?? q), what, rows, cols,
+      Math.min(...row).toFixed(3), max.toFixed(3));
   }
 
   function bindImage() {
@@ -1031,7 +1317,7 @@
       };
     }
     Object.assign(lm, { bytes, Lq: group.queries.length, Lk: group.keys.length, heads: effectiveHeads(layer.heads) });
-    lm.desc = `layer ${l} (${layer.name}), ${headsText(lm.heads)}`;
+    lm.desc = t("lmDesc", l, layer.name, headsText(lm.heads));
     showLm(pinned());
   }
 
@@ -1054,8 +1340,7 @@
     });
     const top = doc.lm.top?.[i] || [];
     const next = group.queries[i + 1];
-    $("lm-caption").textContent = `After position ${i} "${shown(group.queries[i])}": shading = its attention (${lm.desc}); `
-      + (top.length ? "the most probable next tokens:" : "no next-token probabilities for this position.");
+    $("lm-caption").textContent = t("lmAfter", i, shown(group.queries[i]), lm.desc, top.length > 0);
     $("topk").replaceChildren(...top.map(([token, p]) => el("tr", { className: token === next ? "actual" : "" }, [
       el("td", { className: "token", text: shown(token) }),
       el("td", { className: "bar" }, [el("div", { className: "bar-fill", style: { width: `${Math.max(0, Math.min(1, p)) * 100}%` } })]),
@@ -1074,7 +1359,7 @@
       const panel = el("div", { className: `panel${name === "cross-attention" ? " middle" : ""}` });
       panels.push(panel);
       if (g < 0) {
-        panel.append(el("h3", { text: name }), el("p", { className: "caption", text: "not in this document's data" }));
+        panel.append(el("h3", { text: groupName(name) }), el("p", { className: "caption", text: t("missingGroup") }));
         continue;
       }
       const group = doc.groups[g];
@@ -1085,11 +1370,8 @@
       const heads = effectiveHeads(layer.heads);
       const canvas = el("canvas", { className: "matrix", id: `translation-${name.split(" ")[0]}` });
       panel.append(
-        el("h3", { text: name }),
-        el("p", {
-          className: "caption",
-          text: `layer ${l} (${layer.name})${has ? "" : `: it has no layer ${state.layer}, its last shown`}; ${headsText(heads)}`,
-        }),
+        el("h3", { text: groupName(name) }),
+        el("p", { className: "caption", text: t("panelCaption", l, layer.name, has, state.layer, headsText(heads)) }),
         el("div", { className: "scroll" }, [el("div", { className: "matrix-frame" }, [canvas])]),
       );
       const Lq = group.queries.length, Lk = group.keys.length;
@@ -1130,13 +1412,15 @@
   let started = false;
 
   function start() {
-    $("title").textContent = data.title || "attention explorer";
+    // the page's language: the data's, else English; a later load() keeps the one the reader chose
+    if (!started) state.lang = known(TEXTS, data.lang) ? data.lang : "en";
+    $("title").textContent = data.title || t("title");
     $("subtitle").textContent = data.subtitle || "";
     $("notes").replaceChildren(...(data.notes || []).map((n) => el("div", { className: "note", text: n })));
     if (data.format !== "attnlab-explorer/1") showError(new Error(`unknown data format ${JSON.stringify(data.format)}`));
     if (!data.documents || !data.documents.length) throw new Error("the data holds no document");
-    setOptions($("doc"), data.documents.map((doc, i) => doc.title || `input ${i}`));
     $("doc-control").hidden = data.documents.length < 2;
+    synced.lang = "";   // the inputs' names are labelled anew
     if (!started) {  // the controls are bound once; a later load() keeps them
       started = true;
       $("threshold").value = String(ui.threshold);
@@ -1162,7 +1446,6 @@
     ui.imageQuery.clear();
     ui.lmPin.clear();
     statsKey = "";
-    Object.assign(synced, { doc: -1, groupKey: "", chipsKey: "" });
     clearError();
     return start();
   }
@@ -1177,5 +1460,5 @@
     ready = Promise.resolve();
   }
   ready = ready.then(() => { performance.mark("attnlab-ready"); });
-  window.attnlabExplorer = { ready, state, select, weights, load, figure, drawMatrixOf, current: () => data };
+  window.attnlabExplorer = { ready, state, select, setLanguage, weights, load, figure, drawMatrixOf, current: () => data };
 })();

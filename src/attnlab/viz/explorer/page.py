@@ -15,6 +15,7 @@ and the upper triangle of a causal map is all zeros.
 ::
 
     {"format": "attnlab-explorer/1", "title": str, "subtitle": str, "notes": [str],
+     "lang": "en" | "zh",                 # optional (default "en"): the language the page opens in
      "documents": [{                      # one per input
         "title": str, "kind": "text" | "lm" | "translation" | "image", "notes": [str],
         "groups": [{                      # one per (queries, keys) pair of sequences
@@ -85,11 +86,12 @@ def page_policy(hashes: list[str], *, connect: bool = False) -> str:
 
 
 def render_page(data: dict[str, Any], *, extra_html: str = "", extra_js: str = "", extra_css: str = "",
-                connect: bool = False) -> str:
+                connect: bool = False, language_switch: bool = True) -> str:
     """The self-contained HTML page of ``data`` (the format above). A page built on the explorer
     (the lab) adds its own markup after the header, its own script after the explorer's (which
     it drives through ``window.attnlabExplorer``) and its own styles; ``connect``: its script
-    talks to the server that served it."""
+    talks to the server that served it; ``language_switch=False`` hides the explorer's English /
+    Chinese button, for a page that switches the language itself (``attnlabExplorer.setLanguage``)."""
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     payload = payload.replace("<", "\\u003c")  # no "</script>" or "<!--" in a token can end the data early
     title = data.get("title", "attention explorer")
@@ -98,9 +100,9 @@ def render_page(data: dict[str, Any], *, extra_html: str = "", extra_js: str = "
     script = f"<script>\n{closed}\n</script>" if extra_js else ""
     values = {"TITLE": escaped, "CSS": _asset("explorer.css") + extra_css, "DATA": payload,
               "JS": _asset("explorer.js").replace("</script", "<\\/script"), "EXTRA_HTML": extra_html,
-              "EXTRA_JS": script}
+              "EXTRA_JS": script, "LANG_HIDDEN": "" if language_switch else " hidden"}
     # one pass over the template: what goes in is never searched for placeholders again
-    page = re.sub(r"\{\{(TITLE|CSS|JS|DATA|EXTRA_HTML|EXTRA_JS)\}\}", lambda m: values[m.group(1)],
+    page = re.sub(r"\{\{(TITLE|CSS|JS|DATA|EXTRA_HTML|EXTRA_JS|LANG_HIDDEN)\}\}", lambda m: values[m.group(1)],
                   _asset("template.html"))
     rules = page_policy(script_hashes(page), connect=connect)
     policy = f'<meta http-equiv="Content-Security-Policy" content="{rules}">'
