@@ -400,3 +400,16 @@ def test_the_page_takes_an_uploaded_image_and_compares_two_image_models(image_la
     wait.until(lambda d: d.execute_script("return window.attnlabExplorer.current().documents[0].kind") == "lm")
     wait.until(ready)
     assert [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+def test_a_model_the_lab_cannot_show_is_refused_at_the_start_in_one_line(tmp_path, capsys):
+    from conftest import train_digits
+
+    from attnlab.cli import main
+
+    run = tmp_path / "linear"
+    assert train_digits(run, "model.options.attention=linear") == 0
+    capsys.readouterr()
+    assert main(["lab", str(run), "--port", "0"]) == 2  # before it listens
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"MODEL {run}: the lab cannot show it" in err and "never forms an n x n weight matrix" in err

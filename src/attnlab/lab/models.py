@@ -36,7 +36,7 @@ from ..viz.explorer.page import FORMAT
 from ..viz.explorer.targets import Target, load_target, target_views
 from .steps import head_step
 
-__all__ = ["LabModel", "MAX_CHARS", "MAX_IMAGE_BYTES", "MAX_IMAGE_SIDE", "MAX_TOKENS", "load_models", "open_upload",
+__all__ = ["LabModel", "START_TEXT", "MAX_CHARS", "MAX_IMAGE_BYTES", "MAX_IMAGE_SIDE", "MAX_TOKENS", "load_models", "open_upload",
            "drawn_picture"]
 
 MAX_CHARS = 2000  # a text the page sends, in characters ...
@@ -44,6 +44,7 @@ MAX_TOKENS = 256  # ... and in tokens: the matrices a layer sends grow with its 
 MAX_IMAGE_BYTES = 8 * 1024 * 1024  # an uploaded image file ...
 MAX_IMAGE_SIDE = 4096  # ... and its pixels a side, read from its header before it is decoded
 CANDIDATES = 10  # next-token candidates shown
+START_TEXT = "The cat sat on the mat. The cat sat on the"  # a repeat: induction heads show at once
 
 
 @dataclass
@@ -303,4 +304,10 @@ def load_models(names: Sequence[str], *, device: str = "cpu") -> list[LabModel]:
                          "a packaged model such as smollm2-135m-instruct)")
     if len(set(names)) != len(names):
         raise InputError(f"MODEL: each model once; got {', '.join(names)}")
-    return [LabModel(name, load_target(resolve_packaged(name), device=device)) for name in names]
+    models = [LabModel(name, load_target(resolve_packaged(name), device=device)) for name in names]
+    for model in models:  # what the page opens with, once: a model the lab cannot show is said now, not in the page
+        try:
+            model.first(START_TEXT)
+        except InputError as exc:
+            raise InputError(f"MODEL {model.name}: the lab cannot show it: {exc}") from None
+    return models

@@ -25,13 +25,12 @@ from typing import Any, Awaitable, Callable
 
 from ..errors import InputError
 from ..viz.explorer.page import render_page
-from .models import MAX_CHARS, MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, MAX_TOKENS, LabModel
+from .models import MAX_CHARS, MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, MAX_TOKENS, START_TEXT, LabModel
 
 __all__ = ["create_app", "MAX_BODY", "lab_page", "require_lab"]
 
 MAX_BODY = 64 * 1024  # a request's JSON: a text, a few numbers
 TOKEN_HEADER = "x-lab-token"
-START_TEXT = "The cat sat on the mat. The cat sat on the"
 
 
 def require_lab() -> None:
