@@ -19,6 +19,9 @@
 * Links from the site's root (``href="/zh/index.html"``, which the language switch uses
   where a page has no translation) become relative to the page, so that the site works
   opened from the disk as well as served.
+* A tutorial's blocks run as the cells of its notebook, in a Jupyter kernel of the page's own,
+  and the notebook with their outputs is written beside the page (``docs/notebooks.py``); the
+  page offers it under its title.
 """
 
 from __future__ import annotations
@@ -69,14 +72,21 @@ def _caching() -> bool:
 
 
 def _wrap_runs() -> None:
-    """Every markdown-exec runner (python, pycon, sh, bash, console) through :func:`_kept`."""
+    """Every markdown-exec runner (python, pycon, sh, bash, console) through :func:`_kept`, a
+    tutorial's python and bash blocks through its notebook's kernel (:func:`_in_notebook`), and
+    what a cell drew added under its block (:func:`_with_displays`)."""
     from markdown_exec._internal.formatters import bash, console, pycon, python, sh
 
     for module, name in ((python, "_run_python"), (pycon, "_run_python"), (sh, "_run_sh"), (console, "_run_sh"),
                          (bash, "_run_bash")):
         run = getattr(module, name)
         if not getattr(run, "_attnlab_kept", False):
+            if module in (python, bash):
+                run = _in_notebook(run)
             setattr(module, name, _kept(run))
+    for module in (python, bash):
+        if not getattr(module.base_format, "_attnlab_displays", False):
+            module.base_format = _with_displays(module.base_format)
 
 
 def _kept(run):
@@ -85,33 +95,128 @@ def _kept(run):
         if replay is not None:  # an unchanged page: its blocks' outputs in order
             if not replay:
                 raise RuntimeError("the page's kept outputs ran out: delete .cache/docs and build again")
-            return replay.pop(0)
+            out, _nb["shown"] = replay.pop(0)
+            return out
         try:
             out = run(code, *args, **kwargs)
         except BaseException:
             _exec["failed"] = True
             raise
         if _exec["record"] is not None:
-            _exec["record"].append(out)
+            _exec["record"].append([out, _nb["shown"]])
         return out
 
     kept._attnlab_kept = True
     return kept
 
 
+# ----------------------------------------------------------------------------- a tutorial's notebook
+# the page being built when it is a notebook too: its parts, its kernel, each cell's outputs, and what
+# the last cell drew (HTML for the page)
+_nb: dict = {"page": None, "parts": None, "kernel": None, "outputs": [], "shown": "", "notebook": None}
+_notebook_seconds: dict[str, float] = {}  # page -> seconds its notebook took, kernel start to last cell
+
+
+def _in_notebook(run):
+    """A block of a tutorial run as its notebook's next cell (the kernel starts with the notebook's
+    setup cell); other pages' blocks run as markdown-exec runs them."""
+    def in_notebook(code, returncode=None, session=None, id=None, interactive=False, **extra):  # noqa: A002
+        if _nb["page"] is None:
+            return run(code, returncode=returncode, session=session, id=id, interactive=interactive, **extra)
+        import notebooks
+        from markdown_exec._internal.formatters.base import ExecutionError
+        from markdown_exec._internal.rendering import code_block
+
+        shell = run.__module__.endswith(".bash")
+        if _nb["kernel"] is None:  # in a folder of its own: a notebook needs no other page's files
+            _nb["started"] = time.perf_counter()
+            _nb["kernel"] = notebooks.PageKernel(tempfile.mkdtemp(prefix="notebook-", dir=os.getcwd()))
+            _nb["outputs"].append(_nb["kernel"].run(notebooks.SETUP))
+        try:
+            outputs = _nb["kernel"].run(f"%%bash\n{code}" if shell else code)
+        except notebooks.CellError as exc:
+            raise ExecutionError(code_block("python", str(exc)), None if not shell else 1) from None
+        _nb["outputs"].append(outputs)
+        _nb["shown"] = notebooks.displays_html(outputs)
+        return notebooks.printed(outputs, stderr=shell)
+
+    in_notebook._attnlab_notebook = True
+    return in_notebook
+
+
+def _with_displays(base_format):
+    """markdown-exec's formatting of a block, then the figures and rich outputs its cell showed."""
+    def formatted(**kwargs):
+        _nb["shown"] = ""
+        out = base_format(**kwargs)
+        shown, _nb["shown"] = _nb["shown"], ""
+        if not shown:
+            return out
+        from markupsafe import Markup
+
+        return Markup(str(out) + shown)
+
+    formatted._attnlab_displays = True
+    return formatted
+
+
+def _begin_notebook(markdown: str, src_uri: str) -> None:
+    import notebooks
+
+    page_parts = notebooks.parts(markdown)
+    other = sorted({p.language for p in page_parts if p.executed and p.language not in ("python", "bash")})
+    if other:
+        raise RuntimeError(f"{src_uri}: a tutorial is a notebook too, whose cells are python or bash; it runs {other}")
+    _nb.update(page=src_uri, parts=page_parts, kernel=None, outputs=[], shown="", notebook=None)
+
+
+def _end_notebook(page) -> None:
+    """The page's kernel stopped and its notebook written beside the page (its outputs from this
+    build, or kept with the page's outputs when its code did not run again)."""
+    if _nb["page"] is None:
+        return
+    import notebooks
+
+    try:
+        if _nb["kernel"] is not None:
+            _nb["kernel"].close()
+            _notebook_seconds[_nb["page"]] = time.perf_counter() - _nb["started"]
+        nb = _nb["notebook"]
+        if nb is None:
+            blocks = sum(p.executed for p in _nb["parts"])
+            if len(_nb["outputs"]) != blocks + 1:
+                raise RuntimeError(f"{_nb['page']}: {blocks} executed blocks, but {len(_nb['outputs']) - 1} cells ran")
+            nb = notebooks.notebook(_nb["parts"], _nb["outputs"], src_uri=_nb["page"], lang=_nb["page"][:2])
+        target = Path(page.file.abs_dest_path).with_suffix(".ipynb")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        notebooks.write_notebook(str(target), nb)
+        _nb["notebook"] = nb
+    finally:
+        _nb.update(page=None, parts=None, kernel=None, outputs=[], shown="")
+
+
 def _begin_page(markdown: str, src_uri: str) -> None:
+    if "wrapped" not in _state:
+        _wrap_runs()
+        _state["wrapped"] = "yes"
     if not _caching():
         _exec.update(replay=None, record=None, failed=False, key=None)
         return
     if "fingerprint" not in _state:
         _state["fingerprint"] = _fingerprint()
-        _wrap_runs()
     key = hashlib.sha256(f"{_state['fingerprint']}|{src_uri}|{markdown}".encode()).hexdigest()
     kept = _CACHE / f"{key}.json"
     try:
-        outputs = json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else None
+        kept_page = json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else None
     except (OSError, ValueError):
-        outputs = None
+        kept_page = None
+    if not isinstance(kept_page, dict):
+        kept_page = None
+    outputs = kept_page["runs"] if kept_page is not None else None
+    if kept_page is not None and _nb["page"] is not None:
+        _nb["notebook"] = kept_page.get("notebook")
+        if _nb["notebook"] is None:  # kept before the page was a notebook: run it again
+            outputs = None
     _exec.update(replay=outputs, record=None if outputs is not None else [], failed=False, key=key)
 
 
@@ -124,7 +229,7 @@ def _end_page() -> None:
         _counts["run"] += 1
         _CACHE.mkdir(parents=True, exist_ok=True)
         tmp = _CACHE / f".{_exec['key']}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(_exec["record"]), encoding="utf-8")
+        tmp.write_text(json.dumps({"runs": _exec["record"], "notebook": _nb["notebook"]}), encoding="utf-8")
         os.replace(tmp, _CACHE / f"{_exec['key']}.json")
     _exec.update(replay=None, record=None, failed=False, key=None)
 
@@ -200,22 +305,41 @@ def english_links(markdown: str, src_uri: str) -> str:
 
 
 def on_page_markdown(markdown, page, **kwargs):
-    _started[page.file.src_uri] = time.perf_counter()
-    if page.file.src_uri == "en/changelog.md":
+    import notebooks
+
+    src = page.file.src_uri
+    _started[src] = time.perf_counter()
+    if src == "en/changelog.md":
         # The page is CHANGELOG.md, whose links are written from the repository's top
         # (docs/en/results/vision.md): from the page they are relative to docs/en/.
         markdown = (Path(_DOCS).parent / "CHANGELOG.md").read_text(encoding="utf-8").replace("](docs/en/", "](")
-    if page.file.src_uri.startswith("zh/"):
-        markdown = join_cjk_lines(english_links(markdown, page.file.src_uri))
-    _begin_page(markdown, page.file.src_uri)
+    if src.startswith("zh/"):
+        markdown = join_cjk_lines(markdown)
+    if notebooks.is_notebook_page(src):
+        _begin_notebook(markdown, src)  # its links as the repository has them: the notebook makes its own
+        markdown = notebooks.with_run_line(markdown, src)
+    if src.startswith("zh/"):
+        markdown = english_links(markdown, src)
+    _begin_page(markdown, src)
     return markdown
 
 
 def on_page_content(html, page, **kwargs):
-    _end_page()
+    _end_page_and_notebook(page)
     if page.file.src_uri in _started:
         _seconds[page.file.src_uri] = time.perf_counter() - _started.pop(page.file.src_uri)
     return html
+
+
+def _end_page_and_notebook(page) -> None:
+    try:
+        if not _exec["failed"]:
+            _end_notebook(page)  # first: the page's kept outputs hold its notebook
+        elif _nb["kernel"] is not None:
+            _nb["kernel"].close()
+    finally:
+        _end_page()
+        _nb.update(page=None, parts=None, kernel=None, outputs=[], shown="", notebook=None)
 
 
 def on_post_build(config, **kwargs) -> None:
@@ -225,9 +349,15 @@ def on_post_build(config, **kwargs) -> None:
     if _caching():
         log.info(f"pages whose code ran: {_counts['run']}; reused from .cache/docs (their Markdown and attnlab "
                  f"unchanged): {_counts['reused']}")
+    if _notebook_seconds:
+        log.info("notebooks run top to bottom in a Jupyter kernel (seconds, kernel start to last cell): "
+                 + ", ".join(f"{p} {t:.1f}" for p, t in sorted(_notebook_seconds.items())))
 
 
 def on_build_error(**kwargs) -> None:
+    if _nb["kernel"] is not None:
+        _nb["kernel"].close()
+        _nb["kernel"] = None
     leave_workdir()
 
 

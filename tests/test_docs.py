@@ -30,7 +30,7 @@ TUTORIALS = ("attention", "norms", "transformer", "vit", "cnn-attention", "effic
 LANGUAGES = {"en": "", "zh": "zh/"}  # the language and its folder in the site
 GUIDE = ("index", "command-line", "recipes", "data", "models", "generation", "runs", "training", "inside")
 RESULTS = ("index", "vision", "precision", "own-images", "text", "language-models", "decoding", "attention-kinds",
-           "attention-2024", "explorer", "fine-tuning", "heads")
+           "attention-2024", "explorer", "fine-tuning", "heads", "notebooks")
 
 
 @pytest.fixture(scope="session")
@@ -112,8 +112,39 @@ def test_every_tutorial_is_built_in_both_languages_with_its_code_run(site):
     assert pictures >= 2 * len(TUTORIALS)
 
 
+def test_every_tutorial_is_a_notebook_made_of_its_pages_blocks_and_their_outputs(site):
+    """Each tutorial's notebook lies beside its page, offered under its title; its code cells are the
+    page's executed blocks, in order (they cannot drift), and hold what the build's Jupyter kernel
+    printed and drew, which is what the page shows (its code ran once)."""
+    nbformat = pytest.importorskip("nbformat", reason="the docs tools are absent: pip install -e '.[docs]'")
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        import notebooks
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    for lang, folder in LANGUAGES.items():
+        for name in TUTORIALS:
+            path = site / folder / "tutorials" / f"{name}.ipynb"
+            nb = nbformat.read(path, as_version=4)
+            nbformat.validate(nb)
+            assert nb.metadata.attnlab == {"page": f"{lang}/tutorials/{name}.md", "lang": lang}
+            source = (ROOT / "docs" / lang / "tutorials" / f"{name}.md").read_text(encoding="utf-8")
+            blocks = [notebooks.cell_source(p) for p in notebooks.parts(source) if p.executed]
+            cells = [c for c in nb.cells if c.cell_type == "code"]
+            assert [c.source for c in cells] == [notebooks.SETUP, *blocks], f"{path}: cells and page differ"
+            assert all(c.execution_count == i + 1 for i, c in enumerate(cells)), f"{path}: not run top to bottom"
+            assert not [o for c in cells for o in c.outputs if o.output_type == "error"]
+            assert sum(len(c.outputs) for c in cells) >= len(cells) // 2, f"{path}: cells without outputs"
+            assert "docs_figures" not in "".join(c.source for c in cells)  # nothing of the site's own helpers
+            page = (site / folder / "tutorials" / f"{name}.html").read_text(encoding="utf-8")
+            assert f'href="{name}.ipynb"' in page, f"{name}: the page does not offer its notebook"
+            lines = [line.strip() for c in cells[1:] for line in notebooks.printed(c.outputs).splitlines()]
+            plain = [line for line in lines if len(line) > 20 and not set(line) & set("\"'<>&")]
+            assert plain and all(line in page for line in plain[:5]), f"{name}: the page lacks its cells' output"
+
+
 @pytest.mark.parametrize("package", ["attention", "layers", "models", "data", "engine", "tasks", "recipes", "viz",
-                                     "report"])
+                                     "report", "exercises"])
 def test_the_api_reference_lists_every_public_name(site, package):
     module = importlib.import_module(f"attnlab.{package}")
     page = (site / "api" / f"{package}.html").read_text(encoding="utf-8")

@@ -34,7 +34,7 @@ def add_data(sub, plugins: argparse.ArgumentParser) -> None:
     q.add_argument("--data-dir", default=None, help="default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab")
     q.set_defaults(func=cmd_data_list)
     q = data_sub.add_parser("download", help="fetch a data set (resumable, checksummed)")
-    q.add_argument("name", help="cifar10, mr or multi30k (see 'attnlab data list')")
+    q.add_argument("name", help="the dataset, one of those 'attnlab data list' shows")
     q.add_argument("--data-dir", default=None, help="default: $ATTNLAB_DATA_DIR, else ~/.cache/attnlab")
     q.add_argument("--base-url", default=None, help=argparse.SUPPRESS)  # a mirror, or a test server
     q.set_defaults(func=cmd_data_download)
