@@ -43,11 +43,11 @@ RUN_LINE = {
     "en": ("**This page as a Jupyter notebook**, with its outputs: [{name}]({name}). Run it with "
            "`pip install attnlab jupyterlab` and `jupyter lab {name}`, or in a clone of attnlab's repository "
            "(after `make run` or `make test`) with `.venv/bin/pip install jupyterlab` and "
-           "`.venv/bin/jupyter lab {name}`. It runs top to bottom on 2 CPU cores in minutes "
+           "`.venv/bin/jupyter lab {name}`. It runs top to bottom on 2 CPU cores in under a minute "
            "([each notebook's time](../results/notebooks.md))."),
     "zh": ("**本页的 Jupyter 笔记本**（含运行结果）：[{name}]({name})。用 `pip install attnlab jupyterlab` 安装后运行 "
            "`jupyter lab {name}`；或者在 attnlab 仓库的克隆里（先 `make run` 或 `make test`）运行 "
-           "`.venv/bin/pip install jupyterlab` 和 `.venv/bin/jupyter lab {name}`。在 2 个 CPU 核上几分钟就能从头跑到尾"
+           "`.venv/bin/pip install jupyterlab` 和 `.venv/bin/jupyter lab {name}`。在 2 个 CPU 核上不到一分钟就能从头跑到尾"
            "（[每个笔记本的用时](../results/notebooks.md)）。"),
 }
 
