@@ -151,6 +151,24 @@ def test_the_image_view_follows_a_click_and_translation_shows_three_attentions(b
     after = canvas.get_attribute("data-query")
     assert after is not None and after != before
     driver.save_screenshot(str(tmp_path / "image_view.png"))
+    import base64
+    import io
+    import xml.etree.ElementTree as ET
+
+    from PIL import Image
+
+    figure = ET.fromstring(run(driver, "return await attnlabExplorer.figure('svg');"))
+    [picture] = figure.findall(".//{http://www.w3.org/2000/svg}image")
+    assert picture.get("href").startswith("data:image/png;base64,")
+    caption = driver.find_element("id", "image-caption").text
+    words = " ".join(t.text for t in figure.iter("{http://www.w3.org/2000/svg}text"))
+    assert caption.split()[0] in words and caption.split()[-1] in words  # the caption, wrapped
+    png = run(driver, "return await attnlabExplorer.figure('png');")
+    pixels = Image.open(io.BytesIO(base64.b64decode(png.split(",", 1)[1]))).convert("RGB")
+    assert pixels.size == (2 * int(figure.get("width")), 2 * int(figure.get("height")))
+    x, y, w, h = (round(2 * float(picture.get(k))) for k in ("x", "y", "width", "height"))
+    inside = pixels.crop((x + 2, y + 2, x + w - 2, y + h - 2)).getcolors(maxcolors=1 << 24)
+    assert len(inside) > 4  # the picture drawn into the PNG, tinted patches and all, not a blank square
     assert errors(driver) == []
 
     src, tgt = ["ein", "mann", "fährt", "</s>"], ["a", "man", "rides", "</s>"]
@@ -245,7 +263,7 @@ def test_the_heads_change_in_loss_sorts_and_shows_each_heads_figure(browser, tmp
     assert errors(driver) == []
 
 
-def test_the_head_view_and_the_matrix_are_saved_as_svg_and_png(browser, lm_page, tmp_path):
+def test_the_head_view_model_view_and_matrix_are_saved_as_svg_and_png(browser, lm_page, tmp_path):
     import base64
     import io
     import xml.etree.ElementTree as ET
@@ -270,6 +288,23 @@ def test_the_head_view_and_the_matrix_are_saved_as_svg_and_png(browser, lm_page,
     assert len(cells) > 10  # one square a weight that is not 0, beside the background and the frame
     assert not driver.find_element("id", "figure-control").get_attribute("hidden")
     run(driver, "await attnlabExplorer.select({view: 'model'});")
+    assert not driver.find_element("id", "figure-control").get_attribute("hidden")
+    model = ET.fromstring(run(driver, "return await attnlabExplorer.figure('svg');"))
+    document = lm_page[0].data["documents"][0]
+    group = document["groups"][0]
+    thumbs = model.findall(".//{http://www.w3.org/2000/svg}image")
+    assert len(thumbs) == sum(layer["heads"] for layer in group["layers"])  # every head of every layer
+    assert all(th.get("href").startswith("data:image/png;base64,") for th in thumbs)
+    names = [t.text for t in model.iter("{http://www.w3.org/2000/svg}text")]
+    assert all(f"{l}: {layer['name']}" in names for l, layer in enumerate(group["layers"]))
+    png = run(driver, "return await attnlabExplorer.figure('png');")
+    pixels = Image.open(io.BytesIO(base64.b64decode(png.split(",", 1)[1]))).convert("RGB")
+    assert pixels.size == (2 * int(model.get("width")), 2 * int(model.get("height")))
+    for thumb in thumbs[:3]:  # each thumbnail drawn into the PNG, not a blank square
+        x, y, w, h = (round(2 * float(thumb.get(k))) for k in ("x", "y", "width", "height"))
+        assert len(pixels.crop((x + 2, y + 2, x + w - 2, y + h - 2)).getcolors(maxcolors=1 << 24)) > 1
+    assert document.get("lm")  # a view without a figure hides the control
+    run(driver, "await attnlabExplorer.select({view: 'lm'});")
     assert driver.find_element("id", "figure-control").get_attribute("hidden")
     assert errors(driver) == []
 

@@ -113,7 +113,7 @@
       missingGroup: "not in this document's data",
       panelCaption: (l, name, has, asked, heads) => `layer ${l} (${name})${has ? "" : `: it has no layer ${asked}, its `
         + "last shown"}; ${heads}`,
-      figureViews: "a figure is saved from the head view or the matrix",
+      figureViews: "a figure is saved from the head view, the model view, the matrix or the image view",
       roles: {},
       groups: {},
     },
@@ -190,7 +190,7 @@
       missingGroup: "这份数据里没有这一组",
       panelCaption: (l, name, has, asked, heads) => `第 ${l} 层（${name}）${has ? "" : `：它没有第 ${asked} 层，显示的是`
         + "最后一层"}；${heads}`,
-      figureViews: "只有头视图和注意力矩阵可以保存成图",
+      figureViews: "只有头视图、模型视图、注意力矩阵和图像视图可以保存成图",
       roles: { "previous-token": "前一词元", "induction": "归纳", "first-token": "首词元" },
       groups: {
         "self-attention": "自注意力", "cross-attention": "交叉注意力",
@@ -520,7 +520,7 @@
       tab.hidden = !views.includes(tab.dataset.view);
       tab.classList.toggle("active", tab.dataset.view === state.view);
     }
-    $("figure-control").hidden = !["head", "matrix"].includes(state.view);
+    $("figure-control").hidden = !FIGURE_VIEWS.includes(state.view);
     $("head-layout").value = state.layout;
     for (const section of document.querySelectorAll("section.view")) section.hidden = section.id !== `view-${state.view}`;
   }
@@ -960,6 +960,7 @@
   }
 
   // ------------------------------------------------------------------ a figure to keep
+const FIGURE_VIEWS = ["head", "model", "matrix", "image"];  // the views saved as a figure
   let lastMatrix = null;  // what the matrix view drew last: its figure
   const FIGURE_FONT = "system-ui, 'Noto Sans CJK SC', 'WenQuanYi Zen Hei', sans-serif";
   const esc = (text) => String(text).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
@@ -1039,13 +1040,62 @@
     return svgDocument(left + m.Lk * cell + 16, top + m.Lq * cell + 12, m.title, body);
   }
 
-  /** The view shown as a figure: ``"svg"`` (text) or ``"png"`` (a data URL, drawn from the SVG at
-   * twice its size); the head view and the matrix have one. */
-  async function figure(format) {
-    if (!["head", "matrix"].includes(state.view) || (state.view === "matrix" ? !lastMatrix : !headDrawn)) {
-      throw new Error(t("figureViews"));
+  /** The model view as a figure: every layer's row of head thumbnails (each a picture, its pixels
+   * kept sharp), the layers' names and the heads' numbers as text. Layers not drawn yet are drawn first. */
+  async function modelFigure() {
+    const { group } = current();
+    const grid = modelGrids.get(`${state.doc}/${state.group}`);
+    for (let l = 0; l < group.layers.length; l++) {
+      if (grid.drawn.has(l)) continue;
+      drawThumbs(grid, group, l, await layerBytes(state.doc, state.group, l));
+      grid.drawn.add(l);
     }
-    const svg = state.view === "head" ? headFigure() : matrixFigure();
+    const H = Math.max(...group.layers.map((layer) => layer.heads));
+    const label = 150, top = 44, gap = 4, size = THUMB;
+    let body = "";
+    for (let h = 0; h < H; h++) {
+      body += `<text x="${label + h * (size + gap) + size / 2}" y="${top - 6}" text-anchor="middle" fill="${headColour(h)}">h${h}</text>`;
+    }
+    group.layers.forEach((layer, l) => {
+      const y = top + l * (size + gap);
+      body += `<text x="${label - 8}" y="${y + size / 2 + 4}" text-anchor="end">${esc(`${l}: ${layer.name}`)}</text>`;
+      for (const canvas of grid.root.querySelectorAll(`canvas.cell[data-layer="${l}"]`)) {
+        const x = label + Number(canvas.dataset.head) * (size + gap);
+        body += `<image x="${x}" y="${y}" width="${size}" height="${size}" preserveAspectRatio="none" `
+          + `style="image-rendering:pixelated" href="${canvas.toDataURL("image/png")}"/>`
+          + `<rect x="${x}" y="${y}" width="${size}" height="${size}" fill="none" stroke="#d0d7de"/>`;
+      }
+    });
+    const width = label + H * (size + gap) + 8, height = top + group.layers.length * (size + gap) + 8;
+    return svgDocument(width, height, `${groupName(group.name)}: ${t("tabModel")}`, body);
+  }
+
+  /** The image view as a figure: the picture with its patches tinted as drawn, and its caption as text. */
+  function imageFigure() {
+    const canvas = $("image-canvas"), { W, H } = canvas.grid;
+    const caption = $("image-caption").textContent;
+    const top = 28;
+    measure.font = `12px ${FIGURE_FONT}`;
+    const lines = [];  // the caption wrapped to the picture's width (at least 320 px)
+    const width = Math.max(W, 320);
+    for (const word of caption.split(" ")) {
+      const last = lines.length - 1;
+      if (last >= 0 && measure.measureText(`${lines[last]} ${word}`).width <= width) lines[last] += ` ${word}`;
+      else lines.push(word);
+    }
+    let body = `<image x="8" y="${top}" width="${W}" height="${H}" href="${canvas.toDataURL("image/png")}"/>`;
+    lines.forEach((line, i) => { body += `<text x="8" y="${top + H + 18 + 16 * i}">${esc(line)}</text>`; });
+    return svgDocument(width + 16, top + H + 18 + 16 * lines.length, t("tabImage"), body);
+  }
+
+  /** The view shown as a figure: ``"svg"`` (text) or ``"png"`` (a data URL, drawn from the SVG at
+   * twice its size); the head view, the model view, the matrix and the image view have one. */
+  async function figure(format) {
+    const drawn = { head: () => headDrawn, matrix: () => lastMatrix, model: () => true,
+                    image: () => $("image-canvas").grid }[state.view];
+    if (!drawn || !drawn()) throw new Error(t("figureViews"));
+    const svg = state.view === "head" ? headFigure() : state.view === "matrix" ? matrixFigure()
+      : state.view === "model" ? await modelFigure() : imageFigure();
     if (format === "svg") return svg;
     const image = new Image();
     image.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(svg);
