@@ -215,23 +215,35 @@ def test_the_command_listens_on_loopback_with_a_token_and_stops_on_ctrl_c(tmp_pa
 
 
 # ----------------------------------------------------------------------------- the page in a browser
-def test_the_page_follows_a_sentence_switches_heads_off_and_steps_through_a_head(lab, browser):
-    from selenium.webdriver.common.by import By
+def lab_ready(driver):
+    """Whether the lab's page has drawn what its last input asked for."""
+    return driver.execute_script("return document.body.dataset.labReady") == "1"
+
+
+def open_lab(driver, served):
+    """The lab's page in ``driver``, its console read empty first; returns a 60-second wait once
+    the page says it is ready."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    served, _ = lab
-    driver = browser
     driver.get_log("browser")
     driver.get(f"http://127.0.0.1:{served.port}/?token={TOKEN}")
     wait = WebDriverWait(driver, 60)
-    ready = lambda d: d.execute_script("return document.body.dataset.labReady") == "1"  # noqa: E731
-    wait.until(ready)
+    wait.until(lab_ready)
+    return wait
+
+
+def test_the_page_follows_a_sentence_switches_heads_off_and_steps_through_a_head(lab, browser):
+    from selenium.webdriver.common.by import By
+
+    served, _ = lab
+    driver = browser
+    wait = open_lab(driver, served)
     box = driver.find_element(By.ID, "lab-text")
     box.clear()
     box.send_keys("注意力机制 and the cat sat")
     wait.until(lambda d: "注" in "".join(d.execute_script(
         "return window.attnlabExplorer.current().documents[0].groups[0].queries")))
-    wait.until(ready)
+    wait.until(lab_ready)
     loss = driver.find_element(By.ID, "lab-loss").text
     driver.find_element(By.CSS_SELECTOR, "#lab-off button[data-key='1/0']").click()
     wait.until(lambda d: d.find_element(By.ID, "lab-loss").text not in ("", loss))
@@ -248,7 +260,7 @@ def test_the_page_follows_a_sentence_switches_heads_off_and_steps_through_a_head
     wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".tab[data-view='head']").text == "头视图")
     assert not driver.find_element(By.ID, "lang").is_displayed()
     driver.find_element(By.ID, "lab-append").click()
-    wait.until(ready)
+    wait.until(lab_ready)
     severe = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert severe == []
 
@@ -271,14 +283,11 @@ def test_what_an_analysis_keeps_gives_the_answers_of_a_pass_of_their_own(lab):
 
 def test_two_models_side_by_side_on_the_same_text(lab, browser):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import Select
 
     served, _ = lab
     driver = browser
-    driver.get_log("browser")
-    driver.get(f"http://127.0.0.1:{served.port}/?token={TOKEN}")
-    wait = WebDriverWait(driver, 60)
-    wait.until(lambda d: d.execute_script("return document.body.dataset.labReady") == "1")
+    wait = open_lab(driver, served)
     Select(driver.find_element(By.ID, "lab-compare")).select_by_value("1")
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#lab-side-columns > .lab-box canvas.matrix")) == 2)
     boxes = driver.find_elements(By.CSS_SELECTOR, "#lab-side-columns > .lab-box")
@@ -365,23 +374,19 @@ def test_an_uploaded_image_gives_its_patches_every_head_and_the_rollout(image_la
 
 def test_the_page_takes_an_uploaded_image_and_compares_two_image_models(image_lab, browser, tmp_path):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import Select
 
     served, _ = image_lab
     picture = tmp_path / "my picture.png"
     picture.write_bytes(_png(64, 48, seed=3))
     driver = browser
-    driver.get_log("browser")
-    driver.get(f"http://127.0.0.1:{served.port}/?token={TOKEN}")
-    wait = WebDriverWait(driver, 60)
-    ready = lambda d: d.execute_script("return document.body.dataset.labReady") == "1"  # noqa: E731
-    wait.until(ready)
+    wait = open_lab(driver, served)
     assert not driver.find_element(By.ID, "lab-text").is_displayed()  # an image model: an upload, no text box
     assert "4096×4096 pixels" in driver.find_element(By.ID, "lab-image-limit").text
     title = "return window.attnlabExplorer.current().documents[0].title"
     driver.find_element(By.ID, "lab-image").send_keys(str(picture))
     wait.until(lambda d: d.execute_script(title).startswith("your image ->"))
-    wait.until(ready)
+    wait.until(lab_ready)
     assert driver.find_element(By.ID, "lab-image-title").text.startswith("my picture.png -> ")  # the prediction
     assert driver.find_element(By.ID, "image-canvas").get_attribute("width") != "0"
     assert "4×4 patches" in driver.find_element(By.ID, "image-caption").text
@@ -398,7 +403,7 @@ def test_the_page_takes_an_uploaded_image_and_compares_two_image_models(image_la
     Select(driver.find_element(By.ID, "lab-model")).select_by_value("2")
     wait.until(lambda d: d.find_element(By.ID, "lab-text").is_displayed())
     wait.until(lambda d: d.execute_script("return window.attnlabExplorer.current().documents[0].kind") == "lm")
-    wait.until(ready)
+    wait.until(lab_ready)
     assert [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
