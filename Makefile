@@ -30,7 +30,7 @@ VADER  := vaderSentiment==3.3.2
 # A first `make docs`, measured alone on the machine (docs/en/results/index.md, "Building the site").
 DOCS_TIME := about 3 minutes
 
-.PHONY: run test docs bench bench-peers models clean
+.PHONY: run test test-long docs bench bench-peers models clean
 
 $(STAMP):
 	@echo "installing torch, attnlab (editable, from $(CURDIR)) and the tools of the tests and the site into $(VENV):" \
@@ -70,6 +70,13 @@ run: $(STAMP)
 test: $(STAMP) $(MODELS_STAMP)
 	$(BIN)/python -m compileall -q src
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15
+
+# The tests of minutes that `make test` leaves out (marked `long`): the site built with every page's
+# example and notebook run, Gemma 3 against transformers, trainings under torchrun, the benchmarks'
+# studies. CI runs them after `make test`; nothing is dropped.
+test-long: $(STAMP) $(MODELS_STAMP)
+	$(BIN)/python -m compileall -q src
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15 -m long
 
 # The documentation site, into site/ (open site/index.html from the disk; search works offline).
 # Every example on its pages runs while it builds; a failing one fails the build. What a page's code printed is

@@ -230,6 +230,7 @@ def test_cli_bench_attention_scaling_resumes(tmp_path, capsys):
     assert "The tutorials' table, measured" in capsys.readouterr().out
 
 
+@pytest.mark.long  # the allocator benchmark's child processes: `make test-long` and CI
 def test_cli_bench_attention_allocator_part(tmp_path, capsys):
     out = tmp_path / "bench"
     assert main(["bench", "attention", "--parts", "allocator", "--variants", "linear,topk", "--quick",

@@ -52,6 +52,7 @@ def test_extrapolation_point_trains_once_and_scores_every_window(tmp_path):
     assert os.path.getmtime(tmp_path / "alibi" / "results.json") == mtime
 
 
+@pytest.mark.long  # trains every kind for its time budget: `make test-long` and CI
 def test_kind_point_trains_each_kind_for_the_budget_and_measures_its_cache(tmp_path):
     """The hybrid and plain multi-head attention with a budget of two calibrated steps: the steps
     follow the budget, the cache of the hybrid is its full layer's per token plus its gated

@@ -99,6 +99,7 @@ def test_cli_bench_vision_bad_input(tmp_path, capsys, argv, message):
     assert message in err and "\n" not in err and "Traceback" not in err
 
 
+@pytest.mark.long  # a study of several trainings in child processes: `make test-long` and CI
 def test_quick_study_trains_one_row_alone_then_the_rest_in_child_processes_and_resumes(tiny_cifar, tmp_path, capsys):
     out = tmp_path / "vision"
     argv = ["bench", "vision", "--quick", "--parts", "botnet", "--out", str(out), "--data-dir", str(tiny_cifar)]
@@ -123,6 +124,7 @@ def test_quick_study_trains_one_row_alone_then_the_rest_in_child_processes_and_r
     assert "holds a quick study" in capsys.readouterr().err
 
 
+@pytest.mark.long  # a study of several trainings: `make test-long` and CI
 def test_the_same_configuration_in_two_parts_is_trained_once(tiny_cifar, tmp_path):
     out = tmp_path / "vision"
     assert main(["bench", "vision", "--quick", "--parts", "regularization,pooling", "--out", str(out),

@@ -43,6 +43,7 @@ def test_bad_input_exits_2_with_one_message(args, message):
     assert len(r.stderr.strip().splitlines()) <= 3  # argparse prints usage + the message
 
 
+@pytest.mark.long  # trains until the demo has learned: `make test-long` and CI
 def test_demo_learns_to_reverse(capsys):
     # A short run of the main demo: the model must actually learn (not a smoke test).
     assert main(["demo", "--steps", "250"]) == 0

@@ -141,6 +141,7 @@ def test_two_processes_equal_one_with_twice_the_batch_and_resume(tmp_path):
         assert g["loss"] == pytest.approx(w["loss"], abs=1e-5) and g["lr"] == w["lr"] and g["samples_per_s"] > 0
 
 
+@pytest.mark.long  # torchrun processes: `make test-long` and CI
 def test_cli_under_torchrun(tmp_path):
     run_dir = tmp_path / "run"
     args = ["-m", "attnlab", "train", "vit-digits", *DIGITS_WITH_VALIDATION, "train.steps=3", "model.options.depth=1",
@@ -158,6 +159,7 @@ def test_cli_under_torchrun(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing else written, e.g. no runs/
 
 
+@pytest.mark.long  # torchrun processes: `make test-long` and CI
 def test_a_language_model_trains_under_torchrun_as_one_process_with_twice_the_batch(tmp_path):
     from safetensors.torch import load_file
 
@@ -180,6 +182,7 @@ if __name__ == "__main__":
     worker(Path(sys.argv[1]))
 
 
+@pytest.mark.long  # torchrun processes: `make test-long` and CI
 def test_a_killed_process_stops_the_others_in_one_line_and_the_run_resumes(tmp_path):
     """SIGKILL to rank 1 mid-training: rank 0's collective loses its peer; it stops saying which process
     ended and how to resume (no traceback labelled a bug), and the run resumes from its last checkpoint."""

@@ -33,6 +33,11 @@ RESULTS = ("index", "vision", "precision", "own-images", "text", "language-model
            "attention-2024", "explorer", "fine-tuning", "heads", "notebooks")
 
 
+# The tests of the built site: the build runs every example of every page (minutes), so they run in
+# `make test-long`, which CI runs after `make test`.
+needs_site = pytest.mark.long
+
+
 @pytest.fixture(scope="session")
 def site(tmp_path_factory) -> Path:
     """The site, built here; or, while writing pages, one built before (``ATTNLAB_DOCS_SITE=site``
@@ -98,6 +103,7 @@ def broken_links(site_dir: Path) -> list[str]:
     return bad
 
 
+@needs_site
 def test_every_tutorial_is_built_in_both_languages_with_its_code_run(site):
     for lang, folder in LANGUAGES.items():
         for name in TUTORIALS:
@@ -112,6 +118,7 @@ def test_every_tutorial_is_built_in_both_languages_with_its_code_run(site):
     assert pictures >= 2 * len(TUTORIALS)
 
 
+@needs_site
 def test_every_tutorial_is_a_notebook_made_of_its_pages_blocks_and_their_outputs(site):
     """Each tutorial's notebook lies beside its page, offered under its title; its code cells are the
     page's executed blocks, in order (they cannot drift), and hold what the build's Jupyter kernel
@@ -143,6 +150,7 @@ def test_every_tutorial_is_a_notebook_made_of_its_pages_blocks_and_their_outputs
             assert plain and all(line in page for line in plain[:5]), f"{name}: the page lacks its cells' output"
 
 
+@needs_site
 @pytest.mark.parametrize("package", ["attention", "layers", "models", "data", "engine", "tasks", "recipes", "viz",
                                      "report", "exercises"])
 def test_the_api_reference_lists_every_public_name(site, package):
@@ -152,11 +160,13 @@ def test_the_api_reference_lists_every_public_name(site, package):
     assert missing == []
 
 
+@needs_site
 def test_the_api_reference_shows_shapes_and_the_mask_convention(site):
     attention = (site / "api" / "attention.html").read_text(encoding="utf-8")
     assert "(B, Lq, E)" in attention and "blocked" in attention
 
 
+@needs_site
 def test_every_internal_link_resolves(site):
     assert broken_links(site) == []
 
@@ -191,6 +201,7 @@ def _open(driver, page: Path) -> dict:
     return state
 
 
+@needs_site
 @pytest.mark.parametrize("lang", list(LANGUAGES))
 def test_pages_render_in_a_browser(browser, site, lang):
     pages = [site / LANGUAGES[lang] / "index.html"] + [site / LANGUAGES[lang] / "tutorials" / f"{n}.html"
@@ -228,6 +239,7 @@ def _search(driver, page: Path, query: str) -> list[str]:
     return [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "li.md-search-result__item a")]
 
 
+@needs_site
 @pytest.mark.parametrize("lang, query, page", [("en", "rollout", "tutorials/vit.html"),
                                                ("zh", "rollout", "tutorials/vit.html")])
 def test_search_works_offline(browser, site, lang, query, page):
@@ -236,6 +248,7 @@ def test_search_works_offline(browser, site, lang, query, page):
     assert any(page in unquote(h) for h in hits), hits
 
 
+@needs_site
 def test_the_language_switch_leads_to_the_other_language(browser, site):
     from selenium.webdriver.common.by import By
 
@@ -273,6 +286,7 @@ def test_chinese_lines_are_joined_outside_code():
     assert hooks.join_cjk_lines(text) == "先用几行代码手写注意力\nthen English\n```python\n# 中\n文\n```\n真实"
 
 
+@needs_site
 def test_the_guide_and_the_results_are_in_both_languages_two_clicks_from_home(site):
     for lang, folder in LANGUAGES.items():
         home = _parse(site / folder / "index.html")

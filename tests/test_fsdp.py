@@ -179,6 +179,7 @@ def _from_step_10(source: Path, dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.long  # torchrun processes, several trainings: `make test-long` and CI
 @pytest.mark.parametrize("procs", [1, 4])
 def test_a_sharded_checkpoint_of_two_processes_resumes_at_another_number(reference, two, tmp_path, procs) -> None:
     out = _from_step_10(two, tmp_path)
@@ -214,6 +215,7 @@ def test_a_damaged_sharded_checkpoint_is_refused_by_name_and_the_previous_one_is
     assert load_checkpoint(root / "step_000000010")[0]  # put back: whole again
 
 
+@pytest.mark.long  # torchrun processes, several trainings: `make test-long` and CI
 def test_one_sharded_process_resumes_as_two(reference, tmp_path) -> None:
     torchrun(tmp_path, "fit", 1, stop=10)
     torchrun(tmp_path, "resume", 2)
@@ -222,6 +224,7 @@ def test_one_sharded_process_resumes_as_two(reference, tmp_path) -> None:
         assert got[step] == pytest.approx(reference[step], abs=1e-6), step
 
 
+@pytest.mark.long  # torchrun processes, several trainings: `make test-long` and CI
 def test_a_process_killed_mid_save_leaves_the_last_checkpoint_and_the_run_resumes(two, tmp_path) -> None:
     r = torchrun(tmp_path, "kill", 2, check=False)
     assert r.returncode != 0
@@ -232,6 +235,7 @@ def test_a_process_killed_mid_save_leaves_the_last_checkpoint_and_the_run_resume
     assert [got[s] for s in range(6, STEPS + 1)] == [want[s] for s in range(6, STEPS + 1)]  # same world: bitwise
 
 
+@pytest.mark.long  # torchrun processes, several trainings: `make test-long` and CI
 def test_lora_gradient_checkpointing_bfloat16_and_accumulation_shard_and_resume(tmp_path: Path) -> None:
     one = tmp_path / "one"
     variant_trainer(1, one / "run").fit()
@@ -254,6 +258,7 @@ def test_lora_gradient_checkpointing_bfloat16_and_accumulation_shard_and_resume(
     assert [again[s] for s in range(11, STEPS + 1)] == [got[s] for s in range(11, STEPS + 1)]
 
 
+@pytest.mark.long  # torchrun processes, several trainings: `make test-long` and CI
 def test_a_language_model_trains_sharded_under_torchrun_and_its_run_loads_without_it(tmp_path: Path) -> None:
     from attnlab.engine.checkpoint import load_checkpoint
     from attnlab.recipes import load_recipe
@@ -278,6 +283,7 @@ def test_a_language_model_trains_sharded_under_torchrun_and_its_run_loads_withou
     assert main(["eval", str(tmp_path / "fsdp"), "--checkpoint", "last"]) == 0
 
 
+@pytest.mark.long  # torchrun processes, several trainings: `make test-long` and CI
 def test_a_pretrained_decoder_fine_tuned_sharded_exports_as_one_folder(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers", reason="transformers writes the tiny pretrained model")
     from gguf_files import byte_level_vocab, write_gguf

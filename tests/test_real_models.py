@@ -85,7 +85,8 @@ def _loss(logits: torch.Tensor, ids: torch.Tensor) -> float:
     return torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:]).item()
 
 
-@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+# Gemma 3 is the long one (transformers reads its GGUF file for about a minute): `make test-long` and CI.
+@pytest.mark.parametrize("which", ["smollm2", pytest.param("gemma3", marks=pytest.mark.long)])
 def test_logits_greedy_tokens_and_loss_equal_transformers(request: pytest.FixtureRequest, which: str) -> None:
     ours, tok, theirs, their_tok, _ = request.getfixturevalue(which)
     ids = tok.encode_prompt(PARAGRAPH)
@@ -123,6 +124,7 @@ def test_smollm2_answers_a_chat_through_its_template_as_transformers_does(smollm
     assert "Paris" in tok.decode(a)
 
 
+@pytest.mark.long  # its fixture loads transformers' Gemma 3 too
 def test_gemma3_has_sliding_and_global_layers_and_no_template_named_in_one_line(gemma3) -> None:
     from attnlab.errors import InputError
 

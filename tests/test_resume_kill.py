@@ -131,6 +131,7 @@ def straight(tmp_path_factory):
         ref.proc.wait()
 
 
+@pytest.mark.long  # a training killed and resumed at a random step: `make test-long` and CI
 def test_sigkill_at_a_random_step_then_resume_is_bitwise_equal(tmp_path, straight):
     env = _env(tmp_path)
     rng = random.Random(int(os.environ.get("ATTNLAB_KILL_SEED", "0")))

@@ -86,6 +86,7 @@ def test_predict_reports_a_line_that_is_not_utf8_and_classifies_the_others(split
     assert len(out.splitlines()) == 1 and "argument 2 is not valid UTF-8" in err and "Traceback" not in err
 
 
+@pytest.mark.long  # ten trainings: `make test-long` and CI
 def test_cross_validation_runs_ten_folds_and_resumes_a_missing_one(tmp_path, capsys):
     run = tmp_path / "cv"
     argv = ["train", "sentiment-mr", *TINY, "data.protocol=cv10", "train.steps=2", "train.eval_every=0",
