@@ -39,10 +39,14 @@ def test_cli_bench_lm_generation_and_cache_quick_and_resumed(tmp_path, capsys):
     assert "--parts takes a comma-separated list of generation, cache, extrapolation, kinds, streaming, kinds_long" in capsys.readouterr().err
 
 
-def test_extrapolation_point_trains_once_and_scores_every_window(tmp_path):
+def _need_shakespeare() -> None:
     if not (os.environ.get("ATTNLAB_DATA_DIR") and
             os.path.isfile(os.path.join(os.environ["ATTNLAB_DATA_DIR"], "tinyshakespeare", "input.txt"))):
         pytest.skip("Tiny Shakespeare absent: set ATTNLAB_DATA_DIR to a folder holding tinyshakespeare/ (make test does)")
+
+
+def test_extrapolation_point_trains_once_and_scores_every_window(tmp_path):
+    _need_shakespeare()
     settings = dict(steps=QUICK["steps"], batch_size=QUICK["batch_size"], context=QUICK["context"],
                     windows=(32, 64, 128), model=QUICK["model"])
     first = extrapolation_point("alibi", tmp_path / "alibi", **settings)
@@ -59,6 +63,7 @@ def test_kind_point_trains_each_kind_for_the_budget_and_measures_its_cache(tmp_p
     delta layers' fixed states, and the decoding speed is measured at each length."""
     from attnlab.bench.lm import KINDS, _seconds_per_step, kind_point, lm_markdown
 
+    _need_shakespeare()
     data_dir = os.environ.get("ATTNLAB_DATA_DIR")
     train = ("train.batch_size=2", "text.context=16", "model.options.embed_dim=32", "model.options.mlp_hidden_dim=64")
     step = _seconds_per_step(train, tmp_path / "calibration", 2, data_dir)

@@ -175,8 +175,8 @@ def data(tmp_path_factory):
         return root / "corpus"
 
     def shakespeare():
+        text = (_real("tinyshakespeare") / "input.txt").read_text(encoding="utf-8")[:20_000]  # skips when absent
         (root / "tinyshakespeare").mkdir()
-        text = (_real("tinyshakespeare") / "input.txt").read_text(encoding="utf-8")[:20_000]
         (root / "tinyshakespeare" / "input.txt").write_text(text, encoding="utf-8")
         return root
 

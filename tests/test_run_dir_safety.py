@@ -43,10 +43,13 @@ def test_resume_with_another_model_is_refused_before_anything_is_written(digits_
 
 @pytest.mark.parametrize("override, key", [("data.name=cifar10", "data.name"), ("train.optimizer=sgd", "train.optimizer"),
                                            ("model.name=vit_cifar_patch4", "model.name")])
-def test_resume_with_another_task_data_or_optimizer_is_refused(digits_run, tmp_path, capsys, override, key):
+def test_resume_with_another_task_data_or_optimizer_is_refused(digits_run, tmp_path, capsys, monkeypatch, override,
+                                                              key):
     run = digits_run
+    monkeypatch.setenv("ATTNLAB_DATA_DIR", str(tmp_path / "no data"))  # refused before any data is looked for
     assert train_digits(run, override, "--resume", "--allow-changes") == 2  # not even when asked: the run cannot continue
-    assert key in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert key in err and "--resume: the recipe differs" in err and "not found" not in err
     assert not (run / "config.changes.yaml").exists()
 
 

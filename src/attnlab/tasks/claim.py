@@ -35,7 +35,7 @@ from ..io import atomic_write_bytes
 from .base import Recipe, get_task, recipe_dict
 from .run_files import CHANGES, CONFIG, read_changes, read_recipe, recipe_changes
 
-__all__ = ["open_run", "FREE_ON_RESUME"]
+__all__ = ["open_run", "check_resume", "FREE_ON_RESUME"]
 
 # Keys that do not change what is trained: they may differ on resume without --allow-changes.
 FREE_ON_RESUME = ("description", "train.device", "train.progress", "train.progress_seconds")
@@ -77,6 +77,16 @@ def _resume_changes(recipe: Recipe, run_dir: Path, allow_changes: bool) -> dict[
                           f"continue with the new values (recorded in {CHANGES}), or resume with the run's own "
                           f"recipe: attnlab train --run-dir {run_dir} --resume")
     return changes
+
+
+def check_resume(recipe: Recipe, run_dir: str | Path, allow_changes: bool) -> None:
+    """Refuses, before any work (the data read, the model built), a recipe the run in
+    ``run_dir`` cannot continue with, or one that differs without ``allow_changes``: the
+    same check :func:`open_run` makes again under the lock. A folder without the run's
+    recipe is left to :func:`open_run` to describe."""
+    run_dir = Path(run_dir)
+    if (run_dir / CONFIG).is_file():
+        _resume_changes(recipe, run_dir, allow_changes)
 
 
 def _resolutions(recipe: Recipe, run_dir: Path, device: torch.device, step: int, allow_changes: bool,

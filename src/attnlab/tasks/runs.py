@@ -34,7 +34,7 @@ from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
 from ..models import count_parameters
 from .base import Prepared, Recipe, Task, TrainedRun, get_task, recipe_dict, recipe_from_dict, require_model
-from .claim import open_run
+from .claim import check_resume, open_run
 from .run_files import (CHANGES, CONFIG, RESULTS, check_checkpoint, read_config, read_recipe, read_results,
                         recipe_changes, resolve_weights, train_config, write_results)
 from .weights import base_reference, fine_tuning, init_weights, load_base, load_weights
@@ -249,6 +249,8 @@ def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, allow_ch
     task = get_task(recipe.task)
     run_dir = Path(run_dir)
     require_model(recipe)
+    if resume:  # every rank reads the same files and refuses alike, before the data is read (minutes, for some)
+        check_resume(recipe, run_dir, allow_changes)
     data = task.read_data(recipe, log)
     folds = task.folds(recipe, data)
     if folds is None:
