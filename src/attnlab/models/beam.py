@@ -26,6 +26,7 @@ from ..errors import InputError
 from ..memory import require_memory
 from .processors import processors_for
 from .sampling import check_decodable
+from .sessions import DecoderSession, Step
 
 __all__ = ["beam_search_decoder", "beam_search_session"]
 
@@ -51,8 +52,6 @@ def beam_search_decoder(model: Any, input_ids: Tensor, max_new_tokens: int, *, n
     its best hypothesis, right-padded with ``pad_id`` (default ``eos_id``, else 0) to the
     longest of the batch. ``model`` is a decoder (``GPT``): logits, ``new_cache`` and caches
     that reorder their rows."""
-    from .generation import DecoderSession
-
     _check(num_beams, length_penalty, early_stopping)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be a positive integer; got {max_new_tokens!r}")
@@ -80,8 +79,6 @@ def beam_search_session(session: Any, batch: int, max_new_tokens: int, *, num_be
     ``batch`` prompts each repeated ``num_beams`` times: each prompt's best hypothesis ``(B, n)``
     (right-padded with ``pad`` to the longest) and its score ``(B,)``. ``processors`` act on
     each step's log-probabilities, as transformers' beam search applies them (they mask tokens)."""
-    from .generation import Step
-
     _check(num_beams, length_penalty, early_stopping)
     k = num_beams
     logits = session.first()

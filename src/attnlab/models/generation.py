@@ -1,8 +1,8 @@
 """Generation, one API for every model that gives logits and keeps a cache: greedy search,
 sampling and beam search, for decoder-only models and encoder-decoders alike.
 
-A generation is a loop over a *session*, the model's side of it (:class:`DecoderSession`,
-:class:`Seq2SeqSession`): ``first()`` reads the prompt (a decoder's prompt; an
+A generation is a loop over a *session*, the model's side of it (:mod:`attnlab.models.sessions`:
+:class:`DecoderSession`, :class:`Seq2SeqSession`): ``first()`` reads the prompt (a decoder's prompt; an
 encoder-decoder's source, then its start token) and gives the logits of the first choice;
 ``next(tokens)`` feeds the chosen tokens and gives the next logits; ``reorder(index)`` keeps
 the rows a beam search chose; ``ids`` are the rows as the model reads them. The choice of
@@ -22,15 +22,16 @@ memory_pad)``, ``decode(tgt, memory, memory_pad, cache=, last_only=) -> logits``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 from torch import Tensor
 
 from ..errors import InputError
+from .beam import beam_search_decoder, beam_search_session
 from .processors import LogitsProcessor, StopStrings, choose, processors_for
 from .sampling import check_decodable, check_generation
+from .sessions import DecoderSession, Observer, Seq2SeqSession, Step
 
 __all__ = ["generate", "stream", "translate", "greedy_search", "beam_search", "Step", "DecoderSession",
            "Seq2SeqSession", "search"]
@@ -38,115 +39,6 @@ __all__ = ["generate", "stream", "translate", "greedy_search", "beam_search", "S
 
 # What beam search takes besides the prompt (the rest are sampling's or a stream's).
 _BEAM_OPTIONS = ("eos_id", "pad_id", "use_cache", "decodable", "length_penalty", "early_stopping", "observer")
-
-
-@dataclass(frozen=True)
-class Step:
-    """What an observer sees after each choice: ``index`` (0 for the first new token),
-    ``tokens`` ``(B,)`` chosen, ``logits`` ``(B, V)`` float32 they were chosen from (before the
-    processors), the ``cache`` (``None`` without one), and, at index 0 of a decoder's
-    generation, ``prompt_logits`` ``(B, L, V)``: the logits after every prompt position."""
-
-    index: int
-    tokens: Tensor
-    logits: Tensor
-    cache: Any
-    prompt_logits: Tensor | None = None
-
-
-Observer = Callable[[Step], None]
-
-
-class DecoderSession:
-    """A decoder-only model's side of a generation: the prompt ``input_ids`` ``(B, L)``
-    (left-padded where ``padding_mask`` says) read once, then one token a row per step, with
-    the model's cache (streaming under ``cache_window`` and ``sink_tokens``) or, without one,
-    the whole sequence again at every step. ``lean=False``: every step through the model's
-    ``forward`` instead of its lean ``decode_step`` (which records no attention weights)."""
-
-    def __init__(self, model: Any, input_ids: Tensor, max_new_tokens: int, *, padding_mask: Tensor | None = None,
-                 use_cache: bool = True, cache_window: int | None = None, sink_tokens: int = 0,
-                 compile: bool = False, lean: bool = True) -> None:
-        streaming = {"cache_window": cache_window, "sink_tokens": sink_tokens} \
-            if cache_window is not None or sink_tokens else {}
-        if streaming and (not use_cache or not model.keeps_cache):
-            raise InputError("cache_window and sink_tokens are a policy of the cache: they need use_cache and a model "
-                             "whose attention keeps one")
-        batch, prompt = input_ids.shape
-        model.check_generation_size(batch, prompt, max_new_tokens, use_cache=use_cache, **streaming)
-        model.eval()
-        self.model, self.ids, self.pad = model, input_ids, padding_mask
-        self.positions = None if padding_mask is None else (~padding_mask).long().cumsum(1).sub(1).clamp(min=0)
-        self.cache = model.new_cache(batch, prompt + max_new_tokens, **streaming) \
-            if use_cache and model.keeps_cache else None
-        self.step_fn = model.decode_step if lean and self.cache is not None and model.has_decode_step else None
-        if compile and self.step_fn is not None:
-            if "_compiled_step" not in model.__dict__:
-                model.__dict__["_compiled_step"] = torch.compile(model.decode_step, dynamic=True)
-            self.step_fn = model.__dict__["_compiled_step"]
-        self.prompt_logits: Tensor | None = None
-
-    def first(self) -> Tensor:
-        out = self.model(self.ids, padding_mask=self.pad, positions=self.positions, cache=self.cache)
-        self.prompt_logits = out
-        return out[:, -1]
-
-    def next(self, tokens: Tensor) -> Tensor:
-        self.ids = torch.cat([self.ids, tokens[:, None]], dim=1)
-        step_pos = None
-        if self.pad is not None:
-            self.pad = torch.cat([self.pad, torch.zeros_like(self.pad[:, :1])], dim=1)
-            step_pos = self.positions[:, -1:] + 1  # type: ignore[index]
-            self.positions = torch.cat([self.positions, step_pos], dim=1)  # type: ignore[list-item]
-        if self.cache is None:  # no cache: the whole sequence again
-            return self.model(self.ids, padding_mask=self.pad, positions=self.positions)[:, -1]
-        if self.step_fn is not None:
-            return self.step_fn(tokens[:, None], self.cache, positions=step_pos, padding_mask=self.pad)
-        return self.model(tokens[:, None], padding_mask=self.pad, positions=step_pos, cache=self.cache)[:, -1]
-
-    def reorder(self, index: Tensor) -> None:
-        self.ids = self.ids.index_select(0, index)
-        if self.pad is not None:
-            self.pad, self.positions = self.pad.index_select(0, index), self.positions.index_select(0, index)  # type: ignore[union-attr]
-        if self.cache is not None:
-            self.cache.reorder(index)
-
-
-class Seq2SeqSession:
-    """An encoder-decoder's side of a generation: the source ``src`` ``(B, Ls)`` encoded once
-    (each row ``repeat`` times, for beams), then the target from its start token, one token a
-    row per step, with the decoder's caches (or the whole target again without them)."""
-
-    def __init__(self, model: Any, src: Tensor, max_new_tokens: int, *, use_cache: bool = True,
-                 repeat: int = 1) -> None:
-        model.eval()
-        memory, memory_pad = model.encode(src)
-        memory_pad = memory_pad if bool(memory_pad.any()) else None  # unpadded sources skip the masking
-        if repeat > 1:
-            memory = memory.repeat_interleave(repeat, dim=0)
-            memory_pad = None if memory_pad is None else memory_pad.repeat_interleave(repeat, dim=0)
-        self.model, self.memory, self.memory_pad = model, memory, memory_pad
-        self.ids = src.new_full((src.shape[0] * repeat, 1), model.config.bos_id)
-        self.cache = model.new_cache(self.ids.shape[0], max_new_tokens + 1) if use_cache else None
-        self.prompt_logits = None
-
-    def _logits(self, tgt: Tensor) -> Tensor:
-        return self.model.decode(tgt, self.memory, self.memory_pad, cache=self.cache, last_only=True)[:, -1]
-
-    def first(self) -> Tensor:
-        return self._logits(self.ids)
-
-    def next(self, tokens: Tensor) -> Tensor:
-        self.ids = torch.cat([self.ids, tokens[:, None]], dim=1)
-        return self._logits(tokens[:, None] if self.cache is not None else self.ids)
-
-    def reorder(self, index: Tensor) -> None:
-        self.ids = self.ids.index_select(0, index)
-        self.memory = self.memory.index_select(0, index)
-        if self.memory_pad is not None:
-            self.memory_pad = self.memory_pad.index_select(0, index)
-        if self.cache is not None:
-            self.cache.reorder(index)
 
 
 def search(session: Any, max_new_tokens: int, processors: Sequence[LogitsProcessor], *, eos_id: int | None = None,
@@ -198,8 +90,6 @@ def generate(model: Any, input_ids: Tensor, max_new_tokens: int, *, num_beams: i
     ``early_stopping``, ``use_cache``, ``decodable``), as transformers' ``generate(num_beams=...)``
     finds it."""
     if num_beams != 1 or "length_penalty" in options or "early_stopping" in options:
-        from .beam import beam_search_decoder
-
         quiet = {"temperature": 0, "repetition_penalty": 1, "compile": False, "sink_tokens": 0}  # stream's defaults
         other = sorted(k for k, v in options.items() if k not in _BEAM_OPTIONS and v is not None
                        and not (k in quiet and not isinstance(v, Tensor) and v == quiet[k]))
@@ -296,8 +186,6 @@ def translate(model: EncoderDecoder, src: Tensor, max_new_tokens: int, *, num_be
         if temperature or repetition_penalty != 1 or processors:
             raise InputError("beam search takes no temperature, repetition_penalty or processors (they are "
                              "sampling's)")
-        from .beam import beam_search_session
-
         session = Seq2SeqSession(model, src, max_new_tokens, use_cache=use_cache, repeat=num_beams)
         new, scores = beam_search_session(session, src.shape[0], max_new_tokens, num_beams=num_beams,
                                           eos_id=cfg.eos_id, pad=cfg.pad_id, length_penalty=length_penalty,
