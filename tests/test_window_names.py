@@ -64,5 +64,19 @@ def test_the_command_line_gives_the_notice_once_in_one_line(tmp_path, monkeypatc
     err = capsys.readouterr().err
     notices = [line for line in err.splitlines() if "now called 'sliding_window'" in line]
     assert notices == ["attnlab train: warning: GPTConfig field 'window' is now called 'sliding_window'; the old "
-                       "name still works for now"], err
+                       "name works until attnlab 0.4.0"], err
     assert code == 2 and "tinyshakespeare data not found" in err
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:3])
+
+
+def test_former_names_are_read_only_until_their_removal_version():
+    """Fails once attnlab's version reaches FORMER_NAMES_GO_IN: then the former names (an option's
+    ``was``, a config class's ``deprecated`` map) are to be removed, with this constant."""
+    import attnlab
+    from attnlab.suggest import FORMER_NAMES_GO_IN
+
+    assert _version(attnlab.__version__) < _version(FORMER_NAMES_GO_IN), (
+        f"attnlab {attnlab.__version__} reads former names that were to go in {FORMER_NAMES_GO_IN}: remove them")

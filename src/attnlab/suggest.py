@@ -9,7 +9,12 @@ from typing import Any, Callable, Iterable, Mapping
 
 from .errors import InputError
 
-__all__ = ["did_you_mean", "rename_former"]
+__all__ = ["did_you_mean", "rename_former", "FORMER_NAMES_GO_IN"]
+
+# The version that stops reading the former names rename_former reads (an option's ``was``, a config
+# class's ``deprecated`` map): each notice names it, and a test fails once attnlab reaches it, so the
+# names are removed, not kept for ever.
+FORMER_NAMES_GO_IN = "0.4.0"
 
 
 def did_you_mean(name: object, choices: Iterable[str], what: str = "known") -> str:
@@ -24,7 +29,8 @@ def rename_former(given: Mapping[str, Any], former: Mapping[str, str], said: Cal
                   notice: bool = True) -> dict[str, Any]:
     """``given`` with the keys under a former name (``former``: old name -> new name) renamed, in
     the same order; each with a one-line :class:`FutureWarning` ``"<said(old)> is now called
-    'new'; ..."`` when ``notice`` (a saved run is read without one). Both names at once is an
+    'new'; the old name works until attnlab <FORMER_NAMES_GO_IN>"`` when ``notice`` (a saved run
+    is read without one). Both names at once is an
     error naming them."""
     if not any(key in former for key in given):
         return dict(given)
@@ -37,7 +43,7 @@ def rename_former(given: Mapping[str, Any], former: Mapping[str, str], said: Cal
         if new in given:
             raise InputError(f"{said(key)} and {new!r} are the same (its former name and its name): give {new!r} alone")
         if notice:
-            warnings.warn(f"{said(key)} is now called {new!r}; the old name still works for now", FutureWarning,
-                          stacklevel=4)
+            warnings.warn(f"{said(key)} is now called {new!r}; the old name works until attnlab "
+                          f"{FORMER_NAMES_GO_IN}", FutureWarning, stacklevel=4)
         out[new] = value
     return out
