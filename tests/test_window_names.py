@@ -80,3 +80,14 @@ def test_former_names_are_read_only_until_their_removal_version():
 
     assert _version(attnlab.__version__) < _version(FORMER_NAMES_GO_IN), (
         f"attnlab {attnlab.__version__} reads former names that were to go in {FORMER_NAMES_GO_IN}: remove them")
+
+
+def test_a_former_function_name_still_works_with_a_notice_naming_its_removal():
+    from attnlab.models import registry
+
+    with pytest.warns(FutureWarning, match=r"attnlab\.models\.registry\.check_attention_options is now called "
+                                           r"attnlab\.models\.registry\.refuse_options_the_model_sets; the old name "
+                                           r"works until attnlab 0\.4\.0"):
+        with pytest.raises(InputError, match="attention_options must not set 'dropout'"):
+            registry.check_attention_options({"dropout": 0.1}, {"dropout": "attn_drop_rate"})
+    assert registry.check_attention_options.__name__ == "check_attention_options"

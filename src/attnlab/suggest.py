@@ -4,12 +4,13 @@ name that was renamed."""
 from __future__ import annotations
 
 import difflib
+import functools
 import warnings
 from typing import Any, Callable, Iterable, Mapping
 
 from .errors import InputError
 
-__all__ = ["did_you_mean", "rename_former", "FORMER_NAMES_GO_IN"]
+__all__ = ["did_you_mean", "rename_former", "former_function", "FORMER_NAMES_GO_IN"]
 
 # The version that stops reading the former names rename_former reads (an option's ``was``, a config
 # class's ``deprecated`` map): each notice names it, and a test fails once attnlab reaches it, so the
@@ -47,3 +48,18 @@ def rename_former(given: Mapping[str, Any], former: Mapping[str, str], said: Cal
                           f"{FORMER_NAMES_GO_IN}", FutureWarning, stacklevel=4)
         out[new] = value
     return out
+
+
+def former_function(function: Callable[..., Any], former: str) -> Callable[..., Any]:
+    """``function`` under its ``former`` name (``"module.old_name"``): the same call, with a
+    one-line :class:`FutureWarning` naming the new name and the version that removes the old."""
+    new = f"{function.__module__}.{function.__name__}"
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        warnings.warn(f"{former} is now called {new}; the old name works until attnlab {FORMER_NAMES_GO_IN}",
+                      FutureWarning, stacklevel=2)
+        return function(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = former.rsplit(".", 1)[-1]
+    return call

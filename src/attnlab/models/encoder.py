@@ -35,7 +35,7 @@ from ..errors import InputError, shape_str
 from ..layers.init import normal_init_
 from ..layers.norms import LayerNorm
 from ..layers.transformer_layers import TransformerEncoder, TransformerEncoderLayer
-from .registry import build_config, check_attention_options, check_attention_values, register_model
+from .registry import build_config, refuse_options_the_model_sets, check_attention_values, register_model
 from .token_ids import check_token_ids
 
 __all__ = ["TextEncoderConfig", "TextEncoder", "POOLERS"]
@@ -83,7 +83,7 @@ class TextEncoderConfig:
                              f"got {self.max_len}")
         if attention_family(self.attention) != "tokens":
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
-        check_attention_options(self.attention_options, {"dropout": "attn_drop_rate"})
+        refuse_options_the_model_sets(self.attention_options, {"dropout": "attn_drop_rate"})
         check_attention_values(TextEncoderConfig, self.attention, self.attention_options,
                                self.max_len if isinstance(self.max_len, int) else None)
 

@@ -14,7 +14,7 @@ from ..attention.registry import (attention_capabilities, attention_family, atte
                                   kinds_taking)
 from ..errors import InputError
 from ..layers.pos_encoding import inner_position_options
-from .registry import check_attention_options, check_attention_values
+from .registry import refuse_options_the_model_sets, check_attention_values
 
 __all__ = ["GPTConfig", "LayerPlan", "POS_EMBEDS", "MLPS", "LAYER_TYPES", "LAYER_KEYS"]
 
@@ -114,7 +114,7 @@ class GPTConfig:
             if not attention_takes(self.attention, key):
                 raise InputError(f"{field_name} is not an option of attention {self.attention!r}; kinds that take "
                                  f"it: {', '.join(kinds_taking(key))}")
-        check_attention_options(self.attention_options, {
+        refuse_options_the_model_sets(self.attention_options, {
             "dropout": "attn_drop_rate", "bias": "attention_bias", "out_bias": "attention_out_bias",
             "num_kv_heads": "num_kv_heads", "head_dim": "head_dim", "sliding_window": "sliding_window", "rope": "pos_embed",
             "alibi": "pos_embed", "rope_theta": "rope_theta", "rope_scaling": "rope_scaling",
@@ -126,7 +126,7 @@ class GPTConfig:
                 raise InputError(f"linear_attention must be a 'tokens' kind; {self.linear_attention!r} is a grid kind")
             if not isinstance(self.linear_attention_options, dict):
                 raise InputError(f"linear_attention_options must be a mapping; got {self.linear_attention_options!r}")
-            check_attention_options(self.linear_attention_options, {"dropout": "attn_drop_rate",
+            refuse_options_the_model_sets(self.linear_attention_options, {"dropout": "attn_drop_rate",
                                                                     "bias": "attention_bias"})
         check_attention_values(GPTConfig, self.attention, self.attention_options,
                                self.max_len if isinstance(self.max_len, int) else None)
@@ -219,7 +219,7 @@ class GPTConfig:
             if attention_family(kind) != "tokens":  # unknown names fail here, with suggestions
                 raise InputError(f"layers[{i}].attention must be a 'tokens' kind; {kind!r} is a grid kind")
             options = entry.get("options", {})
-            check_attention_options(options, {"dropout": "attn_drop_rate", "bias": "attention_bias",
+            refuse_options_the_model_sets(options, {"dropout": "attn_drop_rate", "bias": "attention_bias",
                                               "rope": "pos_embed", "alibi": "pos_embed"})
             check_attention_values(GPTConfig, kind, options, max_len, key=f"layers[{i}].options")
             if entry.get("sliding") and (self.sliding_window is None or not attention_takes(kind, "sliding_window")):

@@ -13,11 +13,11 @@ from torch import nn
 from ..attention.registry import (attention_options, attention_position_options, attention_takes,
                                   upgrade_attention_options)
 from ..errors import InputError
-from ..suggest import did_you_mean, rename_former
+from ..suggest import did_you_mean, former_function, rename_former
 
 __all__ = ["register_model", "create_model", "list_models", "model_entry", "build_config", "count_parameters",
-           "config_class", "upgrade_options", "OptionError", "FIELD_RANGES", "check_ranges", "check_attention_options",
-           "check_attention_values"]
+           "config_class", "upgrade_options", "OptionError", "FIELD_RANGES", "check_ranges",
+           "refuse_options_the_model_sets", "check_attention_values"]
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def check_ranges(cls: type, values: dict[str, Any]) -> None:
             raise OptionError(cls, key, value, " and ".join(f"{op} {bound}" for op, bound in ranges))
 
 
-def check_attention_options(options: dict[str, Any], owned: dict[str, str]) -> None:
+def refuse_options_the_model_sets(options: dict[str, Any], owned: dict[str, str]) -> None:
     """Refuse ``attention_options`` that set an option the model sets itself: ``owned`` maps
     each such option (``"dropout"``) to the model field that sets it (``"attn_drop_rate"``).
     (Passed on, both would reach the attention kind: Python's "multiple values" TypeError.)"""
@@ -111,6 +111,11 @@ def check_attention_options(options: dict[str, Any], owned: dict[str, str]) -> N
         if key in options:
             raise InputError(f"attention_options must not set {key!r}: the model sets it from {field_name}, "
                              f"so set that")
+
+
+# Its former name, which the attention registry's check_attention_options (another job) shares.
+check_attention_options = former_function(refuse_options_the_model_sets,
+                                          "attnlab.models.registry.check_attention_options")
 
 
 def check_attention_values(cls: type, attention: str, options: dict[str, Any], max_len: int | None = None, *,

@@ -70,7 +70,7 @@ from ..layers.norms import build_norm
 from ..layers.pos_encoding import ADDED, INNER, build_pos_encoding, inner_position_options
 from ..layers.relative_bias import RelativePositionBias
 from ..layers.transformer_layers import TransformerEncoder, TransformerEncoderLayer
-from .registry import build_config, check_attention_options, check_attention_values, register_model
+from .registry import build_config, refuse_options_the_model_sets, check_attention_values, register_model
 from .token_ids import check_token_ids
 
 __all__ = ["SentimentConfig", "AttentionSentimentClassifier"]
@@ -134,7 +134,7 @@ class SentimentConfig:
             )
         if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
-        check_attention_options(self.attention_options, {"dropout": "attn_drop_rate", "rope": "pos_embed",
+        refuse_options_the_model_sets(self.attention_options, {"dropout": "attn_drop_rate", "rope": "pos_embed",
                                                          "alibi": "pos_embed", "rope_theta": "rope_theta"})
         check_attention_values(SentimentConfig, self.attention, self.attention_options,
                                self.max_len if isinstance(self.max_len, int) else None)

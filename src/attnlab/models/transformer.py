@@ -25,7 +25,7 @@ from ..layers.transformer_layers import (
 )
 from ..weight_rules import Rule, apply_map, expand
 from .generation import translate
-from .registry import build_config, check_attention_options, check_attention_values, register_model
+from .registry import build_config, refuse_options_the_model_sets, check_attention_values, register_model
 from .token_ids import check_token_ids
 
 __all__ = ["Transformer", "TransformerConfig", "Seq2SeqTransformer"]
@@ -243,11 +243,11 @@ class TransformerConfig:
                 raise InputError(f"{name} must index both vocabularies; got {idx}")
         if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
-        check_attention_options(self.attention_options, {"dropout": "attn_drop_rate", "rope": "pos_embed",
+        refuse_options_the_model_sets(self.attention_options, {"dropout": "attn_drop_rate", "rope": "pos_embed",
                                                          "alibi": "pos_embed", "rope_theta": "rope_theta"})
         check_attention_values(TransformerConfig, self.attention, self.attention_options, self.max_len)
         check_decoder_attention(self.decoder_attention, "decoder_attention")
-        check_attention_options(self.decoder_attention_options, {"dropout": "attn_drop_rate", "rope": "pos_embed",
+        refuse_options_the_model_sets(self.decoder_attention_options, {"dropout": "attn_drop_rate", "rope": "pos_embed",
                                                                  "alibi": "pos_embed", "rope_theta": "rope_theta"})
         check_attention_values(TransformerConfig, self.decoder_attention, self.decoder_attention_options,
                                self.max_len, key="decoder_attention_options")

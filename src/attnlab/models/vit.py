@@ -22,7 +22,7 @@ from ..layers.pos_embed_2d import LearnedPosEmbed2d, RelativePositionBias2d, res
 from ..layers.transformer_layers import EncoderBlock
 from .checkpoint import load_checkpoint
 from .maps import TokenGridMaps, register_attention_maps
-from .registry import build_config, check_attention_options, check_attention_values, register_model
+from .registry import build_config, refuse_options_the_model_sets, check_attention_values, register_model
 
 __all__ = ["ViTConfig", "VisionTransformer", "Block"]
 
@@ -100,7 +100,7 @@ class ViTConfig:
             raise InputError(f"rel_pos_init applies to pos_embed='relative'; got pos_embed={self.pos_embed!r}")
         if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
-        check_attention_options(self.attention_options, {"dropout": "attn_drop_rate", "bias": "qkv_bias"})
+        refuse_options_the_model_sets(self.attention_options, {"dropout": "attn_drop_rate", "bias": "qkv_bias"})
         check_attention_values(type(self), self.attention, self.attention_options)
 
 
