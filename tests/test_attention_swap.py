@@ -31,6 +31,19 @@ def test_gqa_is_the_older_name_of_exact_attention_with_any_number_of_key_value_h
     assert m(torch.randint(0, 100, (2, 9)), torch.ones(2, 9, dtype=torch.long)).shape == (2, 2)
 
 
+def test_a_decoders_layers_say_the_kinds_own_name_whatever_name_the_config_used():
+    from attnlab.attention.registry import canonical_attention
+    from attnlab.models.convert import ConvertAttention, convert_options
+    from attnlab.models.hf_export import _layer_types
+
+    assert canonical_attention("gqa") == canonical_attention("exact") == "exact"
+    model = create_model("gpt_tiny", vocab_size=50, attention="gqa", depth=2, pos_embed="rope")
+    assert {layer.attention for layer in model.config.layer_plan()} == {"exact"}
+    assert _layer_types(model.config) == ["full", "full"]  # what a Hugging Face decoder computes: not refused
+    options = {"vocab_size": 50, "depth": 2, "attention": "gqa", "pos_embed": "rope", "max_len": 64}
+    assert convert_options(options, ConvertAttention(window=16))  # a softmax kind that slides: not refused
+
+
 @pytest.mark.parametrize("kind", ENCODER_KINDS)
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_text_classifier_with_each_kind(kind, checkpointing):

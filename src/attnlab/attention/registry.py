@@ -72,7 +72,7 @@ from ..errors import InputError
 from ..suggest import did_you_mean
 from .contract import Capabilities, Option, Options
 
-__all__ = ["register_attention", "register_alias", "build_attention", "list_attention", "attention_family",
+__all__ = ["register_attention", "register_alias", "canonical_attention", "build_attention", "list_attention", "attention_family",
            "attention_capabilities", "attention_options", "attention_forms_weights", "attention_keeps_cache",
            "attention_honours", "attention_summary", "attention_causal_only", "attention_options_named",
            "attention_takes", "kinds_taking", "attention_position_options", "attend_grid",
@@ -198,11 +198,19 @@ def register_attention(name: str, family: str = "tokens", *, options: Options | 
 
 
 def register_alias(alias: str, name: str) -> None:
-    """Let ``alias`` name the kind ``name`` (not listed by :func:`list_attention`)."""
+    """Let ``alias``, a former name, name the kind ``name`` (not listed by :func:`list_attention`)
+    until attnlab :data:`~attnlab.suggest.FORMER_NAMES_GO_IN`; what is built from a name
+    (:func:`canonical_attention`) says the kind's own name."""
     if alias in _KINDS or alias in _ALIASES:
         raise InputError(f"attention kind {alias!r} is already registered")
     _entry(name)
     _ALIASES[alias] = name
+
+
+def canonical_attention(name: str) -> str:
+    """The registered name of the kind ``name`` names (``"gqa"`` -> ``"exact"``); an unknown name
+    is refused with the close ones."""
+    return _entry(name).name
 
 
 def _entry(name: str) -> AttentionEntry:

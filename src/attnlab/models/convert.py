@@ -51,7 +51,7 @@ from .gpt_config import GPTConfig, LayerPlan
 
 __all__ = ["ConvertAttention", "convert_options", "convert_weights", "cache_bytes_per_token"]
 
-_TAKES_WINDOW = ("exact", "gqa")  # the softmax kinds whose layers slide through sliding_window
+_TAKES_WINDOW = ("exact",)  # the softmax kinds whose layers slide through sliding_window
 
 
 DEFAULT_WINDOW = 256

@@ -10,8 +10,7 @@ from typing import Any, ClassVar
 from ..suggest import did_you_mean
 
 from ..attention.registry import (attention_capabilities, attention_family, attention_options, attention_takes,
-                                  upgrade_attention_options,
-                                  kinds_taking)
+                                  canonical_attention, kinds_taking, upgrade_attention_options)
 from ..errors import InputError
 from ..layers.pos_encoding import inner_position_options
 from .registry import refuse_options_the_model_sets, check_attention_values
@@ -36,6 +35,10 @@ class LayerPlan:
     heads: int
     sliding: bool
     positions: bool
+
+    def __post_init__(self) -> None:
+        # the kind's own name, whatever name the config used for it: what reads a plan compares one name
+        object.__setattr__(self, "attention", canonical_attention(self.attention))
 
     @property
     def type(self) -> str:

@@ -35,7 +35,7 @@ __all__ = ["EXPORTED_FAMILIES", "hf_config", "hf_weights", "save_hf", "exported_
 # model_type -> the transformers class its folder names
 EXPORTED_FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                      "qwen3": "Qwen3ForCausalLM"}
-_KINDS = ("exact", "gqa")  # the attention kinds a Hugging Face decoder computes as attnlab does
+_KINDS = ("exact",)  # the attention kinds a Hugging Face decoder computes as attnlab does
 
 
 def _layer_types(cfg: GPTConfig) -> list[str]:
