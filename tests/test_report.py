@@ -393,8 +393,10 @@ def test_report_renders_in_a_browser(browser, run_dir):
     try:
         WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
         assert browser.execute_script("return document.querySelectorAll('.tok-left').length") > 0
-        # at the window's width (not the text's 1,100 px column), its head view's lines spread over it
-        assert int(browser.execute_script("return document.getElementById('head-svg').getAttribute('width')")) > 600
+        # at the window's width (not the text's 1,100 px column), its head view's lines spread over it: the
+        # frame may start at a browser's default 300 px and take its width a moment later, which redraws it
+        WebDriverWait(browser, 10).until(lambda d: int(d.execute_script(
+            "return document.getElementById('head-svg').getAttribute('width')")) > 600)
     finally:
         browser.switch_to.default_content()
     assert [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []

@@ -692,10 +692,12 @@
   }
 
   /** The head view's px between its token columns: what the page's width leaves them, SVG_WIDTH to SVG_MAX. */
+  let headFrameWidth = -1;  // the head view's width when its lines were last laid out
   function headWidth() {
     const columns = document.querySelectorAll("#view-head .tok-column");
     const taken = Array.from(columns, (c) => c.offsetWidth).reduce((a, b) => a + b, 0);
-    const free = $("view-head").clientWidth - taken - 2;
+    headFrameWidth = $("view-head").clientWidth;
+    const free = headFrameWidth - taken - 2;
     return Math.round(Math.max(SVG_WIDTH, Math.min(SVG_MAX, free)));
   }
 
@@ -1446,17 +1448,21 @@ const FIGURE_VIEWS = ["head", "model", "matrix", "image"];  // the views saved a
     return out;
   }
 
-  /** A new width of the page redraws the head view, whose lines take the width there is. */
+  /** A new width of the head view redraws it, its lines taking the width there is: a window resized,
+   * or a frame (a report's) that starts at the browser's default size and takes its own a moment later. */
   function bindResize() {
-    let timer = 0, last = window.innerWidth;
-    window.addEventListener("resize", () => {
+    let timer = 0;
+    const changed = () => {
       clearTimeout(timer);
       timer = setTimeout(() => {
-        if (window.innerWidth === last) return;
-        last = window.innerWidth;
-        if (state.view === "head") render();
+        const width = $("view-head").clientWidth;
+        if (state.view !== "head" || width === 0 || width === headFrameWidth) return;
+        headFrameWidth = width;  // once for this width, whichever layout draws
+        render();
       }, 150);
-    });
+    };
+    window.addEventListener("resize", changed);
+    new ResizeObserver(changed).observe($("view-head"));
   }
 
   let started = false;
