@@ -693,6 +693,7 @@
 
   /** The head view's px between its token columns: what the page's width leaves them, SVG_WIDTH to SVG_MAX. */
   let headFrameWidth = -1;  // the head view's width when its lines were last laid out
+  const SCROLLBAR_PX = 40;  // a change of width below this is a scrollbar's, not the page's
   function headWidth() {
     const columns = document.querySelectorAll("#view-head .tok-column");
     const taken = Array.from(columns, (c) => c.offsetWidth).reduce((a, b) => a + b, 0);
@@ -1449,20 +1450,23 @@ const FIGURE_VIEWS = ["head", "model", "matrix", "image"];  // the views saved a
   }
 
   /** A new width of the head view redraws it, its lines taking the width there is: a window resized,
-   * or a frame (a report's) that starts at the browser's default size and takes its own a moment later. */
+   * or a frame (a report's) that starts at the browser's default size and takes its own a moment
+   * later. The width compared is the one the lines were laid out for. */
   function bindResize() {
     let timer = 0;
     const changed = () => {
       clearTimeout(timer);
       timer = setTimeout(() => {
         const width = $("view-head").clientWidth;
-        if (state.view !== "head" || width === 0 || width === headFrameWidth) return;
+        // a scrollbar that the view's own lines bring or take is not a new width (the redraw would move
+        // them under the reader's pointer): a frame sized, or shown, after the first draw is
+        if (state.view !== "head" || width === 0 || Math.abs(width - headFrameWidth) < SCROLLBAR_PX) return;
         headFrameWidth = width;  // once for this width, whichever layout draws
         render();
       }, 150);
     };
     window.addEventListener("resize", changed);
-    new ResizeObserver(changed).observe($("view-head"));
+    new ResizeObserver(changed).observe($("view-head"));  // also a frame shown or sized without a resize event
   }
 
   let started = false;
