@@ -18,7 +18,7 @@ One training step (forward and loss under ``torch.autocast("cpu", torch.bfloat16
 on random inputs (the data path is not timed), in three settings interleaved round by
 round (:func:`benchmarks.common.time_interleaved`): ``fp32``; ``bf16`` as attnlab runs it;
 and ``bf16, flash`` with attnlab's short-row rule switched off
-(``attention.functional.SHORT_HALF_KEYS_CPU = 0``), so that every attention call goes to
+(``attention.kernels.SHORT_HALF_KEYS_CPU = 0``), so that every attention call goes to
 torch's fused kernel, as before the rule existed. Each figure is the median step.
 
 ``--profile NAME`` prints torch.profiler's top operators of one workload in fp32 and bf16.
@@ -46,7 +46,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model, time_interleaved  # noqa: E402
 
-from attnlab.attention import functional  # noqa: E402
+from attnlab.attention import kernels as functional  # noqa: E402  (where SHORT_HALF_KEYS_CPU lives)
 from attnlab.engine.device import cpu_bf16_flags  # noqa: E402
 from attnlab.models import create_model  # noqa: E402
 from attnlab.recipes import load_recipe  # noqa: E402

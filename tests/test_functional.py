@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention import causal_mask, scaled_dot_product_attention as sdpa
-from attnlab.attention import functional
+from attnlab.attention import functional, kernels
 from conftest import reference_attention
 
 
@@ -277,14 +277,14 @@ def test_bf16_on_cpu_short_rows_take_the_explicit_path_and_agree(lk, native, mon
     # Short rows in bfloat16 on a CPU with native bfloat16 go through the explicit path (torch's
     # flash kernel is slow there); long rows, and every row on a CPU without it (where the
     # explicit path is the slow one), through the kernel. Both must agree with a float32 reference.
-    monkeypatch.setattr(functional, "native_bf16_cpu", lambda: native)
+    monkeypatch.setattr(kernels, "native_bf16_cpu", lambda: native)
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, n, 16) for n in (10, lk, lk))
     pad = torch.zeros(2, lk, dtype=torch.bool)
     pad[1, lk // 2:] = True
     ref, _ = sdpa(q, k, v, key_padding_mask=pad)
-    assert functional._short_half_on_cpu(q.bfloat16(), lk) == (native and lk < functional.SHORT_HALF_KEYS_CPU)
-    assert not functional._short_half_on_cpu(q, lk)  # float32 keeps the kernel
+    assert kernels._short_half_on_cpu(q.bfloat16(), lk) == (native and lk < kernels.SHORT_HALF_KEYS_CPU)
+    assert not kernels._short_half_on_cpu(q, lk)  # float32 keeps the kernel
     qb, kb, vb = (t.bfloat16().requires_grad_() for t in (q, k, v))
     out, _ = sdpa(qb, kb, vb, key_padding_mask=pad)
     assert out.dtype == torch.bfloat16

@@ -1,14 +1,13 @@
 """Dropout that is cheap on the CPU.
 
 ``torch.nn.functional.dropout`` on the CPU draws one Bernoulli sample per element through
-``bernoulli_``, which costs about ten times a matrix multiply over the same tensor: for a
-small Transformer it was a third of the training step (measured on the 2-core
-development machine, 4032 x 512 floats: 40 ms for dropout, 4.5 ms for the matmul).
+``bernoulli_``, which costs several times a matrix multiply over the same tensor: for a
+small Transformer it was a large share of the training step (``benchmarks/dropout.py``).
 
 Here one 64-bit random integer is drawn per four elements and each 16-bit lane is
 compared with a threshold, so an element is dropped with probability
 ``round(p * 65536) / 65536`` (within 8e-6 of ``p``). Forward and backward together run
-about 2x faster than torch's on activation-sized tensors (``benchmarks/dropout.py``).
+faster than torch's on activation-sized tensors (``benchmarks/dropout.py``).
 The draws come from torch's default CPU generator, so ``torch.manual_seed`` and saved
 RNG states reproduce them exactly. On other devices, and for ``p`` outside ``(0, 1)``,
 this is ``torch.nn.functional.dropout``.

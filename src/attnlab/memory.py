@@ -52,18 +52,15 @@ def keep_freed_memory() -> bool:
 
     Why: by default glibc maps every block over its mmap threshold (at most 32 MiB) on its
     own and unmaps it when freed, so a tensor that large costs its size in page faults on
-    every step. Measured (``attnlab bench attention --parts allocator``, 2 cores of an AMD
-    EPYC, forward of 8 heads of 64 at n = 16,384): local attention 137k page faults a call
-    and 671 ms by default, 8k and 547 ms with freed memory kept; sparse 155k, 963 ms
-    against 786 ms. The ``attnlab`` command does this at its start
+    every step (page faults and times: results page "The kinds of attention compared",
+    ``attnlab bench attention --parts allocator``). The ``attnlab`` command does this at its start
     (``ATTNLAB_KEEP_FREED_MEMORY=0`` leaves glibc's default); the price is that the
     process's resident size does not shrink below its peak.
 
     The reuse depends on the heap's layout: in a process that has imported little besides
     torch, a small allocation lands right after a freed large block and the next aligned
-    request of the same size no longer fits in it, so its pages are faulted in afresh
-    (measured on an AMD EPYC: 8 of 8 such processes fault each call of a 64 MiB tensor, 0 of
-    10 once attnlab's tasks and models are imported, as a training or a benchmark has)."""
+    request of the same size no longer fits in it, so its pages are faulted in afresh; once
+    attnlab's tasks and models are imported, as a training or a benchmark has, it was not seen."""
     import ctypes
 
     try:

@@ -47,10 +47,9 @@ GATHER_QUERIES = 16
 
 def window_chunk(window: int, causal: bool = True) -> int:
     """The queries a chunk of :func:`window_attention` holds: it reads ``chunk + window - 1``
-    keys (``+ window - 1`` more both ways), so a quarter of the window wastes little causal
-    (window 512 at 16,384 positions, 8 heads of 64, forward: 0.23 s in chunks of 128 against
-    0.32 s in chunks of 512), and half of it both ways (window 256, forward + backward: 0.89 s in
-    chunks of 128 against 0.95 s in chunks of 64; AMX Xeon, 2 threads)."""
+    keys (``+ window - 1`` more both ways): a quarter of the window when causal and half of it
+    both ways were the fastest chunks measured, the keys read twice being few against the
+    products' sizes."""
     return max(64, window // 4 if causal else window // 2)
 
 
@@ -68,8 +67,8 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, causal: bo
     The keys are laid out for the queries (key ``u`` of query row ``i``'s band at ``i + u``),
     cut into overlapping stretches of ``chunk + band - 1`` (one view), and every chunk of
     queries attends to its stretch in one call of the fused kernel: no Python loop, and no
-    slice whose backward fills a gradient of the whole keys (a chunk at a time, forward +
-    backward at 16,384 positions took 2.9 s of such fills)."""
+    slice whose backward fills a gradient of the whole keys (once per chunk: quadratic in the
+    length)."""
     batch, h, lq, d = q.shape
     lk, dv, size = k.shape[2], v.shape[-1], window_chunk(window, causal)
     if batch == 0 or lq == 0 or lk == 0:  # nothing to attend: the empty (or all-zero) result, on the graph
@@ -131,8 +130,8 @@ class _Layout:
         z, n, s = sel.shape
         device = sel.device
         # (block, stream) of each pick, the unpicked after every block; sorted (a boolean selection
-        # of the picks instead costs 280 of 400 ms at 16,384 queries, 8 streams, 16 picks)
-        # in 32 bits: sorting 2.1 M keys takes 26 ms against 64 in 64 bits
+        # of the picks instead takes most of the layer's time), in 32 bits: half the bytes to sort
+        # (results page "Why the fast paths", sort-int32)
         stream = torch.arange(z, device=device, dtype=torch.int32).view(z, 1, 1)
         key = torch.where(sel >= 0, sel.int() * z + stream, blocks * z).view(-1)
         key, order = torch.sort(key)  # the order of a group's queries does not matter
@@ -403,8 +402,7 @@ class _PickedKeys(torch.autograd.Function):
             delta = (go.to(safe.dtype) * out[:, span].to(safe.dtype)).sum(-1, keepdim=True)
             ds = weights.mul_(dw.sub_(delta)).to(q.dtype)  # (B, C, H, K)
             dq[:, span] = torch.matmul(ds, kg)
-            # a key's gradient as a key and as a value in one product (two products and a sum: 10.0 s against
-            # 8.0 s forward + backward at 16,384, latent of 256, 256 picks, AMX Xeon)
+            # a key's gradient as a key and as a value in one product, not two products and a sum
             lhs = torch.cat([ds, dropped], dim=2).transpose(-1, -2)  # (B, C, K, 2H)
             rhs = torch.cat([q[:, span], F.pad(go, (0, w - width))], dim=2)  # (B, C, 2H, W)
             dkg = torch.matmul(lhs, rhs).to(dkv.dtype)  # (B, C, K, W)
@@ -414,10 +412,8 @@ class _PickedKeys(torch.autograd.Function):
 
 def _chunk_of(batch: int, picks: int, width: int) -> int:
     """Queries a chunk of :func:`picked_key_attention` holds: its gathered keys ``(B, C, K, W)``
-    about 2 M numbers (8 MB in float32) whatever the length. At 16,384 queries, 256 picks of
-    256 numbers, AMX Xeon, forward / forward + backward: 0.65 / 2.4 s with chunks of 2 M numbers,
-    0.90 / 2.8 with 4 M, 1.9 / 5.7 with 8 M (a block of 32 MB is mapped afresh at every
-    allocation), 0.74 / 2.5 with 1 M."""
+    about 2 M numbers (8 MB in float32) whatever the length: larger blocks are mapped afresh by
+    the allocator at every allocation, smaller ones cost more calls."""
     return max(1, (1 << 21) // max(1, batch * picks * width))
 
 

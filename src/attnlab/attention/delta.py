@@ -98,9 +98,8 @@ def chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Ten
     k_to_end = k * (gamma[..., -1:] - gamma).exp()[..., None]
     end_decay = gamma[..., -1].exp()[..., None, None]
     # The chunks one by one through unbind, not t[:, :, i]: the backward of an index writes its
-    # gradient into zeros of the whole tensor, once per chunk, which is quadratic in n (forward +
-    # backward, 8 heads of 64 at n = 16,384: 22.9 s against 2.7 s at 8,192); unbind's stacks the
-    # chunks' gradients once.
+    # gradient into zeros of the whole tensor, once per chunk, which is quadratic in n; unbind's
+    # stacks the chunks' gradients once.
     chunks = zip(*(t.unbind(2) for t in (u, w, q_decayed, scores, k_to_end, end_decay)))
     out = []
     for u_i, w_i, q_i, scores_i, k_i, decay_i in chunks:
@@ -308,10 +307,9 @@ class GatedDeltaNet(KeepsJoinedWeights, nn.Module):
         if cache is None and torch.is_grad_enabled() and n > self.SEGMENT_FROM:
             # Training at length: the layer a segment at a time, each recomputed in the backward from its
             # input, the convolution's last inputs and the state it starts from (:class:`_Segments`). Kept whole, the chunks'
-            # products and the projections made the layer's forward + backward peak 1,505 MB at 16,384
-            # positions (8 heads of 64) against exact attention's 309 MB; in segments of 256, 330 MB and
-            # 4.5 s against 4.3 s (AMX Xeon, 2 threads; through torch's checkpoint per segment instead,
-            # 626-676 MB: each segment's output kept apart, the heap kept its freed steps between them).
+            # products and the projections grow the peak with the length, several times exact attention's; in
+            # segments it stays near it for about the same time (torch's checkpoint per segment keeps each
+            # segment's output apart, and the heap its freed steps between them: about twice the memory).
             # Below SEGMENT_FROM positions the whole is cheaper and small enough.
             params = tuple(p for p in self.parameters() if p.requires_grad)
             return _Segments.apply(self, x, *params), None

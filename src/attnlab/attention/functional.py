@@ -24,12 +24,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from ..dropout import dropout
-from ..cpu import native_bf16_cpu
 from ..errors import InputError, shape_str
+from . import kernels
 
 __all__ = ["check_heads", "scaled_dot_product_attention", "merge_masks", "combine_masks", "causal_mask",
            "masked_softmax"]
@@ -164,55 +162,6 @@ def _validate(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, key_pad
             )
 
 
-# On a CPU with native bfloat16, torch's flash kernel is slow in bfloat16/float16 for short
-# rows: forward + backward of (B, 4, L, 32) with B*L = 16,384, 2 cores of an AMD EPYC with
-# avx512_bf16, torch 2.13: L=64 flash 83 ms vs explicit 29 ms; L=128 91 vs 102; L=256 83 vs
-# 223 (head size 64: L=64 96 vs 47, L=128 125 vs 92, L=256 122 vs 226), the explicit path
-# with a float32 softmax. Without native bfloat16 it is the other way round (AVX2-only EPYC:
-# L=64 flash 163 ms vs explicit 649; L=128 280 vs 1,117): the rule holds only where the CPU
-# has avx512_bf16 or amx_bf16. Below this many keys such CPUs take the explicit path.
-SHORT_HALF_KEYS_CPU = 128
-
-
-def _short_half_on_cpu(q: Tensor, lk: int) -> bool:
-    return (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and lk < SHORT_HALF_KEYS_CPU
-            and native_bf16_cpu())
-
-
-def _attend_with_sink_key(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, mask: Tensor | None, causal: bool,
-                          dropout_p: float, scale: float) -> Tensor:
-    """Attention with a sink logit per head through torch's fused kernel: the sink becomes one
-    more key, first, whose logit is ``sinks[h]`` for every query and whose value is zero. Each
-    query gets one more feature, 1, and each key 0 (the sink key: ``sinks[h] / scale``), so the
-    real keys' logits are unchanged. The weights never exist: memory stays linear in the
-    length, where the explicit path forms the ``(Lq, Lk + 1)`` logits (8 heads at 16,384
-    positions: 24 GiB). A row whose real keys are all blocked gives its whole weight to the
-    sink and outputs 0, as the explicit path does.
-
-    ``mask``: merged, ``True`` = blocked (or additive), broadcastable to ``(B, H, Lq, Lk)``: it
-    gains the sink's column, never blocked. ``causal`` (no mask, ``Lq == Lk``): the kernel's
-    triangle, which is aligned top-left, so a query row is put first too (it sees the sink
-    alone) for query ``i`` to see the sink and keys ``0..i``; that row is then dropped."""
-    batch, heads, lq, d = q.shape
-    dv = v.shape[-1]
-    width = max(d + 1, dv)  # one head size for q, k and v: the CPU kernel's fast path wants it
-    if q.device.type != "cpu":  # CUDA's kernels want multiples of 8; the CPU's take any (65 against 72 for heads
-        width += -width % 8  # of 64, causal, n = 8,192, 8 heads: 642 against 671 ms, AMD EPYC, 2 threads)
-    q1 = F.pad(torch.cat([q, q.new_ones(batch, heads, lq, 1)], dim=-1), (0, width - d - 1))
-    if causal:
-        q1 = torch.cat([q1.new_zeros(batch, heads, 1, width), q1], dim=2)
-    sink_key = torch.cat([q.new_zeros(batch, heads, 1, d),
-                          (sinks.to(q.dtype) / scale).view(1, heads, 1, 1).expand(batch, heads, 1, 1)], dim=-1)
-    k1 = F.pad(torch.cat([sink_key, F.pad(k, (0, 1))], dim=2), (0, width - d - 1))
-    v1 = F.pad(torch.cat([v.new_zeros(batch, heads, 1, dv), v], dim=2), (0, width - dv))
-    attn_mask = None
-    if mask is not None:  # torch's bool masks say True = may attend
-        attn_mask = F.pad(~mask, (1, 0), value=True) if mask.dtype == torch.bool else F.pad(mask, (1, 0), value=0.0)
-    out = F.scaled_dot_product_attention(q1, k1, v1, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal,
-                                         scale=scale)
-    return out[:, :, 1:, :dv] if causal else out[..., :dv]
-
-
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -245,7 +194,8 @@ def scaled_dot_product_attention(
         sinks: a learned logit per head, ``(H,)`` (gpt-oss's attention sinks): a key that every
             query sees, with no value, so that a query can give part of its weight to nothing;
             the weights returned are those of the real keys (they sum to less than 1). Without
-            weights wanted, torch's fused kernel computes it with one key more (:func:`_sink_key`).
+            weights wanted, torch's fused kernel computes it with one key more
+            (:func:`~attnlab.attention.kernels.fused_sink_key`).
         need_weights: also return the attention weights (disables the fused kernel).
 
     Returns:
@@ -261,84 +211,22 @@ def scaled_dot_product_attention(
             attn_mask = attn_mask.unsqueeze(1)
     batch, heads, lq, d = q.shape
     lk = k.shape[-2]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-
-    # On the CPU torch's kernel draws attention dropout with its slow bernoulli_ (and
-    # materializes the weights anyway): the explicit path below with attnlab's dropout
-    # is faster there.
     if softcap is not None and not softcap > 0:
         raise InputError(f"softcap must be a positive number; got {softcap}")
     if sinks is not None and (sinks.dim() != 1 or sinks.shape[0] != heads):
         raise InputError(f"sinks must have shape (H,) = ({heads},); got {shape_str(sinks)}")
-    explicit = need_weights or softcap is not None or (dropout_p > 0 and q.device.type == "cpu") \
-        or _short_half_on_cpu(q, lk)
-    # Fast path for the most common causal case: let the kernel build the triangle.
-    fused_causal = is_causal and lq == lk and attn_mask is None and key_padding_mask is None and not explicit
-    mask = None if fused_causal else merge_masks(
-        attn_mask, key_padding_mask, is_causal, batch, heads, lq, lk, q.dtype, q.device
-    )
-    # Rows with every key blocked: softmax would be 0/0. Compute them on an unblocked row
-    # (finite, no NaN in forward or backward) and zero the result.
-    dead = None
+    logits = kernels.Logits(1.0 / math.sqrt(d) if scale is None else scale, softcap, sinks)
+    kernel = kernels.choose(q, lk, logits, dropout_p=dropout_p, need_weights=need_weights)
+    # The most common causal case: a fused kernel builds the triangle itself.
+    causal = (is_causal and lq == lk and attn_mask is None and key_padding_mask is None
+              and kernel is not kernels.explicit)
+    mask = None if causal else merge_masks(attn_mask, key_padding_mask, is_causal, batch, heads, lq, lk, q.dtype,
+                                           q.device)
+    dead = None  # rows with every key blocked, where the softmax would be 0/0: their output is 0
     if mask is not None:
-        blocked = mask if mask.dtype == torch.bool else mask == -math.inf
-        dead = blocked.all(dim=-1, keepdim=True)  # (b, h, Lq, 1), b/h may be 1
-
-    if not explicit and sinks is not None:
-        out = _attend_with_sink_key(q, k, v, sinks, mask, fused_causal, dropout_p, scale)
-        weights = None
-    elif not explicit:
-        if mask is not None and mask.dtype == torch.bool:
-            mask = ~mask if dead is None else ~mask | dead  # torch: True = may attend
-        elif mask is not None:
-            mask = mask.masked_fill(dead, 0.0)
-        dv = v.shape[-1]
-        if dv != d and q.device.type == "cpu":
-            # torch's CPU kernel takes one head size for queries, keys and values; given two it falls
-            # back to its math path, which forms the (Lq, Lk) weights. Zeros appended to the shorter
-            # side change no dot product (the scale is explicit) and no output column that is kept.
-            # Differential attention (values of 2 x 64, 8 heads, causal), forward at n = 16,384, AMD
-            # EPYC, 2 threads: 41.7 s and 19.7 GB through the math path, 4.5 s and 365 MB padded.
-            width = max(d, dv)
-            if d < width:
-                q, k = F.pad(q, (0, width - d)), F.pad(k, (0, width - d))
-            else:
-                v = F.pad(v, (0, width - dv))
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=fused_causal, scale=scale
-        )
-        if out.shape[-1] != dv:
-            out = out[..., :dv]
-        weights = None
-    else:
-        # Scale the smaller of the queries (Lq, D) and the logits (Lq, Lk).
-        if d <= lk:
-            logits = torch.matmul(q * scale, k.transpose(-2, -1))
-        else:
-            logits = torch.matmul(q, k.transpose(-2, -1)) * scale
-        if softcap is not None:
-            logits = torch.tanh(logits / softcap) * softcap
-        if mask is not None:
-            logits = logits.masked_fill(mask, -math.inf) if mask.dtype == torch.bool else logits + mask
-            logits = logits.masked_fill(dead, 0.0)
-        # float16's exp overflows for long rows: its softmax runs in float32. bfloat16 has float32's
-        # range, and torch's softmax accumulates it in float32 on CPU and CUDA, so its output equals
-        # float32's rounded to bfloat16, without the two casts. On the CPU that pays from rows of 32
-        # (4 M elements, forward + backward, AVX512 EPYC: 64 keys 3.3 ms vs 7.5 ms, 96 keys 3.0 vs
-        # 6.7) but not below them (24 keys: 24 ms vs 9.5), where torch's bfloat16 kernel is not vectorized.
-        bf16_soft = q.dtype == torch.bfloat16 and (lk >= 32 or q.device.type != "cpu")
-        soft_dtype = q.dtype if bf16_soft else torch.promote_types(q.dtype, torch.float32)
-        if sinks is None:
-            weights = torch.softmax(logits, dim=-1, dtype=soft_dtype).to(q.dtype)
-        else:  # one more column, the sink's, in the softmax; then left out
-            column = sinks.to(logits.dtype).view(1, heads, 1, 1).expand(*logits.shape[:-1], 1)
-            weights = torch.softmax(torch.cat([logits, column], dim=-1), dim=-1, dtype=soft_dtype)[..., :-1].to(q.dtype)
-        if dead is not None:
-            weights = weights.masked_fill(dead, 0.0)
-        dropped = dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-        out = torch.matmul(dropped, v)
-        if not need_weights:
-            weights = None
+        dead = (mask if mask.dtype == torch.bool else mask == -math.inf).all(dim=-1, keepdim=True)
+    out, weights = kernel(q, k, v, mask=mask, dead=dead, causal=causal, logits=logits, dropout_p=dropout_p,
+                          need_weights=need_weights)
     if dead is not None:
         out = out.masked_fill(dead, 0.0)
     if unbatched_heads:

@@ -261,13 +261,50 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         batch, n, _ = x.shape
         attn_mask = self._heads_mask(attn_mask, batch)
         past = cache.seq_len if cache is not None else 0
-        if cache is not None and cache.sinks and n > 1 and past + n > cache.sinks + cache.window:  # type: ignore[operator]
-            # A prompt longer than the sinks and the window: each of its tokens sees the sinks at other slots,
-            # so they go one by one, as they would have been generated.
-            steps = [self(x[:, i : i + 1], key_padding_mask=None if key_padding_mask is None else
-                          key_padding_mask[:, : key_padding_mask.shape[1] - n + i + 1], is_causal=is_causal,
-                          cache=cache)[0] for i in range(n)]
-            return torch.cat(steps, dim=1), None
+        streaming = cache is not None and cache.sinks > 0  # rotary positions are the cache's slots
+        if streaming and n > 1 and past + n > cache.sinks + cache.window:  # type: ignore[union-attr, operator]
+            return self._token_by_token(x, key_padding_mask, is_causal, cache), None  # type: ignore[arg-type]
+        q, k, v, gate = self._project(x)
+        if self.rotary is not None and not streaming:
+            q, k = self.rotary(q, k, torch.arange(past, past + n, device=x.device) if positions is None else positions)
+        start = 0
+        if cache is not None:
+            k, v, start = cache.append(k, v)
+        lk = k.shape[2]
+        window = self.sliding_window if cache is None or cache.window is None else cache.window
+        if (key_padding_mask is not None and cache is not None and window is not None
+                and key_padding_mask.shape[-1] > lk):
+            key_padding_mask = key_padding_mask[:, -lk:]  # the keys a sliding window still holds
+        if key_padding_mask is not None and key_padding_mask.shape[-1] != lk:
+            raise InputError(f"key_padding_mask must have shape (B, Lk) = ({batch}, {lk}); got "
+                             f"{shape_str(key_padding_mask)}")
+        fast = self._fast_path(q, cache, past, lk, window, streaming, attn_mask, key_padding_mask, is_causal,
+                               need_weights)
+        if fast is not None:  # the same attention without an (Lq, Lk) mask
+            return self._output(fast(q, k, v, window, key_padding_mask, is_causal), gate, batch, n), None
+        # The definition: which keys each query sees as one dense mask (the window's band, ALiBi's bias, the
+        # streaming sinks, the caller's masks), then softmax attention through the kernel chosen for it.
+        if streaming:
+            q, k, key_padding_mask, mask = self._streaming_mask(q, k, key_padding_mask, attn_mask, cache, start,
+                                                                window)
+            is_causal = False
+        else:
+            mask = attn_mask
+            if self.alibi_slopes is not None or window is not None:  # the slots of the queries and the keys
+                q_slots = torch.arange(past, past + n, device=x.device)
+                k_slots = torch.arange(start, start + lk, device=x.device)
+            if self.alibi_slopes is not None:
+                mask = combine_masks(mask, alibi_bias(self.alibi_slopes, q_slots, k_slots).to(q.dtype))
+            if window is not None:
+                mask = combine_masks(mask, band_mask(q_slots, k_slots, causal=is_causal, window=window))
+                is_causal = False  # the band holds the causal part too
+        return self._finish(q, k, v, gate, batch, n, mask=mask, key_padding_mask=key_padding_mask,
+                            is_causal=is_causal, need_weights=need_weights, average_attn_weights=average_attn_weights)
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """The query, key and value heads of ``x`` ``(B, L, E)``, ``(B, heads, L, D)``, QK-normed,
+        and the output gate's ``(B, L, H * D)`` (or None)."""
+        batch, n, _ = x.shape
         q, k, v = fused_linear(self, "qkv", (self.q_proj, self.k_proj, self.v_proj), x)
         gate = None
         if self.output_gate:  # per head: the query's D rows, then the gate's
@@ -276,72 +313,70 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         q, k, v = self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
-        window = self.sliding_window if cache is None or cache.window is None else cache.window
-        streaming = cache is not None and cache.sinks > 0  # rotary positions are the cache's slots
-        if self.rotary is not None and not streaming:
-            if positions is None:
-                positions = torch.arange(past, past + n, device=x.device)
-            q, k = self.rotary(q, k, positions)
-        start = 0
-        if cache is not None:
-            k, v, start = cache.append(k, v)
-        lk = k.shape[2]
-        if cache is None and attn_mask is None and not need_weights and self._flex_wanted(q, key_padding_mask, window):
-            if key_padding_mask is not None and key_padding_mask.shape[-1] != lk:
-                raise InputError(f"key_padding_mask must have shape (B, Lk) = ({batch}, {lk}); got "
-                                 f"{shape_str(key_padding_mask)}")
-            out = flex_attention_forward(q, k, v, scale=self.scale, causal=is_causal, window=window,
-                                         alibi_slopes=self.alibi_slopes, softcap=self.softcap, sinks=self.sinks,
-                                         key_padding_mask=key_padding_mask)
-            return self._output(out, gate, batch, n), None
-        if (key_padding_mask is not None and cache is not None and window is not None
-                and key_padding_mask.shape[-1] > lk):
-            key_padding_mask = key_padding_mask[:, -lk:]  # the keys a sliding window still holds
-        boolean_padding = key_padding_mask is None or (key_padding_mask.dtype == torch.bool
-                                                       and tuple(key_padding_mask.shape) == (batch, lk))
-        whole = past == 0 and lk == n  # the queries' own keys, or a prompt in parts after a cache (causal)
+        return q, k, v, gate
+
+    def _fast_path(self, q: Tensor, cache: DecodingCache | None, past: int, lk: int, window: int | None,
+                   streaming: bool, attn_mask: Tensor | None, key_padding_mask: Tensor | None, is_causal: bool,
+                   need_weights: bool) -> Callable[..., Tensor] | None:
+        """The one place that sends a forward past the dense mask: to FlexAttention (the pattern as
+        functions of positions; :meth:`_flex_wanted` says where it runs) or to the banded window (a
+        window over the whole input, or a prompt in parts after a cache: ``n x (window + chunk)``
+        scores, not ``n x n``; results page "Why the fast paths", window-band). Both give what the
+        dense mask gives, and neither forms weights or takes another kernel's step (``standard_step``)."""
+        if attn_mask is not None or need_weights or self._attn_capture is not None or not self.standard_step:
+            return None
+        if cache is None and self._flex_wanted(q, key_padding_mask, window):
+            return self._flex
+        n = q.shape[2]
+        whole = past == 0 and lk == n  # the queries' own keys
         if (window is not None and window < lk and (whole or (cache is not None and is_causal and n > 1))
-                and not streaming and attn_mask is None and boolean_padding and self.alibi_slopes is None
-                and self.softcap is None and self.sinks is None and not need_weights and self._attn_capture is None
-                and self.standard_step):
-            # The window as a band: n x (window + chunk) scores, not the n x n of a dense mask. A training step
-            # of lm-shakespeare-char's decoder at a context of 2,048 (batch 2, window 256) took 0.32 s as a
-            # band, 0.66 s through the mask, 0.40 s for full causal attention (AMX Xeon, 2 threads).
-            k, v = self._per_query_head(k, v)
-            first = torch.full((batch, 1), lk - n, dtype=torch.long, device=x.device)  # the first query's key
-            out = window_attention(q, k, v, window, causal=is_causal, key_padding_mask=key_padding_mask,
-                                   first=first, scale=self.scale, dropout_p=self.dropout if self.training else 0.0)
-            return self._output(out, gate, batch, n), None
-        mask = attn_mask
-        if streaming:
-            if key_padding_mask is not None and bool(key_padding_mask.any()):
-                raise InputError("sink_tokens take a row's first positions as its sinks: padded rows are not "
-                                 "supported (generate each prompt on its own)")
-            key_padding_mask = None
-            q_slots = torch.arange(lk - n, lk, device=x.device)
-            k_slots = torch.arange(lk, device=x.device)
-            if self.rotary is not None:
-                q = self.rotary(q, q, q_slots)[0]
-                k = self.rotary(k, k, k_slots)[0]
-            band = band_mask(q_slots, k_slots, causal=True, window=window)
-            # the first positions: behind the window once it has moved past them, else in their own places
-            sinks = cache.sinks_in_last if start > 0 else min(cache.sinks, lk)  # type: ignore[union-attr]
-            band[:, :sinks] = q_slots[:, None] < k_slots[None, :sinks]  # the sinks: seen by every later query
-            mask = combine_masks(mask, band)
-            is_causal = False
-        elif self.alibi_slopes is not None or window is not None:  # the slots of the queries and the keys
-            q_slots = torch.arange(past, past + n, device=x.device)
-            k_slots = torch.arange(start, start + lk, device=x.device)
-        if self.alibi_slopes is not None:
-            mask = combine_masks(mask, alibi_bias(self.alibi_slopes, q_slots, k_slots).to(q.dtype))
-        if window is not None and not streaming:
-            mask = combine_masks(mask, band_mask(q_slots, k_slots, causal=is_causal, window=window))
-            is_causal = False  # the band holds the causal part too
-        if key_padding_mask is not None and key_padding_mask.shape[-1] != lk:
-            raise InputError(f"key_padding_mask must have shape (B, Lk) = ({batch}, {lk}); got "
-                             f"{shape_str(key_padding_mask)}")
-        return self._finish(q, k, v, gate, batch, n, mask=mask, key_padding_mask=key_padding_mask,
-                            is_causal=is_causal, need_weights=need_weights, average_attn_weights=average_attn_weights)
+                and not streaming and self.alibi_slopes is None and self.softcap is None and self.sinks is None
+                and (key_padding_mask is None or key_padding_mask.dtype == torch.bool)):
+            return self._band
+        return None
+
+    def _flex(self, q: Tensor, k: Tensor, v: Tensor, window: int | None, key_padding_mask: Tensor | None,
+              is_causal: bool) -> Tensor:
+        return flex_attention_forward(q, k, v, scale=self.scale, causal=is_causal, window=window,
+                                      alibi_slopes=self.alibi_slopes, softcap=self.softcap, sinks=self.sinks,
+                                      key_padding_mask=key_padding_mask)
+
+    def _band(self, q: Tensor, k: Tensor, v: Tensor, window: int, key_padding_mask: Tensor | None,
+              is_causal: bool) -> Tensor:
+        batch, n, lk = q.shape[0], q.shape[2], k.shape[2]
+        k, v = self._per_query_head(k, v)
+        first = torch.full((batch, 1), lk - n, dtype=torch.long, device=q.device)  # the first query's key
+        return window_attention(q, k, v, window, causal=is_causal, key_padding_mask=key_padding_mask, first=first,
+                                scale=self.scale, dropout_p=self.dropout if self.training else 0.0)
+
+    def _token_by_token(self, x: Tensor, key_padding_mask: Tensor | None, is_causal: bool,
+                        cache: DecodingCache) -> Tensor:
+        """A prompt longer than the streaming cache's sinks and window: each of its tokens sees the
+        sinks at other slots, so they go one by one, as they would have been generated."""
+        n = x.shape[1]
+        steps = [self(x[:, i : i + 1], key_padding_mask=None if key_padding_mask is None else
+                      key_padding_mask[:, : key_padding_mask.shape[1] - n + i + 1], is_causal=is_causal,
+                      cache=cache)[0] for i in range(n)]
+        return torch.cat(steps, dim=1)
+
+    def _streaming_mask(self, q: Tensor, k: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None,
+                        cache: DecodingCache, start: int, window: int | None) -> tuple[Tensor, Tensor, None, Tensor]:
+        """Under a streaming cache (sink tokens): queries and keys rotated by their slots in the
+        cache, and the mask of the window plus the sinks, which every later query sees."""
+        if key_padding_mask is not None and bool(key_padding_mask.any()):
+            raise InputError("sink_tokens take a row's first positions as its sinks: padded rows are not "
+                             "supported (generate each prompt on its own)")
+        n, lk = q.shape[2], k.shape[2]
+        q_slots = torch.arange(lk - n, lk, device=q.device)
+        k_slots = torch.arange(lk, device=q.device)
+        if self.rotary is not None:
+            q = self.rotary(q, q, q_slots)[0]
+            k = self.rotary(k, k, k_slots)[0]
+        band = band_mask(q_slots, k_slots, causal=True, window=window)
+        # the first positions: behind the window once it has moved past them, else in their own places
+        sinks = cache.sinks_in_last if start > 0 else min(cache.sinks, lk)
+        band[:, :sinks] = q_slots[:, None] < k_slots[None, :sinks]  # the sinks: seen by every later query
+        return q, k, None, combine_masks(attn_mask, band)
 
     def _heads_mask(self, attn_mask: Tensor | None, batch: int) -> Tensor | None:
         """torch's 3-D mask ``(B*H, Lq, Lk)`` as ``(B, H, Lq, Lk)``; other masks as given."""
@@ -481,9 +516,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         cached, ``keep`` ``(B, 1, 1, Lk)`` (``True`` = may attend) or None; returns ``(B, H * D)``."""
         batch = q.shape[0]
         if self.softcap is None and self.sinks is None:
-            # torch's kernel against matmul, softmax, matmul for the 4 queries of a group and L keys of 32: 8.6 /
-            # 7.0 / 14 µs against 18 / 19 / 35 (bmm: 13 / 22 / 27) at L = 16 / 64 / 272, batch 1; 17 / 24 / 54
-            # against 33 / 47 / 102 (25 / 30 / 56) at batch 8 (AMD EPYC AVX-512, torch 2.13, 2 threads).
+            # torch's fused kernel, not matmul, softmax, matmul, for a group's few queries (decode-attend)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=self.scale)  # (B, Hkv, group, D)
         else:
             d = q.shape[-1]
@@ -503,18 +536,20 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
     # ------------------------------------------------------------------ one token per row
     def decode_step(self, x: Tensor, cache: DecodingCache, *, positions: Tensor | None = None,
                     key_padding_mask: Tensor | None = None) -> Tensor:
-        """One token per row while generating, in eval mode: ``x`` ``(B, E)`` -> ``(B, E)``, what
-        :meth:`forward` gives for ``x[:, None]`` with this ``cache`` and ``is_causal=True``.
+        """A fused copy of :meth:`forward` for one token per row while generating, in eval mode:
+        ``x`` ``(B, E)`` -> ``(B, E)``, what ``forward(x[:, None], cache=cache, is_causal=True)``
+        gives; ``tests/test_attention_contract.py`` (a step against forward, every kind with a
+        step) and ``tests/test_gpt.py`` (a model's step against its forward) keep them equal.
 
         ``positions`` ``(B, 1)`` for left-padded prompts (else the cache's next position);
-        ``key_padding_mask`` ``(B, keys seen)``. The query, key and value projections are
-        joined into one product, fetched once per generation and kept in the cache. A single
-        query sees every cached key (a sliding-window cache holds only those in its window),
-        so no causal or band mask is built, and the query heads of a group are laid out as
-        rows of their key/value head instead of copying the keys once per query head.
-        :meth:`forward`'s checks, masks and weights cost as much as the arithmetic at this
-        size: a step of a 4-layer width-256 model took 6.4 ms through it at batch 1 against
-        3.5 ms so (AVX2 EPYC; ``benchmarks/lm_generate.py``). ALiBi goes through :meth:`forward`.
+        ``key_padding_mask`` ``(B, keys seen)``. Why a copy: at one token a row, forward's checks,
+        masks and routes cost as much as the arithmetic (results page "Why the fast paths",
+        decode-step-vs-forward). The query, key and value projections are joined into one
+        product, fetched once per generation and kept in the cache. A single query sees every
+        cached key (a sliding-window cache holds only those in its window), so no causal or band
+        mask is built, and the query heads of a group are laid out as rows of their key/value
+        head instead of copying the keys once per query head. ALiBi and the output gate go
+        through :meth:`forward`.
         """
         plan = cache.scratch.get("plan")
         if plan is None:
@@ -527,7 +562,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = product(x, w_qkv, b_qkv)  # (B, E): torch.mm or addmm; 8-bit rows through their kernel
         # QK-norm of every query and key head as one norm and one product, bit for bit the two norms and their
-        # concatenation: 17 µs against 40 a layer (8 + 2 heads of 48, batch 1; 20 against 43 at batch 8).
+        # concatenation, in fewer operators (results page "Why the fast paths", qk-norm-joined).
         if qk_weight is not None:
             qk = _RMS_NORM(qkv[:, : (h + hkv) * d].view(batch, h + hkv, d), (d,), None, qk_eps) * qk_weight
             v = qkv[:, (h + hkv) * d :]
@@ -537,8 +572,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         else:
             qk, v = qkv[:, : (h + hkv) * d].view(batch, h + hkv, d), qkv[:, (h + hkv) * d :]
         # Queries and keys rotated together, with the step's angles shared by the layers and rotate_half(x) * sin
-        # as x.roll(R / 2) * signed sin (one operator for chunk, neg and cat; the same bits): 7.6 µs against 19
-        # a layer (batch 1; 8.4 against 20 at batch 8).
+        # as x.roll(R / 2) * signed sin: one operator for chunk, neg and cat, the same bits (rotary-roll).
         if rotary_key is not None:
             cos, sin = self._step_angles(cache, rotary_key, positions, x)
             r = cos.shape[-1]

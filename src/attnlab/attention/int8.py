@@ -5,8 +5,8 @@ kernel with the activations in bfloat16 on the CPU (``torch._weight_int8pack_mm`
 A decoding step of a language model at batch 1 reads every weight once for one row of
 arithmetic: its speed is the weights' bytes over the memory bandwidth. float32 SmolLM2-135M reads
 538 MB a token; in 8 bits it reads 135 MB. The kernel with float32 activations has no fast path
-(576 x 1536, one row: 345 µs, against 33 µs with bfloat16 ones and 41 µs for float32's ``mm``;
-AMX Xeon, 2 threads), hence the bfloat16 activations. What it costs in quality is measured by
+(several times slower than float32's ``mm``; results page "Why the fast paths", int8-rows),
+hence the bfloat16 activations. What it costs in quality is measured by
 ``benchmarks/real_decoding.py`` (the loss on Tiny Shakespeare's test part).
 
     model = quantize_int8(from_hf("SmolLM2-135M-Instruct.Q4_1.gguf"))  # every nn.Linear, for inference

@@ -31,8 +31,8 @@ def _weight_of(layer: nn.Linear) -> Tensor:
 
 def _tracked(layer: nn.Module) -> tuple[Tensor, ...]:
     """The parameters whose changes a joined weight follows: a plain linear layer's weight and
-    bias read directly (``parameters()`` walks the module's members: 24 walks a step of a 6+6-layer
-    translator cost it 5% of its decoding time, AMX Xeon, batch 4), any other layer's own."""
+    bias read directly (``parameters()`` walks the module's members, and a translator's step
+    walks 24 layers), any other layer's own."""
     if type(layer) is nn.Linear:
         return (layer.weight,) if layer.bias is None else (layer.weight, layer.bias)
     return (*layer.parameters(recurse=False), *layer.buffers(recurse=False))  # an Int8Linear's rows and scales
@@ -67,8 +67,7 @@ def product(x: Tensor, weight: Tensor | Int8Weight, bias: Tensor | None) -> Tens
     """``x @ weight + bias`` for ``x`` ``(..., in)`` and a joined ``weight`` ``(in, out)``."""
     if isinstance(weight, Int8Weight):
         return int8_product(x, weight, bias)
-    if x.dim() == 2:  # a decoding step's (B, E): 5.6 µs against 9.0 through reshape, @ and view (width 256,
-        # batch 1; 13.6 against 17.6 at batch 8), 17 products a step (AMD EPYC AVX-512, torch 2.13, 2 threads)
+    if x.dim() == 2:  # a decoding step's (B, E): one operator, not reshape, @ and view (two-d-product)
         return torch.mm(x, weight) if bias is None else torch.addmm(bias, x, weight)
     flat = x.reshape(-1, x.shape[-1])
     out = flat @ weight if bias is None else torch.addmm(bias, flat, weight)
@@ -93,8 +92,7 @@ class KeepsJoinedWeights:
     when training starts or ends (``train()`` from eval mode, ``eval()`` from training), for
     the writes that neither the version counters nor an optimizer step show (through
     ``.data``). ``eval()`` on a model already in eval mode keeps them: every ``generate``
-    sets eval mode, and joining the weights again cost 6.5 ms a call (4-layer width-256
-    model, AMD EPYC AVX-512, 2 threads), 3% of 256 new tokens."""
+    sets eval mode, and joining the weights again would cost every call a copy of them."""
 
     def train(self, mode: bool = True):  # type: ignore[no-untyped-def]
         if mode or self.training:  # type: ignore[attr-defined]
@@ -115,9 +113,9 @@ def _tracing() -> bool:
 def fused_linear(owner: nn.Module, name: str, layers: tuple[nn.Linear, ...], x: Tensor) -> tuple[Tensor, ...]:
     """``tuple(layer(x) for layer in layers)``; when no gradient is wanted (decoding), as one
     product ``x @ W`` with the layers' weights joined and kept transposed
-    (:func:`joined_weight`). On the CPU a product with one or a few rows costs 20 µs against
-    ``F.linear``'s 30 µs for a width-256 layer (AVX2 EPYC, ``benchmarks/lm_generate.py``),
-    and joining the query, key and value projections makes three such products one."""
+    (:func:`joined_weight`). On the CPU a product with one or a few rows is cheaper so than
+    through ``F.linear`` (results page "Why the fast paths", two-d-product), and joining the
+    query, key and value projections makes three such products one."""
     if torch.is_grad_enabled() or owner.training or _tracing():  # a trace keeps no weights of its own: no cache
         if len(layers) == 1 or not all(type(layer) is nn.Linear for layer in layers):  # LoRA's train their own way
             return tuple(layer(x) for layer in layers)

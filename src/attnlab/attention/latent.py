@@ -564,8 +564,8 @@ class IndexedSparseAttention(LatentAttention):
     def _index_of(self, q: Tensor, weights: Tensor, keys: Tensor) -> Tensor:
         """The indexer's scores ``(B, Lq, Lk)`` of queries ``q`` ``(B, Hi, Lq, Di)`` with
         ``weights`` ``(B, Lq, Hi)`` for ``keys`` ``(B, 1, Lk, Di)``: ``sum_h w_h relu(q_h . k) /
-        sqrt(Di)``, a head at a time into one sum (4 heads of 64, 128 queries, 16,384 keys: 9 ms
-        against 39 for the heads' scores formed together and weighted by a product, AMX Xeon)."""
+        sqrt(Di)``, a head at a time into one sum: faster than the heads' scores formed together
+        and weighted by a product, which makes an ``(Hi, Lq, Lk)`` tensor."""
         weights = weights * self.index_head_dim ** -0.5  # relu(a s) = a relu(s) for a > 0
         keys = keys[:, 0].float().transpose(-1, -2)
         index = None

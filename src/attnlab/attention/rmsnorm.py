@@ -21,7 +21,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-        if x.dtype == torch.float32 and _RMS_NORM is not None:  # one kernel: 25 µs against 50 (width 256, AVX2)
+        if x.dtype == torch.float32 and _RMS_NORM is not None:  # one kernel, not five (rms-norm-kernel)
             return _RMS_NORM(x, (x.shape[-1],), self.weight, self.eps)
         y = x.float()
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -215,8 +215,8 @@ def run_vision(out: str | Path, *, parts: Sequence[str] = PARTS, seeds: dict[str
     these rows of ``parts``, each named ``part/name`` as in :attr:`Variant.key` (for
     example ``heads/8 heads of 16``); the others are neither trained nor forgotten. ``quick``: two
     steps on 20 images per variant, the first two variants of each part, one seed, each
-    tested on the whole test set: it shows that everything runs end to end (24 minutes on
-    2 CPU cores, nearly all of it start-up, decoding and testing); its figures mean nothing."""
+    tested on the whole test set: it shows that everything runs end to end (nearly all of its
+    time start-up, decoding and testing); its figures mean nothing."""
     for p in parts:
         if p not in PARTS:
             raise InputError(f"parts must be among {list(PARTS)}; got {p!r}")

@@ -8,8 +8,7 @@ what they share.
 
 Only what every command needs is imported at the top of these modules; each command imports its
 own modules, so that `attnlab --version`, `attnlab --help` and `attnlab recipes` start without torch
-(the heaviest import: about 2 s of the 2.7 s `attnlab --version` took on 2 cores before; see the
-CHANGELOG).
+(the heaviest import, most of what `attnlab --version` took before; see the CHANGELOG).
 """
 
 from .app import build_parser, console, main, subcommands

@@ -275,9 +275,8 @@ def _render(compiled: Any, context: dict[str, Any]) -> str:
     """``compiled.render(**context)`` within CHAT_MAX_SECONDS and CHAT_MAX_CHARS: the output
     is taken piece by piece, and every line of the template's own code (Jinja compiles it to
     Python, named ``<template>``) looks at the clock, so a loop that prints nothing is
-    stopped too. The trace covers the template's frames alone; it costs 0.5 ms a prompt
-    (measured on an AMD EPYC: Llama 3.1's template, 11 messages, 0.66 ms bounded against
-    0.17 ms by ``render``), nothing beside a model's forward pass."""
+    stopped too. The trace covers the template's frames alone; it costs a fraction of a
+    millisecond a prompt, nothing beside a model's forward pass."""
     start = time.monotonic()
     deadline = start + CHAT_MAX_SECONDS
     late = f"it ran past the limit of {CHAT_MAX_SECONDS:g} s (attnlab.limits.CHAT_MAX_SECONDS)"

@@ -70,9 +70,8 @@ def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-3, wei
         group["lr"] = lr * group.get("lr_scale", 1.0)
     if name == "adamw":
         # The fused kernel (CPU since torch 2.4, and CUDA): one call for every tensor instead of a Python loop
-        # over them, which torch picks by default on the CPU. A step of the 136k-parameter digits ViT's AdamW:
-        # 0.35 ms fused, 1.10 ms foreach, 2.01 ms by default (2-core EPYC with AVX512-BF16, torch 2.13), a tenth
-        # of its 19 ms training step. Where the fused kernel does not run, the foreach one.
+        # over them, which torch picks by default on the CPU (results page "Why the fast paths", adamw-step).
+        # Where the fused kernel does not run, the foreach one.
         try:
             return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=True)  # type: ignore[arg-type]
         except (RuntimeError, TypeError, ValueError):

@@ -21,9 +21,9 @@ _INITS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_"
 @contextmanager
 def skip_init() -> Iterator[None]:
     """Build modules without drawing their initial weights (``torch.nn.init``'s functions do
-    nothing inside), for a model whose every weight is loaded next, strictly. Drawing
-    SmolLM2-135M's 135M initial weights took 2.2 s of its 3.5 s load from a GGUF file
-    (Xeon, 2 cores): work that loading overwrites."""
+    nothing inside), for a model whose every weight is loaded next, strictly. Drawing a
+    model's initial weights was most of its load from a GGUF file: work that loading
+    overwrites."""
     saved = {name: getattr(nn.init, name) for name in _INITS}
 
     def nothing(tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:

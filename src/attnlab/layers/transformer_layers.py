@@ -333,8 +333,8 @@ class TransformerDecoder(_Stack):
              cache: DecoderCache) -> Tensor:
         """One token per row while generating (eval mode, no gradient): ``x`` ``(B, E)`` ->
         ``(B, E)``, :meth:`forward`'s result for ``x[:, None]`` with ``cache``, each layer through
-        its lean step. A step of ``transformer_base`` at batch 4 took 11.0 ms through it against
-        11.7 through :meth:`forward` (AMX Xeon, 2 threads)."""
+        its lean step (``tests/test_generation.py`` keeps the two equal; the translator's decoding
+        speed: results page "Decoding and caches")."""
         for layer, self_cache, cross_cache in zip(self.layers, cache.self_attn, cache.cross_attn):
             x = layer.step(x, memory, memory_key_padding_mask, self_cache, cross_cache)
         return x if self.norm is None else self.norm(x)

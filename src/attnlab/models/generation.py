@@ -129,9 +129,8 @@ def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: f
     token through ``model.decode_step`` (every layer's lean step). ``compile``: run that step
     through ``torch.compile`` (compiled once per model, for any batch and length; it needs a
     C++ compiler on the CPU): the first call spends half a minute compiling, and then a step
-    of a small model is about 1.5x faster (210 against 323 tokens per second at batch 1 for a
-    4-layer width-256 model, AVX2 EPYC, ``benchmarks/lm_generate.py``), which pays for long
-    or repeated generations. ``use_cache=False``, or a model whose attention keeps no cache,
+    of a small model is faster (results page "Decoding and caches", ``benchmarks/lm_generate.py``),
+    which pays for long or repeated generations. ``use_cache=False``, or a model whose attention keeps no cache,
     runs the whole sequence through the model at every step (the same tokens, slower).
     ``cache_window`` and ``sink_tokens`` stream: the cache holds the first ``sink_tokens``
     positions and the last ``cache_window`` (StreamingLLM), so memory stays flat past the

@@ -220,8 +220,8 @@ class GGUFCheckpoint:
     def weights(self) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}
         heads, kv = self._config.get("num_attention_heads"), self._config.get("num_key_value_heads")
-        # One tensor at a time: two threads gained nothing (1.14 s against 1.06 for SmolLM2-135M's 272 tensors,
-        # AMX Xeon): gguf's dequantization holds the interpreter between its numpy operations.
+        # One tensor at a time: two threads gained nothing, since gguf's dequantization holds the interpreter
+        # between its numpy operations.
         for name in self.file.tensors:
             w = self.file.read(name)
             stem = name.rpartition(".")[0]

@@ -7,8 +7,8 @@ not). Positions are learned or sinusoidal embeddings added to the input, rotary
 added times a learned scale that starts at ``embed_dim ** -0.5`` (x-transformers' "scaled
 sinusoidal" form): added as it is, its rows (a norm of 8 at width 128) swamped token
 embeddings initialised with a norm of 0.23, and a character model of Tiny Shakespeare
-reached a validation loss of 3.32 nats after 300 steps, against 2.44 with the scale and 2.40
-with learned positions (``attnlab bench lm --parts extrapolation``, AVX2 EPYC).
+learned far more slowly than with the scale or learned positions (results page "Language
+models", ``attnlab bench lm --parts extrapolation``).
 
 The block never names an attention kind. It builds ``config.attention`` (by default
 ``"gqa"``: grouped-query heads, sliding window, QK-norm, a key/value cache) with the
@@ -102,9 +102,8 @@ class DecoderBlock(nn.Module):
         """:meth:`forward` of one token per row ``(B, E)`` in eval mode, as a function
         ``step(x, cache, positions, key_padding_mask)`` made once per generation: the
         attention's ``decode_step``, the MLP's joined weights and the norms bound to it. A
-        step of a 4-layer width-256 model spends half its time outside the arithmetic (524
-        of 1,022 µs at batch 1, the same model at width 16: AMD EPYC AVX-512, 2 threads),
-        much of it in looking up modules and weights; bound, they are looked up once."""
+        small model's step spends about half its time outside the arithmetic, much of it in
+        looking up modules and weights; bound, they are looked up once."""
         attend, mlp = self.attn.decode_step, self.mlp.step_function()
         norm1, norm2 = _step_norm(self.norm1, dtype), _step_norm(self.norm2, dtype)
         if self.post_attn_norm is None and self.post_mlp_norm is None:
@@ -124,8 +123,7 @@ class DecoderBlock(nn.Module):
 def _step_norm(norm: nn.Module | None, dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
     """``norm`` for a decoding step's ``(B, E)``. An RMSNorm of float32 is written out in
     operators that give F.rms_norm's bits (its CPU kernel is these operators, plus two casts of
-    the scalars it is given as numbers): 8.9 µs against 10.5 (width 256, batch 1; 10.1 against
-    11.1 at batch 8; AMD EPYC AVX-512, torch 2.13, 2 threads), nine a step of 4 layers."""
+    the scalars it is given as numbers; results page "Why the fast paths", step-norm)."""
     if norm is None:
         return lambda x: x
     if type(norm) is RMSNorm and dtype == torch.float32:

@@ -201,7 +201,7 @@ def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | 
         weights.pop("head.weight", None)
         if set(model.state_dict()) - set(weights) != {"head.weight"}:  # only the tied head may be left out
             raise AssertionError(f"{folder}: weights left unloaded: {sorted(set(model.state_dict()) - set(weights))}")
-    # The read tensors become the parameters (no copy: 0.23 s of SmolLM2-135M's load), converted first
+    # The read tensors become the parameters (no copy of every weight), converted first
     # where the model keeps another dtype; the tied output layer is the embedding again afterwards.
     kept = model.state_dict()
     weights = {k: w.to(kept[k].dtype).contiguous() for k, w in weights.items()}  # (a no-op where it already is)

@@ -54,8 +54,8 @@ def _figure(width: float, height: float, *, layout: str | None = "constrained") 
 def _image_grid(rows: int, cols: int, width: float, height: float, title: bool) -> tuple[Any, Any]:
     """A figure of ``rows x cols`` image panels, each with a colour bar at its right, placed
     by fixed margins instead of the constrained layout: panels without tick labels need no
-    measuring, and the layout engine took two thirds of the time of a BoTNet figure of 18
-    panels (2.9 s against 1.0 s, AVX2 EPYC), paid in every run's report."""
+    measuring, and the layout engine took most of the time of a figure of many panels, paid in
+    every run's report."""
     fig = _figure(width, height, layout=None)
     grid = dict(left=0.08 / width, right=1 - 0.6 / width, bottom=0.08 / height,
                 top=1 - (0.5 if title else 0.3) / height, wspace=0.4, hspace=0.25)
@@ -163,8 +163,8 @@ def _heatmap_grid(rows: int, cols: int, panel: tuple[float, float], xlabels: Seq
     """A figure of ``rows x cols`` heatmaps of ``panel`` (width, height) inches, with room for
     the tick labels measured beforehand (the longest label, rotated below and upright to the
     left) and a colour bar beside each: ``(fig, axes, (x font, y font))``. The constrained
-    layout measured every tick label of every panel on every draw, four fifths of the time of
-    a sentence's five heatmaps (4.3 s against 0.9 s, AVX2 EPYC), paid in every text run's report."""
+    layout measured every tick label of every panel on every draw, most of the time of a
+    sentence's heatmaps, paid in every text run's report."""
     fonts = (_label_size(len(xlabels), panel[0]), _label_size(len(ylabels), panel[1]))
     left = _text_inches(ylabels, fonts[1]) + 0.35  # the y tick labels, the axis label, a gap
     below = _text_inches(xlabels, fonts[0]) + 0.35
@@ -201,9 +201,8 @@ def token_heatmaps(weights: Tensor, query_labels: Sequence[str], key_labels: Seq
     size = min(7.0, max(2.6, 0.14 * max(lq, lk) + 0.6))  # inches per panel: room for a row per token
     fig, axes, fonts = _heatmap_grid(rows, cols, (size, size), key_labels, query_labels, bool(title))
     axes = axes.ravel()
-    # Token labels on the left column and on each column's lowest panel alone: every panel's own took 84% of a
-    # report's attention pictures (matplotlib makes an object per tick: 27.7 s for MR's 12 pictures of 13 panels,
-    # all-MiniLM-L6-v2, AMX Xeon); the panels of a grid share their tokens.
+    # Token labels on the left column and on each column's lowest panel alone: every panel's own took most of a
+    # report's attention pictures (matplotlib makes an object per tick); the panels of a grid share their tokens.
     for k, (ax, (name, m)) in enumerate(zip(axes, panels)):
         _heatmap(fig, ax, m, key_labels, query_labels, fonts, name, x_ticks=k + cols >= len(panels),
                  y_ticks=k % cols == 0)
