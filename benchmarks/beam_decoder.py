@@ -14,7 +14,7 @@ import time
 import torch
 import transformers
 
-from attnlab.models import from_hf
+from attnlab.formats import from_hf
 
 
 def main() -> None:

@@ -25,9 +25,9 @@ from attnlab.data import data_dir
 from attnlab.models.convert import ConvertAttention, cache_bytes_per_token, convert_options, convert_weights
 from attnlab.models.gpt import GPT
 from attnlab.models.gpt_config import GPTConfig
-from attnlab.models.hf import read_hf
-from attnlab.models.hf_files import open_checkpoint
-from attnlab.models.packaged import packaged_model
+from attnlab.formats.hf.load import read_hf
+from attnlab.formats.hf.files import open_checkpoint
+from attnlab.formats.packaged import packaged_model
 from attnlab.viz.ablation import next_token_loss
 
 SETTINGS = [None, ConvertAttention(to="sliding", window=256)] + [

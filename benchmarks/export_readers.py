@@ -60,7 +60,7 @@ def main() -> None:
     torch.set_num_threads(2)
     import transformers
 
-    from attnlab.models.hf import from_hf
+    from attnlab.formats.hf.load import from_hf
     from attnlab.tasks import load_run
     from attnlab.tasks.export_model import export_language_model
 

@@ -32,9 +32,9 @@ import torch
 
 from attnlab.attention.capture import capture_attention
 from attnlab.data import data_dir
-from attnlab.models.hf import from_hf
-from attnlab.models.hf_files import open_checkpoint
-from attnlab.models.packaged import packaged_model
+from attnlab.formats.hf.load import from_hf
+from attnlab.formats.hf.files import open_checkpoint
+from attnlab.formats.packaged import packaged_model
 from attnlab.viz.ablation import head_ablation, next_token_loss
 from attnlab.viz.explorer.documents import head_stats
 
@@ -139,7 +139,7 @@ def main() -> None:
     path = packaged_model("smollm2-135m-instruct")
     model, tokenizer = from_hf(path).eval(), open_checkpoint(path).tokenizer()
     results.append(analyse("SmolLM2-135M-Instruct", model, tokenizer, encoder=False, low=1000, special=([], [])))
-    from attnlab.models.sentence import SentenceEncoder
+    from attnlab.formats.sentence import SentenceEncoder
 
     folder = packaged_model("all-minilm-l6-v2")
     encoder = SentenceEncoder.load(folder)

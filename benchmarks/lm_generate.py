@@ -39,7 +39,7 @@ def main() -> None:
 
     from attnlab.bench.lm import best_of as _best
     from attnlab.bench.machine import machine_info, machine_label
-    from attnlab.models import from_hf
+    from attnlab.formats import from_hf
 
     torch.manual_seed(0)
     shape = dict(vocab_size=256, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model, time_interleaved  # noqa: E402
 
 from attnlab.layers.lora import apply_lora, mark_only_lora_trainable  # noqa: E402
-from attnlab.models import from_hf  # noqa: E402
+from attnlab.formats import from_hf  # noqa: E402
 
 SIZES = {"base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
          "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)}

@@ -116,10 +116,10 @@ def main() -> None:
 
     from attnlab.bench.lm import best_of
     from attnlab.bench.machine import machine_info, machine_label
-    from attnlab.models.gguf_reader import GGUFFile
-    from attnlab.models.hf import from_hf
-    from attnlab.models.hf_files import open_checkpoint
-    from attnlab.models.packaged import packaged_model
+    from attnlab.formats.gguf.reader import GGUFFile
+    from attnlab.formats.hf.load import from_hf
+    from attnlab.formats.hf.files import open_checkpoint
+    from attnlab.formats.packaged import packaged_model
 
     path = packaged_model("smollm2-135m-instruct")
     print(f"machine: {machine_label(machine_info())}; torch {torch.__version__}, transformers "

@@ -17,7 +17,7 @@ import time
 import torch
 
 from attnlab.models import create_model
-from attnlab.models.generation import greedy_search
+from attnlab.generation.search import greedy_search
 from common import cpu_model  # benchmarks/common.py, beside this script
 
 

@@ -13,7 +13,7 @@ import torch
 from attnlab.attention import DifferentialAttention, LatentAttention, SinkAttention, build_attention, capture_attention
 from attnlab.attention.registry import attention_forms_weights, attention_keeps_cache
 from attnlab.errors import InputError
-from attnlab.models import from_hf
+from attnlab.formats import from_hf
 from attnlab.models.gpt import GPT
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (the dev extra)")

@@ -34,7 +34,7 @@ def test_gqa_is_the_older_name_of_exact_attention_with_any_number_of_key_value_h
 def test_a_decoders_layers_say_the_kinds_own_name_whatever_name_the_config_used():
     from attnlab.attention.registry import canonical_attention
     from attnlab.models.convert import ConvertAttention, convert_options
-    from attnlab.models.hf_export import _layer_types
+    from attnlab.formats.hf.export import _layer_types
 
     assert canonical_attention("gqa") == canonical_attention("exact") == "exact"
     model = create_model("gpt_tiny", vocab_size=50, attention="gqa", depth=2, pos_embed="rope")

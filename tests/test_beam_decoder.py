@@ -1,11 +1,12 @@
-"""Beam search of a decoder-only model (attnlab.models.beam) equals transformers'
+"""Beam search of a decoder-only model (attnlab.generation.beam) equals transformers'
 generate(num_beams=...) on the same weights, with and without the cache."""
 
 import pytest
 import torch
 
 from attnlab.errors import InputError
-from attnlab.models import create_model, from_hf
+from attnlab.formats import from_hf
+from attnlab.models import create_model
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (the dev extra)")
 

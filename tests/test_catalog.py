@@ -9,7 +9,7 @@ from pathlib import Path
 
 from attnlab import catalog, families
 from attnlab.attention import list_attention
-from attnlab.models.hf import HF_FAMILIES
+from attnlab.formats.hf.load import HF_FAMILIES
 from attnlab.recipes import list_recipes
 from attnlab.tasks.base import list_tasks
 

@@ -22,7 +22,7 @@ transformers = pytest.importorskip("transformers", reason="transformers writes t
 from attnlab.cli import main  # noqa: E402
 from attnlab.models.convert import ConvertAttention, cache_bytes_per_token, convert_options  # noqa: E402
 from attnlab.models.gpt_config import GPTConfig  # noqa: E402
-from attnlab.models.hf import from_hf, hf_model_spec  # noqa: E402
+from attnlab.formats.hf.load import from_hf, hf_model_spec  # noqa: E402
 
 
 def _llama_and_its_file(tmp: Path) -> tuple[object, Path]:
@@ -117,8 +117,8 @@ def test_refusals_name_the_key(tmp_path: Path, capsys) -> None:
 
 def test_a_model_whose_every_layer_slides_exports_as_mistral_and_transformers_reads_it(tmp_path: Path) -> None:
     from attnlab.models.gpt import GPT
-    from attnlab.models.hf_export import save_hf
-    from attnlab.models.hf_files import open_checkpoint
+    from attnlab.formats.hf.export import save_hf
+    from attnlab.formats.hf.files import open_checkpoint
 
     source = _llama(tmp_path)
     original = from_hf(source)

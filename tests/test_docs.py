@@ -30,7 +30,7 @@ TUTORIALS = ("attention", "norms", "transformer", "vit", "cnn-attention", "effic
 LANGUAGES = {"en": "", "zh": "zh/"}  # the language and its folder in the site
 GUIDE = ("index", "command-line", "recipes", "data", "models", "generation", "runs", "training", "inside")
 RESULTS = ("index", "vision", "precision", "own-images", "text", "language-models", "decoding", "attention-kinds",
-           "attention-2024", "explorer", "fine-tuning", "heads", "notebooks")
+           "attention-2024", "explorer", "fine-tuning", "heads", "notebooks", "sharded-training", "fast-paths")
 
 
 # The tests of the built site: the build runs every example of every page (minutes), so they run in

@@ -1,4 +1,4 @@
-"""A decoder back out to the ecosystem (attnlab.models.hf_export, attnlab.models.gguf_writer,
+"""A decoder back out to the ecosystem (attnlab.formats.hf.export, attnlab.formats.gguf.writer,
 ``attnlab export RUN --format hf|gguf``): tiny random models of llama, qwen2 and qwen3 written
 as llama.cpp writes them (tests/gguf_files.py), read by attnlab, written back as a Hugging Face
 folder and as GGUF files of F32, F16 and Q8_0 weights; ``transformers`` (and llama.cpp where the
@@ -22,10 +22,10 @@ transformers = pytest.importorskip("transformers", reason="transformers reads wh
 
 from attnlab.cli import main  # noqa: E402
 from attnlab.errors import InputError  # noqa: E402
-from attnlab.models.gguf_writer import save_gguf  # noqa: E402
-from attnlab.models.hf import from_hf  # noqa: E402
-from attnlab.models.hf_export import save_hf  # noqa: E402
-from attnlab.models.hf_files import open_checkpoint  # noqa: E402
+from attnlab.formats.gguf.writer import save_gguf  # noqa: E402
+from attnlab.formats.hf.load import from_hf  # noqa: E402
+from attnlab.formats.hf.export import save_hf  # noqa: E402
+from attnlab.formats.hf.files import open_checkpoint  # noqa: E402
 
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -268,7 +268,7 @@ def test_a_full_disk_names_the_file_and_leaves_nothing_behind(tmp_path: Path, ki
     source = _source(tmp_path, "llama")
     out = tmp_path / "out" / ("hf" if kind == "hf" else "m.gguf")
     code = (f"import resource; resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))\n"
-            f"from attnlab.models.hf import from_hf\nfrom attnlab.models.hf_files import open_checkpoint\n"
+            f"from attnlab.formats.hf.load import from_hf\nfrom attnlab.formats.hf.files import open_checkpoint\n"
             f"from attnlab.errors import WriteError\n"
             f"from attnlab.models.{'hf_export import save_hf as save' if kind == 'hf' else 'gguf_writer import save_gguf as save'}\n"
             f"try:\n    save(from_hf({str(source)!r}), open_checkpoint({str(source)!r}).tokenizer(), {str(out)!r})\n"

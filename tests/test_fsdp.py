@@ -289,7 +289,7 @@ def test_a_pretrained_decoder_fine_tuned_sharded_exports_as_one_folder(tmp_path:
     from gguf_files import byte_level_vocab, write_gguf
 
     from attnlab.cli import main
-    from attnlab.models.hf import from_hf
+    from attnlab.formats.hf.load import from_hf
     from attnlab.tasks import load_run
 
     torch.manual_seed(0)

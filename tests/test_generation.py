@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attnlab.models import create_model
-from attnlab.models.generation import beam_search, greedy_search
+from attnlab.generation.search import beam_search, greedy_search
 
 
 def model(vocab=1000, **kw):

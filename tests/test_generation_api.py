@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnlab.models import create_model
-from attnlab.models.processors import (MinP, RepetitionPenalty, StopStrings, Temperature, TopK, TopP, choose,
+from attnlab.generation.processors import (MinP, RepetitionPenalty, StopStrings, Temperature, TopK, TopP, choose,
                                        processors_for)
 
 TINY = dict(vocab_size=40, embed_dim=32, num_heads=4, depth=2, max_len=64, pos_embed="rope")

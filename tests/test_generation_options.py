@@ -16,7 +16,7 @@ from attnlab.cli import main
 from attnlab.engine.config import ConfigError
 from attnlab.errors import InputError
 from attnlab.models import create_model
-from attnlab.models.sampling import check_generation, penalize_repeats
+from attnlab.generation.sampling import check_generation, penalize_repeats
 from attnlab.recipes import load_recipe
 
 BAD = [

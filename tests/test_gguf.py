@@ -19,9 +19,9 @@ from gguf_files import MIXED_TEXT, Q, byte_level_vocab, sentencepiece_vocab, wri
 transformers = pytest.importorskip("transformers", reason="transformers reads the same files as the reference")
 
 from attnlab.errors import InputError  # noqa: E402
-from attnlab.models.gguf_reader import GGUFFile  # noqa: E402
-from attnlab.models.hf import from_hf  # noqa: E402
-from attnlab.models.hf_files import open_checkpoint  # noqa: E402
+from attnlab.formats.gguf.reader import GGUFFile  # noqa: E402
+from attnlab.formats.hf.load import from_hf  # noqa: E402
+from attnlab.formats.hf.files import open_checkpoint  # noqa: E402
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"]
 
@@ -113,7 +113,7 @@ def test_each_tensor_type_dequantizes_bitwise_as_gguf_does(tmp_path: Path, qtype
 
 
 def test_a_large_tensor_is_dequantized_in_chunks_equal_to_one_piece(tmp_path: Path, monkeypatch) -> None:
-    import attnlab.models.gguf_reader as reader
+    import attnlab.formats.gguf.reader as reader
 
     path, _ = _write(tmp_path, "llama", Q.Q4_1)
     whole = {n: GGUFFile(path).read(n) for n in GGUFFile(path).tensors}
@@ -341,7 +341,7 @@ def _merges_tried_at_every_place(tokens: list[str], scores: dict[str, float]) ->
 
 
 def test_the_merges_of_a_sentencepiece_vocabulary_are_those_of_every_split() -> None:
-    from attnlab.models.gguf_tokenizer import _merges_from_scores
+    from attnlab.formats.gguf.tokenizer import _merges_from_scores
 
     gen = np.random.default_rng(0)
     tokens = ["".join(gen.choice(list("ab▁c"), size=gen.integers(1, 14))) for _ in range(3000)]

@@ -160,7 +160,7 @@ def test_sampling_is_reproducible_with_a_seed_and_top_k_1_is_greedy():
 
 
 def test_top_p_keeps_the_smallest_set_that_reaches_p():
-    from attnlab.models.sampling import choose_next
+    from attnlab.generation.sampling import choose_next
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     picks = {int(choose_next(logits, temperature=1.0, top_p=0.7, generator=torch.Generator().manual_seed(s)))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab.errors import InputError
-from attnlab.models import from_hf
+from attnlab.formats import from_hf
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (the dev extra)")
 

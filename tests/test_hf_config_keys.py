@@ -5,8 +5,8 @@ transformers writes it (every key transformers knows for that model type)."""
 
 import pytest
 
-from attnlab.models.hf import HF_FAMILIES
-from attnlab.models.hf_keys import FAMILY_IRRELEVANT, IRRELEVANT, ONLY_AT, Reading, check_keys, check_switched_off
+from attnlab.formats.hf.load import HF_FAMILIES
+from attnlab.formats.hf.keys import FAMILY_IRRELEVANT, IRRELEVANT, ONLY_AT, Reading, check_keys, check_switched_off
 
 transformers = pytest.importorskip("transformers")  # a peer, for its default configurations
 

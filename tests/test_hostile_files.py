@@ -197,7 +197,7 @@ def test_a_metrics_line_nested_too_deep_is_a_damaged_line_not_a_crash(tmp_path):
 # -- config.json sizes -----------------------------------------------------------------------
 
 def test_a_sliding_window_of_ten_to_the_twelve_generates_in_the_memory_of_its_tokens(llama, tmp_path, capsys):
-    from attnlab.models import from_hf
+    from attnlab.formats import from_hf
 
     folder = variant(llama, tmp_path, model_type="mistral", architectures=["MistralForCausalLM"],
                      sliding_window=10**12, max_position_embeddings=10**12)

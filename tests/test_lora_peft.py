@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attnlab.layers.lora import apply_lora, lora_layers
-from attnlab.models import from_hf
+from attnlab.formats import from_hf
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (the dev extra)")
 peft = pytest.importorskip("peft", reason="peft is a test-only dependency (the dev extra)")

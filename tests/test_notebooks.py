@@ -115,7 +115,7 @@ def test_every_tutorials_lab_command_names_real_recipes_keys_and_models():
     import shlex
 
     from attnlab.cli.app import build_parser
-    from attnlab.models.packaged import PACKAGED
+    from attnlab.formats.packaged import PACKAGED
     from attnlab.recipes import load_recipe
 
     stems = {p.stem for p in (ROOT / "docs" / "en" / "tutorials").glob("*.md")}

@@ -16,7 +16,7 @@ from attnlab.cli import main
 from attnlab.data.lm_tokenize import HFTokenizer
 from attnlab.errors import InputError
 from attnlab.models.gpt import GPT
-from attnlab.models.sampling import choose_next
+from attnlab.generation.sampling import choose_next
 from attnlab.recipes import load_recipe
 from attnlab.tasks import get_task, load_run
 from attnlab.tasks.base import Prepared

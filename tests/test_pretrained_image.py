@@ -10,7 +10,7 @@ import yaml
 
 import attnlab
 from attnlab.cli import main
-from attnlab.models.hf import read_hf
+from attnlab.formats.hf.load import read_hf
 
 from conftest import make_folder  # a folder of images of every kind, made by the tests
 

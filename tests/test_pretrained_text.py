@@ -15,7 +15,7 @@ from tokenizers.implementations import BertWordPieceTokenizer
 import attnlab
 from attnlab.cli import main
 from attnlab.engine.config import ConfigError
-from attnlab.models.hf import read_hf
+from attnlab.formats.hf.load import read_hf
 from attnlab.recipes import load_recipe
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (the dev extra)")

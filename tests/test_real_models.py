@@ -1,5 +1,5 @@
 """Models that someone trained, from packages of the registry (``make models``;
-:mod:`attnlab.models.packaged`): SmolLM2-135M-Instruct and Gemma 3 270M as GGUF files,
+:mod:`attnlab.formats.packaged`): SmolLM2-135M-Instruct and Gemma 3 270M as GGUF files,
 all-MiniLM-L6-v2 as a Hugging Face folder, each against ``transformers``' reading of the same
 files: logits over real text, greedy continuations, a chat reply through the file's template,
 the loss on Tiny Shakespeare's test part; hidden states and sentence embeddings."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.models.packaged import installed_models, packaged_model
+from attnlab.formats.packaged import installed_models, packaged_model
 
 transformers = pytest.importorskip("transformers", reason="transformers reads the same files as the reference")
 pytest.importorskip("gguf", reason="the gguf package reads GGUF files (pip install gguf)")
@@ -43,8 +43,8 @@ def cache(tmp_path_factory: pytest.TempPathFactory):
 
 def _pair(name: str) -> tuple[object, object, object, object, Path]:
     """attnlab's and transformers' model and tokenizer of the packaged GGUF model ``name``."""
-    from attnlab.models.hf import from_hf
-    from attnlab.models.hf_files import open_checkpoint
+    from attnlab.formats.hf.load import from_hf
+    from attnlab.formats.hf.files import open_checkpoint
 
     torch.set_num_threads(max(torch.get_num_threads(), 1))
     path = packaged_model(name)
@@ -140,7 +140,7 @@ def test_gemma3_has_sliding_and_global_layers_and_no_template_named_in_one_line(
 
 def test_minilm_hidden_states_and_sentence_embeddings_equal_transformers(cache) -> None:
     _need("all-minilm-l6-v2")
-    from attnlab.models.sentence import SentenceEncoder
+    from attnlab.formats.sentence import SentenceEncoder
 
     folder = packaged_model("all-minilm-l6-v2")
     encoder = SentenceEncoder.load(folder)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from attnlab.errors import InputError
-from attnlab.models.packaged import _extracted, packaged_model, resolve_packaged
-from attnlab.models.sentence import SentenceEncoder
+from attnlab.formats.packaged import _extracted, packaged_model, resolve_packaged
+from attnlab.formats.sentence import SentenceEncoder
 
 
 def test_a_sentence_folder_without_modules_or_pooling_is_named(tmp_path: Path) -> None:

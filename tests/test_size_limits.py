@@ -30,9 +30,10 @@ from attnlab.data.tokenize import MAX_VOCAB, TextTokenizer, check_vocab_size
 from attnlab.engine.config import ConfigError
 from attnlab.errors import InputError
 from attnlab.layers.lora import apply_lora
-from attnlab.models import create_model, from_hf
-from attnlab.models.hf import hf_model_spec, read_hf
-from attnlab.models.hf_files import read_headers as _read_headers
+from attnlab.formats import from_hf
+from attnlab.models import create_model
+from attnlab.formats.hf.load import hf_model_spec, read_hf
+from attnlab.formats.hf.files import read_headers as _read_headers
 from attnlab.models.registry import OptionError
 from attnlab.recipes import load_recipe
 from attnlab.tasks import get_task
@@ -90,8 +91,8 @@ CHILD = textwrap.dedent("""
     import torch
     from attnlab.attention import build_attention
     from attnlab.cli import main
-    from attnlab.models import from_hf
-    from attnlab.models.hf import hf_model_spec, read_hf
+    from attnlab.formats import from_hf
+    from attnlab.formats.hf.load import hf_model_spec, read_hf
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # an allocation of more fails
     cases = json.loads(sys.argv[1])
     out = {}

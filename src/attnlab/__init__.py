@@ -5,17 +5,20 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .moved import install as _install_moved
+
 __version__ = "0.2.0"
 
-__all__ = ["attention", "data", "layers", "models", "create_model", "list_models", "train", "load_run", "finish_run",
-           "__version__"]
+__all__ = ["attention", "data", "layers", "models", "formats", "generation", "create_model", "list_models", "from_hf",
+           "train", "load_run", "finish_run", "__version__"]
 
 # Read when first asked for (PEP 562), not on `import attnlab`: the command line imports this package
 # before it knows its command, and `attnlab --version` or `attnlab recipes` need no torch (about 2 s of
 # the command's start on 2 cores).
-_SUBMODULES = ("attention", "data", "layers", "models", "tasks")
-_NAMES = {"create_model": "models", "list_models": "models", "train": "tasks", "load_run": "tasks",
-          "finish_run": "tasks"}
+_SUBMODULES = ("attention", "data", "layers", "models", "formats", "generation", "tasks")
+_NAMES = {"create_model": "models", "list_models": "models", "from_hf": "formats", "train": "tasks",
+          "load_run": "tasks", "finish_run": "tasks"}
+_install_moved()  # the former paths of moved modules (attnlab.moved)
 
 
 def __getattr__(name: str) -> Any:

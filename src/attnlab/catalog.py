@@ -24,7 +24,7 @@ from .attention.registry import (attention_causal_only, attention_forms_weights,
                                  attention_keeps_cache, attention_summary)
 from .families import HF_FAMILY_CHECKPOINTS
 from .io import atomic_write_bytes
-from .models.hf import HF_FAMILIES
+from .formats.hf.load import HF_FAMILIES
 from .recipes import list_recipes
 from .tasks.base import list_tasks
 
@@ -74,7 +74,7 @@ def attention_kinds_table(lang: str = "en") -> str:
 
 
 def hf_families_table(lang: str = "en") -> str:
-    """Every ``model_type`` that :func:`attnlab.models.from_hf` reads, the checkpoints that carry
+    """Every ``model_type`` that :func:`attnlab.formats.from_hf` reads, the checkpoints that carry
     it and the attnlab class it loads as (``GPT``, ``TextEncoder``, ``VisionTransformer``)."""
     w = _words(lang)
     rows = [[f"`{kind}`", HF_FAMILY_CHECKPOINTS[kind][1], f"`{family.model.__name__}`"]

@@ -1,5 +1,5 @@
-"""The Hugging Face families ``attnlab.models.from_hf`` reads, by ``config.json``'s ``model_type``,
-with the checkpoints each is known by. Here, apart from the readers in ``models/hf.py``, so that
+"""The Hugging Face families ``attnlab.formats.from_hf`` reads, by ``config.json``'s ``model_type``,
+with the checkpoints each is known by. Here, apart from the readers in ``formats/hf/load.py``, so that
 the command line's help names them without importing torch; ``tests/test_catalog.py`` checks that
 this table and ``HF_FAMILIES`` hold the same names."""
 

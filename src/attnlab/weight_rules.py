@@ -1,5 +1,5 @@
 """Weights under other names, in one declarative style for every source (the Hugging Face
-families of :mod:`attnlab.models.hf_tables`, timm's ViT of :mod:`attnlab.models.checkpoint`,
+families of :mod:`attnlab.formats.hf.tables`, timm's ViT of :mod:`attnlab.models.checkpoint`,
 ``torch.nn.Transformer`` in :mod:`attnlab.models.transformer`, and the packed projections of
 attnlab's own older runs in :mod:`attnlab.attention.projections`): a table of rules
 ``(theirs, ours, how)``.

@@ -147,7 +147,7 @@ def cache_point(variant: str, *, lengths: Sequence[int], window: int, prompt: in
     here so that the cache can be read at the end (first checked to give ``generate``'s
     tokens)."""
     from ..attention.cache import DecodingCache
-    from ..models.generation import DecoderSession, search
+    from ..generation.search import DecoderSession, search
 
     kv_heads, windowed = CACHE_VARIANTS[variant]
     model = _model(prompt + max(lengths), num_kv_heads=kv_heads, sliding_window=window if windowed else None)
@@ -318,7 +318,7 @@ def _at_equal_time(data: dict[str, Any], part: str, kinds: dict[str, Sequence[st
 
 
 class _StepClock:
-    """An observer of a generation (:class:`~attnlab.models.generation.Step`) that keeps the
+    """An observer of a generation (:class:`~attnlab.generation.search.Step`) that keeps the
     seconds between one chosen token and the next: a decoding step and the choice after it
     (the first choice, after the prompt, is not a step)."""
 
@@ -337,7 +337,7 @@ class _StepClock:
 def decoding_point(model: torch.nn.Module, *, lengths: Sequence[int], prompt: int) -> list[dict[str, Any]]:
     """Greedy decoding with the cache from a random prompt of ``prompt`` tokens, one run per
     length of ``lengths``: tokens per second, the last tenth's ms a token, the cache's bytes."""
-    from ..models.generation import DecoderSession, search
+    from ..generation.search import DecoderSession, search
 
     ids = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(1))
     speeds = []

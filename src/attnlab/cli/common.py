@@ -93,8 +93,8 @@ def load_run_or_model(path: str, checkpoint: str, device: str, int8: bool = Fals
     """The run directory ``path`` (its ``checkpoint``), or the pretrained decoder there (a Hugging
     Face folder or a GGUF file) as a finished language-model run; ``int8``: its linear layers'
     weights kept in 8 bits (:func:`~attnlab.attention.int8.quantize_int8`)."""
-    from ..models.hf import is_pretrained
-    from ..models.packaged import resolve_packaged
+    from ..formats.hf.load import is_pretrained
+    from ..formats.packaged import resolve_packaged
     from ..tasks import load_run
     from ..tasks.language_modeling import load_folder
 

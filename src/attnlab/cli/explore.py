@@ -22,7 +22,7 @@ def cmd_visualize(args: argparse.Namespace) -> int:
 
 
 def cmd_explore(args: argparse.Namespace) -> int:
-    from ..models.packaged import resolve_packaged
+    from ..formats.packaged import resolve_packaged
     from ..viz.explorer import check_output, default_output, explore
 
     target = resolve_packaged(args.target)  # smollm2-135m-instruct: the installed package's file

@@ -13,7 +13,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """The continuation of a prompt by a language-model run, or by a Hugging Face decoder
     folder (its tokenizer, special tokens and generation_config.json's defaults), printed as
     it is generated; with --chat, the reply to a message rendered by the chat template."""
-    from ..models.sampling import GENERATION_OPTIONS, check_generation
+    from ..generation.sampling import GENERATION_OPTIONS, check_generation
 
     given = {k: getattr(args, k) for k in GENERATION_OPTIONS if getattr(args, k) is not None}
     options = check_generation(names=lambda key: "--" + key.replace("_", "-"), **given)  # before the run loads

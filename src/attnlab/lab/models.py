@@ -25,9 +25,9 @@ from PIL import Image, ImageDraw, UnidentifiedImageError
 
 from ..attention.capture import attention_modules
 from ..errors import InputError
-from ..models.packaged import resolve_packaged
-from ..models.processors import processors_for
-from ..models.sampling import check_generation
+from ..formats.packaged import resolve_packaged
+from ..generation.processors import processors_for
+from ..generation.sampling import check_generation
 from ..tasks.base import check_text
 from ..tasks.views import token_labels
 from ..viz.ablation import heads_removed, next_token_loss

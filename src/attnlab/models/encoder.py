@@ -1,6 +1,6 @@
 """Text encoders in BERT's shape, the form of the pretrained checkpoints one fine-tunes:
 BERT, RoBERTa and DistilBERT (their Hugging Face folders load through
-:func:`attnlab.models.from_hf`).
+:func:`attnlab.formats.from_hf`).
 
 Token, learned position and (BERT, RoBERTa) token-type embeddings are summed and normalized,
 then a stack of post-norm encoder layers (:class:`~attnlab.layers.TransformerEncoderLayer`:

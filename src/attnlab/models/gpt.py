@@ -27,7 +27,7 @@ or ``"full"``, or ``window_pattern``), ``rope_local_theta`` for the sliding laye
 ``(B, L, vocab_size)``. ``doc_ids`` ``(B, L)`` packs several documents in a row: no token
 attends across a document boundary and positions restart at each document, so a packed
 row computes what its documents would alone. ``generate`` and ``stream`` decode greedily or
-sample through :mod:`attnlab.models.generation`, with the cache.
+sample through :mod:`attnlab.generation.search`, with the cache.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from ..layers.mlp import GeluMlp, SwiGLU
 from ..layers.norms import build_norm
 from ..layers.pos_encoding import sinusoid_table
 from ..memory import available_memory, gib
-from . import generation
+from ..generation import search
 from .gpt_config import LAYER_TYPES, MLPS, POS_EMBEDS, GPTConfig  # noqa: F401  (GPTConfig's home is gpt_config)
 from .registry import build_config, register_model
 from .token_ids import check_token_ids
@@ -365,16 +365,16 @@ class GPT(KeepsJoinedWeights, nn.Module):
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, **options: Any) -> Tensor:
         """``(B, L + n)`` ids, ``n <= max_new_tokens``: the prompts ``input_ids`` ``(B, L)`` and what
-        follows, chosen as :func:`attnlab.models.generation.generate` says (greedy by default;
+        follows, chosen as :func:`attnlab.generation.search.generate` says (greedy by default;
         ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``, ``seed``,
         ``eos_id``, ``padding_mask`` for left-padded prompts, ``compile``, ``use_cache``, ``decodable``: the
         number of ids the tokenizer decodes, past which the embedding's rows are never chosen)."""
-        return generation.generate(self, input_ids, max_new_tokens, **options)
+        return search.generate(self, input_ids, max_new_tokens, **options)
 
     def stream(self, input_ids: Tensor, max_new_tokens: int, **options: Any) -> Iterator[Tensor]:
         """The next token of every row, ``(B,)``, one step after the other, as :meth:`generate`
-        chooses them (:func:`attnlab.models.generation.stream`)."""
-        return generation.stream(self, input_ids, max_new_tokens, **options)
+        chooses them (:func:`attnlab.generation.search.stream`)."""
+        return search.stream(self, input_ids, max_new_tokens, **options)
 
 
 def _gpt(defaults: dict[str, Any], overrides: dict[str, Any]) -> GPT:

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from ..dropout import Dropout
 from ..errors import InputError
-from .generation import translate
+from ..generation.search import translate
 from .registry import build_config, register_model
 from .token_ids import check_token_ids
 
@@ -168,7 +168,7 @@ class RNNSeq2Seq(nn.Module):
         return memory, pad
 
     def new_cache(self, batch: int | None = None, capacity: int | None = None) -> RNNCache:
-        """The decoder's state between steps (the protocol of :mod:`attnlab.models.generation`;
+        """The decoder's state between steps (the protocol of :mod:`attnlab.generation.search`;
         a recurrent state has no positions to size)."""
         return RNNCache()
 

@@ -24,7 +24,7 @@ from ..layers.transformer_layers import (
     check_decoder_attention,
 )
 from ..weight_rules import Rule, apply_map, expand
-from .generation import translate
+from ..generation.search import translate
 from .registry import build_config, refuse_options_the_model_sets, check_attention_values, register_model
 from .token_ids import check_token_ids
 
@@ -347,7 +347,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def new_cache(self, batch: int | None = None, capacity: int | None = None) -> DecoderCache:
         """The decoder's caches, each made by its attention module (the protocol of
-        :mod:`attnlab.models.generation`)."""
+        :mod:`attnlab.generation.search`)."""
         return self.transformer.decoder.new_cache(batch, capacity)
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
@@ -365,7 +365,7 @@ class Seq2SeqTransformer(nn.Module):
         ``num_beams=1`` is greedy search, or sampling with ``temperature`` above 0 (``top_k``,
         ``top_p``, ``min_p``, ``repetition_penalty``, ``seed``: the same tokens for the same
         seed); more is beam search, whose finished hypotheses are ranked by ``log p / length **
-        length_penalty`` (:func:`attnlab.models.generation.translate`; ``observer`` sees each
+        length_penalty`` (:func:`attnlab.generation.search.translate`; ``observer`` sees each
         step). ``use_cache=False`` decodes without the key/value cache (same result, slower: for
         measurements). ``max_new_tokens`` defaults to ``Ls + 50`` (capped by ``max_len``).
         """

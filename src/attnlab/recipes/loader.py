@@ -17,7 +17,7 @@ import yaml
 
 from ..engine.config import ConfigError, apply_overrides, parse_override
 from ..errors import yaml_problem
-from ..models.hf import is_pretrained
+from ..formats.hf.load import is_pretrained
 from ..suggest import did_you_mean
 from ..tasks import Recipe, get_task, model_label, recipe_from_dict
 from . import _shipped
@@ -115,8 +115,8 @@ def _yield_to_folder(data: dict[str, Any], overrides: typing.Sequence[str], sour
 
 def _packaged(data: dict[str, Any], overrides: typing.Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     """``data`` and ``overrides`` with a ``model.checkpoint`` that names a packaged model
-    (``all-minilm-l6-v2``: :mod:`attnlab.models.packaged`) replaced by its path."""
-    from ..models.packaged import resolve_packaged
+    (``all-minilm-l6-v2``: :mod:`attnlab.formats.packaged`) replaced by its path."""
+    from ..formats.packaged import resolve_packaged
 
     model = data.get("model")
     replaced = any(text.partition("=")[0] in ("model.checkpoint", "model") for text in overrides)

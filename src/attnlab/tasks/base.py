@@ -41,8 +41,8 @@ from ..memory import require_memory
 from ..models import create_model
 from ..layers.lora import apply_lora
 from ..models.convert import ConvertAttention, convert_options
-from ..models.hf import hf_model_spec, is_pretrained
-from ..models.hf_files import open_checkpoint
+from ..formats.hf.load import hf_model_spec, is_pretrained
+from ..formats.hf.files import open_checkpoint
 from ..models.registry import OptionError, upgrade_options
 from ..suggest import did_you_mean
 
@@ -308,7 +308,7 @@ class Task:
     def check_folder(self, folder: Path) -> None:
         """Refuse the Hugging Face folder ``folder`` (``model.checkpoint``) when this task
         cannot start from its kind of model, before it is read (:func:`pretrained_model`); by
-        default any folder that :func:`~attnlab.models.from_hf` reads is taken."""
+        default any folder that :func:`~attnlab.formats.from_hf` reads is taken."""
 
     def check(self, recipe: Recipe) -> nn.Module | None:
         """Checks that the dataclasses cannot make: ``model.options`` against the model's
@@ -614,7 +614,7 @@ def pretrained_model(recipe: Recipe, task: Task | None = None) -> None:
     recipe.model.options = {**options, **recipe.model.options}
     if recipe.model.convert_attention is not None:
         from ..models.gpt import GPT
-        from ..models.hf_tables import HF_FAMILIES
+        from ..formats.hf.tables import HF_FAMILIES
 
         family = open_checkpoint(source).config().get("model_type")
         if HF_FAMILIES[family].model is not GPT:

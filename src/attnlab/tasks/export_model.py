@@ -1,5 +1,5 @@
 """A language model back out to the ecosystem: a run's decoder (LoRA merged) as a Hugging Face
-folder (:mod:`attnlab.models.hf_export`) or a GGUF file (:mod:`attnlab.models.gguf_writer`),
+folder (:mod:`attnlab.formats.hf.export`) or a GGUF file (:mod:`attnlab.formats.gguf.writer`),
 which ``transformers``, llama.cpp and attnlab read with the same greedy tokens.
 
 ::
@@ -20,9 +20,9 @@ import torch
 
 from ..errors import InputError
 from ..layers.lora import lora_layers, merge_lora
-from ..models.gguf_writer import GGUF_TYPES, save_gguf
+from ..formats.gguf.writer import GGUF_TYPES, save_gguf
 from ..models.gpt import GPT
-from ..models.hf_export import save_hf
+from ..formats.hf.export import save_hf
 
 __all__ = ["MODEL_FORMATS", "ModelExport", "export_language_model", "default_model_out"]
 

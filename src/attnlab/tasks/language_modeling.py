@@ -52,12 +52,12 @@ from ..errors import AttentionUnavailable, InputError
 from ..families import decoder_names
 from ..io import atomic_write_bytes, read_json_mapping
 from ..models.gpt import GPT
-from ..models.hf import HF_FAMILIES, from_hf, hf_model_spec, is_pretrained
-from ..models.hf_files import open_checkpoint
-from ..models.packaged import resolve_packaged
-from ..models.generation import DecoderSession, search
-from ..models.processors import processors_for
-from ..models.sampling import GENERATION_OPTIONS, check_generation, only_decodable
+from ..formats.hf.load import HF_FAMILIES, from_hf, hf_model_spec, is_pretrained
+from ..formats.hf.files import open_checkpoint
+from ..formats.packaged import resolve_packaged
+from ..generation.search import DecoderSession, search
+from ..generation.processors import processors_for
+from ..generation.sampling import GENERATION_OPTIONS, check_generation, only_decodable
 from .base import (ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_text, check_texts,
                    get_task, register_task)
 from .run_files import train_config
@@ -169,7 +169,7 @@ def unknown_share(data: LMDataset, tokenizer: LMTokenizer) -> float:
 
 DECODER_TYPES = tuple(kind for kind, family in HF_FAMILIES.items() if family.model is GPT)
 """The ``model_type`` values of ``config.json`` whose folders a language model starts from
-(those that :func:`~attnlab.models.from_hf` reads as a :class:`~attnlab.models.gpt.GPT`)."""
+(those that :func:`~attnlab.formats.from_hf` reads as a :class:`~attnlab.models.gpt.GPT`)."""
 
 # model.options that a run from a pretrained folder may set: how it trains, not what its weights compute
 TRAINING_OPTIONS = ("drop_rate", "attn_drop_rate", "grad_checkpointing")
@@ -236,7 +236,7 @@ def load_folder(folder: str | Path, *, device: str = "cpu") -> TrainedRun:
     """A Hugging Face decoder folder (of a family in :data:`attnlab.families.DECODERS`: ``config.json``,
     its weights, ``tokenizer.json``) as a finished language-model run, whose ``task.stream`` and
     ``predict`` continue prompts as a run's do (``attnlab generate FOLDER "prompt"``): its
-    model (:func:`~attnlab.models.from_hf`, float32, eval mode, on ``device``), its tokenizer
+    model (:func:`~attnlab.formats.from_hf`, float32, eval mode, on ``device``), its tokenizer
     with the folder's special tokens, stop ids and chat template
     (:class:`~attnlab.data.lm_tokenize.HFTokenizer`), and a recipe whose ``generate`` section
     holds the defaults of its ``generation_config.json`` (:func:`folder_sampling`). A folder
@@ -435,7 +435,7 @@ class LanguageModeling(Task):
                        log: Callable[[str], None]) -> None:
         """The model embeds every id of the run's tokenizer. An embedding with more rows than
         the tokenizer has tokens (a folder padded past its tokenizer, as Qwen's are) is said in
-        one line: those ids are never generated (:func:`~attnlab.models.sampling.only_decodable`);
+        one line: those ids are never generated (:func:`~attnlab.generation.sampling.only_decodable`);
         a tokenizer with more ids than the model embeds is refused, naming both sizes and files."""
         embeds = getattr(getattr(model, "config", None), "vocab_size", None)
         if prepared.info is None or not isinstance(embeds, int):
@@ -548,7 +548,7 @@ class LanguageModeling(Task):
         """The continuation of each prompt of ``inputs``, sampled as the recipe's ``generate``
         section says unless given, ``batch_size`` prompts of any lengths at a time; ``stop``: a
         text or texts that end a continuation (left out of it). The options are checked
-        before any work (:func:`~attnlab.models.sampling.check_generation`)."""
+        before any work (:func:`~attnlab.generation.sampling.check_generation`)."""
         given = check_generation(**{k: v for k, v in {
             "max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
             "min_p": min_p, "repetition_penalty": repetition_penalty, "seed": seed,
@@ -706,7 +706,7 @@ def generation_attention(model: GPT, ids: Sequence[int], label: Callable[[int], 
     the cache, as ``generate`` reads it (its rows are those steps' weights); otherwise the
     whole sequence goes through again after the continuation is chosen. ``decodable``: the ids
     the tokenizer decodes; the rows past them are neither chosen nor among the next tokens
-    (:class:`~attnlab.models.processors.Decodable`, as ``generate`` has it)."""
+    (:class:`~attnlab.generation.processors.Decodable`, as ``generate`` has it)."""
     from ..attention.capture import attention_modules
     from ..memory import require_memory
 

@@ -9,7 +9,7 @@ from typing import Literal, Sequence
 
 from ..data.tokenize import MAX_VOCAB, TextTokenizer
 from ..errors import InputError
-from ..models.hf import is_hf_folder
+from ..formats.hf.load import is_hf_folder
 
 __all__ = ["TextConfig", "build_tokenizer"]
 

@@ -26,7 +26,7 @@ from ..layers.lora import is_adapter_key, mark_only_lora_trainable
 from ..layers.norms import freeze_batch_norm
 from ..models.checkpoint import classifier_name, load_pretrained
 from ..models.convert import ConvertAttention, convert_weights
-from ..models.hf import is_hf_folder, is_pretrained, read_hf, weight_files
+from ..formats.hf.load import is_hf_folder, is_pretrained, read_hf, weight_files
 from .base import ModelConfig
 from .run_files import resolve_weights
 

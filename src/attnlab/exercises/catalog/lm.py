@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ...attention import RotaryEmbedding, alibi_bias, alibi_slopes, scaled_dot_product_attention
-from ...models.processors import Temperature, TopK, TopP
+from ...generation.processors import Temperature, TopK, TopP
 from .. import solutions as S
 from ._common import Case, Exercise, Mistake, halves, randn, t
 
@@ -299,7 +299,7 @@ TOP_P = Exercise(
           "返回：(B, V)：核中的 logits 保持不变，其余为 -inf；当排在一个词元前面的词元的\n"
           "概率之和小于 p 时，这个词元被保留"),
     section=t("section 6, “Sampling: choosing the next token”", "第 6 节“采样：选择下一个 token”"),
-    reference=lambda logits, p: TopP(p)(None, logits), library="attnlab.models.processors.TopP",
+    reference=lambda logits, p: TopP(p)(None, logits), library="attnlab.generation.processors.TopP",
     cases=lambda g: [
         Case(t("the tutorial's six logits, p = 0.7", "教程里的 6 个 logits，p = 0.7"), (TUTORIAL_LOGITS.clone(), 0.7)),
         Case("random", (2 * randn(g, 3, 10), 0.9)),
@@ -354,7 +354,7 @@ SAMPLING_PROBS = Exercise(
           "logits: (B, V)；temperature: float > 0；top_k: int，1 <= top_k <= V\n"
           "返回：(B, V)；每行之和为 1，top_k 之外的词元概率为 0"),
     section=t("section 6, “Sampling: choosing the next token”", "第 6 节“采样：选择下一个 token”"),
-    reference=_probs_ref, library="attnlab.models.processors.TopK",
+    reference=_probs_ref, library="attnlab.generation.processors.TopK",
     cases=lambda g: [
         Case(t("the tutorial's logits, T = 1, top_k = 3", "教程里的 logits，T = 1，top_k = 3"),
              (TUTORIAL_LOGITS.clone(), 1.0, 3)),

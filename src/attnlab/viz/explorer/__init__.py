@@ -106,7 +106,7 @@ def explore(target: Any, inputs: Any = None, *, tokens: Sequence[Sequence[str]] 
 
     Args:
         target: a run directory (``attnlab train``'s), a Hugging Face folder that
-            :func:`~attnlab.models.from_hf` reads, a loaded :class:`~attnlab.tasks.TrainedRun`,
+            :func:`~attnlab.formats.from_hf` reads, a loaded :class:`~attnlab.tasks.TrainedRun`,
             or any ``nn.Module`` with attention that records weights.
         inputs: what the target's task takes: texts for classifiers and language models, a
             source sentence for translation, image files for image models (``None``: the

@@ -23,9 +23,9 @@ from ...attention.capture import capture_attention
 from ...engine.device import select_device
 from ...errors import InputError
 from ...io import read_json_mapping
-from ...models.gguf_reader import is_gguf
-from ...models.hf import HF_FAMILIES, from_hf, is_pretrained
-from ...models.hf_files import open_checkpoint
+from ...formats.gguf.reader import is_gguf
+from ...formats.hf.load import HF_FAMILIES, from_hf, is_pretrained
+from ...formats.hf.files import open_checkpoint
 from ...tasks import TrainedRun, load_run
 from ...tasks.base import check_texts, model_label
 from ...tasks.language_modeling import DECODER_TYPES, load_folder

@@ -136,7 +136,7 @@ class MinP:
 def processors_for(*, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                    min_p: float | None = None, repetition_penalty: float = 1.0, decodable: int | None = None,
                    forbid: Sequence[int] = ()) -> list[LogitsProcessor]:
-    """The list a generation's options ask for (checked before: :mod:`attnlab.models.sampling`),
+    """The list a generation's options ask for (checked before: :mod:`attnlab.generation.sampling`),
     in transformers' order. ``temperature`` 0: greedy, and the sampling filters drop out."""
     out: list[LogitsProcessor] = []
     if decodable is not None:

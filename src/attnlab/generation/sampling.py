@@ -100,7 +100,7 @@ def check_decodable(decodable: Any, vocab_size: int, name: str = "decodable") ->
 def only_decodable(logits: Tensor, decodable: int | None) -> Tensor:
     """``logits`` ``(..., V)`` with ``-inf`` at every id ``>= decodable`` (rows of the
     embedding that the tokenizer has no token for); ``None`` or ``V``: unchanged
-    (:class:`~attnlab.models.processors.Decodable`)."""
+    (:class:`~attnlab.generation.processors.Decodable`)."""
     return logits if decodable is None else Decodable(decodable)(logits, logits)
 
 
@@ -108,8 +108,8 @@ def choose_next(logits: Tensor, *, temperature: float = 0.0, top_k: int | None =
                 min_p: float | None = None, generator: torch.Generator | None = None, decodable: int | None = None,
                 seen: Tensor | None = None, repetition_penalty: float = 1.0) -> Tensor:
     """The next token of each row of ``logits`` ``(B, V)`` (float32) under a generation's
-    options, through the same processors as :func:`~attnlab.models.generation.stream`
-    (:func:`~attnlab.models.processors.processors_for`): the ids past ``decodable`` masked, the
+    options, through the same processors as :func:`~attnlab.generation.search.stream`
+    (:func:`~attnlab.generation.processors.processors_for`): the ids past ``decodable`` masked, the
     tokens of ``seen`` ``(B, V)`` penalized by ``repetition_penalty``, then the arg-max when
     ``temperature`` is 0, else a draw within ``top_k``, ``top_p`` and ``min_p``."""
     if seen is not None and repetition_penalty != 1:

@@ -15,7 +15,7 @@ Two vocabularies are read, as llama.cpp reads them:
 
 Token types (``tokenizer.ggml.token_type``): 3 (control, ``<|im_end|>``) become special
 tokens, 4 (user-defined, ``<think>``) added tokens matched whole. The metadata's values are
-typed by their schema (:mod:`attnlab.models.gguf_metadata`) when the file is opened.
+typed by their schema (:mod:`attnlab.formats.gguf.metadata`) when the file is opened.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
+from ...errors import InputError
 
 __all__ = ["gguf_tokenizer", "PRE_SPLITS"]
 
@@ -119,7 +119,7 @@ def gguf_tokenizer(meta: dict[str, Any], path: Any, architecture: str) -> Any:
     """The :class:`~attnlab.data.lm_tokenize.HFTokenizer` of a GGUF file's metadata ``meta``."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-    from ..data.lm_tokenize import HFTokenizer
+    from ...data.lm_tokenize import HFTokenizer
 
     kind = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")

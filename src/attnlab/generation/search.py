@@ -1,12 +1,12 @@
 """Generation, one API for every model that gives logits and keeps a cache: greedy search,
 sampling and beam search, for decoder-only models and encoder-decoders alike.
 
-A generation is a loop over a *session*, the model's side of it (:mod:`attnlab.models.sessions`:
+A generation is a loop over a *session*, the model's side of it (:mod:`attnlab.generation.sessions`:
 :class:`DecoderSession`, :class:`Seq2SeqSession`): ``first()`` reads the prompt (a decoder's prompt; an
 encoder-decoder's source, then its start token) and gives the logits of the first choice;
 ``next(tokens)`` feeds the chosen tokens and gives the next logits; ``reorder(index)`` keeps
 the rows a beam search chose; ``ids`` are the rows as the model reads them. The choice of
-each token is a list of logits processors (:mod:`attnlab.models.processors`: temperature,
+each token is a list of logits processors (:mod:`attnlab.generation.processors`: temperature,
 top-k, top-p, min-p, the repetition penalty, the caller's own), and an ``observer`` sees every
 step (:class:`Step`: the tokens, the logits, the cache), which the explorer and the decoding
 benchmarks use instead of loops of their own.
@@ -45,7 +45,7 @@ def search(session: Any, max_new_tokens: int, processors: Sequence[LogitsProcess
            fill: int | None = None, generator: torch.Generator | None = None, observer: Observer | None = None,
            stops: Sequence[Callable[[Tensor], Tensor]] = (), scores: Tensor | None = None) -> Iterator[Tensor]:
     """Greedy search or sampling over ``session``: the next token of every row, ``(B,)``, one
-    step after the other, chosen through ``processors`` (:func:`~attnlab.models.processors.choose`).
+    step after the other, chosen through ``processors`` (:func:`~attnlab.generation.processors.choose`).
     A row ends at ``eos_id`` or when a rule of ``stops`` says so (called with the new tokens so
     far); it is continued with ``fill`` (default ``eos_id``); the loop stops once every row has
     ended. ``scores`` ``(B,)``: summed with each row's log-probability of its tokens (until it
@@ -86,7 +86,7 @@ def generate(model: Any, input_ids: Tensor, max_new_tokens: int, *, num_beams: i
     """``(B, L + n)`` ids, ``n <= max_new_tokens``: the prompts ``input_ids`` ``(B, L)`` and what
     follows (fewer than ``max_new_tokens`` when every row has ended with ``eos_id``), as
     :func:`stream` chooses them; with ``num_beams`` above 1, the best hypothesis of a beam search
-    (:func:`~attnlab.models.beam.beam_search_decoder`: ``eos_id``, ``pad_id``, ``length_penalty``,
+    (:func:`~attnlab.generation.beam.beam_search_decoder`: ``eos_id``, ``pad_id``, ``length_penalty``,
     ``early_stopping``, ``use_cache``, ``decodable``), as transformers' ``generate(num_beams=...)``
     finds it."""
     if num_beams != 1 or "length_penalty" in options or "early_stopping" in options:
@@ -118,10 +118,10 @@ def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: f
     smallest set whose probability reaches ``top_p`` and the tokens at least ``min_p`` times
     as probable as the likeliest, drawn with ``seed`` (reproducible); ``repetition_penalty``
     above 1 makes the tokens a row already holds less likely. These options become the list
-    of :mod:`~attnlab.models.processors`; ``processors``: the caller's own, applied after
-    them. ``stop``: a :class:`~attnlab.models.processors.StopStrings` rule that ends a row
+    of :mod:`~attnlab.generation.processors`; ``processors``: the caller's own, applied after
+    them. ``stop``: a :class:`~attnlab.generation.processors.StopStrings` rule that ends a row
     (and with ``eos_id`` continues it). ``observer``: called with each :class:`Step`. The
-    options are checked as :func:`~attnlab.models.sampling.check_generation` says, and the
+    options are checked as :func:`~attnlab.generation.sampling.check_generation` says, and the
     model's room (``check_generation_size``) before the first step. Prompts of different
     lengths are left-padded, with ``padding_mask`` ``(B, L)`` ``True`` at the padding.
 
@@ -137,7 +137,7 @@ def stream(model: Any, input_ids: Tensor, max_new_tokens: int, *, temperature: f
     model's context (``model.new_cache``'s policy; not with padded prompts). ``decodable``: the
     number of ids the caller's tokenizer decodes (``None``: every row of ``config.vocab_size``);
     the rows past it (an embedding padded past its tokenizer's vocabulary) are never chosen,
-    greedy or sampled (:class:`~attnlab.models.processors.Decodable`).
+    greedy or sampled (:class:`~attnlab.generation.processors.Decodable`).
     """
     check_generation(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                      min_p=min_p, repetition_penalty=repetition_penalty, seed=seed)
@@ -174,7 +174,7 @@ def translate(model: EncoderDecoder, src: Tensor, max_new_tokens: int, *, num_be
     ``pad_id``) and each row's score ``(B,)``. Greedy by default; ``temperature`` above 0
     samples (``top_k``, ``top_p``, ``min_p``, drawn with ``seed``: the same tokens for the
     same seed); ``num_beams`` above 1 is the beam search decoders have
-    (:func:`~attnlab.models.beam.beam_search_session`, its score ``sum log p / length **
+    (:func:`~attnlab.generation.beam.beam_search_session`, its score ``sum log p / length **
     length_penalty``); the score of greedy search and sampling is the summed log-probability.
     Padding and a second start token are never chosen."""
     cfg = model.config

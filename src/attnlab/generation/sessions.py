@@ -5,8 +5,8 @@ encoder-decoder's source, then its start token) and gives the logits of the firs
 ``next(tokens)`` feeds the chosen tokens and gives the next logits; ``reorder(index)`` keeps
 the rows a beam search chose; ``ids`` are the rows as the model reads them.
 
-The searches over a session, greedy and sampling (:mod:`attnlab.models.generation`) and beam
-(:mod:`attnlab.models.beam`), both import it, so neither imports the other's loop.
+The searches over a session, greedy and sampling (:mod:`attnlab.generation.search`) and beam
+(:mod:`attnlab.generation.beam`), both import it, so neither imports the other's loop.
 """
 
 from __future__ import annotations

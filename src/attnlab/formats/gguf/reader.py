@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import InputError
+from ...errors import InputError
 
 __all__ = ["GGUFFile", "GGUFTensor", "is_gguf", "require_gguf", "SUPPORTED_TYPES"]
 

@@ -156,7 +156,7 @@ def _joined(sums: Path, parts: tuple[str, ...], target: Path) -> Path:
 def resolve_packaged(source: str) -> str:
     """``source`` itself, or, when it names a packaged model (:data:`PACKAGED`) and no file or
     folder of that name exists here, that model's path: what ``model.checkpoint``, the
-    commands' MODEL and :func:`~attnlab.models.from_hf` take (``attnlab chat
+    commands' MODEL and :func:`~attnlab.formats.from_hf` take (``attnlab chat
     smollm2-135m-instruct``). A name that is no path and close to a packaged one (other case, a
     letter off) is refused with the packaged names it resembles."""
     if not isinstance(source, str) or Path(source).expanduser().exists():

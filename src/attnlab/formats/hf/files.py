@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..errors import InputError
-from ..io import read_state_dict, torch_load_safely
+from ...errors import InputError
+from ...io import read_state_dict, torch_load_safely
 
 __all__ = ["weight_files", "is_hf_folder", "is_pretrained", "open_checkpoint", "FolderCheckpoint", "read_headers",
            "read_weights"]
@@ -84,7 +84,7 @@ def is_hf_folder(path: str | Path) -> bool:
 class FolderCheckpoint:
     """A Hugging Face folder as a checkpoint: :meth:`config` (its ``config.json``),
     :meth:`headers` (meta tensors), :meth:`weights` and :meth:`tokenizer`;
-    :class:`~attnlab.models.gguf_tables.GGUFCheckpoint` is the same for a GGUF file."""
+    :class:`~attnlab.formats.gguf.tables.GGUFCheckpoint` is the same for a GGUF file."""
 
     def __init__(self, folder: str | Path) -> None:
         self.path = Path(folder).expanduser()
@@ -94,7 +94,7 @@ class FolderCheckpoint:
                              f"{self.path} {'has no config.json' if self.path.is_dir() else 'is neither'}")
 
     def config(self) -> dict:
-        from ..io import read_json_mapping
+        from ...io import read_json_mapping
 
         return read_json_mapping(self.config_file)
 
@@ -105,14 +105,14 @@ class FolderCheckpoint:
         return read_weights(self.path)
 
     def tokenizer(self):  # type: ignore[no-untyped-def]  # an HFTokenizer (data imports models: imported late)
-        from ..data.lm_tokenize import HFTokenizer
+        from ...data.lm_tokenize import HFTokenizer
 
         return HFTokenizer.load(self.path)
 
 
 def _gguf_file(path: str | Path) -> bool:
     """A GGUF file, or a file named ``.gguf`` (which the GGUF reader then names as not one)."""
-    from .gguf_reader import is_gguf
+    from ..gguf.reader import is_gguf
 
     path = Path(path).expanduser()
     return is_gguf(path) or (path.suffix.lower() == ".gguf" and path.is_file())
@@ -125,9 +125,9 @@ def is_pretrained(path: str | Path) -> bool:
 
 def open_checkpoint(path: str | Path):  # type: ignore[no-untyped-def]
     """The checkpoint at ``path``: a :class:`FolderCheckpoint` or, for a GGUF file, a
-    :class:`~attnlab.models.gguf_tables.GGUFCheckpoint`."""
+    :class:`~attnlab.formats.gguf.tables.GGUFCheckpoint`."""
     if _gguf_file(path):
-        from .gguf_tables import GGUFCheckpoint
+        from ..gguf.tables import GGUFCheckpoint
 
         return GGUFCheckpoint(path)
     return FolderCheckpoint(path)

@@ -1,6 +1,6 @@
 """The Hugging Face families attnlab reads, one entry each in :data:`HF_FAMILIES`: how a
 ``config.json`` becomes an attnlab configuration (every key of it accounted for:
-:mod:`attnlab.models.hf_keys`), the model class, and the table of weight names.
+:mod:`attnlab.formats.hf.keys`), the model class, and the table of weight names.
 
 Each family is one configuration map and one readable list of key renames (GPT-2 stores
 its projections as ``Conv1D``, the transpose of a linear layer, and packs query, key and
@@ -17,11 +17,11 @@ from typing import Any, Callable
 
 from torch import Tensor, nn
 
-from ..errors import InputError
-from ..weight_rules import Rule, apply_map, expand
-from .encoder import TextEncoder, TextEncoderConfig
-from .gpt import GPT, GPTConfig
-from .vit import VisionTransformer, ViTConfig
+from ...errors import InputError
+from ...weight_rules import Rule, apply_map, expand
+from ...models.encoder import TextEncoder, TextEncoderConfig
+from ...models.gpt import GPT, GPTConfig
+from ...models.vit import VisionTransformer, ViTConfig
 
 __all__ = ["HF_FAMILIES", "HFFamily", "ENCODER_ARCHITECTURES", "stored_layers"]
 
@@ -115,7 +115,7 @@ def _rope(c: dict[str, Any], rotary_dim: int, flat: Callable[[dict[str, Any]], d
         return theta, None, local, fraction
     if "original_max_position_embeddings" not in scaling and "original_max_position_embeddings" in c:
         scaling["original_max_position_embeddings"] = c["original_max_position_embeddings"]  # Phi-3 keeps it outside
-    from ..attention.rope_scaling import check_rope_scaling
+    from ...attention.rope_scaling import check_rope_scaling
 
     scaling = check_rope_scaling(scaling, rotary_dim=int(rotary_dim * fraction), name=f"config.json: {key}")
     return theta, scaling, local, fraction

@@ -1,9 +1,9 @@
 """A decoder back out as a Hugging Face folder: ``config.json``, ``model.safetensors``, the
 tokenizer (``tokenizer.json``, ``tokenizer_config.json`` with the chat template,
-``generation_config.json``), as ``transformers`` and attnlab's own :func:`~attnlab.models.from_hf`
+``generation_config.json``), as ``transformers`` and attnlab's own :func:`~attnlab.formats.from_hf`
 read it.
 
-The weights go out through the family's table of :mod:`attnlab.models.hf_tables` read
+The weights go out through the family's table of :mod:`attnlab.formats.hf.tables` read
 backwards (:func:`~attnlab.weight_rules.invert_map`): one table for both directions. The
 families written are those whose layers attnlab's decoder and the family share exactly:
 ``llama`` (and ``mistral`` where every layer slides), ``qwen2`` (biases on the query, key and
@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import InputError, WriteError
-from ..io import atomic_write_bytes, check_output, put_in_place, staging_for
-from ..weight_rules import expand, invert_map
-from .gpt import GPT, GPTConfig
-from .hf_tables import HF_FAMILIES
+from ...errors import InputError, WriteError
+from ...io import atomic_write_bytes, check_output, put_in_place, staging_for
+from ...weight_rules import expand, invert_map
+from ...models.gpt import GPT, GPTConfig
+from .tables import HF_FAMILIES
 
 __all__ = ["EXPORTED_FAMILIES", "hf_config", "hf_weights", "save_hf", "exported_family"]
 
@@ -146,14 +146,14 @@ def save_hf(model: GPT, tokenizer: Any, folder: str | Path, *, dtype: torch.dtyp
     """Write ``model`` (a :class:`~attnlab.models.gpt.GPT` without LoRA layers: merge them
     first) and ``tokenizer`` (an :class:`~attnlab.data.lm_tokenize.HFTokenizer`) as the
     Hugging Face folder ``folder``, weights in ``dtype`` (default: the model's). The folder is
-    written aside, read back with :func:`~attnlab.models.from_hf` and its logits compared with
+    written aside, read back with :func:`~attnlab.formats.from_hf` and its logits compared with
     the model's on random tokens (largest difference at most ``atol`` in float32) before it
     is renamed into place; an existing ``folder`` is replaced only when ``overwrite``, and only
     when it is an export's (:func:`~attnlab.io.check_output`). A write that fails names the file
     and the cause, and leaves nothing behind. Returns the folder and that difference."""
     from safetensors.torch import save
 
-    from .hf import from_hf
+    from .load import from_hf
 
     folder = check_output(folder, folder=True, overwrite=overwrite)  # replaces only an export's own folder
     if not hasattr(tokenizer, "special") or not hasattr(tokenizer, "save"):

@@ -7,7 +7,7 @@ name as a list) or out of range (no heads) is one line naming the file, the key,
 given and what is expected, whichever command opened the file. Keys are named as llama.cpp
 writes them; ``{arch}.`` stands for the file's ``general.architecture``, and ``NAME.*`` for
 every key under ``NAME.``. A key of no entry here is not read, and is refused by the tables
-that turn the metadata into a model (:mod:`attnlab.models.gguf_tables`).
+that turn the metadata into a model (:mod:`attnlab.formats.gguf.tables`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
+from ...errors import InputError
 
 __all__ = ["MetaKey", "METADATA", "check_metadata", "schema_of"]
 
@@ -212,7 +212,7 @@ def _fits(value: Any, spec: MetaKey) -> bool:
 
 def check_metadata(meta: dict[str, Any], path: str | Path) -> None:
     """Refuse, in one line naming ``path`` and the key, the first value of ``meta`` (a GGUF
-    file's metadata as :class:`~attnlab.models.gguf_reader.GGUFFile` reads it) whose type or
+    file's metadata as :class:`~attnlab.formats.gguf.reader.GGUFFile` reads it) whose type or
     range its schema does not take. Keys of no schema are left to the tables that read them."""
     architecture = meta.get("general.architecture")
     if not isinstance(architecture, str):

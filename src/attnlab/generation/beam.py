@@ -75,7 +75,7 @@ def beam_search_decoder(model: Any, input_ids: Tensor, max_new_tokens: int, *, n
 def beam_search_session(session: Any, batch: int, max_new_tokens: int, *, num_beams: int, eos_id: int | None,
                         pad: int, length_penalty: float = 1.0, early_stopping: bool | str = False,
                         processors: Sequence[Any] = (), observer: Any = None) -> tuple[Tensor, Tensor]:
-    """The search over a generation's session (:mod:`attnlab.models.generation`) whose rows are
+    """The search over a generation's session (:mod:`attnlab.generation.search`) whose rows are
     ``batch`` prompts each repeated ``num_beams`` times: each prompt's best hypothesis ``(B, n)``
     (right-padded with ``pad`` to the longest) and its score ``(B,)``. ``processors`` act on
     each step's log-probabilities, as transformers' beam search applies them (they mask tokens)."""

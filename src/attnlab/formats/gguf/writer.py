@@ -2,8 +2,8 @@
 F32, F16 or Q8_0 weights, the tokenizer and chat template in the file's metadata.
 
 Every name and layout is the reading tables' backwards, so one table serves both ways: the
-Hugging Face folder a model becomes (:mod:`attnlab.models.hf_export`: its ``config.json``
-and names) goes through :mod:`attnlab.models.gguf_tables` inverted: config keys to
+Hugging Face folder a model becomes (:mod:`attnlab.formats.hf.export`: its ``config.json``
+and names) goes through :mod:`attnlab.formats.gguf.tables` inverted: config keys to
 ``{arch}.*`` metadata, Hugging Face's tensor names to llama.cpp's, ``llama`` files' query and
 key rows reordered for llama.cpp's interleaved rotary layout. The block layouts are the
 ``gguf`` package's (``gguf.quants.quantize``), as llama.cpp's own converter writes them:
@@ -26,13 +26,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import InputError
-from ..io import check_output, put_in_place, staging_for, write_error
-from .gguf_tables import _COMMON, _LAYER, _TOP, GGUF_ARCHITECTURES, _unpermute
-from .gguf_tokenizer import PRE_SPLITS, _GPT2
-from .gpt import GPT
-from .hf_export import check_logits, hf_config, hf_weights
-from .hf_tables import HF_FAMILIES
+from ...errors import InputError
+from ...io import check_output, put_in_place, staging_for, write_error
+from .tables import _COMMON, _LAYER, _TOP, GGUF_ARCHITECTURES, _unpermute
+from .tokenizer import PRE_SPLITS, _GPT2
+from ...models.gpt import GPT
+from ..hf.export import check_logits, hf_config, hf_weights
+from ..hf.tables import HF_FAMILIES
 
 __all__ = ["GGUF_TYPES", "save_gguf", "gguf_tensor_name", "tokenizer_metadata"]
 
@@ -133,7 +133,7 @@ def _byte_level(data: dict[str, Any]) -> bool:
 
 
 def _architecture_metadata(config: dict[str, Any], architecture: str) -> dict[str, Any]:
-    """``{arch}.*`` of a ``config.json`` (:func:`~attnlab.models.hf_export.hf_config`)."""
+    """``{arch}.*`` of a ``config.json`` (:func:`~attnlab.formats.hf.export.hf_config`)."""
     head_dim = config["head_dim"]
     rope = dict(config["rope_parameters"])
     meta = {f"{architecture}.{_CONFIG_KEY[k]}": config[k] for k in (
@@ -247,7 +247,7 @@ def _add(writer: Any, key: str, value: Any) -> None:
 
 def _check(model: GPT, family: str, rounded: dict[str, Tensor], staging: Path, path: Path) -> float:
     """The written file read back against the model with the file's rounding of its weights."""
-    from .hf import from_hf
+    from ..hf.load import from_hf
 
     spec = HF_FAMILIES[family]
     expected = copy.deepcopy(model).float().eval()

@@ -1,0 +1,69 @@
+"""Modules that moved, still importable by their former paths until attnlab
+:data:`~attnlab.suggest.FORMER_NAMES_GO_IN`, each import of a former path with a
+``FutureWarning`` that names the new one.
+
+A former path is the very module object of its new one (not a copy), so that what a program
+patches or reads through either name is the same. :data:`MOVED` is the one table; a test
+fails once the version that removes them is reached.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import warnings
+from types import ModuleType
+
+from .suggest import FORMER_NAMES_GO_IN
+
+__all__ = ["MOVED", "install"]
+
+# former module path -> new module path
+MOVED = {
+    "attnlab.models.sessions": "attnlab.generation.sessions",
+    "attnlab.models.generation": "attnlab.generation.search",
+    "attnlab.models.beam": "attnlab.generation.beam",
+    "attnlab.models.processors": "attnlab.generation.processors",
+    "attnlab.models.sampling": "attnlab.generation.sampling",
+    "attnlab.models.hf": "attnlab.formats.hf.load",
+    "attnlab.models.hf_export": "attnlab.formats.hf.export",
+    "attnlab.models.hf_files": "attnlab.formats.hf.files",
+    "attnlab.models.hf_keys": "attnlab.formats.hf.keys",
+    "attnlab.models.hf_tables": "attnlab.formats.hf.tables",
+    "attnlab.models.gguf_reader": "attnlab.formats.gguf.reader",
+    "attnlab.models.gguf_tables": "attnlab.formats.gguf.tables",
+    "attnlab.models.gguf_metadata": "attnlab.formats.gguf.metadata",
+    "attnlab.models.gguf_tokenizer": "attnlab.formats.gguf.tokenizer",
+    "attnlab.models.gguf_writer": "attnlab.formats.gguf.writer",
+    "attnlab.models.packaged": "attnlab.formats.packaged",
+    "attnlab.models.sentence": "attnlab.formats.sentence",
+}
+
+
+def notice(former: str, new: str) -> None:
+    warnings.warn(f"{former} is now {new}; the old path works until attnlab {FORMER_NAMES_GO_IN}", FutureWarning,
+                  stacklevel=3)
+
+
+class _Former(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds a former path and loads it as the new module itself."""
+
+    def find_spec(self, fullname: str, path: object = None,
+                  target: object = None) -> importlib.machinery.ModuleSpec | None:
+        return importlib.util.spec_from_loader(fullname, self) if fullname in MOVED else None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        notice(spec.name, MOVED[spec.name])
+        return importlib.import_module(MOVED[spec.name])  # its own name and spec stay: it is the new module
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Nothing to run: the new module ran when it was imported."""
+
+
+def install() -> None:
+    """Put the finder of former paths on ``sys.meta_path`` (once; ``import attnlab`` does it)."""
+    if not any(isinstance(f, _Former) for f in sys.meta_path):
+        sys.meta_path.append(_Former())
