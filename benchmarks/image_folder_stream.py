@@ -273,7 +273,7 @@ def measure(spec: dict) -> dict:
 
 def decode_ms(files: list[Path], size: int, repeats: int = 1) -> float:
     """Milliseconds per image of what a worker does per file: read it, open it, draft-decode it to size."""
-    from attnlab.data.images import decode_image
+    from attnlab.data.readers.images import decode_image
 
     start = time.perf_counter()
     for _ in range(repeats):
@@ -285,7 +285,7 @@ def decode_ms(files: list[Path], size: int, repeats: int = 1) -> float:
 
 def big_photo_decode_ms(size: int, w: int = 4032, h: int = 3024) -> tuple[float, float]:
     """(ms per draft decode to size, KB) of one synthetic 12-megapixel JPEG, decoded from memory."""
-    from attnlab.data.images import decode_image
+    from attnlab.data.readers.images import decode_image
 
     buf = io.BytesIO()
     photo(np.random.default_rng(1), w, h, 0, 10).save(buf, "JPEG", quality=90)

@@ -269,7 +269,7 @@ def cmd_quality(args: argparse.Namespace) -> None:
 def _attnlab_curve(run_dir: Path, text: str) -> list[tuple[float, int, float]]:
     """``(training seconds, step, loss on text)`` of every checkpoint of ``run_dir``."""
     from attnlab import load_run
-    from attnlab.data.lm_dataset import LMDataset
+    from attnlab.data.batches.lm import LMDataset
     from attnlab.engine.trainer import evaluate_model
 
     logged = {r["step"]: r["elapsed_s"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())

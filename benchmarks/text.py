@@ -71,11 +71,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common import busy_cores, cpu_model  # benchmarks/common.py, beside this script
-from attnlab.data.mr import load_mr, mr_split
-from attnlab.data.multi30k import load_multi30k
-from attnlab.data.text import SentimentDataset
-from attnlab.data.tokenize import TextTokenizer
-from attnlab.data.translation import TranslationDataset
+from attnlab.data.readers.mr import load_mr, mr_split
+from attnlab.data.readers.multi30k import load_multi30k
+from attnlab.data.batches.texts import SentimentDataset
+from attnlab.data.tokenizers.text import TextTokenizer
+from attnlab.data.batches.translation import TranslationDataset
 from attnlab.engine.device import autocast, select_device
 from attnlab.engine.optim import build_optimizer, warmup_cosine
 from attnlab.engine.trainer import IGNORE_INDEX, Trainer, TrainConfig

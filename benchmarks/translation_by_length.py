@@ -25,7 +25,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from attnlab.data.multi30k import load_multi30k
+from attnlab.data.readers.multi30k import load_multi30k
 from attnlab.tasks import read_recipe
 
 DEFAULT_GROUPS = "1-8,9-11,12-14,15-18,19-"

@@ -53,7 +53,7 @@ def digits_run(_finished_digits_run, tmp_path):
 def tiny_cifar(tmp_path):
     """CIFAR-10 in the image-folder layout under ``tmp_path/cifar10``: 4 train and 2 test
     random JPEGs per class; returns ``tmp_path`` (a ``data.data_dir``)."""
-    from attnlab.data.images import CIFAR10_CLASSES
+    from attnlab.data.readers.images import CIFAR10_CLASSES
 
     rng = np.random.default_rng(0)
     for split, n in (("train", 4), ("test", 2)):

@@ -11,8 +11,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from attnlab.cli import main
-from attnlab.data.chat import render_chat
-from attnlab.data.lm_tokenize import HFTokenizer, load_run_tokenizer
+from attnlab.data.tokenizers.chat import render_chat
+from attnlab.data.tokenizers.lm import HFTokenizer, load_run_tokenizer
 from attnlab.errors import InputError
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (the dev extra)")

@@ -24,7 +24,7 @@ from attnlab.data import (
     load_digits_dataset,
     require,
 )
-from attnlab.data.images import decode_image
+from attnlab.data.readers.images import decode_image
 
 # ---------------------------------------------------------------------------- paths
 

@@ -15,7 +15,7 @@ import torch
 from attnlab.data import (BPETokenizer, ByteTokenizer, CharTokenizer, CorpusSourceConfig, LMDataset, TextTokenizer,
                           load_tokenizer, source_of, train_tokenizer)
 from attnlab.data import lm_tokenize
-from attnlab.data.text_documents import TextDocumentsConfig
+from attnlab.data.sources.text_documents import TextDocumentsConfig
 from attnlab.engine.config import ConfigError, from_dict
 from attnlab.engine.trainer import IGNORE_INDEX
 from attnlab.errors import InputError

@@ -147,7 +147,7 @@ def test_the_tiny_shakespeare_checksum_is_that_of_the_shared_copy():
 
 
 def test_vader_is_downloaded_as_the_registry_serves_it_and_read_where_it_lies(tmp_path, server):
-    from attnlab.data.vader import VADER_FILE, load_vader, vader_archive
+    from attnlab.data.readers.vader import VADER_FILE, load_vader, vader_archive
 
     try:
         archive = vader_archive()

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from attnlab.data import CIFAR10, ImageFolder, SentimentDataset, TextTokenizer, decode_images, load_cifar_batch
-from attnlab.data.translation import TranslationDataset
+from attnlab.data.batches.translation import TranslationDataset
 
 # ---------------------------------------------------------------------------- CIFAR-10 pickles
 

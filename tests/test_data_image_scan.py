@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from attnlab.data.images import ImageFolder, scan_images
+from attnlab.data.readers.images import ImageFolder, scan_images
 from attnlab.errors import InputError
 
 

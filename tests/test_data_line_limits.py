@@ -7,11 +7,11 @@ import tracemalloc
 
 import pytest
 
-from attnlab.data.mr import load_mr
-from attnlab.data.multi30k import load_multi30k, read_gzip_lines
-from attnlab.data.parallel import MAX_LINE_CHARS, read_pairs_tsv, read_parallel, read_text_lines
-from attnlab.data.tables import read_labelled_texts
-from attnlab.data.text import read_lines
+from attnlab.data.readers.mr import load_mr
+from attnlab.data.readers.multi30k import load_multi30k, read_gzip_lines
+from attnlab.data.readers.parallel import MAX_LINE_CHARS, read_pairs_tsv, read_parallel, read_text_lines
+from attnlab.data.readers.tables import read_labelled_texts
+from attnlab.data.readers.text import read_lines
 from attnlab.errors import InputError
 
 LIMIT = 1000

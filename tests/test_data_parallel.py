@@ -1,10 +1,10 @@
-"""Sentence pairs from line-aligned files or a TSV (attnlab.data.parallel)."""
+"""Sentence pairs from line-aligned files or a TSV (attnlab.data.readers.parallel)."""
 
 import gzip
 
 import pytest
 
-from attnlab.data.parallel import (
+from attnlab.data.readers.parallel import (
     SentencePairs,
     find_parallel,
     load_parallel,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from attnlab.data import Source, get_source, list_sources, register_source
-from attnlab.data.image_folder import FolderConfig
-from attnlab.data.labelled_images import ImageSource, ImageSourceConfig
-from attnlab.data.labelled_texts import TextSourceConfig
+from attnlab.data.sources.image_folder import FolderConfig
+from attnlab.data.kinds.labelled_images import ImageSource, ImageSourceConfig
+from attnlab.data.kinds.labelled_texts import TextSourceConfig
 from attnlab.engine.config import ConfigError, from_dict
 from attnlab.errors import InputError
 from attnlab.recipes import load_recipe

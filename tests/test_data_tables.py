@@ -1,4 +1,4 @@
-"""Labelled texts from CSV, TSV and JSON-lines files (attnlab.data.tables)."""
+"""Labelled texts from CSV, TSV and JSON-lines files (attnlab.data.readers.tables)."""
 
 import gzip
 import json
@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from attnlab.data.tables import LabelledTexts, label_names, read_labelled_texts
+from attnlab.data.readers.tables import LabelledTexts, label_names, read_labelled_texts
 from attnlab.errors import InputError
 
 

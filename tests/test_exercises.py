@@ -356,7 +356,7 @@ def test_repeat_kv_is_grouped_query_attention_by_hand():
 
 
 def test_class_index_is_the_image_folders_classes(tmp_path):
-    from attnlab.data.image_scan import scan_images
+    from attnlab.data.readers.image_scan import scan_images
 
     for name in ("three", "one", "Zebra", "two"):
         (tmp_path / name).mkdir()
@@ -369,7 +369,7 @@ def test_class_index_is_the_image_folders_classes(tmp_path):
 
 
 def test_encode_chars_is_attnlabs_char_tokenizer():
-    from attnlab.data.lm_tokenize import CharTokenizer
+    from attnlab.data.tokenizers.lm import CharTokenizer
 
     text = "First Citizen:\n注意力就是你所需要的。"
     tokenizer = CharTokenizer.train(text, eos=False)
@@ -379,8 +379,8 @@ def test_encode_chars_is_attnlabs_char_tokenizer():
 
 
 def test_lm_windows_are_the_windows_of_lm_dataset():
-    from attnlab.data.lm_dataset import LMDataset
-    from attnlab.data.lm_tokenize import CharTokenizer
+    from attnlab.data.batches.lm import LMDataset
+    from attnlab.data.tokenizers.lm import CharTokenizer
 
     text = "to be, or not to be"  # 19 characters, context 4: the last window short
     dataset = LMDataset([text], CharTokenizer.train(text, eos=False), 4)

@@ -285,7 +285,7 @@ def test_hugging_face_vit_and_encoder_folders(tmp_path, image_files, capsys):  #
 
 
 def test_a_character_over_several_tokens_is_shown_on_each_of_them():
-    from attnlab.data.lm_tokenize import ByteTokenizer
+    from attnlab.data.tokenizers.lm import ByteTokenizer
     from attnlab.tasks.views import token_labels
 
     tok = ByteTokenizer()
@@ -299,7 +299,7 @@ def test_a_character_over_several_tokens_is_shown_on_each_of_them():
 
 
 def test_a_special_token_is_shown_as_its_vocabulary_spells_it():
-    from attnlab.data.lm_tokenize import BPETokenizer, ByteTokenizer
+    from attnlab.data.tokenizers.lm import BPETokenizer, ByteTokenizer
     from attnlab.tasks.views import token_labels
 
     tok = BPETokenizer.train(["hello world, hello there"] * 4, vocab_size=270)

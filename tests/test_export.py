@@ -16,8 +16,8 @@ import yaml
 from torch import nn
 
 from attnlab.tasks.text_classification import TextInfo
-from attnlab.data.tokenize import TextTokenizer
-from attnlab.data.transforms import cifar_eval_transforms, digits_transforms
+from attnlab.data.tokenizers.text import TextTokenizer
+from attnlab.data.transforms.images import cifar_eval_transforms, digits_transforms
 from attnlab.engine.checkpoint import save_checkpoint
 from attnlab.errors import InputError
 from attnlab.models import create_model

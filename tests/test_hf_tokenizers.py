@@ -7,7 +7,7 @@ import pytest
 from tokenizers import processors
 from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPETokenizer
 
-from attnlab.data.tokenize import TextTokenizer
+from attnlab.data.tokenizers.text import TextTokenizer
 from attnlab.errors import InputError
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (the dev extra)")

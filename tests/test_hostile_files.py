@@ -16,7 +16,7 @@ import torch
 
 from attnlab.cli import main
 from attnlab.data import chat
-from attnlab.data.chat import render_chat
+from attnlab.data.tokenizers.chat import render_chat
 from attnlab.errors import InputError
 from attnlab.jsonfile import json_depth, parse_json, read_json
 from attnlab.limits import CHAT_MAX_CHARS, JSON_MAX_DEPTH
@@ -93,7 +93,7 @@ def test_a_template_that_doubles_a_value_is_stopped_at_its_memory_limit():
     CHAT_MAX_BYTES at most (a doubling can land between two looks at the memory)."""
     code = """
 import resource
-from attnlab.data.chat import render_chat
+from attnlab.data.tokenizers.chat import render_chat
 from attnlab.errors import InputError
 from attnlab.limits import CHAT_MAX_BYTES
 hi = [{"role": "user", "content": "hi"}]

@@ -12,7 +12,7 @@ from PIL import Image
 
 import attnlab
 from attnlab.cli import main
-from attnlab.data.images import ImageFolder, decode_image
+from attnlab.data.readers.images import ImageFolder, decode_image
 from attnlab.errors import InputError
 from attnlab.recipes import load_recipe
 from attnlab.data.source import source_of

@@ -6,7 +6,7 @@ import torch
 import yaml
 
 from attnlab.tasks.text_classification import TextInfo
-from attnlab.data.tokenize import TextTokenizer
+from attnlab.data.tokenizers.text import TextTokenizer
 from attnlab.engine.checkpoint import save_checkpoint
 from attnlab.tasks import get_task, load_run, read_recipe
 

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 import attnlab
 from attnlab.cli import main
-from attnlab.data.lm_tokenize import HFTokenizer, load_run_tokenizer
+from attnlab.data.tokenizers.lm import HFTokenizer, load_run_tokenizer
 from attnlab.formats import from_hf
 from attnlab.formats.hf.load import hf_model_spec
 from attnlab.recipes import load_recipe

@@ -13,7 +13,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from attnlab.cli import main
-from attnlab.data.lm_tokenize import HFTokenizer
+from attnlab.data.tokenizers.lm import HFTokenizer
 from attnlab.errors import InputError
 from attnlab.models.gpt import GPT
 from attnlab.generation.sampling import choose_next

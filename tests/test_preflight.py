@@ -101,8 +101,8 @@ def test_a_prompt_that_a_foreign_tokenizer_reads_as_nothing_is_refused_before_tr
 
 
 def test_a_tokenizer_that_reads_the_text_passes_the_unknown_share_check(tmp_path, one_line_text):
-    from attnlab.data.lm_dataset import LMDataset
-    from attnlab.data.lm_tokenize import BPETokenizer
+    from attnlab.data.batches.lm import LMDataset
+    from attnlab.data.tokenizers.lm import BPETokenizer
     from attnlab.tasks.language_modeling import unknown_share
     from tokenizers import Tokenizer, models, pre_tokenizers
 

@@ -297,7 +297,7 @@ def test_cross_validation_report_pools_the_folds(mr_run, tmp_path, no_attention_
     the split run (the report reads folders; how their weights were trained is no matter)."""
     import yaml
 
-    from attnlab.data.mr import load_mr, mr_folds
+    from attnlab.data.readers.mr import load_mr, mr_folds
 
     top = tmp_path / "cv"
     config = yaml.safe_load((mr_run / "config.yaml").read_text())
@@ -321,7 +321,7 @@ def mini_multi30k(tmp_path_factory):
     """The first 200 / 10 / 10 pairs of Multi30k, in the data directory layout."""
     import gzip
 
-    from attnlab.data.multi30k import load_multi30k
+    from attnlab.data.readers.multi30k import load_multi30k
 
     if not DATA or not (Path(DATA) / "multi30k").is_dir():
         pytest.skip("Multi30k absent: set ATTNLAB_DATA_DIR to a folder holding multi30k/")
@@ -338,7 +338,7 @@ def mini_multi30k(tmp_path_factory):
 def test_translation_report_shows_sources_references_and_translations(mini_multi30k, tmp_path, no_attention_drawing):
     import html
 
-    from attnlab.data.multi30k import load_multi30k
+    from attnlab.data.readers.multi30k import load_multi30k
 
     run = tmp_path / "tr"
     assert main(["train", "translate-multi30k", "--run-dir", str(run), f"data.data_dir={mini_multi30k}",

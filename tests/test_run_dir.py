@@ -10,7 +10,7 @@ from PIL import Image
 
 from attnlab.cli import main
 from attnlab.data import load_digits_dataset
-from attnlab.data.images import CIFAR10_CLASSES
+from attnlab.data.readers.images import CIFAR10_CLASSES
 from attnlab.engine.checkpoint import CheckpointError, resolve_checkpoint, save_named_checkpoint
 from attnlab.engine.metrics import read_metrics
 from attnlab.recipes import load_recipe
@@ -82,7 +82,7 @@ def test_predict_command_classifies_image_files(run_dir, tmp_path, capsys):
     assert len(lines) == 4
     # The files hold exactly the test images: the printed label is the model's argmax on them.
     model = load_run(run_dir, "last").model
-    from attnlab.data.transforms import digits_transforms
+    from attnlab.data.transforms.images import digits_transforms
 
     with torch.no_grad():
         probs = model(digits_transforms(train=False)(test.images[:4])).softmax(-1)

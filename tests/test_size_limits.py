@@ -25,8 +25,8 @@ import attnlab.memory
 from attnlab.memory import gib
 from attnlab.attention import build_attention
 from attnlab.cli import main
-from attnlab.data.lm_tokenize import BPETokenizer, load_tokenizer
-from attnlab.data.tokenize import MAX_VOCAB, TextTokenizer, check_vocab_size
+from attnlab.data.tokenizers.lm import BPETokenizer, load_tokenizer
+from attnlab.data.tokenizers.text import MAX_VOCAB, TextTokenizer, check_vocab_size
 from attnlab.engine.config import ConfigError
 from attnlab.errors import InputError
 from attnlab.layers.lora import apply_lora

@@ -21,7 +21,7 @@ import torch
 import attnlab
 from attnlab.cli import main
 from attnlab.data import CharTokenizer
-from attnlab.data.lm_dataset import LMDataset
+from attnlab.data.batches.lm import LMDataset
 from attnlab.errors import InputError
 
 from conftest import make_folder

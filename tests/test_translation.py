@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, models
 
 from attnlab.cli import main
-from attnlab.data.multi30k import load_multi30k
-from attnlab.data.tokenize import TextTokenizer
-from attnlab.data.translation import TranslationDataset
+from attnlab.data.readers.multi30k import load_multi30k
+from attnlab.data.tokenizers.text import TextTokenizer
+from attnlab.data.batches.translation import TranslationDataset
 from attnlab.engine.checkpoint import average_checkpoints, save_checkpoint
 from attnlab.engine.trainer import EpochSampler, TrainConfig, Trainer
 from attnlab.recipes import load_recipe

@@ -1,4 +1,4 @@
-"""VADER's rated sentences of other domains (attnlab.data.vader): read from vaderSentiment's
+"""VADER's rated sentences of other domains (attnlab.data.readers.vader): read from vaderSentiment's
 source archive where they lie, polar ones kept, a test set only; a run of MR evaluated on them
 with ``attnlab eval RUN --data vader-amazon``; a damaged archive or file named."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.cli import main
-from attnlab.data.vader import VADER_FILE, _ratings, load_vader, vader_archive
+from attnlab.data.readers.vader import VADER_FILE, _ratings, load_vader, vader_archive
 from attnlab.errors import InputError
 
 DATA = os.environ.get("ATTNLAB_DATA_DIR")

@@ -13,7 +13,7 @@ import attnlab
 
 from attnlab.tasks.text_classification import TextInfo
 from attnlab.cli import main
-from attnlab.data.tokenize import TextTokenizer
+from attnlab.data.tokenizers.text import TextTokenizer
 from attnlab.engine.checkpoint import save_checkpoint
 from attnlab.tasks import get_task, recipe_dict
 from attnlab.recipes import load_recipe

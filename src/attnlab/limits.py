@@ -18,7 +18,7 @@ JSON_MAX_BYTES = 128 * 2**20
 # a RecursionError); tokenizer.json and config.json nest 6 levels at most.
 JSON_MAX_DEPTH = 64
 
-# A chat template (attnlab.data.chat) renders at most this many characters (a prompt of
+# A chat template (attnlab.data.tokenizers.chat) renders at most this many characters (a prompt of
 # 1,000,000 characters is about 250,000 tokens, past every context these models take) and
 # runs at most this many seconds (real templates render in under 10 ms).
 CHAT_MAX_CHARS = 1_000_000

@@ -49,7 +49,7 @@ from ..attention import build_attention
 from ..attention.functional import scaled_dot_product_attention
 from ..attention.grouped import GroupedQueryAttention
 from ..data.source import source_of
-from ..data.text import SentimentDataset
+from ..data.batches.texts import SentimentDataset
 from ..errors import InputError
 from ..tasks import load_run
 from .quality import MR_OPTIONS, ensure_mr_run

@@ -183,7 +183,7 @@ def extrapolation_point(kind: str, run_dir: str | Path, *, steps: int, batch_siz
     ``run_dir``: a finished run is scored again without training), and its validation loss
     in windows of each of ``windows`` tokens (every token but a window's first predicted once).
     ``model``: more overrides of the recipe's model (``model.options.depth=1``, ...)."""
-    from ..data.lm_dataset import LMDataset
+    from ..data.batches.lm import LMDataset
     from ..data.source import source_of
     from ..engine.trainer import evaluate_model
     from ..recipes import load_recipe

@@ -94,7 +94,7 @@ def cmd_recipes(args: argparse.Namespace) -> int:
         return 0
     import yaml  # (below: one recipe, read with its task's classes, which import torch)
 
-    from ..data.tokenize import shorten
+    from ..data.tokenizers.text import shorten
     from ..recipes import load_recipe, recipe_keys
     from ..tasks import recipe_dict
 

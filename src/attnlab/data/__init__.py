@@ -1,44 +1,47 @@
-"""Data sets, transforms and batch mixing for attnlab.
+"""Data for attnlab's tasks, in rooms:
 
 * :mod:`.source`: the registry of data sources (``data.name``): :func:`register_source`,
-  :func:`get_source`; each kind of data has a module with its keys and built-in sources
-  (:mod:`.labelled_images`: digits, cifar10; :mod:`.labelled_texts`: mr;
-  :mod:`.sentence_pairs`: multi30k; :mod:`.text_corpus`: tinyshakespeare; :mod:`.reversal`),
-  and each source of one's own data a module of its own (:mod:`.image_folder`,
-  :mod:`.text_files`, :mod:`.parallel_files`, :mod:`.text_documents`).
-* :mod:`.splits`: stratified and random hold-outs, per-class caps.
-* :mod:`.paths`: where data lives (``--data-dir``, ``$ATTNLAB_DATA_DIR``, ``~/.cache/attnlab``).
-* Image data sets: :mod:`.image_datasets` (images in memory, digits, any ``root/<class>/<file>``
-  folder as :class:`ImageFolder`), :mod:`.cifar` (CIFAR-10: image folders or the original pickled
-  batches, read with a restricted unpickler), :mod:`.image_decode` (safe decoding with Pillow,
-  on threads), :mod:`.image_scan` (listing a folder of class folders), :mod:`.image_extensions`;
-  :mod:`.images` re-exports them for older imports.
-* :mod:`.transforms`: tensor transforms and the CIFAR-10 / digits presets.
-* :mod:`.mix`: mixup and cutmix with soft targets.
-* :mod:`.mr`, :mod:`.multi30k`: the MR sentence-polarity and Multi30k translation corpora.
-* :mod:`.tokenize`: :class:`TextTokenizer` (WordPiece or byte-level BPE, Hugging Face ``tokenizers``).
-* :mod:`.text`: strict reading of text files, :class:`SentimentDataset`.
-* :mod:`.lm_tokenize`: tokenizers for language models (:class:`CharTokenizer`,
-  :class:`ByteTokenizer`, :class:`BPETokenizer`, :func:`load_tokenizer`).
-* :mod:`.lm_dataset`: :class:`LMDataset`, documents packed into windows for a language model.
+  :func:`get_source`, :func:`list_sources`.
+* :mod:`.kinds`: each kind of data with the keys its sources share and its built-in sources
+  (:mod:`.kinds.labelled_images`: digits, cifar10; :mod:`.kinds.labelled_texts`: mr;
+  :mod:`.kinds.sentence_pairs`: multi30k; :mod:`.kinds.text_corpus`: tinyshakespeare;
+  :mod:`.kinds.reversal`: the reversal demo).
+* :mod:`.sources`: the sources of one's own files (``folder``, ``file``, ``files``, ``text``).
+* :mod:`.readers`: reading files safely: images (decoding, folder scans, CIFAR-10's batches with
+  a restricted unpickler), tables, parallel files, strict text lines, MR, Multi30k, VADER.
+* :mod:`.tokenizers`: :class:`TextTokenizer` (WordPiece or byte-level BPE) for text tasks, the
+  language models' tokenizers (:class:`CharTokenizer`, :class:`ByteTokenizer`,
+  :class:`BPETokenizer`), chat templates.
+* :mod:`.transforms`: image transforms and presets, mixup and cutmix.
+* :mod:`.batches`: data sets tokenized once and padded per batch (:class:`SentimentDataset`,
+  :class:`LMDataset`, translation pairs).
+* :mod:`.splits` (stratified and random hold-outs), :mod:`.paths` (where data lives:
+  ``--data-dir``, ``$ATTNLAB_DATA_DIR``, ``~/.cache/attnlab``), :mod:`.download`.
+
+Modules moved into these rooms keep their former paths until attnlab 0.4.0
+(:mod:`attnlab.moved`).
 """
 
-from .cifar import CIFAR10, CIFAR10_CLASSES, load_cifar_batch
-from .image_datasets import ImageFolder, ImageTensorDataset, load_digits_dataset
-from .image_decode import decode_images
-from .image_extensions import IMG_EXTENSIONS
-from .lm_dataset import LMDataset
-from .lm_tokenize import BPETokenizer, ByteTokenizer, CharTokenizer, LMTokenizer, load_tokenizer, train_tokenizer
-from .mix import Mixup, cutmix_box, one_hot
-from .mr import load_mr, mr_folds, mr_split
-from .multi30k import load_multi30k
+from .readers.cifar import CIFAR10, CIFAR10_CLASSES, load_cifar_batch
+from .readers.image_sets import ImageFolder, ImageTensorDataset, load_digits_dataset
+from .readers.image_decode import decode_images
+from .readers.image_extensions import IMG_EXTENSIONS
+from .batches.lm import LMDataset
+from .tokenizers.lm import BPETokenizer, ByteTokenizer, CharTokenizer, LMTokenizer, load_tokenizer, train_tokenizer
+from .transforms.mix import Mixup, cutmix_box, one_hot
+from .readers.mr import load_mr, mr_folds, mr_split
+from .readers.multi30k import load_multi30k
 from .paths import data_dir, require
 from .source import Source, SourceConfig, Splits, get_source, list_sources, register_source, source_of
-from .text import SentimentDataset, read_lines
-from .tokenize import SPECIAL_TOKENS, TextTokenizer, key_padding_mask
-from . import image_folder, labelled_images, labelled_texts, parallel_files, reversal, sentence_pairs, text_corpus, text_documents, text_files, vader  # noqa: E501,F401  # the built-in sources register
-from .text_corpus import CorpusSource, CorpusSourceConfig, read_text
-from .transforms import (
+from .readers.text import read_lines
+from .batches.texts import SentimentDataset
+from .tokenizers.text import SPECIAL_TOKENS, TextTokenizer, key_padding_mask
+# the built-in sources register
+from .kinds import labelled_images, labelled_texts, reversal, sentence_pairs, text_corpus  # noqa: F401
+from .sources import image_folder, parallel_files, text_documents, text_files  # noqa: F401
+from .readers import vader  # noqa: F401  # its sets, after every kind's own
+from .kinds.text_corpus import CorpusSource, CorpusSourceConfig, read_text
+from .transforms.images import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     DIGITS_MEAN,

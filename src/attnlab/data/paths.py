@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import InputError
-from .image_extensions import IMG_EXTENSIONS
+from .readers.image_extensions import IMG_EXTENSIONS
 
 __all__ = ["ENV_VAR", "DEFAULT_DATA_DIR", "data_dir", "require", "folder_contents", "not_a_file"]
 

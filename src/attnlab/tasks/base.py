@@ -27,9 +27,9 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar, get_typ
 import torch
 from torch import nn
 
-from ..data.labelled_images import ImageSpec
+from ..data.kinds.labelled_images import ImageSpec
 from ..data.source import SourceConfig, source_of
-from ..data.tokenize import TextTokenizer
+from ..data.tokenizers.text import TextTokenizer
 from ..engine.config import ConfigError, from_dict
 from ..engine.resolved import run_precision
 from ..engine.trainer import TrainConfig

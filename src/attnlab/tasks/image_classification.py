@@ -1,8 +1,8 @@
 """Image classification: labelled images from any image source (``data.name``: the
 built-in ``digits`` and ``cifar10``, a ``folder`` of one's own, or a source one
 registers), a validation split for model selection, the test set evaluated once at the
-end. The sources and their keys are described in :mod:`attnlab.data.labelled_images`
-and :mod:`attnlab.data.image_folder`.
+end. The sources and their keys are described in :mod:`attnlab.data.kinds.labelled_images`
+and :mod:`attnlab.data.sources.image_folder`.
 
 The validation split picks ``checkpoints/best``; ``data.val_size: 0`` keeps none, and then
 the final weights are tested.
@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from ..data.labelled_images import ImageSource, ImageSourceConfig, labelled_folder, read_image
+from ..data.kinds.labelled_images import ImageSource, ImageSourceConfig, labelled_folder, read_image
 from ..data.source import Splits, source_of
 from ..engine.checkpoint import checkpoint_label
 from ..engine.device import autocast, select_device

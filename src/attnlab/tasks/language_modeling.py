@@ -1,6 +1,6 @@
 """Language modelling: a decoder-only model learns to predict the next token of a text
 corpus (``data.name``: the built-in ``tinyshakespeare``, one's own ``text``, or a source
-one registers; see :mod:`attnlab.data.text_corpus` and :mod:`attnlab.data.text_documents`).
+one registers; see :mod:`attnlab.data.kinds.text_corpus` and :mod:`attnlab.data.sources.text_documents`).
 
 The tokenizer (``text.tokenizer``: characters, bytes or a byte-level BPE) is trained on the
 training part alone and kept as ``tokenizer.json`` beside the weights. The documents of
@@ -21,7 +21,7 @@ A pretrained decoder's Hugging Face folder (any family of :data:`attnlab.familie
 own text with ``model.checkpoint=FOLDER``: the folder decides the model (its registered name
 and options, recorded in ``config.yaml``) and the tokenizer (its ``tokenizer.json`` with its
 special tokens, copied into the run directory as an
-:class:`~attnlab.data.lm_tokenize.HFTokenizer`); the recipe decides the training (steps, rate,
+:class:`~attnlab.data.tokenizers.lm.HFTokenizer`); the recipe decides the training (steps, rate,
 context, data). :func:`load_folder` reads such a folder as a finished run, which
 ``attnlab generate FOLDER "prompt"`` (``--chat``: through its chat template) continues with
 the defaults of its ``generation_config.json``.
@@ -38,12 +38,12 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.capture import capture_attention
-from ..data.lm_dataset import LMDataset
-from ..data.lm_tokenize import GENERATION_CONFIG, HFTokenizer, LMTokenizer, load_run_tokenizer, load_tokenizer, \
+from ..data.batches.lm import LMDataset
+from ..data.tokenizers.lm import GENERATION_CONFIG, HFTokenizer, LMTokenizer, load_run_tokenizer, load_tokenizer, \
     train_tokenizer
 from ..data.source import Splits, source_of
-from ..data.text_corpus import CorpusSourceConfig
-from ..data.tokenize import MAX_VOCAB, shorten
+from ..data.kinds.text_corpus import CorpusSourceConfig
+from ..data.tokenizers.text import MAX_VOCAB, shorten
 from ..engine import distributed
 from ..engine.config import ConfigError
 from ..engine.device import select_device
@@ -238,7 +238,7 @@ def load_folder(folder: str | Path, *, device: str = "cpu") -> TrainedRun:
     ``predict`` continue prompts as a run's do (``attnlab generate FOLDER "prompt"``): its
     model (:func:`~attnlab.formats.from_hf`, float32, eval mode, on ``device``), its tokenizer
     with the folder's special tokens, stop ids and chat template
-    (:class:`~attnlab.data.lm_tokenize.HFTokenizer`), and a recipe whose ``generate`` section
+    (:class:`~attnlab.data.tokenizers.lm.HFTokenizer`), and a recipe whose ``generate`` section
     holds the defaults of its ``generation_config.json`` (:func:`folder_sampling`). A folder
     that is not a decoder's, or lacks ``tokenizer.json``, is refused naming the file; a packaged
     model's name (``"smollm2-135m-instruct"``) is its installed file."""
@@ -572,7 +572,7 @@ class LanguageModeling(Task):
         A model with absolute positions stops where they end unless ``max_new_tokens`` is
         given. ``chat``: ``prompt`` is a user's message, rendered with ``system`` (a system message
         before it, when given) by the tokenizer's chat template
-        (:meth:`~attnlab.data.lm_tokenize.LMTokenizer.chat_prompt`), and the continuation is
+        (:meth:`~attnlab.data.tokenizers.lm.LMTokenizer.chat_prompt`), and the continuation is
         the assistant's reply; ``messages`` (with ``chat``): the conversation so far
         (``{"role", "content"}`` each, the system message first when there is one), to
         which ``prompt`` is the user's next message."""

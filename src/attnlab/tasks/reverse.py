@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..data.reversal import BOS, EOS, FIRST, PAD, ReverseConfig, ReverseDataset
+from ..data.kinds.reversal import BOS, EOS, FIRST, PAD, ReverseConfig, ReverseDataset
 from ..data.source import Splits, source_of
 from ..engine.device import select_device
 from ..engine.trainer import evaluate_model

@@ -23,7 +23,7 @@ import yaml
 from torch import nn
 
 from ..data.source import Splits
-from ..data.tokenize import TextTokenizer
+from ..data.tokenizers.text import TextTokenizer
 from ..engine import distributed
 from ..engine.checkpoint import checkpoint_base, checkpoint_label
 from ..engine.device import select_device

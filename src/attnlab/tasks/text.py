@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Sequence
 
-from ..data.tokenize import MAX_VOCAB, TextTokenizer
+from ..data.tokenizers.text import MAX_VOCAB, TextTokenizer
 from ..errors import InputError
 from ..formats.hf.load import is_hf_folder
 

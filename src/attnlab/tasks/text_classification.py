@@ -2,8 +2,8 @@
 classifier trained by the engine, tested once.
 
 Data: any source of labelled texts (``data.name``: the built-in ``mr``, a ``file`` of
-one's own, or a source one registers; see :mod:`attnlab.data.labelled_texts` and
-:mod:`attnlab.data.text_files`), with its protocol (``data.protocol``):
+one's own, or a source one registers; see :mod:`attnlab.data.kinds.labelled_texts` and
+:mod:`attnlab.data.sources.text_files`), with its protocol (``data.protocol``):
 
 * ``"split"``: the source's fixed split; the dev part is evaluated during training and
   picks ``checkpoints/best``, with which the test part is evaluated once, at the end.
@@ -24,10 +24,10 @@ import torch
 from torch import nn
 
 from ..attention.capture import capture_attention
-from ..data.labelled_texts import Labelled, TextSource, TextSourceConfig, TextSplits
+from ..data.kinds.labelled_texts import Labelled, TextSource, TextSourceConfig, TextSplits
 from ..data.source import source_of
-from ..data.text import SentimentDataset
-from ..data.tokenize import TextTokenizer, shorten
+from ..data.batches.texts import SentimentDataset
+from ..data.tokenizers.text import TextTokenizer, shorten
 from ..engine import distributed
 from ..engine.checkpoint import checkpoint_label
 from ..engine.config import ConfigError

@@ -4,7 +4,7 @@ search, and BLEU on the test set.
 
 Data: any source of sentence pairs (``data.name``: the built-in ``multi30k``, any two of
 ``de``, ``en``, ``fr``, ``cs``; ``files``, parallel files of one's own; or a source one
-registers; see :mod:`attnlab.data.sentence_pairs` and :mod:`attnlab.data.parallel_files`).
+registers; see :mod:`attnlab.data.kinds.sentence_pairs` and :mod:`attnlab.data.sources.parallel_files`).
 
 A run directory gains, beside the engine's files::
 
@@ -36,10 +36,10 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 from torch import nn
 
-from ..data.sentence_pairs import Multi30kConfig, PairSource, PairSourceConfig
+from ..data.kinds.sentence_pairs import Multi30kConfig, PairSource, PairSourceConfig
 from ..data.source import Splits, source_of
-from ..data.tokenize import TextTokenizer, shorten
-from ..data.translation import TranslationDataset
+from ..data.tokenizers.text import TextTokenizer, shorten
+from ..data.batches.translation import TranslationDataset
 from ..engine import distributed
 from ..engine.checkpoint import (average_checkpoints, checkpoint_base, checkpoint_step, list_checkpoints,
                                  save_named_checkpoint)

@@ -1,5 +1,5 @@
 """A GGUF file's tokenizer (its ``tokenizer.ggml.*`` metadata) as a ``tokenizers.Tokenizer``,
-wrapped as the :class:`~attnlab.data.lm_tokenize.HFTokenizer` a folder's ``tokenizer.json``
+wrapped as the :class:`~attnlab.data.tokenizers.lm.HFTokenizer` a folder's ``tokenizer.json``
 gives: special tokens, stop ids and the chat template (``tokenizer.chat_template``).
 
 Two vocabularies are read, as llama.cpp reads them:
@@ -116,10 +116,10 @@ def _token_id(meta: dict[str, Any], key: str, path: Any, n: int) -> int | None:
 
 
 def gguf_tokenizer(meta: dict[str, Any], path: Any, architecture: str) -> Any:
-    """The :class:`~attnlab.data.lm_tokenize.HFTokenizer` of a GGUF file's metadata ``meta``."""
+    """The :class:`~attnlab.data.tokenizers.lm.HFTokenizer` of a GGUF file's metadata ``meta``."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-    from ...data.lm_tokenize import HFTokenizer
+    from ...data.tokenizers.lm import HFTokenizer
 
     kind = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")

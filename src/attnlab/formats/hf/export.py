@@ -144,7 +144,7 @@ def hf_weights(model: GPT, family: str) -> dict[str, Tensor]:
 def save_hf(model: GPT, tokenizer: Any, folder: str | Path, *, dtype: torch.dtype | None = None,
             overwrite: bool = False, atol: float = 1e-4) -> tuple[Path, float]:
     """Write ``model`` (a :class:`~attnlab.models.gpt.GPT` without LoRA layers: merge them
-    first) and ``tokenizer`` (an :class:`~attnlab.data.lm_tokenize.HFTokenizer`) as the
+    first) and ``tokenizer`` (an :class:`~attnlab.data.tokenizers.lm.HFTokenizer`) as the
     Hugging Face folder ``folder``, weights in ``dtype`` (default: the model's). The folder is
     written aside, read back with :func:`~attnlab.formats.from_hf` and its logits compared with
     the model's on random tokens (largest difference at most ``atol`` in float32) before it

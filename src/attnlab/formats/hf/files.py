@@ -105,7 +105,7 @@ class FolderCheckpoint:
         return read_weights(self.path)
 
     def tokenizer(self):  # type: ignore[no-untyped-def]  # an HFTokenizer (data imports models: imported late)
-        from ...data.lm_tokenize import HFTokenizer
+        from ...data.tokenizers.lm import HFTokenizer
 
         return HFTokenizer.load(self.path)
 

@@ -136,7 +136,7 @@ def _encoder_views(target: Target, texts: list[str]) -> list[Any]:
 
 @torch.no_grad()
 def _vit_views(target: Target, files: list[Any]) -> list[Any]:
-    from ...data.labelled_images import read_image
+    from ...data.kinds.labelled_images import read_image
 
     model = target.model
     cfg = model.config
