@@ -33,7 +33,7 @@ from torch import nn
 
 from attnlab.attention.blocksparse import window_attention
 from attnlab.attention.functional import scaled_dot_product_attention as sdpa
-from attnlab.attention.grouped import GroupedQueryAttention
+from attnlab.attention.exact import GroupedQueryAttention
 from attnlab.attention.rmsnorm import RMSNorm
 from common import busy_cores, cpu_model, pass_runners, time_interleaved  # benchmarks/common.py, beside this script
 

@@ -28,7 +28,7 @@ from attnlab.attention.alibi import alibi_bias, alibi_slopes
 from attnlab.attention.blocksparse import window_attention
 from attnlab.attention.flex import flex_attention_forward, flex_runs
 from attnlab.attention.functional import combine_masks, scaled_dot_product_attention
-from attnlab.attention.grouped import band_mask
+from attnlab.attention.exact import band_mask
 from attnlab.bench.machine import machine_info, machine_label
 from common import busy_cores, time_interleaved  # benchmarks/common.py, beside this script
 

@@ -356,7 +356,7 @@ def _delta_inputs(b=2, h=3, n=37, dk=8, dv=6, seed=0):
 
 @pytest.mark.parametrize("n,chunk", [(37, 8), (37, 64), (64, 16), (1, 4), (0, 8)])
 def test_the_chunked_gated_delta_rule_equals_the_recurrent_one(n, chunk):
-    from attnlab.attention.delta import chunked, recurrent
+    from attnlab.attention.gated_delta import chunked, recurrent
 
     q, k, v, g, beta, s0 = _delta_inputs(n=n)
     out, state = recurrent(q, k, v, g, beta, s0)
@@ -367,7 +367,7 @@ def test_the_chunked_gated_delta_rule_equals_the_recurrent_one(n, chunk):
 
 
 def test_the_chunked_gated_delta_rules_gradients_are_the_recurrent_ones():
-    from attnlab.attention.delta import chunked, recurrent
+    from attnlab.attention.gated_delta import chunked, recurrent
 
     inputs = [t.double().requires_grad_() for t in _delta_inputs(n=37)]
     grads = []
@@ -406,7 +406,7 @@ def test_a_gated_delta_layer_trained_at_length_in_segments_equals_the_whole(froz
 def test_the_delta_rule_overwrites_a_key_it_already_holds():
     """Written twice under one key with beta = 1 and no decay, the state gives the second value
     (plain linear attention would give their sum)."""
-    from attnlab.attention.delta import recurrent
+    from attnlab.attention.gated_delta import recurrent
 
     k = torch.nn.functional.normalize(torch.randn(1, 1, 1, 8), dim=-1).expand(1, 1, 2, 8)
     v = torch.randn(1, 1, 2, 4)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.attention.grouped import GroupedQueryAttention
+from attnlab.attention.exact import GroupedQueryAttention
 from attnlab.bench.attention import run_bench
 from attnlab.bench.fidelity import FIDELITY_SETTINGS, attention_inputs, relative_errors
 from attnlab.bench.report import markdown

@@ -14,7 +14,7 @@ import torch
 from attnlab.attention import flex
 from attnlab.attention.alibi import alibi_bias, alibi_slopes
 from attnlab.attention.functional import combine_masks, scaled_dot_product_attention
-from attnlab.attention.grouped import GroupedQueryAttention, band_mask
+from attnlab.attention.exact import GroupedQueryAttention, band_mask
 from attnlab.attention.registry import build_attention
 from attnlab.errors import InputError
 
@@ -146,7 +146,7 @@ def test_the_exact_kind_with_kernel_flex_equals_kernel_standard(monkeypatch):
         calls.append(kwargs)
         return flex.flex_attention_forward(*args, **kwargs)
 
-    monkeypatch.setattr("attnlab.attention.grouped.flex_attention_forward", counted)
+    monkeypatch.setattr("attnlab.attention.exact.flex_attention_forward", counted)
     standard, flexed = _pair(num_kv_heads=HKV, sliding_window=40, alibi=True, softcap=5.0, sinks=True)
     x = torch.randn(B, L, 64)
     pad = torch.zeros(B, L, dtype=torch.bool)
@@ -180,7 +180,7 @@ def test_kernel_auto_stays_standard_on_the_cpu(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("flex_attention_forward called")
 
-    monkeypatch.setattr("attnlab.attention.grouped.flex_attention_forward", refuse)
+    monkeypatch.setattr("attnlab.attention.exact.flex_attention_forward", refuse)
     module = build_attention("exact", 64, H, sliding_window=8, alibi=True).eval()
     with torch.no_grad():
         module(torch.randn(1, 16, 64), is_causal=True)

@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 import attnlab
-from attnlab.moved import MOVED
+from attnlab.moved import MOVED, MOVED_NAMES
 from attnlab.suggest import FORMER_NAMES_GO_IN
 
 
@@ -58,3 +58,14 @@ def test_from_hf_former_home_warns_and_gives_the_same_function():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert attnlab.from_hf is attnlab.formats.from_hf
+
+
+@pytest.mark.parametrize("former", sorted(MOVED_NAMES))
+def test_a_name_that_left_its_module_is_served_there_with_a_notice(former):
+    module, name = former.rsplit(".", 1)
+    new = getattr(importlib.import_module(MOVED_NAMES[former]), name)
+    said = f"{former} is now {MOVED_NAMES[former]}.{name}; the old path works until attnlab {FORMER_NAMES_GO_IN}"
+    with pytest.warns(FutureWarning, match=re.escape(said)):
+        assert getattr(importlib.import_module(module), name) is new
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        getattr(importlib.import_module(module), "no_such_name")

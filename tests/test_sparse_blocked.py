@@ -270,7 +270,7 @@ def test_no_n_by_n_tensor_forward_or_backward_under_a_memory_limit(kind, tmp_pat
 ])
 def test_the_exact_kinds_sliding_window_as_a_band_equals_its_dense_mask_with_every_gradient(hkv, n, window, causal,
                                                                                            padded, monkeypatch):
-    import attnlab.attention.grouped as grouped
+    import attnlab.attention.exact as grouped
 
     calls = []
     monkeypatch.setattr(grouped, "window_attention", lambda *a, **k: calls.append(1) or window_attention(*a, **k))
@@ -300,7 +300,7 @@ def test_the_exact_kinds_sliding_window_as_a_band_equals_its_dense_mask_with_eve
 ])
 def test_a_prompt_in_parts_after_a_cache_takes_the_band_and_equals_the_whole_prompt(layer_window, cache_window,
                                                                                       padded, monkeypatch):
-    import attnlab.attention.grouped as grouped
+    import attnlab.attention.exact as grouped
 
     calls = []
     monkeypatch.setattr(grouped, "window_attention", lambda *a, **k: calls.append(k["first"]) or
@@ -327,7 +327,7 @@ def test_the_band_is_taken_only_where_it_is_the_same_attention():
     """A single token after a cache, additive padding, weights asked for, ALiBi, soft-capping,
     sinks, a window as long as the input, and a kind with its own step (differential) keep the
     dense mask's path; and with dropout the band trains."""
-    import attnlab.attention.grouped as grouped
+    import attnlab.attention.exact as grouped
 
     x = torch.randn(2, 40, 32)
     pad = torch.zeros(2, 40)
@@ -374,7 +374,7 @@ def _picked(best):
 
 
 def test_the_indexers_ties_are_broken_as_torch_topk_over_the_whole_row_however_it_is_cut():
-    from attnlab.attention.latent import top_keys
+    from attnlab.attention.dsa import top_keys
 
     scores = torch.randn(16, 200, generator=torch.Generator().manual_seed(6)).clamp_min(0)  # half of them 0
     for cut in (150, 199):  # a row cut after the keys a causal chunk sees, or kept whole with the rest masked
@@ -387,7 +387,7 @@ def test_the_indexers_ties_are_broken_as_torch_topk_over_the_whole_row_however_i
 
 
 def test_the_top_k_narrowed_by_groups_picks_the_keys_of_torch_topk_over_the_whole_row():
-    from attnlab.attention.latent import top_keys
+    from attnlab.attention.dsa import top_keys
 
     gen = torch.Generator().manual_seed(7)
     for trial in range(200):

@@ -16,13 +16,16 @@ import importlib.util
 import sys
 import warnings
 from types import ModuleType
+from typing import Any, Callable
 
 from .suggest import FORMER_NAMES_GO_IN
 
-__all__ = ["MOVED", "install"]
+__all__ = ["MOVED", "MOVED_NAMES", "install", "former_names"]
 
 # former module path -> new module path
 MOVED = {
+    "attnlab.attention.grouped": "attnlab.attention.exact",
+    "attnlab.attention.delta": "attnlab.attention.gated_delta",
     "attnlab.models.sessions": "attnlab.generation.sessions",
     "attnlab.models.generation": "attnlab.generation.search",
     "attnlab.models.beam": "attnlab.generation.beam",
@@ -68,6 +71,29 @@ MOVED = {
     "attnlab.data.lm_dataset": "attnlab.data.batches.lm",
     "attnlab.data.translation": "attnlab.data.batches.translation",
 }
+
+
+# a name that left a module that stays: "former module.name" -> the module that holds it now
+MOVED_NAMES = {
+    "attnlab.attention.latent.IndexedSparseAttention": "attnlab.attention.dsa",
+    "attnlab.attention.latent.top_keys": "attnlab.attention.dsa",
+    "attnlab.attention.differential.SinkAttention": "attnlab.attention.sinks",
+    "attnlab.data.readers.text.SentimentDataset": "attnlab.data.batches.texts",
+}
+
+
+def former_names(module: str) -> Callable[[str], Any]:
+    """A module's ``__getattr__`` that serves the names :data:`MOVED_NAMES` says left it, each with
+    a notice: ``__getattr__ = former_names(__name__)``."""
+
+    def __getattr__(name: str) -> Any:
+        new = MOVED_NAMES.get(f"{module}.{name}")
+        if new is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        notice(f"{module}.{name}", f"{new}.{name}")
+        return getattr(importlib.import_module(new), name)
+
+    return __getattr__
 
 
 def notice(former: str, new: str) -> None:

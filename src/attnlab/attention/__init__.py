@@ -4,11 +4,13 @@ and capturing the weights of a model's attention (:func:`capture_attention`)."""
 from .alibi import alibi_bias, alibi_slopes
 from .cache import DecodingCache, KVCache
 from .functional import causal_mask, merge_masks, scaled_dot_product_attention
-from .grouped import GroupedQueryAttention
+from .exact import GroupedQueryAttention
 from .rmsnorm import RMSNorm
-from .differential import DifferentialAttention, SinkAttention
-from .latent import IndexedSparseAttention, LatentAttention
-from .delta import GatedDeltaNet
+from .sinks import SinkAttention
+from .differential import DifferentialAttention
+from .latent import LatentAttention
+from .dsa import IndexedSparseAttention
+from .gated_delta import GatedDeltaNet
 from .nsa import NativeSparseAttention
 from .multihead import CrossAttention, MultiHeadAttention, SelfAttention
 from .rotary import RotaryEmbedding, apply_rotary, rotate_half

@@ -1,7 +1,7 @@
-"""Differential attention (Ye et al., 2024, "Differential Transformer") and attention with
-learned sinks (gpt-oss, 2025): two kinds built on the exact module
-(:class:`~attnlab.attention.grouped.GroupedQueryAttention`), which keep its projections, positions,
-windows and cache and change only the step from queries, keys and values to the heads' outputs.
+"""Differential attention (Ye et al., 2024, "Differential Transformer"), the ``"differential"``
+kind, built on the exact module (:class:`~attnlab.attention.exact.GroupedQueryAttention`): it
+keeps its projections, positions, windows and cache and changes only the step from queries,
+keys and values to the heads' outputs.
 
 Differential attention, as Hugging Face's DiffLlama lays it out: the ``H`` query heads form
 ``H / 2`` pairs (head ``j`` and head ``j + H/2``); each pair's value is ``2D`` wide, the
@@ -28,34 +28,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError
+from ..moved import former_names
 from .functional import scaled_dot_product_attention
 from .contract import Option
-from .grouped import EXACT_OPTIONS, GroupedQueryAttention
+from .exact import EXACT_OPTIONS, GroupedQueryAttention
 from .registry import check_attention_options, register_attention
 
-__all__ = ["DifferentialAttention", "SinkAttention", "default_lambda_init"]
+__all__ = ["DifferentialAttention", "DIFFERENTIAL_OPTIONS", "default_lambda_init"]
 
 
 def default_lambda_init(layer_index: int) -> float:
     """The paper's ``lambda_init`` of layer ``layer_index`` (0 for the first)."""
     return 0.8 - 0.6 * math.exp(-0.3 * layer_index)
-
-
-@register_attention("sinks", options=EXACT_OPTIONS.extend(drop=("sinks", "output_gate")), forms_weights=True,
-                    keeps_cache=True, streams=True, decode_step=True, takes_positions=True, causal=True, padding=True,
-                    lora_roles=("attention",),
-                    summary="exact attention with a learned sink logit per head (gpt-oss)")
-class SinkAttention(GroupedQueryAttention):
-    """Exact attention with a learned sink logit per query head (gpt-oss): every query also
-    sees a key without a value, so it may give part of its weight to nothing instead of to
-    the first tokens (where softmax attention otherwise dumps it). The options are the exact
-    kind's; the sink logits are the parameter ``sinks`` ``(H,)`` (zero at the start). Without
-    weights wanted it runs on torch's fused kernel, the sink as one key more: its memory grows
-    linearly with the length, as exact attention's does."""
-
-    def __init__(self, embed_dim: int, num_heads: int, **options: object) -> None:
-        check_attention_options("sinks", options)
-        super().__init__(embed_dim, num_heads, sinks=True, **options)
 
 
 DIFFERENTIAL_OPTIONS = EXACT_OPTIONS.extend(
@@ -150,3 +134,6 @@ class DifferentialAttention(GroupedQueryAttention):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lambda_init={self.lambda_init:.4g}"
+
+
+__getattr__ = former_names(__name__)  # SinkAttention, now in attnlab.attention.sinks

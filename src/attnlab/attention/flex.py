@@ -5,7 +5,7 @@ a block-sparse selection and key padding become a score function and a block mas
 and the blocks that every query of a tile skips are never computed.
 
 The semantics are those of :func:`~attnlab.attention.functional.scaled_dot_product_attention`
-with the masks that :class:`~attnlab.attention.grouped.GroupedQueryAttention` builds (the
+with the masks that :class:`~attnlab.attention.exact.GroupedQueryAttention` builds (the
 library's mask convention: ``True`` = blocked for ``key_padding_mask``; rows with every key
 blocked give zeros). Positions are aligned bottom-right as the causal mask is: query ``i``
 sits at slot ``i + Lk - Lq`` among the keys' slots ``0..Lk-1``.
@@ -159,7 +159,7 @@ def flex_attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float | No
         scale: logit scale (default ``D ** -0.5``).
         causal: query ``i`` sees key ``j`` when ``j <= i + Lk - Lq`` (bottom-right).
         window: query ``i`` sees keys less than ``window`` slots from its own (behind; also
-            ahead when not causal), itself included, as :func:`~attnlab.attention.grouped.band_mask`.
+            ahead when not causal), itself included, as :func:`~attnlab.attention.exact.band_mask`.
         documents: ``(B, Lk)`` integer ids: a query sees a key of its own id only; a negative id
             is padding, which sees nothing.
         alibi_slopes: ``(H,)``: ``-slope_h · |q_slot - k_slot|`` added to the logits

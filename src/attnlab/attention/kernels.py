@@ -15,7 +15,7 @@ written as the formula reads; :func:`fused` and :func:`fused_sink_key` compute t
 numbers through torch's fused kernel without forming the weights. :func:`choose` is the only
 place that picks one, each condition with its reason. The structured forms that never build a
 dense mask (the banded window, FlexAttention) are chosen a level above, by the attention
-module that knows the structure (:class:`~attnlab.attention.grouped.GroupedQueryAttention`).
+module that knows the structure (:class:`~attnlab.attention.exact.GroupedQueryAttention`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Multi-head attention with ``torch.nn.MultiheadAttention``'s constructor: the exact attention
-(:class:`~attnlab.attention.grouped.GroupedQueryAttention`, the ``"exact"`` kind) built from
+(:class:`~attnlab.attention.exact.GroupedQueryAttention`, the ``"exact"`` kind) built from
 torch's arguments, for self- and cross-attention alike.
 
 There is one exact attention in attnlab. :class:`MultiHeadAttention` is that module, made
@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from .cache import DecodingCache
-from .grouped import GroupedQueryAttention
+from .exact import GroupedQueryAttention
 
 __all__ = ["MultiHeadAttention", "SelfAttention", "CrossAttention"]
 
@@ -42,7 +42,7 @@ class MultiHeadAttention(GroupedQueryAttention):
     ``forward(query, key=None, value=None, *, key_padding_mask, attn_mask, is_causal,
     need_weights, average_attn_weights, cache)`` as torch's (``key`` None or ``query`` itself:
     self-attention), returning ``(output (B, Lq, E), weights or None)``: see
-    :class:`~attnlab.attention.grouped.GroupedQueryAttention`.
+    :class:`~attnlab.attention.exact.GroupedQueryAttention`.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,

@@ -42,7 +42,7 @@ from .cache import DecodingCache
 from .blocksparse import selected_block_attention, window_attention
 from .functional import check_positive_int, scaled_dot_product_attention
 from .contract import Option
-from .grouped import EXACT_OPTIONS, GroupedQueryAttention
+from .exact import EXACT_OPTIONS, GroupedQueryAttention
 from .registry import check_attention_options, register_attention
 
 __all__ = ["NativeSparseAttention"]

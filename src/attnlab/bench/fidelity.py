@@ -47,7 +47,7 @@ from torch import Tensor
 
 from ..attention import build_attention
 from ..attention.functional import scaled_dot_product_attention
-from ..attention.grouped import GroupedQueryAttention
+from ..attention.exact import GroupedQueryAttention
 from ..data.source import source_of
 from ..data.batches.texts import SentimentDataset
 from ..errors import InputError

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from ..attention.cache import DecodingCache
 from ..attention.capture import is_recording
-from ..attention.grouped import GroupedQueryAttention
+from ..attention.exact import GroupedQueryAttention
 from ..attention.registry import attention_capabilities, attention_family, build_attention
 from ..dropout import Dropout
 from ..errors import InputError

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..attention.grouped import GroupedQueryAttention
+from ..attention.exact import GroupedQueryAttention
 from ..attention.registry import attention_family
 from ..dropout import Dropout
 from ..errors import InputError

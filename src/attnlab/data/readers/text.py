@@ -5,13 +5,13 @@ byte that is not valid in the file's encoding raises ``ValueError`` naming the f
 from __future__ import annotations
 
 import io
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from ...errors import InputError
 from ...limits import MAX_LINE_CHARS
+from ...moved import former_names
 from ..paths import not_a_file
 
 __all__ = ["MAX_LINE_CHARS", "read_lines", "iter_lines", "decode_lines"]
@@ -153,14 +153,4 @@ def read_lines(path: str | Path, encoding: str = "utf-8", *, max_line_chars: int
         return list(iter_lines(f, path, encoding, max_line_chars=max_line_chars))
 
 
-def __getattr__(name: str) -> Any:
-    if name == "SentimentDataset":  # its home before attnlab.data.batches
-        from ...suggest import FORMER_NAMES_GO_IN
-
-        warnings.warn("attnlab.data.text.SentimentDataset is now attnlab.data.batches.texts.SentimentDataset (or "
-                      f"attnlab.data.SentimentDataset); the old path works until attnlab {FORMER_NAMES_GO_IN}",
-                      FutureWarning, stacklevel=2)
-        from ..batches.texts import SentimentDataset
-
-        return SentimentDataset
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = former_names(__name__)  # SentimentDataset, now in attnlab.data.batches.texts
