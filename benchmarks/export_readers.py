@@ -62,7 +62,7 @@ def main() -> None:
 
     from attnlab.formats.hf.load import from_hf
     from attnlab.tasks import load_run
-    from attnlab.tasks.export_model import export_language_model
+    from attnlab.export.language_model import export_language_model
 
     run = load_run(args.run_dir)
     prompts = [run.tokenizer.encode_prompt(p) for p in PROMPTS]

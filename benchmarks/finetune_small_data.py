@@ -46,7 +46,7 @@ SOURCE = ["airplane", "automobile", "bird", "cat", "deer"]
 TARGET = ["dog", "frog", "horse", "ship", "truck"]
 TARGET_BATCH = 64
 RANKS = (4, 16)
-TRAIN = ("import sys; from attnlab.recipes import load_recipe; from attnlab.tasks.runs import train; "
+TRAIN = ("import sys; from attnlab.recipes import load_recipe; from attnlab.run.skeleton import train; "
          "train(load_recipe(sys.argv[1], sys.argv[4:]), sys.argv[2], resume=sys.argv[3] == 'True')")
 PEAK = "bench_peak_rss_mb.txt"  # written beside the run's files: its process's peak resident memory
 

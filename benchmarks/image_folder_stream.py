@@ -141,7 +141,7 @@ def child(spec: dict) -> None:
 
     from attnlab.engine.trainer import Trainer
     from attnlab.recipes import load_recipe
-    from attnlab.tasks.base import get_task
+    from attnlab.run.task import get_task
     from attnlab.data.source import source_of
 
     if spec["threads"]:

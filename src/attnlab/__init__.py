@@ -15,7 +15,7 @@ __all__ = ["attention", "data", "layers", "models", "formats", "generation", "cr
 # Read when first asked for (PEP 562), not on `import attnlab`: the command line imports this package
 # before it knows its command, and `attnlab --version` or `attnlab recipes` need no torch (about 2 s of
 # the command's start on 2 cores).
-_SUBMODULES = ("attention", "data", "layers", "models", "formats", "generation", "tasks")
+_SUBMODULES = ("attention", "data", "layers", "models", "formats", "generation", "run", "tasks", "export")
 _NAMES = {"create_model": "models", "list_models": "models", "from_hf": "formats", "train": "tasks",
           "load_run": "tasks", "finish_run": "tasks"}
 _install_moved()  # the former paths of moved modules (attnlab.moved)

@@ -26,7 +26,7 @@ from .families import HF_FAMILY_CHECKPOINTS
 from .io import atomic_write_bytes
 from .formats.hf.load import HF_FAMILIES
 from .recipes import list_recipes
-from .tasks.base import list_tasks
+from .run.task import list_tasks
 
 __all__ = ["attention_kinds_table", "hf_families_table", "recipes_table", "tasks_list", "TABLES", "fill", "main"]
 

@@ -22,10 +22,18 @@ from .suggest import FORMER_NAMES_GO_IN
 
 __all__ = ["MOVED", "MOVED_NAMES", "install", "former_names"]
 
-# former module path -> new module path
-MOVED = {
+# former module path -> new module path (a module split in several: their paths, whose public names it gives)
+MOVED: dict[str, str | tuple[str, ...]] = {
     "attnlab.attention.grouped": "attnlab.attention.exact",
     "attnlab.attention.delta": "attnlab.attention.gated_delta",
+    "attnlab.tasks.base": ("attnlab.run.recipe", "attnlab.run.task", "attnlab.run.trained"),  # split in three
+    "attnlab.tasks.runs": "attnlab.run.skeleton",
+    "attnlab.tasks.claim": "attnlab.run.claim",
+    "attnlab.tasks.run_files": "attnlab.run.files",
+    "attnlab.tasks.weights": "attnlab.run.weights",
+    "attnlab.tasks.views": "attnlab.run.views",
+    "attnlab.tasks.export": "attnlab.export.classifier",
+    "attnlab.tasks.export_model": "attnlab.export.language_model",
     "attnlab.models.sessions": "attnlab.generation.sessions",
     "attnlab.models.generation": "attnlab.generation.search",
     "attnlab.models.beam": "attnlab.generation.beam",
@@ -109,8 +117,17 @@ class _Former(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(fullname, self) if fullname in MOVED else None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        notice(spec.name, MOVED[spec.name])
-        return importlib.import_module(MOVED[spec.name])  # its own name and spec stay: it is the new module
+        new = MOVED[spec.name]
+        if isinstance(new, str):
+            notice(spec.name, new)
+            return importlib.import_module(new)  # its own name and spec stay: it is the new module
+        notice(spec.name, " and ".join(new))
+        joined = ModuleType(spec.name, f"Former path of {', '.join(new)}, until attnlab {FORMER_NAMES_GO_IN}.")
+        for path in new:
+            part = importlib.import_module(path)
+            for name in part.__all__:
+                setattr(joined, name, getattr(part, name))
+        return joined
 
     def exec_module(self, module: ModuleType) -> None:
         """Nothing to run: the new module ran when it was imported."""

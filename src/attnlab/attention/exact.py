@@ -33,7 +33,6 @@ from .positions import init_inner_positions, inner_positions_repr
 from .projections import UpgradesPackedProjections, init_torch_style
 from .registry import register_alias, register_attention
 from .rmsnorm import _RMS_NORM, RMSNorm
-from .rotary import apply_rotary
 
 # KeepsJoinedWeights, RMSNorm, fused_linear, joined_weight and product live in joined.py and rmsnorm.py; named here
 # still for code that imported them from this module.

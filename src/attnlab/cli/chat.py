@@ -124,7 +124,7 @@ def _lines(read: Callable[[str], str], prompt: str) -> Iterator[str | None]:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from ..generation.sampling import GENERATION_OPTIONS, check_generation
-    from ..tasks.base import check_text
+    from ..run.task import check_text
 
     given = {k: getattr(args, k) for k in GENERATION_OPTIONS if getattr(args, k) is not None}
     options = check_generation(names=lambda key: "--" + key.replace("_", "-"), **given)  # before the model loads

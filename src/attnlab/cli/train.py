@@ -115,8 +115,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     """A run's classifier as one ONNX (or TorchScript) file with its preprocessing beside
     it, checked against PyTorch on inputs of other shapes than it was captured with."""
     from ..tasks import load_run
-    from ..tasks.export import FORMATS, export_run, model_file, verify_export
-    from ..tasks.export_model import MODEL_FORMATS
+    from ..export.classifier import FORMATS, export_run, model_file, verify_export
+    from ..export.language_model import MODEL_FORMATS
 
     if args.format not in FORMATS and args.format not in MODEL_FORMATS:
         raise UsageError(f"--format takes {', '.join([*sorted(FORMATS), *MODEL_FORMATS])}; got {args.format!r}")
@@ -140,7 +140,7 @@ def _export_model(args: argparse.Namespace) -> int:
     """A language model as a Hugging Face folder or a GGUF file."""
     from ..io import check_output
     from ..tasks import load_run
-    from ..tasks.export_model import check_model_format, default_model_out, export_language_model
+    from ..export.language_model import check_model_format, default_model_out, export_language_model
 
     check_model_format(args.format, args.gguf_type)
     if args.opset is not None:

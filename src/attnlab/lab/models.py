@@ -28,8 +28,8 @@ from ..errors import InputError
 from ..formats.packaged import resolve_packaged
 from ..generation.processors import processors_for
 from ..generation.sampling import check_generation
-from ..tasks.base import check_text
-from ..tasks.views import token_labels
+from ..run.task import check_text
+from ..run.views import token_labels
 from ..viz.ablation import heads_removed, next_token_loss
 from ..viz.explorer.documents import document_of
 from ..viz.explorer.page import FORMAT

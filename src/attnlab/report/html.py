@@ -36,7 +36,7 @@ from ..errors import AttentionUnavailable, InputError
 from ..io import atomic_write_bytes, read_json_mapping
 from ..tasks import (CHANGES, ClassifierPredictions, SampleTable, Task, TrainedRun, get_task, load_run, model_label,
                      read_config, read_recipe, report_items)
-from ..tasks.runs import UnfinishedRunWarning
+from ..run.skeleton import UnfinishedRunWarning
 from ..viz.explorer import explore
 from ..viz.explorer.page import script_hashes
 from ..viz.run import visualize_run
@@ -186,7 +186,7 @@ def _item_sections(item: object) -> list[Section]:
                                                           f"the test set, predicted by {item.weights}.", shown])]
     if isinstance(item, SampleTable):
         return [Section(item.title, [item.text, Table(item.rows, item.header)])]
-    raise InputError(f"the report cannot show a {type(item).__name__}; tasks give views of attnlab.tasks.views")
+    raise InputError(f"the report cannot show a {type(item).__name__}; tasks give views of attnlab.run.views")
 
 
 def _task_sections(run: Path | TrainedRun, task: Task, device: str, log: Log) -> list[Section]:

@@ -16,11 +16,12 @@ in a recipe's ``task:``;
 """
 
 from . import image_classification, language_modeling, reverse, text_classification, translation  # noqa: F401  # registers the tasks
-from .base import (DataConfig, ImageSpec, ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, get_task,
-                   list_tasks, model_label, recipe_dict, recipe_from_dict, register_task)
-from .runs import (CHANGES, CONFIG, RESULTS, finish_run, load_run, open_run, read_config, read_recipe, read_results,
+from ..run.recipe import DataConfig, ModelConfig, Recipe, model_label, recipe_dict
+from ..run.task import ImageSpec, Prepared, Preprocessing, Task, get_task, list_tasks, recipe_from_dict, register_task
+from ..run.trained import TrainedRun
+from ..run.skeleton import (CHANGES, CONFIG, RESULTS, finish_run, load_run, open_run, read_config, read_recipe, read_results,
                    report_items, train)
-from .views import (AlignmentAttention, ClassifierPredictions, ImageAttention, LabelPrediction, PixelAttention,
+from ..run.views import (AlignmentAttention, ClassifierPredictions, ImageAttention, LabelPrediction, PixelAttention,
                     SampleTable, TextPrediction, TextAttention)
 
 __all__ = ["Task", "TrainedRun", "Recipe", "DataConfig", "ModelConfig", "ImageSpec", "Prepared", "Preprocessing",

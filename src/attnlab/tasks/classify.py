@@ -14,7 +14,7 @@ from ..engine import distributed
 from ..engine.trainer import predict_batches
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
-from .views import LabelPrediction
+from ..run.views import LabelPrediction
 
 __all__ = ["CLASSES_FILE", "write_classes", "read_classes", "predict_labels", "check_label_options", "top_labels",
            "spread"]

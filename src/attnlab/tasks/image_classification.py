@@ -27,9 +27,11 @@ from ..attention.capture import attention_modules
 from ..errors import AttentionUnavailable, InputError
 from ..models.maps import TokenGridMaps, attention_maps_adapter, families_with_maps
 from ..models.registry import config_class
-from .base import ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, register_task
+from ..run.recipe import ModelConfig, Recipe
+from ..run.task import Prepared, Preprocessing, Task, register_task
+from ..run.trained import TrainedRun
 from .classify import check_label_options, predict_labels, read_classes, spread, top_labels, write_classes
-from .views import ClassifierPredictions, ImageAttention, LabelPrediction, PixelAttention
+from ..run.views import ClassifierPredictions, ImageAttention, LabelPrediction, PixelAttention
 
 __all__ = ["ImageClassificationRecipe", "ImageClassification"]
 

@@ -58,10 +58,11 @@ from ..formats.packaged import resolve_packaged
 from ..generation.search import DecoderSession, search
 from ..generation.processors import processors_for
 from ..generation.sampling import GENERATION_OPTIONS, check_generation, only_decodable
-from .base import (ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_text, check_texts,
-                   get_task, register_task)
-from .run_files import train_config
-from .views import GenerationAttention, SampleTable, TextAttention, TextPrediction, token_labels
+from ..run.recipe import ModelConfig, Recipe
+from ..run.task import Prepared, Preprocessing, Task, check_text, check_texts, get_task, register_task
+from ..run.trained import TrainedRun
+from ..run.files import train_config
+from ..run.views import GenerationAttention, SampleTable, TextAttention, TextPrediction, token_labels
 
 __all__ = ["LMTextConfig", "SampleConfig", "LanguageModelingRecipe", "LanguageModeling", "lm_figures", "load_folder",
            "folder_sampling", "DECODER_TYPES"]
@@ -701,7 +702,7 @@ def generation_attention(model: GPT, ids: Sequence[int], label: Callable[[int], 
                          top_k: int = 10, decodable: int | None = None) -> GenerationAttention:
     """The attention of ``model`` over the prompt ``ids`` and its greedy continuation of
     ``new_tokens`` tokens, and its ``top_k`` next tokens after each position
-    (:class:`~attnlab.tasks.views.GenerationAttention`). With a model whose attention keeps a
+    (:class:`~attnlab.run.views.GenerationAttention`). With a model whose attention keeps a
     cache, the prompt goes through once and each new token through its own decoding step with
     the cache, as ``generate`` reads it (its rows are those steps' weights); otherwise the
     whole sequence goes through again after the continuation is chosen. ``decodable``: the ids

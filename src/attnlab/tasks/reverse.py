@@ -24,9 +24,11 @@ from ..data.source import Splits, source_of
 from ..engine.device import select_device
 from ..engine.trainer import evaluate_model
 from ..errors import InputError
-from .base import ModelConfig, Prepared, Recipe, Task, TrainedRun, check_texts, register_task
+from ..run.recipe import ModelConfig, Recipe
+from ..run.task import Prepared, Task, check_texts, register_task
+from ..run.trained import TrainedRun
 from .seq2seq import SEQ2SEQ_KEY_HELP, seq2seq_alignment, strip_padding
-from .views import TextPrediction
+from ..run.views import TextPrediction
 
 __all__ = ["ReverseRecipe", "Reverse", "exact_match"]
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..attention.capture import attention_modules, capture_attention
-from .views import AlignmentAttention
+from ..run.views import AlignmentAttention
 
 __all__ = ["strip_padding", "seq2seq_alignment", "SEQ2SEQ_KEY_HELP"]
 

@@ -34,10 +34,12 @@ from ..engine.config import ConfigError
 from ..engine.device import autocast, select_device
 from ..engine.trainer import evaluate_model
 from ..errors import AttentionUnavailable, InputError
-from .base import ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_texts, register_task
+from ..run.recipe import ModelConfig, Recipe
+from ..run.task import Prepared, Preprocessing, Task, check_texts, register_task
+from ..run.trained import TrainedRun
 from .classify import check_label_options, predict_labels, read_classes, spread, top_labels, write_classes
 from .text import TextConfig, build_tokenizer
-from .views import ClassifierPredictions, LabelPrediction, TextAttention
+from ..run.views import ClassifierPredictions, LabelPrediction, TextAttention
 
 __all__ = ["TextClassificationRecipe", "TextClassification"]
 

@@ -47,10 +47,12 @@ from ..engine.device import select_device
 from ..engine.trainer import evaluate_model
 from ..errors import InputError
 from ..io import atomic_write_bytes
-from .base import ModelConfig, Prepared, Preprocessing, Recipe, Task, TrainedRun, check_texts, register_task
+from ..run.recipe import ModelConfig, Recipe
+from ..run.task import Prepared, Preprocessing, Task, check_texts, register_task
+from ..run.trained import TrainedRun
 from .seq2seq import SEQ2SEQ_KEY_HELP, seq2seq_alignment, strip_padding
 from .text import TextConfig
-from .views import SampleTable, TextPrediction
+from ..run.views import SampleTable, TextPrediction
 
 __all__ = ["TranslationTextConfig", "TranslateConfig", "TranslationRecipe", "Translation", "translate", "bleu_scores",
            "build_tokenizers"]

@@ -1,6 +1,6 @@
 """Attention pictures of a finished run: its task runs the model on a few inputs under
 :func:`~attnlab.attention.capture_attention` and hands back views
-(:mod:`attnlab.tasks.views`); this module draws each view by its type.
+(:mod:`attnlab.run.views`); this module draws each view by its type.
 
 =====================  ========================================================  ==========================
 view                   pictures (one set per input)                              files
@@ -84,7 +84,7 @@ def draw_views(views: Sequence[Any], out: Path) -> list[Path]:
                                                 title=f"{view.title}; BoT block {k} ({name}), {size[0]}x{size[1]} map"))
         else:
             raise InputError(f"draw_views cannot draw a {type(view).__name__}; it draws the views of "
-                             f"attnlab.tasks.views")
+                             f"attnlab.run.views")
     return paths
 
 

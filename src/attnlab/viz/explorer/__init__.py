@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ...attention.capture import attention_modules, capture_attention
 from ...errors import AttentionUnavailable, InputError
 from ...io import atomic_write_bytes
-from ...tasks.views import GenerationAttention
+from ...run.views import GenerationAttention
 from ..ablation import head_ablation
 from .documents import document_of, tensor_documents
 from .page import FORMAT, decode_weights, encode_weights, render_page

@@ -1,5 +1,5 @@
 """The explorer's documents, one per input, from the attention views that tasks return
-(:mod:`attnlab.tasks.views`), in the page's format (:mod:`.page`): token labels, each
+(:mod:`attnlab.run.views`), in the page's format (:mod:`.page`): token labels, each
 layer's weights encoded 8 bits a value, and per head the figures that make previous-token,
 positional, sink and broad heads stand out, computed from the model's exact weights."""
 
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ...errors import InputError
-from ...tasks.views import AlignmentAttention, GenerationAttention, ImageAttention, PixelAttention, TextAttention
+from ...run.views import AlignmentAttention, GenerationAttention, ImageAttention, PixelAttention, TextAttention
 from ..attention import _rgb, attention_rollout, visible
 from .page import encode_weights
 
@@ -210,7 +210,7 @@ def document_of(view: Any, ablation: Sequence[Sequence[float] | None] | None = N
                                                             "image view shows the first"],
                         image={"src": image_data_url(view.image), "group": 0, "grid": [h, wd], "prefix": 0,
                                "rollout": None})
-    raise InputError(f"the explorer cannot show a {type(view).__name__}; it shows the views of attnlab.tasks.views")
+    raise InputError(f"the explorer cannot show a {type(view).__name__}; it shows the views of attnlab.run.views")
 
 
 def tensor_documents(maps: dict[str, list[Tensor]], tokens: Sequence[Sequence[str]] | None, title: str,

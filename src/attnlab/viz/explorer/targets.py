@@ -27,9 +27,10 @@ from ...formats.gguf.reader import is_gguf
 from ...formats.hf.load import HF_FAMILIES, from_hf, is_pretrained
 from ...formats.hf.files import open_checkpoint
 from ...tasks import TrainedRun, load_run
-from ...tasks.base import check_texts, model_label
+from ...run.recipe import model_label
+from ...run.task import check_texts
 from ...tasks.language_modeling import DECODER_TYPES, load_folder
-from ...tasks.views import ImageAttention, TextAttention
+from ...run.views import ImageAttention, TextAttention
 
 __all__ = ["Target", "check_inputs", "load_target", "target_views"]
 
@@ -98,7 +99,7 @@ def _run_target(run: TrainedRun) -> Target:
 
 
 def target_views(target: Target, inputs: Sequence[Any] | None, *, max_inputs: int, new_tokens: int) -> list[Any]:
-    """The attention views of ``target`` on ``inputs`` (see :mod:`attnlab.tasks.views`)."""
+    """The attention views of ``target`` on ``inputs`` (see :mod:`attnlab.run.views`)."""
     inputs = check_inputs(inputs)
     if target.run is not None:
         return target.run.task.explore_views(target.run, inputs, max_inputs=max_inputs, new_tokens=new_tokens)

@@ -33,9 +33,11 @@ from ..engine.trainer import Trainer, evaluate_model
 from ..errors import InputError
 from ..io import atomic_write_bytes, read_json_mapping
 from ..models import count_parameters
-from .base import Prepared, Recipe, Task, TrainedRun, get_task, recipe_dict, recipe_from_dict, require_model
+from .recipe import Recipe, recipe_dict, require_model
+from .task import Prepared, Task, get_task, recipe_from_dict
+from .trained import TrainedRun
 from .claim import check_resume, open_run
-from .run_files import (CHANGES, CONFIG, RESULTS, check_checkpoint, read_config, read_recipe, read_results,
+from .files import (CHANGES, CONFIG, RESULTS, check_checkpoint, read_config, read_recipe, read_results,
                         recipe_changes, resolve_weights, train_config, write_results)
 from .weights import base_reference, fine_tuning, init_weights, load_base, load_weights
 

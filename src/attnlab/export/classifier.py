@@ -57,7 +57,7 @@ from torch import Tensor, nn
 from ..errors import InputError, shape_str
 from ..io import WriteError, atomic_write
 from ..layers.lora import lora_layers, merge_lora
-from .base import TrainedRun
+from ..run.trained import TrainedRun
 
 __all__ = ["FORMATS", "ExportResult", "ImageClassifierGraph", "TextClassifierGraph", "export_run", "model_file",
            "verify_export"]

@@ -17,7 +17,8 @@ from ..engine.resolved import run_precision
 from ..engine.trainer import TrainConfig
 from ..errors import InputError, yaml_problem
 from ..io import atomic_write_bytes, read_json_mapping, read_yaml_mapping
-from .base import Recipe, recipe_dict, recipe_from_dict
+from .recipe import Recipe, recipe_dict
+from .task import recipe_from_dict
 
 __all__ = ["CONFIG", "CHANGES", "RESULTS", "CHECKPOINT_NAMES", "check_checkpoint", "read_config", "read_changes",
            "read_recipe", "read_results", "recipe_changes", "resolve_weights", "train_config", "write_results"]

@@ -32,8 +32,9 @@ from ..engine.resolved import (RESOLVED, Resolution, precision_problem, read_res
                                write_resolutions)
 from ..engine.rundir import RunDirError, RunLock, inspect_run_dir, make_run_dir
 from ..io import atomic_write_bytes
-from .base import Recipe, get_task, recipe_dict
-from .run_files import CHANGES, CONFIG, read_changes, read_recipe, recipe_changes
+from .recipe import Recipe, recipe_dict
+from .task import get_task
+from .files import CHANGES, CONFIG, read_changes, read_recipe, recipe_changes
 
 __all__ = ["open_run", "check_resume", "FREE_ON_RESUME"]
 

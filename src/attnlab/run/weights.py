@@ -27,8 +27,8 @@ from ..layers.norms import freeze_batch_norm
 from ..models.checkpoint import classifier_name, load_pretrained
 from ..models.convert import ConvertAttention, convert_weights
 from ..formats.hf.load import is_hf_folder, is_pretrained, read_hf, weight_files
-from .base import ModelConfig
-from .run_files import resolve_weights
+from .recipe import ModelConfig
+from .files import resolve_weights
 
 __all__ = ["init_weights", "fine_tuning", "base_reference", "load_base", "load_weights"]
 
@@ -152,7 +152,7 @@ def load_base(model: nn.Module, base: dict[str, Any], folder: str | Path) -> set
 def load_weights(run_dir: str | Path, model: nn.Module, checkpoint: str = "auto") -> Path:
     """Load a run's checkpoint into ``model`` (EMA weights when the run kept them; over its
     base weights for a LoRA run) and return its folder; see
-    :func:`~attnlab.tasks.run_files.resolve_weights` for ``checkpoint``."""
+    :func:`~attnlab.run.files.resolve_weights` for ``checkpoint``."""
     run_dir = Path(run_dir)
     folder = resolve_checkpoint(run_dir / "checkpoints", resolve_weights(run_dir, checkpoint))
     weights, state = load_checkpoint(folder)

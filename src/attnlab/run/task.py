@@ -1,195 +1,44 @@
-"""The task interface: a recipe's typed configuration, the :class:`Task` protocol, a
-finished run as one object (:class:`TrainedRun`), and the registry of tasks.
+"""The :class:`Task` protocol that every task fills in, what it hands the training skeleton
+(:class:`Prepared`, :class:`Preprocessing`), the registry of tasks (:func:`register_task`,
+:func:`get_task`, :func:`list_tasks`), and a recipe read as its task's
+(:func:`recipe_from_dict`).
 
-A task (image classification, text classification, translation, the reversal demo, or
-one of the user's own) is one class behind one protocol. ``cli``, ``viz`` and ``report``
-call the protocol and never name a task::
-
-    results = train(recipe, run_dir)                # results.json's content (attnlab.tasks.runs.train)
-    run = load_run(run_dir)                         # a TrainedRun: recipe, model, preprocessing, classes
-    run.evaluate()                                  # the test metrics of results.json, recomputed
-    run.predict(["a witty film ."])                 # what the task predicts for new inputs
-
-A task of one's own subclasses :class:`Task`, gives its :class:`Recipe` subclass and
-registers with :func:`register_task`; a recipe then names it in ``task:`` (see the
-README for ``attnlab train --import``).
+A task (image classification, text classification, translation, the reversal demo, or one of
+the user's own) is one class behind one protocol. ``cli``, ``viz`` and ``report`` call the
+protocol and never name a task. A task of one's own subclasses :class:`Task`, gives its
+:class:`~attnlab.run.recipe.Recipe` subclass and registers with :func:`register_task`; a recipe
+then names it in ``task:`` (see the README for ``attnlab train --import``).
 """
 
 from __future__ import annotations
 
 import copy
+import importlib
 import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar, get_type_hints
-
 import torch
 from torch import nn
-
 from ..data.kinds.labelled_images import ImageSpec
-from ..data.source import SourceConfig, source_of
+from ..data.source import source_of
 from ..data.tokenizers.text import TextTokenizer
 from ..engine.config import ConfigError, from_dict
-from ..engine.resolved import run_precision
-from ..engine.trainer import TrainConfig
 from ..engine import distributed
 from ..engine.sharding import shard_blocks
 from ..errors import AttentionUnavailable, InputError, shape_str
-from ..io import atomic_write_bytes, read_json_mapping
+from ..io import atomic_write_bytes
 from ..memory import require_memory
 from ..models import create_model
 from ..layers.lora import apply_lora
-from ..models.convert import ConvertAttention, convert_options
-from ..formats.hf.load import hf_model_spec, is_pretrained
-from ..formats.hf.files import open_checkpoint
+from ..formats.hf.load import is_pretrained
 from ..models.registry import OptionError, upgrade_options
 from ..suggest import did_you_mean
+from .recipe import Recipe, pretrained_model
+from .trained import TrainedRun
 
-__all__ = ["DataConfig", "ModelConfig", "LoRAConfig", "Recipe", "Task", "TrainedRun", "Prepared", "Preprocessing", "ImageSpec", "register_task", "get_task",
-           "list_tasks", "recipe_from_dict", "recipe_dict", "check_texts", "require_model", "model_label"]
-
-
-# ----------------------------------------------------------------------------- recipes
-
-
-DataConfig = SourceConfig
-"""A recipe's ``data`` section: a registered source's config (:mod:`attnlab.data.source`),
-or the plain section of a task of one's own that reads its own data."""
-
-
-@dataclass
-class LoRAConfig:
-    """``model.lora``: LoRA adapters (:mod:`attnlab.layers.lora`) of rank ``rank``, scaled by
-    ``alpha / rank``, on the linear layers of ``targets``: roles (``attention``: the query,
-    key, value and output projections; ``mlp``: the feed-forward layers), layer names
-    (``q_proj``) or patterns over qualified names (``blocks.*.attn.out_proj``); ``dropout``
-    on the adapters' input. Only the adapters and the classifier head train; checkpoints
-    hold them alone, with the sha256 of the frozen weights they adapt."""
-
-    rank: int = field(default=8, metadata={"min": 1})  # the adapters' rank r
-    alpha: float = field(default=16.0, metadata={"gt": 0.0})  # the update is scaled by alpha / rank
-    dropout: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0})  # on the adapters' input
-    targets: list = field(default_factory=lambda: ["attention"])  # roles (attention, mlp), layer names or patterns
-
-
-@dataclass
-class ModelConfig:
-    name: str = ""  # a registered model (attnlab models)
-    options: dict = field(default_factory=dict)  # overrides of its configuration, checked against it
-    # Weights to start from (fine-tuning): a timm-layout .safetensors/.pth state dict, an attnlab run directory,
-    # or a Hugging Face folder (BERT, RoBERTa, DistilBERT, ViT: its model becomes the run's, see pretrained_model).
-    # A classifier head for another number of classes is replaced; every other key must fit.
-    checkpoint: str | None = None
-    freeze_backbone: bool = False  # with checkpoint: train the classifier head alone
-    backbone_lr_scale: float = field(default=1.0, metadata={"gt": 0.0, "max": 1.0})  # the rest learns at train.lr x this
-    lora: LoRAConfig | None = None  # with checkpoint: low-rank adapters and the head train, the rest stays frozen
-    # with a decoder's checkpoint: its layers' attention changed before fine-tuning ({to: sliding, window: 256}
-    # or {to: latent, kv_rank: 128})
-    convert_attention: ConvertAttention | None = None
-
-
-@dataclass
-class Recipe:
-    """A training recipe: the keys every task has. Each task subclasses it with its own
-    ``data`` section and sections of its own (``text``, ``translate``, ...), so that a run's
-    ``config.yaml`` holds only the keys of its task."""
-
-    description: str = ""
-    task: str = ""
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-
-
-def recipe_dict(recipe: Recipe) -> dict[str, Any]:
-    """A recipe as plain YAML-ready data, in reading order: description, task, data,
-    model, the task's own sections, train. The data section holds the keys of its
-    source alone."""
-    data = dataclasses.asdict(recipe)
-    first = ("description", "task", "data", "model")
-    return {**{k: data[k] for k in first}, **{k: v for k, v in data.items() if k not in first + ("train",)},
-            "train": data["train"]}
-
-
-# ----------------------------------------------------------------------------- a finished run
-
-
-@dataclass
-class TrainedRun:
-    """A finished run, loaded: everything needed to call its model on new inputs.
-
-    ``preprocessing``: ``tokenizer`` (text tasks; the source language of a translation
-    run), ``target_tokenizer`` (translation) or ``image`` (image tasks); the others are
-    ``None``. ``classes``: the label names of a classifier, by class index."""
-
-    task: "Task"
-    run_dir: Path
-    recipe: Recipe
-    model: nn.Module
-    checkpoint: Path
-    classes: list[str] | None = None
-    tokenizer: TextTokenizer | None = None
-    target_tokenizer: TextTokenizer | None = None
-    image: ImageSpec | None = None
-    _precision: str | None = field(default=None, init=False, repr=False)  # read once, by `precision`
-
-    def predict(self, inputs: Sequence[Any], **options: Any) -> list[Any]:
-        """What the task predicts for ``inputs`` (see the task's :meth:`Task.predict`): for a
-        classifier, :class:`~attnlab.tasks.views.LabelPrediction` ``(input, labels)`` with the
-        ``top_k`` labels and their probabilities, best first (``.label``, ``.prob``)."""
-        if isinstance(inputs, (str, Path)) or not isinstance(inputs, Sequence):
-            raise InputError(f"inputs must be a list (of texts, image files, ...); got {type(inputs).__name__}: "
-                             f"wrap one input in a list")
-        return self.task.predict(self, inputs, **options)
-
-    def translate(self, texts: Sequence[str], **options: Any) -> list[str]:
-        """The generated texts of a run that generates text (translation): options
-        ``num_beams``, ``max_length``, ``batch_size``, ``device``."""
-        if self.task.outputs != "text":
-            raise InputError(f"translate needs a run that generates text; {self.run_dir} is a {self.task.name} "
-                             f"run: its predictions are labels: use predict")
-        return [p.output for p in self.predict(texts, **options)]
-
-    def generate(self, prompts: Sequence[str], **options: Any) -> list[str]:
-        """The continuations of ``prompts`` by a run that generates text (a language model):
-        options ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``stop`` (a
-        text or texts that end a continuation, left out of it) and ``batch_size`` (prompts of
-        any lengths decoded together, left-padded)."""
-        if self.task.outputs != "text":
-            raise InputError(f"generate needs a run that generates text; {self.run_dir} is a {self.task.name} run: "
-                             f"its predictions are labels: use predict")
-        return [p.output for p in self.predict(prompts, **options)]
-
-    @property
-    def device(self) -> torch.device:
-        """Where the model is."""
-        return next(self.model.parameters()).device
-
-    @property
-    def precision(self) -> str:
-        """The precision to evaluate in: the one the run trained its last stretch in, as it
-        recorded it when it started (``resolved.json``), so that ``evaluate`` reproduces its
-        figures on another machine too; for a run of an older attnlab, the recipe's, or for
-        ``auto`` the one ``results.json`` names. A float16 run away from CUDA runs in float32."""
-        if self._precision is None:
-            asked = run_precision(self.run_dir) or self.recipe.train.precision
-            results = self.run_dir / "results.json"
-            if asked == "auto" and results.is_file():
-                chosen = read_json_mapping(results).get("precision")
-                if chosen in ("fp32", "bf16", "fp16"):
-                    asked = chosen
-            self._precision = asked
-        if self._precision == "fp16" and self.device.type != "cuda":
-            return "fp32"  # float16 autocast needs CUDA: a GPU run read on a CPU runs in float32
-        return self._precision
-
-    def evaluate(self, **options: Any) -> dict[str, Any]:
-        """The test metrics of ``results.json``, recomputed with these weights."""
-        return self.task.evaluate(self, **options)
-
-
-# ----------------------------------------------------------------------------- the protocol
+__all__ = ["Task", "Prepared", "Preprocessing", "ImageSpec", "register_task", "get_task", "list_tasks", "recipe_from_dict", "check_texts", "check_text", "training_bytes"]
 
 
 @dataclass
@@ -227,7 +76,7 @@ class Task:
     """One kind of learning problem, behind the protocol that the command line, the
     pictures and the report call.
 
-    Training is one skeleton, :func:`attnlab.tasks.runs.train`, whose steps a task fills
+    Training is one skeleton, :func:`attnlab.run.skeleton.train`, whose steps a task fills
     in: :meth:`read_data` (before the run directory is made), :meth:`prepare` (inside it:
     the preprocessing fitted or, on resume, read back, and the data sets), then the engine
     fits and tests, :meth:`score` adds what the task measures beyond loss and accuracy,
@@ -412,7 +261,7 @@ class Task:
 
     def check_prepared(self, recipe: Recipe, run_dir: Path, model: nn.Module, prepared: Prepared,
                        log: Callable[[str], None]) -> None:
-        """Before the first step (:func:`~attnlab.tasks.runs.preflight`): what the built
+        """Before the first step (:func:`~attnlab.run.skeleton.preflight`): what the built
         ``model`` and the run's preprocessing (``prepared``) must agree on, a vocabulary's size
         and the model's, say. A mismatch the run cannot work with is an
         :class:`~attnlab.errors.InputError` naming both sides; one it works around is a line of
@@ -457,7 +306,7 @@ class Task:
     # ------------------------------------------------------------------ a finished run
     def preprocessing(self, run_dir: Path, recipe: Recipe) -> Preprocessing:
         """What ``run_dir`` (trained with ``recipe``) holds beside its weights, read back:
-        :func:`attnlab.tasks.runs.load_run` builds the model from it, once."""
+        :func:`attnlab.run.skeleton.load_run` builds the model from it, once."""
         return Preprocessing()
 
     def evaluate(self, run: TrainedRun, *, device: str = "auto", data: str | Path | None = None) -> dict[str, Any]:
@@ -468,9 +317,9 @@ class Task:
 
     def predict(self, run: TrainedRun, inputs: Sequence[Any], **options: Any) -> list[Any]:
         """Predictions for ``inputs`` (image files or texts, as :attr:`inputs` says):
-        :class:`~attnlab.tasks.views.LabelPrediction` for a task whose :attr:`outputs` are
+        :class:`~attnlab.run.views.LabelPrediction` for a task whose :attr:`outputs` are
         labels (options ``top_k`` and ``batch_size``, which ``attnlab predict`` passes),
-        :class:`~attnlab.tasks.views.TextPrediction` for one that generates text (options
+        :class:`~attnlab.run.views.TextPrediction` for one that generates text (options
         ``num_beams``, ``max_length``, ``batch_size``, ``device``). An input that cannot be
         read raises :class:`~attnlab.errors.InputError` naming it."""
         raise InputError(f"a {self.name} run makes no predictions on new inputs")
@@ -487,14 +336,14 @@ class Task:
 
     def report_items(self, runs: Sequence[TrainedRun], *, device: str = "auto") -> list[Any]:
         """What the run report shows beside results, configuration and curves: views of
-        :mod:`attnlab.tasks.views` (predictions on the test set, sample outputs). ``runs``:
+        :mod:`attnlab.run.views` (predictions on the test set, sample outputs). ``runs``:
         the run, or its sub-runs (:meth:`sub_runs`), loaded."""
         return []
 
     def attention_views(self, run: TrainedRun, inputs: Sequence[Any] | None, *, max_inputs: int = 2,
                         queries: Sequence[tuple[int, int]] | None = None) -> list[Any]:
         """The attention of ``run``'s model on ``inputs`` (``None``: the first test
-        examples), as views of :mod:`attnlab.tasks.views` that :mod:`attnlab.viz` draws."""
+        examples), as views of :mod:`attnlab.run.views` that :mod:`attnlab.viz` draws."""
         raise AttentionUnavailable(f"a {self.name} run has no attention pictures",
                                    reason=f"the {self.name} task draws no attention pictures")
 
@@ -557,8 +406,6 @@ def check_text(text: str, where: str) -> None:
                          f"{exc.start:,}, are not (given in another encoding?)") from None
 
 
-# ----------------------------------------------------------------------------- the registry
-
 _TASKS: dict[str, Task] = {}
 # Names that older attnlab versions wrote into config.yaml.
 _RENAMED = {"sentiment": "text_classification"}
@@ -581,8 +428,15 @@ def register_task(cls: T) -> T:
     return cls
 
 
+def _register_built_ins() -> None:
+    """The built-in tasks register when :mod:`attnlab.tasks` is imported (this skeleton names none
+    of them): a lookup imports it once, as a plugin registry loads its entry points."""
+    importlib.import_module("attnlab.tasks")
+
+
 def get_task(name: str) -> Task:
     """The registered task ``name`` (did-you-mean error otherwise)."""
+    _register_built_ins()
     name = _RENAMED.get(name, name)
     if name not in _TASKS:
         raise ConfigError(f"unknown task {name!r}" + did_you_mean(name, _TASKS, "registered tasks")
@@ -591,66 +445,8 @@ def get_task(name: str) -> Task:
 
 
 def list_tasks() -> list[Task]:
+    _register_built_ins()
     return [_TASKS[n] for n in sorted(_TASKS)]
-
-
-def pretrained_model(recipe: Recipe, task: Task | None = None) -> None:
-    """When ``model.checkpoint`` is a Hugging Face folder, its model becomes the recipe's:
-    ``model.name`` the registered model of its family (``bert_base``, ``roberta_base``,
-    ``distilbert_base``, ``vit_base_patch16_224``) and ``model.options`` its configuration,
-    under the recipe's own options, so that the run's ``config.yaml`` rebuilds it without the
-    folder. ``model.name`` must then be empty or that family's model. ``task`` first refuses a
-    folder it cannot start from (:meth:`Task.check_folder`)."""
-    source = recipe.model.checkpoint
-    if source is None or not is_pretrained(source):
-        return
-    if task is not None:
-        task.check_folder(Path(source).expanduser())
-    name, options = hf_model_spec(source)
-    if recipe.model.name not in ("", name):
-        raise ConfigError(f"model.name must be empty or {name!r} with model.checkpoint={source} (a Hugging Face "
-                          f"folder of that family); got {recipe.model.name!r}")
-    recipe.model.name = name
-    recipe.model.options = {**options, **recipe.model.options}
-    if recipe.model.convert_attention is not None:
-        from ..models.gpt import GPT
-        from ..formats.hf.tables import HF_FAMILIES
-
-        family = open_checkpoint(source).config().get("model_type")
-        if HF_FAMILIES[family].model is not GPT:
-            raise ConfigError(f"model.convert_attention changes a decoder's attention; model.checkpoint={source} is a "
-                              f"{family} model")
-        recipe.model.options = convert_options(recipe.model.options, recipe.model.convert_attention)
-
-
-def model_label(model: ModelConfig) -> str:
-    """The model a run trains, in a few words, as the banner, the report and the explorer name
-    it: the registered model (``vit_digits_patch2``); for a Hugging Face folder its family,
-    size and folder (``qwen3 of 2 layers of width 64 from models/qwen``: the registered model
-    it is built as, ``llama_tiny`` and its options, is what config.yaml rebuilds); for weights
-    of a run or a file, the model and where its weights come from."""
-    source = model.checkpoint
-    if not source:
-        return model.name
-    family = None
-    if is_pretrained(source):
-        try:
-            family = open_checkpoint(source).config().get("model_type")
-        except InputError:  # a folder gone bad since the run trained: named by what was built
-            family = None
-    if not isinstance(family, str) or not family:
-        return f"{model.name} from {source}"
-    depth, width = model.options.get("depth"), model.options.get("embed_dim")
-    size = f" of {depth} layers of width {width}" if isinstance(depth, int) and isinstance(width, int) else ""
-    return f"{family}{size} from {source}"
-
-
-def require_model(recipe: Recipe) -> None:
-    """A recipe that names no model (``text-classification-pretrained`` takes the model of
-    ``model.checkpoint``) cannot train until it has one."""
-    if not recipe.model.name:
-        raise ConfigError("model.name is empty: give model.checkpoint=FOLDER, a Hugging Face checkpoint folder whose "
-                          "model and tokenizer the run starts from, or name a registered model (attnlab models)")
 
 
 def recipe_from_dict(data: dict[str, Any], source: str = "", *, legacy: bool = False) -> Recipe:
