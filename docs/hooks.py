@@ -12,7 +12,7 @@
 * What a page's code printed is kept in ``.cache/docs/`` (one file a page, under a hash of the
   page's Markdown, attnlab's source files, the docs helpers and the tools' versions) and replayed
   when that hash is seen again: a page whose code and library are unchanged is not run again.
-  ``ATTNLAB_DOCS_CACHE=0`` runs every page (``tests/test_docs.py`` does: the build is the test
+  ``ATTNLAB_DOCS_CACHE=0`` runs every page (``tests/docs/test_site.py`` does: the build is the test
   of every example).
 * A Chinese page's links to English-only pages (the API reference, the architecture, the
   changelog) are written as the repository has them and become the site's URLs.

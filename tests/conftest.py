@@ -1,11 +1,24 @@
+import csv
 import os
+import random
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+
+# Test modules import helpers and one another by their file's name, from whichever folder of tests/ they lie in
+# (``from conftest import train_digits``, ``from gguf_files import write_gguf``, ``from test_lm_from_folder import
+# model_folder``): tests/ and every folder of test modules below it are on sys.path, whichever file pytest starts
+# from (its default import mode, "prepend", puts a module's own folder there only when it imports that module).
+# So the name of every module under tests/ is unique, and no folder holds an __init__.py.
+TESTS = Path(__file__).resolve().parent
+for _folder in sorted({TESTS, *(p.parent for p in TESTS.rglob("test_*.py"))}, reverse=True):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 # The digits as the tests read them: a validation part (runs keep checkpoints/best, evaluations are logged) and
 # no random shifts (the shipped vit-digits trains on every image, shifted, for its accuracy).
@@ -143,3 +156,38 @@ def browser():
     driver.set_page_load_timeout(60)
     yield driver
     driver.quit()
+
+
+# ----------------------------------------------------------------------------- runs and folders the refusals share
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory):
+    """A text classifier of two classes trained for two steps on a CSV of one's own (the text_run of
+    export/test_classifier.py, which exports classifiers, is another)."""
+    from attnlab.cli import main
+
+    tmp = tmp_path_factory.mktemp("texts")
+    rng = random.Random(0)
+    with open(tmp / "t.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        for label, words in {"sports": "goal match team score win", "weather": "rain sun cloud storm wind"}.items():
+            for _ in range(20):
+                w.writerow([" ".join(rng.choice(words.split()) for _ in range(5)), label])
+    run = tmp / "run"
+    assert main(["train", "text-classification", f"data.train={tmp / 't.csv'}", "text.vocab_size=300",
+                 "model.options.embed_dim=32", "model.options.depth=1", "model.options.num_heads=2", "train.steps=2",
+                 "train.warmup_steps=1", "train.batch_size=8", "train.progress=false", "train.tensorboard=false",
+                 "--run-dir", str(run)]) == 0
+    return run
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A tiny random Llama folder with its tokenizer, written by ``transformers`` (tasks/test_lm_from_folder.py's
+    model_folder); skips where ``transformers`` is absent."""
+    pytest.importorskip("transformers", reason="transformers is a test-only dependency (the dev extra)")
+    from test_lm_from_folder import model_folder
+
+    return model_folder("llama", tmp_path_factory.mktemp("llama"))

@@ -11,7 +11,7 @@ from attnlab import catalog, families
 from attnlab.attention import list_attention
 from attnlab.formats.hf.load import HF_FAMILIES
 from attnlab.recipes import list_recipes
-from attnlab.tasks.base import list_tasks
+from attnlab.run.task import list_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 

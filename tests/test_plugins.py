@@ -7,6 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from attnlab.cli import main
+
+from refusals import BUG
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
@@ -73,3 +79,24 @@ def test_a_data_source_of_ones_own_feeds_an_existing_task(tmp_path):
     r = attnlab("train", "vit-digits", "data.name=stripes", "--run-dir", str(tmp_path / "no"), cwd=tmp_path)
     assert r.returncode == 2 and "data.name must be one of 'digits', 'cifar10', 'folder'; got 'stripes'" in r.stderr
     assert "--import" in r.stderr
+
+
+# ---------------------------------------------------------------------------- a module that fails
+
+
+@pytest.mark.parametrize("source, message", [
+    ("def f():\n    raise ValueError('my module is wrong')\nf()\n",
+     "the module raised ValueError while it was imported: my module is wrong (its traceback is above)"),
+    ("def f(:\n    pass\n", "the module raised SyntaxError while it was imported: invalid syntax"),
+    ("import a_package_nobody_installed\n", "the module imports 'a_package_nobody_installed', which is not installed"),
+    ("import sys\nsys.exit(0)\n", "the module called sys.exit(0) while it was imported"),
+])
+def test_a_module_given_to_import_that_fails_is_its_own_error(tmp_path, capsys, source, message):
+    module = tmp_path / "mine.py"
+    module.write_text(source)
+    assert main(["train", "vit-digits", "--import", str(module), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"attnlab train: error: --import {module}: {message}" in err, err
+    assert BUG not in err and not (tmp_path / "run").exists()
+    if "ValueError" in message:  # the module's own traceback, not attnlab's
+        assert str(module) in err and "raise ValueError" in err and "plugins.py" not in err

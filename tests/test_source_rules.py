@@ -39,3 +39,47 @@ def test_the_rule_finds_what_it_is_for():
     sample = '"""A step took 8.9 µs against 10.5 (AMD EPYC)."""\nx = 1  # 0.3 s vs 0.5 here\n'
     text = _comments_and_docstrings(sample)
     assert _MACHINE.search(text) and len(_TIMES.findall(text)) == 2
+
+
+_ACCESSORS = re.compile(r"(?<![\w.])attention_(family|capabilities|options|takes|options_named|position_options|"
+                        r"forms_weights|summary|honours|causal_only|keeps_cache)\(")
+
+
+def _former_paths() -> re.Pattern[str]:
+    from attnlab.moved import MOVED
+
+    return re.compile(r"\b(" + "|".join(re.escape(m) for m in sorted(MOVED, key=len, reverse=True)) + r")\b(?![\w.])")
+
+
+def _says_a_former_name(code: str, paths: re.Pattern[str]) -> bool:
+    code = code.split("#", 1)[0]
+    return bool((paths.search(code) and ("import" in code or "(" in code)) or _ACCESSORS.search(code))
+
+
+def test_the_code_names_no_former_path_or_accessor():
+    """What a user still may say for a while (attnlab.moved's former paths, the registry's former
+    accessors) the code itself never says: each former name has one place, its notice."""
+    from attnlab.moved import MOVED_NAMES
+
+    paths, found = _former_paths(), []
+    everything = {}
+    for file in sorted(SRC.rglob("*.py")):
+        rel = file.relative_to(SRC).as_posix()
+        everything[rel] = file.read_text(encoding="utf-8")
+        if rel in ("moved.py", "attention/registry.py"):
+            continue
+        found += [f"{rel}:{n}: {line.strip()}" for n, line in enumerate(everything[rel].splitlines(), 1)
+                  if _says_a_former_name(line, paths)]
+    for name in MOVED_NAMES:  # a name that left a module is imported from its new home
+        module, attr = name.rsplit(".", 1)
+        found += [f"{rel}: {name}" for rel, text in everything.items()
+                  if re.search(rf"from {re.escape(module)} import [^\n]*\b{attr}\b", text)]
+    assert not found, "the code names a former path or accessor:\n" + "\n".join(found)
+
+
+def test_the_former_name_rule_finds_what_it_is_for():
+    paths = _former_paths()
+    assert _says_a_former_name("    from attnlab.models.hf import from_hf", paths)
+    assert _says_a_former_name("    if attention_family(kind) != 'tokens':", paths)
+    assert not _says_a_former_name("    from attnlab.formats.hf.load import from_hf", paths)
+    assert not _says_a_former_name("    if attention_entry(kind).family != 'tokens':  # attention_family(kind)", paths)

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from .attention import list_attention
-from .attention.registry import (attention_causal_only, attention_forms_weights, attention_honours,
-                                 attention_keeps_cache, attention_summary)
+from .attention.registry import attention_entry
 from .families import HF_FAMILY_CHECKPOINTS
 from .io import atomic_write_bytes
 from .formats.hf.load import HF_FAMILIES
@@ -66,10 +65,11 @@ def attention_kinds_table(lang: str = "en") -> str:
     rows = []
     for family in ("tokens", "grid"):
         for name in list_attention(family):
-            honours = attention_honours(name)
-            causal = w["only"] if attention_causal_only(name) else flag(honours["causal"])
-            rows.append([f"`{name}`", family, attention_summary(name), causal, flag(honours["padding"]),
-                         flag(attention_forms_weights(name)), flag(attention_keeps_cache(name))])
+            entry = attention_entry(name)
+            caps = entry.capabilities
+            causal = w["only"] if caps.causal_only else flag(caps.causal)
+            rows.append([f"`{name}`", family, entry.summary, causal, flag(caps.padding), flag(caps.weights),
+                         flag(caps.cache)])
     return _table(w["kinds"], rows)
 
 

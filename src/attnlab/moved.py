@@ -87,6 +87,8 @@ MOVED_NAMES = {
     "attnlab.attention.latent.top_keys": "attnlab.attention.dsa",
     "attnlab.attention.differential.SinkAttention": "attnlab.attention.sinks",
     "attnlab.data.readers.text.SentimentDataset": "attnlab.data.batches.texts",
+    "attnlab.tasks.language_modeling.load_folder": "attnlab.tasks.lm_folders",
+    "attnlab.tasks.language_modeling.folder_sampling": "attnlab.tasks.lm_folders",
 }
 
 

@@ -29,7 +29,8 @@ from .variants.standalone2d import StandAloneSelfAttention2d
 from .variants.topk import TopKAttention
 from .variants.lsh import LSHAttention
 from .contract import Cache, Capabilities, Option, Options
-from .registry import (attend_grid, attention_capabilities, attention_causal_only, attention_family,
+from .registry import (AttentionEntry, attend_grid, attention_capabilities, attention_causal_only, attention_entry,
+                       attention_family,
                        attention_forms_weights, attention_honours, attention_keeps_cache, attention_options,
                        build_attention, list_attention, register_attention)
 from .capture import capture_attention
@@ -59,6 +60,8 @@ __all__ = [
     "capture_attention",
     "build_attention",
     "register_attention",
+    "attention_entry",
+    "AttentionEntry",
     "attention_capabilities",
     "attention_options",
     "Capabilities",

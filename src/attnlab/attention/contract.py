@@ -2,7 +2,7 @@
 
 * :class:`Capabilities`: what an attention kind can do, declared when it registers
   (:func:`~attnlab.attention.registry.register_attention`), read by every model through
-  :func:`~attnlab.attention.registry.attention_capabilities`; no model looks inside a kind to
+  :func:`~attnlab.attention.registry.attention_entry`; no model looks inside a kind to
   find out.
 * :class:`Option` and :class:`Options`: the options a kind takes, typed, with defaults and
   ranges. Recipes are checked against them before anything is built, ``attnlab kinds KIND``

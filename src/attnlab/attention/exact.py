@@ -537,8 +537,8 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
                     key_padding_mask: Tensor | None = None) -> Tensor:
         """A fused copy of :meth:`forward` for one token per row while generating, in eval mode:
         ``x`` ``(B, E)`` -> ``(B, E)``, what ``forward(x[:, None], cache=cache, is_causal=True)``
-        gives; ``tests/test_attention_contract.py`` (a step against forward, every kind with a
-        step) and ``tests/test_gpt.py`` (a model's step against its forward) keep them equal.
+        gives; ``tests/attention/test_contract.py`` (a step against forward, every kind with a
+        step) and ``tests/models/test_gpt.py`` (a model's step against its forward) keep them equal.
 
         ``positions`` ``(B, 1)`` for left-padded prompts (else the cache's next position);
         ``key_padding_mask`` ``(B, keys seen)``. Why a copy: at one token a row, forward's checks,

@@ -63,16 +63,18 @@ module hands over to the task's loss; the forward's output never depends on it.
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from torch import Tensor, nn
 
 from ..errors import InputError
-from ..suggest import did_you_mean
+from ..suggest import FORMER_NAMES_GO_IN, did_you_mean
 from .contract import Capabilities, Option, Options
 
-__all__ = ["register_attention", "register_alias", "canonical_attention", "build_attention", "list_attention", "attention_family",
+__all__ = ["register_attention", "register_alias", "attention_entry", "AttentionEntry", "canonical_attention",
+           "build_attention", "list_attention", "attention_family",
            "attention_capabilities", "attention_options", "attention_forms_weights", "attention_keeps_cache",
            "attention_honours", "attention_summary", "attention_causal_only", "attention_options_named",
            "attention_takes", "kinds_taking", "attention_position_options", "attend_grid",
@@ -81,6 +83,11 @@ __all__ = ["register_attention", "register_alias", "canonical_attention", "build
 
 @dataclass(frozen=True)
 class AttentionEntry:
+    """A registered kind, all the registry knows of it (:func:`attention_entry`): its ``name``, its
+    ``family`` (``"tokens"``: takes ``(B, L, E)``; ``"grid"``: ``(B, C, H, W)``), its class, what it
+    can do (``capabilities``: weights, cache, decode step, streaming, positions, masks), the
+    ``options`` it takes (typed, with defaults and ranges) and a one-line ``summary``."""
+
     name: str
     family: str  # "tokens" or "grid"
     cls: Callable[..., nn.Module]
@@ -88,6 +95,35 @@ class AttentionEntry:
     options: Options
     open_options: bool = False  # a plugin's kind whose constructor takes **options: names past `options` pass too
     summary: str = ""  # what the kind is, in one line (the README's and the guide's table of kinds)
+
+    def takes(self, option: str) -> bool:
+        """Whether the kind takes the build option ``option`` (``"rope"``, ``"alibi"``, ...)."""
+        return self.open_options or option in self.options
+
+    def position_options(self) -> tuple[str, ...]:
+        """The options that count positions (a window, buckets, landmarks): a model refuses them
+        above the positions it holds (its ``max_len``), where they mean nothing."""
+        return tuple(o.name for o in self.options if o.counts_positions)
+
+    def honours(self) -> dict[str, bool | None]:
+        """What the kind honours of the masks: ``{"causal": ..., "padding": ...}``, each ``True``
+        or ``False`` for a ``"tokens"`` kind (one that cannot honour a mask refuses it in one line)
+        and ``None`` for a ``"grid"`` kind, which takes no masks."""
+        return {"causal": self.capabilities.causal, "padding": self.capabilities.padding}
+
+    def check(self, options: dict[str, Any]) -> None:
+        """Refuse, in one line, an option the kind does not take or a value it does not take."""
+        if self.open_options:  # a plugin's **options: only what it names is checked
+            self.options.check(self.name, {k: v for k, v in options.items() if k in self.options})
+        else:
+            self.options.check(self.name, options)
+
+    def build(self, embed_dim: int, num_heads: int, **options: Any) -> nn.Module:
+        """The kind for width ``embed_dim`` and ``num_heads`` heads, its options upgraded from
+        former names (a notice each) and checked first."""
+        options = self.options.upgrade(self.name, options)
+        self.check(options)
+        return self.cls(embed_dim, num_heads, **options)
 
 
 _KINDS: dict[str, AttentionEntry] = {}
@@ -203,48 +239,25 @@ def register_alias(alias: str, name: str) -> None:
     (:func:`canonical_attention`) says the kind's own name."""
     if alias in _KINDS or alias in _ALIASES:
         raise InputError(f"attention kind {alias!r} is already registered")
-    _entry(name)
+    attention_entry(name)
     _ALIASES[alias] = name
 
 
-def canonical_attention(name: str) -> str:
-    """The registered name of the kind ``name`` names (``"gqa"`` -> ``"exact"``); an unknown name
-    is refused with the close ones."""
-    return _entry(name).name
-
-
-def _entry(name: str) -> AttentionEntry:
+def attention_entry(name: str) -> AttentionEntry:
+    """The registered kind ``name`` names (a former name too: ``"gqa"`` is ``"exact"``'s entry);
+    an unknown name is refused with the close ones."""
     name = _ALIASES.get(name, name) if isinstance(name, str) else name
     if name not in _KINDS:
         raise InputError(f"unknown attention {name!r}" + did_you_mean(name, _KINDS))
     return _KINDS[name]
 
 
-def attention_family(name: str) -> str:
-    """The family of the kind ``name``: ``"tokens"`` (takes ``(B, L, E)``) or ``"grid"``
-    (takes ``(B, C, H, W)``); an unknown name is an error with the known ones."""
-    return _entry(name).family
 
 
-def attention_capabilities(name: str) -> Capabilities:
-    """What kind ``name`` can do, as it declared when it registered."""
-    return _entry(name).capabilities
 
-
-def attention_options(name: str) -> Options:
-    """The options kind ``name`` takes (typed, with defaults and ranges)."""
-    return _entry(name).options
-
-
-def attention_takes(name: str, option: str) -> bool:
-    """Whether kind ``name`` takes the build option ``option`` (``"rope"``, ``"alibi"``, ...)."""
-    entry = _entry(name)
-    return entry.open_options or option in entry.options
-
-
-def attention_options_named(name: str) -> tuple[str, ...]:
-    """The build options kind ``name`` names."""
-    return _entry(name).options.names()
+def canonical_attention(name: str) -> str:
+    """The registered name of the kind ``name`` names (``"gqa"`` -> ``"exact"``)."""
+    return attention_entry(name).name
 
 
 def kinds_taking(option: str, family: str = "tokens") -> list[str]:
@@ -254,66 +267,55 @@ def kinds_taking(option: str, family: str = "tokens") -> list[str]:
 
 def upgrade_attention_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` of kind ``name`` with former option names renamed (a notice each)."""
-    return _entry(name).options.upgrade(name, options)
+    return attention_entry(name).options.upgrade(name, options)
 
 
 def check_attention_options(name: str, options: dict[str, Any]) -> None:
     """Refuse, in one line, an option kind ``name`` does not take or a value it does not take."""
-    entry = _entry(name)
-    schema = entry.options
-    if entry.open_options:  # a plugin's **options: only what it names is checked
-        schema.check(name, {k: v for k, v in options.items() if k in schema})
-    else:
-        schema.check(name, options)
+    attention_entry(name).check(options)
 
 
 def build_attention(name: str, embed_dim: int, num_heads: int, **options: Any) -> nn.Module:
     """Build attention kind ``name`` for width ``embed_dim`` and ``num_heads`` heads; an
     option the kind does not take, or a value outside what it takes, is an error naming it
     (with the close matches)."""
-    options = upgrade_attention_options(name, options)
-    check_attention_options(name, options)
-    return _entry(name).cls(embed_dim, num_heads, **options)
-
-
-def attention_position_options(name: str) -> tuple[str, ...]:
-    """The options of kind ``name`` that count positions (a window, buckets, landmarks): a
-    model refuses them above the positions it holds (its ``max_len``), where they mean nothing."""
-    return tuple(o.name for o in _entry(name).options if o.counts_positions)
-
-
-def attention_forms_weights(name: str) -> bool:
-    """Whether kind ``name`` forms the weight matrix that capture_attention records."""
-    return _entry(name).capabilities.weights
-
-
-def attention_summary(name: str) -> str:
-    """What kind ``name`` is, in one line (empty for a kind registered without one)."""
-    return _entry(name).summary
-
-
-def attention_honours(name: str) -> dict[str, bool | None]:
-    """What kind ``name`` honours of the masks: ``{"causal": ..., "padding": ...}``, each
-    ``True`` or ``False`` for a ``"tokens"`` kind (one that cannot honour a mask refuses it
-    in one line) and ``None`` for a ``"grid"`` kind, which takes no masks."""
-    caps = _entry(name).capabilities
-    return {"causal": caps.causal, "padding": caps.padding}
-
-
-def attention_causal_only(name: str) -> bool:
-    """Whether kind ``name`` attends causally only (see :func:`register_attention`)."""
-    return _entry(name).capabilities.causal_only
-
-
-def attention_keeps_cache(name: str) -> bool:
-    """Whether kind ``name`` decodes with a cache of its own (``new_cache``; see the contract)."""
-    return _entry(name).capabilities.cache
+    return attention_entry(name).build(embed_dim, num_heads, **options)
 
 
 def list_attention(family: str | None = None) -> list[str]:
     """The registered attention kinds, sorted; only those of ``family`` (``"tokens"`` or
     ``"grid"``) when given."""
     return sorted(n for n, e in _KINDS.items() if family is None or e.family == family)
+
+
+def _former_accessor(former: str, instead: str, get: Callable[..., Any]) -> Callable[..., Any]:
+    """One of the accessors the registry had before :func:`attention_entry`, with a notice."""
+
+    def accessor(name: str, *args: Any) -> Any:
+        warnings.warn(f"attnlab.attention.{former}(name) is now attention_entry(name).{instead}; the old name works "
+                      f"until attnlab {FORMER_NAMES_GO_IN}", FutureWarning, stacklevel=2)
+        return get(attention_entry(name), *args)
+
+    accessor.__name__ = accessor.__qualname__ = former
+    accessor.__doc__ = f"Former accessor: ``attention_entry(name).{instead}``."
+    return accessor
+
+
+# The accessors of the registry before attention_entry, each one property of the entry.
+attention_family = _former_accessor("attention_family", "family", lambda e: e.family)
+attention_capabilities = _former_accessor("attention_capabilities", "capabilities", lambda e: e.capabilities)
+attention_options = _former_accessor("attention_options", "options", lambda e: e.options)
+attention_takes = _former_accessor("attention_takes", "takes(option)", lambda e, option: e.takes(option))
+attention_options_named = _former_accessor("attention_options_named", "options.names()", lambda e: e.options.names())
+attention_position_options = _former_accessor("attention_position_options", "position_options()",
+                                              lambda e: e.position_options())
+attention_forms_weights = _former_accessor("attention_forms_weights", "capabilities.weights",
+                                           lambda e: e.capabilities.weights)
+attention_summary = _former_accessor("attention_summary", "summary", lambda e: e.summary)
+attention_honours = _former_accessor("attention_honours", "honours()", lambda e: e.honours())
+attention_causal_only = _former_accessor("attention_causal_only", "capabilities.causal_only",
+                                         lambda e: e.capabilities.causal_only)
+attention_keeps_cache = _former_accessor("attention_keeps_cache", "capabilities.cache", lambda e: e.capabilities.cache)
 
 
 def attend_grid(module: nn.Module, x: Tensor) -> Tensor:

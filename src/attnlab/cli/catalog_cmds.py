@@ -35,28 +35,30 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_kinds(args: argparse.Namespace) -> int:
     """The attention kinds with what each can do; with a name, that kind's options (types,
     defaults, ranges), as its registration declares them."""
-    from ..attention import registry
+    from ..attention.registry import attention_entry, list_attention
 
     if args.kind is None:
         flags = ("causal", "padding", "weights", "cache", "streaming", "decode_step")
         rows = [("kind", "family", *(f.replace("_", " ") for f in flags), "summary")]
-        for name in registry.list_attention():
-            caps = registry.attention_capabilities(name)
+        for name in list_attention():
+            entry = attention_entry(name)
+            caps = entry.capabilities
             marks = ["-" if getattr(caps, f) is None else ("only" if f == "causal" and caps.causal_only else
                                                            "yes" if getattr(caps, f) else "no") for f in flags]
-            rows.append((name, registry.attention_family(name), *marks, registry.attention_summary(name)))
+            rows.append((name, entry.family, *marks, entry.summary))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         for r in rows:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
         print("\nattnlab kinds KIND lists a kind's options; a model takes them as attention_options.")
         return 0
-    caps = registry.attention_capabilities(args.kind)  # an unknown name: one line with the close ones
+    entry = attention_entry(args.kind)  # an unknown name: one line with the close ones
+    caps = entry.capabilities
     can = [f.replace("_", " ") for f in ("causal", "padding", "weights", "cache", "streaming", "decode_step",
                                          "positions", "causal_only") if getattr(caps, f)]
-    print(f"{args.kind} ({registry.attention_family(args.kind)}): {registry.attention_summary(args.kind)}")
+    print(f"{args.kind} ({entry.family}): {entry.summary}")
     print(f"declares: {', '.join(can) or 'none of the flags'}"
           + (f"; LoRA roles: {', '.join(caps.lora_roles)}" if caps.lora_roles else ""))
-    options = list(registry.attention_options(args.kind))
+    options = list(entry.options)
     if not options:
         print("options: none")
         return 0

@@ -96,7 +96,7 @@ def load_run_or_model(path: str, checkpoint: str, device: str, int8: bool = Fals
     from ..formats.hf.load import is_pretrained
     from ..formats.packaged import resolve_packaged
     from ..tasks import load_run
-    from ..tasks.language_modeling import load_folder
+    from ..tasks.lm_folders import load_folder
 
     path = resolve_packaged(path)  # smollm2-135m-instruct: the installed package's file
     if is_pretrained(path):

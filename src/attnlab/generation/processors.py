@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["LogitsProcessor", "Decodable", "Forbid", "RepetitionPenalty", "Temperature", "TopK", "TopP", "MinP",
-           "StopStrings", "processors_for", "choose", "samples"]
+           "StopStrings", "processors_for", "choose", "samples", "cut_at_stop", "held_back"]
 
 
 class LogitsProcessor(Protocol):
@@ -184,3 +184,16 @@ class StopStrings:
     def __call__(self, new: Tensor) -> Tensor:
         return torch.tensor([any(t in self.decode(row) for t in self.texts) for row in new.tolist()],
                             device=new.device)
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """``(text up to its first stop string, whether one was found)``."""
+    ends = [i for i in (text.find(t) for t in stops) if i >= 0]
+    return (text[: min(ends)], True) if ends else (text, False)
+
+
+def held_back(text: str, stops: Sequence[str]) -> int:
+    """How many characters at the end of ``text`` could begin a stop string (and so wait for
+    the next token before they are shown)."""
+    return max((k for t in stops for k in range(min(len(t) - 1, len(text)), 0, -1) if text.endswith(t[:k])),
+               default=0)

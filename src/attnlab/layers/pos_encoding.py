@@ -10,7 +10,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..attention.registry import attention_takes, kinds_taking
+from ..attention.registry import kinds_taking, attention_entry
 from ..errors import InputError
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEncoding", "build_pos_encoding", "inner_position_options",
@@ -94,7 +94,7 @@ def inner_position_options(pos_embed: str, rope_theta: float, attention: str) ->
     that can."""
     if pos_embed not in INNER:
         return {}
-    if not attention_takes(attention, pos_embed):
+    if not attention_entry(attention).takes(pos_embed):
         raise InputError(f"pos_embed={pos_embed!r} is given inside the attention, and attention={attention!r} does "
                          f"not take it; kinds that do: {', '.join(kinds_taking(pos_embed))}")
     return {"rope": True, "rope_theta": rope_theta} if pos_embed == "rope" else {"alibi": True}

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from ..attention.cache import DecodingCache
 from ..attention.capture import is_recording
 from ..attention.exact import GroupedQueryAttention
-from ..attention.registry import attention_capabilities, attention_family, build_attention
+from ..attention.registry import build_attention, attention_entry
 from ..dropout import Dropout
 from ..errors import InputError
 from .checkpointing import checkpointed
@@ -113,7 +113,7 @@ class TransformerEncoderLayer(EncoderBlock):
     ) -> None:
         super().__init__(norm_first=norm_first)
         attn_drop = drop_rate if attn_drop_rate is None else attn_drop_rate
-        if attention_family(attention) != "tokens":  # unknown names fail here, with suggestions
+        if attention_entry(attention).family != "tokens":  # unknown names fail here, with suggestions
             raise InputError(f"attention must be a 'tokens' kind of the registry; {attention!r} is a grid kind")
         if "dropout" in (attention_options or {}):
             raise InputError("attention_options must not set 'dropout'; use attn_drop_rate")
@@ -166,9 +166,9 @@ class DecoderCache:
 def check_decoder_attention(attention: str, name: str = "attention") -> None:
     """Refuse, in one line, a kind that cannot be a decoder's self-attention: a grid kind, or one
     that does not honour a causal mask."""
-    if attention_family(attention) != "tokens":  # unknown names fail here, with suggestions
+    if attention_entry(attention).family != "tokens":  # unknown names fail here, with suggestions
         raise InputError(f"{name} must be a 'tokens' kind of the registry; {attention!r} is a grid kind")
-    if attention_capabilities(attention).causal is False:
+    if attention_entry(attention).capabilities.causal is False:
         raise InputError(f"{name} must be a kind that honours a causal mask for a decoder's self-attention; "
                          f"{attention!r} does not")
 
@@ -237,7 +237,7 @@ class TransformerDecoderLayer(nn.Module):
     def has_step(self) -> bool:
         """Whether :meth:`step` serves this layer: its self-attention kind has the lean decoding
         step, and its norms normalize each token on its own (BatchNorm's ``(B, L, E)`` form aside)."""
-        return attention_capabilities(self.attention).decode_step and all(
+        return attention_entry(self.attention).capabilities.decode_step and all(
             not isinstance(n, TokenBatchNorm) for n in (self.norm1, self.norm2, self.norm3)) \
             and not (is_recording(self.self_attn) or is_recording(self.cross_attn))  # forward records weights
 
@@ -311,7 +311,7 @@ class TransformerDecoder(_Stack):
     @property
     def keeps_cache(self) -> bool:
         """Whether every layer's self-attention decodes with a cache of its own (its kind declares it)."""
-        return all(attention_capabilities(layer.attention).cache for layer in self.layers)
+        return all(attention_entry(layer.attention).capabilities.cache for layer in self.layers)
 
     def new_cache(self, batch: int | None = None, capacity: int | None = None) -> DecoderCache:
         """Each layer's caches, made by its attention modules (``new_cache``): its
@@ -333,7 +333,7 @@ class TransformerDecoder(_Stack):
              cache: DecoderCache) -> Tensor:
         """One token per row while generating (eval mode, no gradient): ``x`` ``(B, E)`` ->
         ``(B, E)``, :meth:`forward`'s result for ``x[:, None]`` with ``cache``, each layer through
-        its lean step (``tests/test_generation.py`` keeps the two equal; the translator's decoding
+        its lean step (``tests/generation/test_search.py`` keeps the two equal; the translator's decoding
         speed: results page "Decoding and caches")."""
         for layer, self_cache, cross_cache in zip(self.layers, cache.self_attn, cache.cross_attn):
             x = layer.step(x, memory, memory_key_padding_mask, self_cache, cross_cache)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.functional import scaled_dot_product_attention
-from ..attention.registry import attention_family, build_attention
+from ..attention.registry import build_attention, attention_entry
 from ..dropout import Dropout
 from ..errors import InputError
 from ..layers.channel_attention import build_channel_attention
@@ -127,7 +127,7 @@ class AttentionCNNConfig:
             raise InputError(f"widths must be two positive channel counts; got {self.widths!r}")
         if self.block not in ("pixel", "conv_sa_bn"):
             raise InputError(f"block must be 'pixel' or 'conv_sa_bn'; got {self.block!r}")
-        if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
+        if attention_entry(self.attention).family != "tokens":  # unknown names fail here, with suggestions
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
 
 

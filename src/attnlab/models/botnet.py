@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from ..attention.capture import capture_attention
-from ..attention.registry import attend_grid, attention_family, build_attention
+from ..attention.registry import attend_grid, build_attention, attention_entry
 from ..attention.variants import relpos2d  # noqa: F401  (registers "relpos2d")
 from ..errors import InputError
 from ..layers.channel_attention import build_channel_attention
@@ -60,7 +60,7 @@ class BoTBlock(nn.Module):
             raise InputError(f"a stride-2 BoT block needs an even map size; got size={tuple(size)}")
         out_chans = planes * self.expansion
         options = dict(attention_options or {})
-        self.family = attention_family(attention)
+        self.family = attention_entry(attention).family
         self.conv1 = conv1x1(in_chans, planes)
         self.bn1 = nn.BatchNorm2d(planes)
         if self.family == "grid":
@@ -127,7 +127,7 @@ class BoTNetConfig(ResNetConfig):
                              f"num_heads={self.num_heads}")
         if not isinstance(self.attention_options, dict):
             raise InputError(f"attention_options must be a dict; got {self.attention_options!r}")
-        attention_family(self.attention)  # unknown kind: ValueError listing the known ones
+        attention_entry(self.attention).family  # unknown kind: ValueError listing the known ones
         if self.mhsa_in not in MHSA_PLACES:
             raise InputError(f"mhsa_in must be one of {', '.join(map(repr, MHSA_PLACES))}; got {self.mhsa_in!r}")
 

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..attention.registry import attention_family
+from ..attention.registry import attention_entry
 from ..dropout import Dropout
 from ..errors import InputError, shape_str
 from ..layers.init import normal_init_
@@ -81,7 +81,7 @@ class TextEncoderConfig:
         if self.positions_from_ids and self.max_len <= self.pad_token_id + 1:
             raise InputError(f"max_len must exceed pad_token_id + 1 = {self.pad_token_id + 1} with positions_from_ids; "
                              f"got {self.max_len}")
-        if attention_family(self.attention) != "tokens":
+        if attention_entry(self.attention).family != "tokens":
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         refuse_options_the_model_sets(self.attention_options, {"dropout": "attn_drop_rate"})
         check_attention_values(TextEncoderConfig, self.attention, self.attention_options,

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.capture import capture_attention
-from ..attention.registry import attention_family, build_attention
+from ..attention.registry import build_attention, attention_entry
 from ..errors import InputError
 from .registry import build_config, register_model
 
@@ -55,7 +55,7 @@ class FastAttentionCNNConfig:
                 raise InputError(f"attention_after must index widths (0..{len(self.widths) - 1}); got {i}")
             if self.widths[i] % self.num_heads:
                 raise InputError(f"widths[{i}]={self.widths[i]} must be divisible by num_heads={self.num_heads}")
-        if attention_family(self.attention) != "tokens":
+        if attention_entry(self.attention).family != "tokens":
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
 
 

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.joined import KeepsJoinedWeights, bound_product, fused_linear, joined_weight
-from ..attention.registry import attention_capabilities, attention_keeps_cache, build_attention, list_attention
+from ..attention.registry import build_attention, list_attention, attention_entry
 from ..attention.rmsnorm import RMSNorm
 from ..dropout import Dropout
 from ..errors import InputError, shape_str
@@ -202,7 +202,8 @@ class GPT(KeepsJoinedWeights, nn.Module):
     @property
     def keeps_cache(self) -> bool:
         """Whether every layer's attention decodes with a cache of its own."""
-        return all(attention_keeps_cache(k) for k in {self.config.attention_of(i) for i in range(self.config.depth)})
+        kinds = {self.config.attention_of(i) for i in range(self.config.depth)}
+        return all(attention_entry(k).capabilities.cache for k in kinds)
 
     def new_cache(self, batch: int, capacity: int, *, cache_window: int | None = None,
                   sink_tokens: int = 0) -> LayerCaches:
@@ -211,8 +212,9 @@ class GPT(KeepsJoinedWeights, nn.Module):
         keeps keys (``exact`` and the kinds built on it; a recurrent state is flat already): each
         token sees the first ``sink_tokens`` positions and the last ``cache_window`` (StreamingLLM)."""
         if not self.keeps_cache:
+            keeping = [k for k in list_attention("tokens") if attention_entry(k).capabilities.cache]
             raise InputError(f"attention {self.config.attention!r} decodes without a cache; kinds that keep one: "
-                             f"{', '.join(k for k in list_attention('tokens') if attention_keeps_cache(k))}")
+                             f"{', '.join(keeping)}")
         weight = self.tok_embed.weight
         policy = self._streaming_policy(cache_window, sink_tokens)
         return LayerCaches(block.attn.new_cache(batch, capacity, dtype=weight.dtype, device=weight.device,
@@ -221,7 +223,7 @@ class GPT(KeepsJoinedWeights, nn.Module):
 
     def _streaming_layers(self) -> list[bool]:
         """Per layer, whether its attention's cache takes a streaming policy (its kind declares it)."""
-        return [attention_capabilities(self.config.attention_of(i)).streaming for i in range(self.config.depth)]
+        return [attention_entry(self.config.attention_of(i)).capabilities.streaming for i in range(self.config.depth)]
 
     def _streaming_policy(self, cache_window: int | None, sink_tokens: int) -> dict[str, int]:
         """``{"cache_window": ..., "sink_tokens": ...}`` for a streaming generation, ``{}``
@@ -322,7 +324,7 @@ class GPT(KeepsJoinedWeights, nn.Module):
     @property
     def has_decode_step(self) -> bool:
         """Whether every layer's attention has the lean one-token step (the contract's ``decode_step``)."""
-        return self.keeps_cache and all(attention_capabilities(self.config.attention_of(i)).decode_step
+        return self.keeps_cache and all(attention_entry(self.config.attention_of(i)).capabilities.decode_step
                                         for i in range(self.config.depth))
 
     def decode_step(self, ids: Tensor, cache: LayerCaches, *, positions: Tensor | None = None,

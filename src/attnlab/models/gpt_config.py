@@ -9,8 +9,7 @@ from typing import Any, ClassVar
 
 from ..suggest import did_you_mean
 
-from ..attention.registry import (attention_capabilities, attention_family, attention_options, attention_takes,
-                                  canonical_attention, kinds_taking, upgrade_attention_options)
+from ..attention.registry import canonical_attention, kinds_taking, upgrade_attention_options, attention_entry
 from ..errors import InputError
 from ..layers.pos_encoding import inner_position_options
 from .registry import refuse_options_the_model_sets, check_attention_values
@@ -105,16 +104,16 @@ class GPTConfig:
             raise InputError(f"pos_embed must be one of {', '.join(POS_EMBEDS)}; got {self.pos_embed!r}")
         if self.mlp not in MLPS:
             raise InputError(f"mlp must be one of {', '.join(MLPS)}; got {self.mlp!r}")
-        if attention_family(self.attention) != "tokens":
+        if attention_entry(self.attention).family != "tokens":
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         self._check_layers()
-        if self.pos_embed == "rope" and not attention_capabilities(self.attention).positions:
+        if self.pos_embed == "rope" and not attention_entry(self.attention).capabilities.positions:
+            taking = [k for k in kinds_taking("rope") if attention_entry(k).capabilities.positions]
             raise InputError(f"attention={self.attention!r} with pos_embed='rope' cannot take each row's positions "
-                             f"(generation and packed documents need them); kinds that do: "
-                             f"{', '.join(k for k in kinds_taking('rope') if attention_capabilities(k).positions)}")
+                             f"(generation and packed documents need them); kinds that do: {', '.join(taking)}")
         inner_position_options(self.pos_embed, self.rope_theta, self.attention)  # a kind that cannot take them
         for key, field_name in self._kind_options().items():
-            if not attention_takes(self.attention, key):
+            if not attention_entry(self.attention).takes(key):
                 raise InputError(f"{field_name} is not an option of attention {self.attention!r}; kinds that take "
                                  f"it: {', '.join(kinds_taking(key))}")
         refuse_options_the_model_sets(self.attention_options, {
@@ -125,7 +124,7 @@ class GPTConfig:
             "scale": "query_pre_attn_scalar", "softcap": "attn_softcap", "output_gate": "attention_output_gate"})
         self._check_layer_entries()
         if self.layer_types is not None and "linear" in self.layer_types:
-            if attention_family(self.linear_attention) != "tokens":
+            if attention_entry(self.linear_attention).family != "tokens":
                 raise InputError(f"linear_attention must be a 'tokens' kind; {self.linear_attention!r} is a grid kind")
             if not isinstance(self.linear_attention_options, dict):
                 raise InputError(f"linear_attention_options must be a mapping; got {self.linear_attention_options!r}")
@@ -219,20 +218,21 @@ class GPTConfig:
         max_len = self.max_len if isinstance(self.max_len, int) else None
         for i, entry in enumerate(self._entries()[: len(self.layers)]):
             kind = entry.get("attention", self.attention)
-            if attention_family(kind) != "tokens":  # unknown names fail here, with suggestions
+            if attention_entry(kind).family != "tokens":  # unknown names fail here, with suggestions
                 raise InputError(f"layers[{i}].attention must be a 'tokens' kind; {kind!r} is a grid kind")
             options = entry.get("options", {})
             refuse_options_the_model_sets(options, {"dropout": "attn_drop_rate", "bias": "attention_bias",
                                               "rope": "pos_embed", "alibi": "pos_embed"})
             check_attention_values(GPTConfig, kind, options, max_len, key=f"layers[{i}].options")
-            if entry.get("sliding") and (self.sliding_window is None or not attention_takes(kind, "sliding_window")):
+            if entry.get("sliding") and (self.sliding_window is None
+                                        or not attention_entry(kind).takes("sliding_window")):
                 raise InputError(f"layers[{i}].sliding needs sliding_window set and a kind with a sliding window; "
                                  f"got sliding_window={self.sliding_window!r} and attention {kind!r}")
             if entry.get("positions") is False and self.pos_embed != "rope":
                 raise InputError(f"layers[{i}].positions=false leaves rotary positions out of a layer; pos_embed is "
                                  f"{self.pos_embed!r}, not 'rope'")
-            rope = self.pos_embed == "rope" and entry.get("positions", True) and attention_takes(kind, "rope")
-            if rope and not attention_capabilities(kind).positions:
+            rope = self.pos_embed == "rope" and entry.get("positions", True) and attention_entry(kind).takes("rope")
+            if rope and not attention_entry(kind).capabilities.positions:
                 raise InputError(f"layers[{i}]: attention {kind!r} with pos_embed='rope' cannot take each row's "
                                  f"positions")
 
@@ -245,8 +245,8 @@ class GPTConfig:
             for i, entry in enumerate(self._entries()):
                 kind = entry.get("attention", self.attention)
                 sliding = entry.get("sliding", self.sliding_window is not None
-                                    and attention_takes(kind, "sliding_window"))
-                rope = self.pos_embed == "rope" and entry.get("positions", True) and attention_takes(kind, "rope")
+                                    and attention_entry(kind).takes("sliding_window"))
+                rope = self.pos_embed == "rope" and entry.get("positions", True) and attention_entry(kind).takes("rope")
                 base = dict(self.attention_options) if kind == self.attention else {}
                 options = {**base, **self._model_options(kind, i, sliding=sliding, rope=rope), **entry.get("options", {})}
                 plan.append(LayerPlan(kind, self._placed(kind, i, options), entry.get("num_heads", self.num_heads),
@@ -292,7 +292,7 @@ class GPTConfig:
         if self.attn_softcap is not None:
             options["softcap"] = self.attn_softcap
         if kind != self.attention:
-            options = {k: v for k, v in options.items() if attention_takes(kind, k)}
+            options = {k: v for k, v in options.items() if attention_entry(kind).takes(k)}
         return options
 
     def _has_sliding(self) -> bool:
@@ -351,7 +351,7 @@ class GPTConfig:
         """``options`` with what kind ``kind`` declares it takes from its place in the decoder
         (``from_model``: the layer's depth, the model's norm eps), where the recipe set none."""
         place = {"layer_index": layer, "norm_eps": self.norm_eps}
-        for option in attention_options(kind):
+        for option in attention_entry(kind).options:
             if option.from_model in place:
                 options.setdefault(option.name, place[option.from_model])
         return options

@@ -10,8 +10,7 @@ from typing import Any, Callable, TypeVar
 import torch
 from torch import nn
 
-from ..attention.registry import (attention_options, attention_position_options, attention_takes,
-                                  upgrade_attention_options)
+from ..attention.registry import upgrade_attention_options, attention_entry
 from ..errors import InputError
 from ..suggest import did_you_mean, former_function, rename_former
 
@@ -132,10 +131,10 @@ def check_attention_values(cls: type, attention: str, options: dict[str, Any], m
     if list(upgraded) != list(options):
         options.clear()
         options.update(upgraded)
-    schema = attention_options(attention)
+    schema = attention_entry(attention).options
     for name, value in options.items():
         if name not in schema:
-            if not attention_takes(attention, name):  # a plugin's kind with **options takes any name
+            if not attention_entry(attention).takes(name):  # a plugin's kind with **options takes any name
                 raise InputError(f"{cls.__name__}.{key}: unknown option {name!r} of attention "
                                  f"{attention!r}" + did_you_mean(name, schema.names(), "options"))
             continue
@@ -143,7 +142,7 @@ def check_attention_values(cls: type, attention: str, options: dict[str, Any], m
             raise OptionError(cls, f"{key}.{name}", value, schema[name].expected())
     if max_len is None:
         return
-    for name in attention_position_options(attention):
+    for name in attention_entry(attention).position_options():
         value = options.get(name)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > max_len:
             raise OptionError(cls, f"{key}.{name}", value,

@@ -63,7 +63,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.capture import capture_attention
-from ..attention.registry import attention_family
+from ..attention.registry import attention_entry
 from ..dropout import Dropout
 from ..errors import InputError
 from ..layers.norms import build_norm
@@ -132,7 +132,7 @@ class SentimentConfig:
             raise InputError(
                 f"padding_idx must be None or in [0, vocab_size={self.vocab_size}); got {self.padding_idx}"
             )
-        if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
+        if attention_entry(self.attention).family != "tokens":  # unknown names fail here, with suggestions
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         refuse_options_the_model_sets(self.attention_options, {"dropout": "attn_drop_rate", "rope": "pos_embed",
                                                          "alibi": "pos_embed", "rope_theta": "rope_theta"})

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.exact import GroupedQueryAttention
-from ..attention.registry import attention_family
+from ..attention.registry import attention_entry
 from ..dropout import Dropout
 from ..errors import InputError
 from ..layers.norms import build_norm
@@ -241,7 +241,7 @@ class TransformerConfig:
             idx = getattr(self, name)
             if not 0 <= idx < min(self.src_vocab_size, self.tgt_vocab_size):
                 raise InputError(f"{name} must index both vocabularies; got {idx}")
-        if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
+        if attention_entry(self.attention).family != "tokens":  # unknown names fail here, with suggestions
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         refuse_options_the_model_sets(self.attention_options, {"dropout": "attn_drop_rate", "rope": "pos_embed",
                                                          "alibi": "pos_embed", "rope_theta": "rope_theta"})

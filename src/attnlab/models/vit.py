@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.capture import capture_attention
-from ..attention.registry import attention_family, build_attention
+from ..attention.registry import build_attention, attention_entry
 from ..dropout import Dropout
 from ..errors import InputError
 from ..layers.checkpointing import checkpointed
@@ -98,7 +98,7 @@ class ViTConfig:
             raise InputError(f"rel_pos_init must be 'normal' or 'local'; got {self.rel_pos_init!r}")
         if self.rel_pos_init != "normal" and self.pos_embed != "relative":
             raise InputError(f"rel_pos_init applies to pos_embed='relative'; got pos_embed={self.pos_embed!r}")
-        if attention_family(self.attention) != "tokens":  # unknown names fail here, with suggestions
+        if attention_entry(self.attention).family != "tokens":  # unknown names fail here, with suggestions
             raise InputError(f"attention must be a 'tokens' kind; {self.attention!r} is a grid kind")
         refuse_options_the_model_sets(self.attention_options, {"dropout": "attn_drop_rate", "bias": "qkv_bias"})
         check_attention_values(type(self), self.attention, self.attention_options)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from ..data.source import SourceConfig
 from ..engine.config import ConfigError
 from ..engine.trainer import TrainConfig
@@ -16,9 +16,6 @@ from ..errors import InputError
 from ..models.convert import ConvertAttention, convert_options
 from ..formats.hf.load import hf_model_spec, is_pretrained
 from ..formats.hf.files import open_checkpoint
-
-if TYPE_CHECKING:  # annotations only: the task module imports this one
-    from .task import Task
 
 __all__ = ["DataConfig", "LoRAConfig", "ModelConfig", "Recipe", "recipe_dict", "pretrained_model", "model_label", "require_model"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 import torch
 from torch import nn
 from ..data.kinds.labelled_images import ImageSpec
@@ -15,9 +15,6 @@ from ..engine.resolved import run_precision
 from ..errors import InputError
 from ..io import read_json_mapping
 from .recipe import Recipe
-
-if TYPE_CHECKING:  # annotations only: the task module imports this one
-    from .task import Task
 
 __all__ = ["TrainedRun"]
 

@@ -22,7 +22,7 @@ own text with ``model.checkpoint=FOLDER``: the folder decides the model (its reg
 and options, recorded in ``config.yaml``) and the tokenizer (its ``tokenizer.json`` with its
 special tokens, copied into the run directory as an
 :class:`~attnlab.data.tokenizers.lm.HFTokenizer`); the recipe decides the training (steps, rate,
-context, data). :func:`load_folder` reads such a folder as a finished run, which
+context, data). :func:`~attnlab.tasks.lm_folders.load_folder` reads such a folder as a finished run, which
 ``attnlab generate FOLDER "prompt"`` (``--chat``: through its chat template) continues with
 the defaults of its ``generation_config.json``.
 """
@@ -30,106 +30,43 @@ the defaults of its ``generation_config.json``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Optional, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ..attention.capture import capture_attention
 from ..data.batches.lm import LMDataset
-from ..data.tokenizers.lm import GENERATION_CONFIG, HFTokenizer, LMTokenizer, load_run_tokenizer, load_tokenizer, \
-    train_tokenizer
+from ..data.tokenizers.lm import HFTokenizer, LMTokenizer, load_run_tokenizer, load_tokenizer, train_tokenizer
 from ..data.source import Splits, source_of
-from ..data.kinds.text_corpus import CorpusSourceConfig
-from ..data.tokenizers.text import MAX_VOCAB, shorten
+from ..data.tokenizers.text import shorten
 from ..engine import distributed
 from ..engine.config import ConfigError
-from ..engine.device import select_device
 from ..engine.trainer import evaluate_model
 from ..errors import AttentionUnavailable, InputError
 from ..families import decoder_names
-from ..io import atomic_write_bytes, read_json_mapping
+from ..io import atomic_write_bytes
 from ..models.gpt import GPT
-from ..formats.hf.load import HF_FAMILIES, from_hf, hf_model_spec, is_pretrained
+from ..formats.hf.load import hf_model_spec
 from ..formats.hf.files import open_checkpoint
-from ..formats.packaged import resolve_packaged
 from ..generation.search import DecoderSession, search
-from ..generation.processors import processors_for
-from ..generation.sampling import GENERATION_OPTIONS, check_generation, only_decodable
-from ..run.recipe import ModelConfig, Recipe
-from ..run.task import Prepared, Preprocessing, Task, check_text, check_texts, get_task, register_task
+from ..generation.processors import cut_at_stop, held_back, processors_for
+from ..generation.sampling import check_generation, only_decodable
+from ..run.recipe import Recipe
+from ..run.task import Prepared, Preprocessing, Task, check_text, check_texts, register_task
 from ..run.trained import TrainedRun
 from ..run.files import train_config
 from ..run.views import GenerationAttention, SampleTable, TextAttention, TextPrediction, token_labels
+from ..moved import former_names
+from .lm_folders import (DECODER_TYPES, FOLDER_TEXT_KEYS, TRAINING_OPTIONS, check_decoder, check_vocabulary,
+                         folder_of)
+from .lm_recipe import LanguageModelingRecipe, LMTextConfig, SampleConfig
 
-__all__ = ["LMTextConfig", "SampleConfig", "LanguageModelingRecipe", "LanguageModeling", "lm_figures", "load_folder",
-           "folder_sampling", "DECODER_TYPES"]
+__all__ = ["LanguageModeling", "lm_figures"]
 
 TOKENIZER = "tokenizer.json"
 SAMPLES = "samples.txt"
-
-
-@dataclass
-class LMTextConfig:
-    """Tokenization and context of a language model."""
-
-    tokenizer: Literal["char", "byte", "bpe"] = "char"
-    vocab_size: int = field(default=8192, metadata={"min": 260, "max": MAX_VOCAB})  # bpe: the vocabulary to learn
-    min_frequency: int = field(default=2, metadata={"min": 1})  # bpe: of a merge
-    context: int = field(default=256, metadata={"min": 2})  # tokens a model reads at once
-    tokenizer_file: Optional[str] = None  # a tokenizer.json to use instead of training one
-    # tokenizer_file: the largest share of the training text's tokens it may map to its unknown token (a tokenizer
-    # made for other text); a larger share is refused before training, one above the default is said in the log
-    max_unknown: float = field(default=0.01, metadata={"min": 0.0, "max": 1.0})
-
-
-@dataclass
-class SampleConfig:
-    """The samples a finished run writes (and the defaults of ``predict``)."""
-
-    prompts: list = field(default_factory=lambda: ["\n"])
-    max_new_tokens: int = field(default=200, metadata={"min": 0})
-    temperature: float = field(default=0.8, metadata={"min": 0.0})  # 0: greedy
-    top_k: Optional[int] = field(default=None, metadata={"min": 0})  # 0 or null: no limit
-    top_p: Optional[float] = field(default=None, metadata={"gt": 0.0, "max": 1.0})
-    min_p: Optional[float] = field(default=None, metadata={"min": 0.0, "max": 1.0})  # of the likeliest's probability
-    repetition_penalty: float = field(default=1.0, metadata={"gt": 0.0})  # above 1: repeats less likely; 1: none
-    seed: int = field(default=0, metadata={"min": 0, "max": 2**64 - 1})
-    stop: list = field(default_factory=list)  # texts that end a continuation (left out of it)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.prompts, list) or not self.prompts or \
-                not all(isinstance(p, str) and p for p in self.prompts):
-            raise InputError(f"generate.prompts must be a list of non-empty texts; got {self.prompts!r}")
-        check_generation(names=lambda key: f"generate.{key}", **self.options())
-
-    def options(self) -> dict[str, Any]:
-        """The sampling options, as :meth:`GPT.stream` takes them (and ``stop``)."""
-        return {key: getattr(self, key) for key in GENERATION_OPTIONS}
-
-
-def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    """``(text up to its first stop string, whether one was found)``."""
-    ends = [i for i in (text.find(t) for t in stops) if i >= 0]
-    return (text[: min(ends)], True) if ends else (text, False)
-
-
-def held_back(text: str, stops: Sequence[str]) -> int:
-    """How many characters at the end of ``text`` could begin a stop string (and so wait for
-    the next token before they are shown)."""
-    return max((k for t in stops for k in range(min(len(t) - 1, len(text)), 0, -1) if text.endswith(t[:k])),
-               default=0)
-
-
-@dataclass
-class LanguageModelingRecipe(Recipe):
-    task: str = "language_modeling"
-    data: CorpusSourceConfig = field(default_factory=CorpusSourceConfig)
-    model: ModelConfig = field(default_factory=lambda: ModelConfig("gpt_tiny"))
-    text: LMTextConfig = field(default_factory=LMTextConfig)
-    generate: SampleConfig = field(default_factory=SampleConfig)
 
 
 def lm_figures(loss: float, data: LMDataset, prefix: str) -> dict[str, float]:
@@ -168,97 +105,6 @@ def unknown_share(data: LMDataset, tokenizer: LMTokenizer) -> float:
     return int((data.tokens == tokenizer.unk_id).sum()) / data.num_tokens
 
 
-DECODER_TYPES = tuple(kind for kind, family in HF_FAMILIES.items() if family.model is GPT)
-"""The ``model_type`` values of ``config.json`` whose folders a language model starts from
-(those that :func:`~attnlab.formats.from_hf` reads as a :class:`~attnlab.models.gpt.GPT`)."""
-
-# model.options that a run from a pretrained folder may set: how it trains, not what its weights compute
-TRAINING_OPTIONS = ("drop_rate", "attn_drop_rate", "grad_checkpointing")
-# the text keys whose values the folder's tokenizer.json decides
-FOLDER_TEXT_KEYS = ("tokenizer", "vocab_size", "min_frequency", "tokenizer_file")
-DEFAULT_MAX_NEW_TOKENS = SampleConfig.__dataclass_fields__["max_new_tokens"].default
-
-
-def _folder(recipe: Recipe) -> Path | None:
-    """``model.checkpoint`` when it is a Hugging Face folder or a GGUF file, else ``None``."""
-    source = recipe.model.checkpoint
-    return Path(source).expanduser() if source is not None and is_pretrained(source) else None
-
-
-def _check_decoder(folder: Path, key: str) -> None:
-    """Refuse a folder whose ``config.json`` is not of a decoder that attnlab reads, naming ``key``."""
-    checkpoint = open_checkpoint(folder)
-    file, kind = checkpoint.config_file, checkpoint.config().get("model_type")
-    if kind not in DECODER_TYPES:
-        what = {"vit": "an image model"}.get(kind, "an encoder" if kind in HF_FAMILIES else "a model attnlab does not "
-                                             "read")
-        raise InputError(f"{key}: {file} has model_type {kind!r} ({what}); a language model (lm-text, the "
-                         f"language_modeling task) starts from a decoder folder: model_type "
-                         f"{', '.join(DECODER_TYPES)}")
-
-
-def _check_vocabulary(tokenizer: LMTokenizer, options: dict[str, Any], folder: Path) -> None:
-    """The folder's tokenizer gives no id past its model's embedding."""
-    if tokenizer.vocab_size > options["vocab_size"]:
-        raise InputError(f"{folder / 'tokenizer.json'} has {tokenizer.vocab_size:,} tokens but the model of "
-                         f"{folder / 'config.json'} embeds {options['vocab_size']:,} (vocab_size): ids past it have no "
-                         f"embedding")
-
-
-def folder_sampling(folder: str | Path) -> SampleConfig:
-    """The sampling defaults of a Hugging Face folder, read from its ``generation_config.json``
-    as ``model.generate`` reads them: ``do_sample`` false (its default) decodes greedily,
-    true samples at ``temperature`` (default 1.0) within ``top_k`` (50), ``top_p`` (1.0) and
-    ``min_p``; ``repetition_penalty`` (1.0) applies either way; ``max_new_tokens`` (absent:
-    attnlab's 200, which a model with learned positions cuts where they end); ``stop_strings``
-    end a continuation. ``max_length`` (prompt and continuation together) is not read. A
-    value out of its range is one error naming the file and its key."""
-    file = Path(folder).expanduser() / GENERATION_CONFIG
-    config = read_json_mapping(file) if file.is_file() else {}
-    sample = config.get("do_sample")
-    if sample is not None and not isinstance(sample, bool):
-        raise InputError(f"{file}: do_sample must be true or false; got {sample!r}")
-
-    def given(key: str, default: Any) -> Any:
-        return default if config.get(key) is None else config[key]
-
-    options = {"max_new_tokens": given("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
-               "temperature": given("temperature", 1.0) if sample else 0.0, "top_k": given("top_k", 50),
-               "top_p": given("top_p", 1.0), "min_p": config.get("min_p"),
-               "repetition_penalty": given("repetition_penalty", 1.0)}
-    if config.get("stop_strings") is not None:
-        options["stop"] = config["stop_strings"]
-    keys = {"stop": "stop_strings"}
-    options = check_generation(names=lambda key: f"{file}: {keys.get(key, key)}", **options)
-    return SampleConfig(**options)
-
-
-def load_folder(folder: str | Path, *, device: str = "cpu") -> TrainedRun:
-    """A Hugging Face decoder folder (of a family in :data:`attnlab.families.DECODERS`: ``config.json``,
-    its weights, ``tokenizer.json``) as a finished language-model run, whose ``task.stream`` and
-    ``predict`` continue prompts as a run's do (``attnlab generate FOLDER "prompt"``): its
-    model (:func:`~attnlab.formats.from_hf`, float32, eval mode, on ``device``), its tokenizer
-    with the folder's special tokens, stop ids and chat template
-    (:class:`~attnlab.data.tokenizers.lm.HFTokenizer`), and a recipe whose ``generate`` section
-    holds the defaults of its ``generation_config.json`` (:func:`folder_sampling`). A folder
-    that is not a decoder's, or lacks ``tokenizer.json``, is refused naming the file; a packaged
-    model's name (``"smollm2-135m-instruct"``) is its installed file."""
-    path = Path(resolve_packaged(folder) if isinstance(folder, str) else folder).expanduser()
-    if not is_pretrained(path):
-        raise InputError(f"folder must be a Hugging Face checkpoint folder (config.json, model.safetensors, "
-                         f"tokenizer.json) or a GGUF file; {path} "
-                         f"{'has no config.json' if path.is_dir() else 'is neither' if path.exists() else 'is missing'}")
-    _check_decoder(path, str(path))
-    tokenizer = open_checkpoint(path).tokenizer()
-    name, options = hf_model_spec(path)
-    _check_vocabulary(tokenizer, options, path)
-    recipe = LanguageModelingRecipe(model=ModelConfig(name, options, checkpoint=str(path)),
-                                    text=LMTextConfig(context=options["max_len"]), generate=folder_sampling(path))
-    model = from_hf(path).to(select_device(device))
-    return TrainedRun(get_task(LanguageModeling.name), path, recipe, model, path,
-                      tokenizer=tokenizer)  # type: ignore[arg-type]  # an LMTokenizer
-
-
 @register_task
 class LanguageModeling(Task):
     name = "language_modeling"
@@ -293,13 +139,13 @@ class LanguageModeling(Task):
         return {"vocab_size": vocab, "max_len": text.context}
 
     def describe(self, recipe: Recipe) -> str:
-        folder = _folder(recipe)
+        folder = folder_of(recipe)
         tokens = f"the tokens of {folder}" if folder is not None else f"{recipe.text.tokenizer} tokens"
         return f"{source_of(recipe.data).describe(recipe.data)}, {tokens}, context {recipe.text.context}"
 
     def check_folder(self, folder: Path) -> None:
         """A language model starts from a decoder's folder (:data:`DECODER_TYPES`)."""
-        _check_decoder(folder, f"model.checkpoint={folder}")
+        check_decoder(folder, f"model.checkpoint={folder}")
 
     def check(self, recipe: Recipe) -> nn.Module | None:
         """Also: a model with absolute positions (learned or sinusoidal) cannot continue a
@@ -310,7 +156,7 @@ class LanguageModeling(Task):
         the recipe's (``text.tokenizer``, ``text.vocab_size``, ``text.min_frequency``,
         ``text.tokenizer_file``), a ``text.context`` past its positions and a folder without
         ``tokenizer.json`` are refused, naming the key."""
-        folder = _folder(recipe)
+        folder = folder_of(recipe)
         tokenizer = self._check_folder_recipe(recipe, folder) if folder is not None else None
         model = super().check(recipe)  # built once, on the meta device
         if model is None or (recipe.model.checkpoint is not None and folder is None):
@@ -361,7 +207,7 @@ class LanguageModeling(Task):
                               f"({folder / 'config.json' if folder.is_dir() else folder}); got {recipe.text.context}")
         try:
             tokenizer = open_checkpoint(folder).tokenizer()
-            _check_vocabulary(tokenizer, spec, folder)
+            check_vocabulary(tokenizer, spec, folder)
         except InputError as exc:
             raise ConfigError(f"{key}: {exc}") from None
         return tokenizer
@@ -385,7 +231,7 @@ class LanguageModeling(Task):
 
     # ------------------------------------------------------------------ training
     def prepare(self, recipe: Recipe, run_dir: Path, data: Splits, log: Callable[[str], None]) -> Prepared:
-        path, folder = run_dir / TOKENIZER, _folder(recipe)
+        path, folder = run_dir / TOKENIZER, folder_of(recipe)
         if path.is_file():  # a resumed run: its weights belong to this vocabulary
             tokenizer = load_run_tokenizer(run_dir)
         else:
@@ -442,7 +288,7 @@ class LanguageModeling(Task):
         if prepared.info is None or not isinstance(embeds, int):
             return
         known = prepared.info.vocab_size
-        folder, text = _folder(recipe), recipe.text
+        folder, text = folder_of(recipe), recipe.text
         if folder is not None:
             source, tokens = f"the model of {folder / 'config.json'}", f"{folder / TOKENIZER}"
         else:  # a run of attnlab's own: its vocab_size is the tokenizer's, unless model.options says another
@@ -766,3 +612,6 @@ def generation_attention(model: GPT, ids: Sequence[int], label: Callable[[int], 
         return GenerationAttention("", [label(i) for i in seq], n, layers, top, cached, opaque, ids=seq)
     finally:
         model.train(was_training)
+
+
+__getattr__ = former_names(__name__)  # load_folder and the rest, now in lm_folders, lm_recipe and generation

@@ -3,7 +3,7 @@
 * a run directory or a loaded :class:`~attnlab.tasks.TrainedRun`: its task decides the
   inputs and the views (:meth:`~attnlab.tasks.Task.explore_views`);
 * a Hugging Face decoder folder: loaded as a language-model run
-  (:func:`~attnlab.tasks.language_modeling.load_folder`), so its prompts are continued;
+  (:func:`~attnlab.tasks.lm_folders.load_folder`), so its prompts are continued;
 * a Hugging Face encoder folder (BERT, RoBERTa, DistilBERT): its ``tokenizer.json`` and its
   encoder's self-attention on each text;
 * a Hugging Face ViT folder: each image, read as its ``preprocessor_config.json`` says
@@ -29,7 +29,7 @@ from ...formats.hf.files import open_checkpoint
 from ...tasks import TrainedRun, load_run
 from ...run.recipe import model_label
 from ...run.task import check_texts
-from ...tasks.language_modeling import DECODER_TYPES, load_folder
+from ...tasks.lm_folders import DECODER_TYPES, load_folder
 from ...run.views import ImageAttention, TextAttention
 
 __all__ = ["Target", "check_inputs", "load_target", "target_views"]
