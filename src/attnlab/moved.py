@@ -83,6 +83,7 @@ MOVED: dict[str, str | tuple[str, ...]] = {
 
 # a name that left a module that stays: "former module.name" -> the module that holds it now
 MOVED_NAMES = {
+    "attnlab.models.from_hf": "attnlab.formats",
     "attnlab.attention.latent.IndexedSparseAttention": "attnlab.attention.dsa",
     "attnlab.attention.latent.top_keys": "attnlab.attention.dsa",
     "attnlab.attention.differential.SinkAttention": "attnlab.attention.sinks",

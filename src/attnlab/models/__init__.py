@@ -2,11 +2,7 @@
 them in other formats (Hugging Face, GGUF, ...) is :mod:`attnlab.formats`'s; generating from
 them, :mod:`attnlab.generation`'s."""
 
-import importlib
-import warnings
-from typing import Any
-
-from ..suggest import FORMER_NAMES_GO_IN
+from ..moved import former_names
 
 # Importing a family registers its models; resnet before the hybrid ViT, which builds on it.
 from . import attention_cnn, botnet, cct, encoder, fast_cnn, gpt, resnet, rnn, sentiment, transformer, vit, vit_hybrid  # noqa: F401
@@ -43,9 +39,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "from_hf":  # its home before attnlab.formats
-        warnings.warn(f"attnlab.models.from_hf is now attnlab.formats.from_hf (or attnlab.from_hf); the old name "
-                      f"works until attnlab {FORMER_NAMES_GO_IN}", FutureWarning, stacklevel=2)
-        return importlib.import_module("attnlab.formats").from_hf
-    raise AttributeError(f"module 'attnlab.models' has no attribute {name!r}")
+__getattr__ = former_names(__name__)  # from_hf, now attnlab.formats.from_hf
