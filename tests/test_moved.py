@@ -67,8 +67,9 @@ def test_from_hf_former_home_warns_and_gives_the_same_function():
 @pytest.mark.parametrize("former", sorted(MOVED_NAMES))
 def test_a_name_that_left_its_module_is_served_there_with_a_notice(former):
     module, name = former.rsplit(".", 1)
-    new = getattr(importlib.import_module(MOVED_NAMES[former]), name)
-    said = f"{former} is now {MOVED_NAMES[former]}.{name}; the old path works until attnlab {FORMER_NAMES_GO_IN}"
+    home, _, called = MOVED_NAMES[former].partition(":")
+    new = getattr(importlib.import_module(home), called or name)
+    said = f"{former} is now {home}.{called or name}; the old path works until attnlab {FORMER_NAMES_GO_IN}"
     with pytest.warns(FutureWarning, match=re.escape(said)):
         assert getattr(importlib.import_module(module), name) is new
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):

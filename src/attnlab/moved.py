@@ -81,8 +81,12 @@ MOVED: dict[str, str | tuple[str, ...]] = {
 }
 
 
-# a name that left a module that stays: "former module.name" -> the module that holds it now
+# a name that left a module that stays: "former module.name" -> the module that holds it now (with ":NewName"
+# when it is called otherwise there)
 MOVED_NAMES = {
+    "attnlab.layers.DecoderCache": "attnlab.attention.cache:ModelCache",
+    "attnlab.layers.transformer_layers.DecoderCache": "attnlab.attention.cache:ModelCache",
+    "attnlab.models.gpt.LayerCaches": "attnlab.attention.cache:ModelCache",
     "attnlab.models.from_hf": "attnlab.formats",
     "attnlab.attention.latent.IndexedSparseAttention": "attnlab.attention.dsa",
     "attnlab.attention.latent.top_keys": "attnlab.attention.dsa",
@@ -101,8 +105,9 @@ def former_names(module: str) -> Callable[[str], Any]:
         new = MOVED_NAMES.get(f"{module}.{name}")
         if new is None:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        notice(f"{module}.{name}", f"{new}.{name}")
-        return getattr(importlib.import_module(new), name)
+        home, _, called = new.partition(":")
+        notice(f"{module}.{name}", f"{home}.{called or name}")
+        return getattr(importlib.import_module(home), called or name)
 
     return __getattr__
 

@@ -159,10 +159,10 @@ def test_decode_last_only_is_the_last_row_of_full_decoding():
 
 
 def test_decoder_cache_with_wrong_layer_count():
-    from attnlab.layers import DecoderCache
+    from attnlab.attention.cache import ModelCache
     from attnlab.models import create_model
 
     m = create_model("transformer_tiny").eval()
     memory, pad = m.encode(torch.randint(3, 100, (1, 4)))
     with pytest.raises(ValueError, match="cache has 3 layers but the decoder has 2"):
-        m.decode(torch.ones(1, 1, dtype=torch.long), memory, pad, cache=DecoderCache.empty(3))
+        m.decode(torch.ones(1, 1, dtype=torch.long), memory, pad, cache=ModelCache.empty(3))

@@ -2,7 +2,7 @@
 and capturing the weights of a model's attention (:func:`capture_attention`)."""
 
 from .alibi import alibi_bias, alibi_slopes
-from .cache import DecodingCache, KVCache
+from .cache import DecodingCache, KVCache, ModelCache
 from .functional import causal_mask, merge_masks, scaled_dot_product_attention
 from .exact import GroupedQueryAttention
 from .rmsnorm import RMSNorm
@@ -44,6 +44,7 @@ __all__ = [
     "CrossAttention",
     "KVCache",
     "DecodingCache",
+    "ModelCache",
     "GroupedQueryAttention",
     "DifferentialAttention",
     "SinkAttention",

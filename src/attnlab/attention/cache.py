@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ..errors import InputError
 
-__all__ = ["DecodingCache", "KVCache"]
+__all__ = ["DecodingCache", "KVCache", "ModelCache"]
 
 
 class DecodingCache:
@@ -226,3 +226,46 @@ class KVCache(DecodingCache):
     def append(self, k: Tensor | None, v: Tensor | None) -> tuple[Tensor, Tensor | None, int]:
         """:class:`DecodingCache`'s update, which attnlab's attention calls."""
         return DecodingCache.update(self, k, v)
+
+
+class ModelCache(list):
+    """A model's cache while it generates, the one container of every model: one cache per
+    layer, in order, each made by that layer's attention (``new_cache``: a kind keeps what it
+    needs); ``cross``, a sequence-to-sequence decoder's static caches of the encoder's memory, one
+    per layer (empty for a decoder-only model); and ``scratch``, what the model keeps for one
+    generation (joined weights, the step's shared rotary angles). ``seq_len``: the positions seen.
+    ``self_attn`` and ``cross_attn`` name the two lists as a decoder layer has them."""
+
+    def __init__(self, layers: "list | tuple" = (), cross: "list | tuple" = ()) -> None:
+        super().__init__(layers)
+        self.cross = list(cross)
+        self.scratch: dict = {}
+
+    @classmethod
+    def empty(cls, num_layers: int) -> "ModelCache":
+        """Exact attention's caches made here rather than by each layer's attention: for code
+        written before a model's ``new_cache``, which asks each layer's modules."""
+        return cls([DecodingCache() for _ in range(num_layers)], [DecodingCache(static=True) for _ in range(num_layers)])
+
+    @property
+    def self_attn(self) -> "ModelCache":
+        return self
+
+    @property
+    def cross_attn(self) -> list:
+        return self.cross
+
+    @property
+    def seq_len(self) -> int:
+        """Positions seen so far (a sequence-to-sequence decoder's: target positions)."""
+        return self[0].seq_len if self else 0
+
+    def nbytes(self) -> int:
+        """Bytes the caches hold now."""
+        return sum(c.nbytes() for c in [*self, *self.cross])
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep the batch rows ``index`` names, in every layer (beam search: reorder beams, drop
+        finished sentences)."""
+        for cache in [*self, *self.cross]:
+            cache.reorder(index)

@@ -1,5 +1,6 @@
 """Building blocks assembled into models."""
 
+from ..moved import former_names
 from .channel_attention import CBAM, SqueezeExcite, build_channel_attention
 from .drop_path import DropPath
 from .init import mimetic_init_
@@ -8,7 +9,6 @@ from .mlp import Mlp
 from .norms import LayerNorm, TokenBatchNorm, build_norm, freeze_batch_norm
 from .pos_encoding import LearnedPositionalEncoding, SinusoidalPositionalEncoding, build_pos_encoding
 from .transformer_layers import (
-    DecoderCache,
     EncoderBlock,
     TransformerDecoder,
     TransformerDecoderLayer,
@@ -39,5 +39,7 @@ __all__ = [
     "TransformerDecoderLayer",
     "TransformerEncoder",
     "TransformerDecoder",
-    "DecoderCache",
 ]
+
+
+__getattr__ = former_names(__name__)  # DecoderCache, now attnlab.attention.cache.ModelCache

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from ..attention.cache import DecodingCache
+from ..attention.cache import DecodingCache, ModelCache
 from ..attention.capture import is_recording
 from ..attention.exact import GroupedQueryAttention
 from ..attention.registry import build_attention, attention_entry
+from ..moved import former_names
 from ..dropout import Dropout
 from ..errors import InputError
 from .checkpointing import checkpointed
@@ -24,7 +25,6 @@ __all__ = [
     "TransformerDecoderLayer",
     "TransformerEncoder",
     "TransformerDecoder",
-    "DecoderCache",
     "check_decoder_attention",
 ]
 
@@ -132,35 +132,6 @@ class TransformerEncoderLayer(EncoderBlock):
     def feed_forward(self, x: Tensor) -> Tensor:
         return self.ff(x)
 
-
-@dataclass
-class DecoderCache:
-    """Per-layer caches of a decoder: each self-attention's own (made by its kind) and each
-    cross-attention's static one (the encoder memory, projected once)."""
-
-    self_attn: list = field(default_factory=list)
-    cross_attn: list[DecodingCache] = field(default_factory=list)
-
-    @classmethod
-    def empty(cls, num_layers: int) -> "DecoderCache":
-        """Caches made here rather than by the layers' attention (exact self-attention's): for
-        code written before :meth:`TransformerDecoder.new_cache`, which asks each layer's modules."""
-        return cls([DecodingCache() for _ in range(num_layers)],
-                   [DecodingCache(static=True) for _ in range(num_layers)])
-
-    @property
-    def seq_len(self) -> int:
-        """Target positions decoded so far."""
-        return self.self_attn[0].seq_len if self.self_attn else 0
-
-    def nbytes(self) -> int:
-        """Bytes the caches hold now."""
-        return sum(c.nbytes() for c in self.self_attn + self.cross_attn)
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (beam search: reorder beams, drop finished sentences)."""
-        for c in self.self_attn + self.cross_attn:
-            c.reorder(index)
 
 
 def check_decoder_attention(attention: str, name: str = "attention") -> None:
@@ -304,7 +275,7 @@ class TransformerDecoder(_Stack):
     """``num_layers`` decoder layers and an optional final norm.
 
     Shapes: ``tgt`` ``(B, Lt, E)``, ``memory`` ``(B, Ls, E)`` -> ``(B, Lt, E)``. With a
-    :class:`DecoderCache`, ``tgt`` holds only the new positions and ``memory`` may be
+    :class:`~attnlab.attention.cache.ModelCache`, ``tgt`` holds only the new positions and ``memory`` may be
     ``None`` once the cache is filled.
     """
 
@@ -313,14 +284,14 @@ class TransformerDecoder(_Stack):
         """Whether every layer's self-attention decodes with a cache of its own (its kind declares it)."""
         return all(attention_entry(layer.attention).capabilities.cache for layer in self.layers)
 
-    def new_cache(self, batch: int | None = None, capacity: int | None = None) -> DecoderCache:
+    def new_cache(self, batch: int | None = None, capacity: int | None = None) -> ModelCache:
         """Each layer's caches, made by its attention modules (``new_cache``): its
         self-attention's own and its cross-attention's static one."""
         if not self.keeps_cache:
             raise InputError("the decoder's self-attention keeps no cache: decode with use_cache=False")
         p = next(self.parameters(), None)
         where = {} if p is None else {"dtype": p.dtype, "device": p.device}
-        return DecoderCache([layer.self_attn.new_cache(batch, capacity, **where) for layer in self.layers],
+        return ModelCache([layer.self_attn.new_cache(batch, capacity, **where) for layer in self.layers],
                             [layer.cross_attn.new_cache(batch, capacity, static=True) for layer in self.layers])
 
     @property
@@ -330,7 +301,7 @@ class TransformerDecoder(_Stack):
             not isinstance(self.norm, TokenBatchNorm)
 
     def step(self, x: Tensor, memory: Tensor | None, memory_key_padding_mask: Tensor | None,
-             cache: DecoderCache) -> Tensor:
+             cache: ModelCache) -> Tensor:
         """One token per row while generating (eval mode, no gradient): ``x`` ``(B, E)`` ->
         ``(B, E)``, :meth:`forward`'s result for ``x[:, None]`` with ``cache``, each layer through
         its lean step (``tests/generation/test_search.py`` keeps the two equal; the translator's decoding
@@ -343,7 +314,7 @@ class TransformerDecoder(_Stack):
         self, tgt: Tensor, memory: Tensor | None, *, tgt_key_padding_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None, tgt_is_causal: bool = True,
         memory_key_padding_mask: Tensor | None = None, memory_mask: Tensor | None = None,
-        cache: DecoderCache | None = None,
+        cache: ModelCache | None = None,
     ) -> Tensor:
         if cache is not None and len(cache.self_attn) != len(self.layers):
             raise InputError(
@@ -360,3 +331,6 @@ class TransformerDecoder(_Stack):
                 cross_cache=None if cache is None else cache.cross_attn[i],
             )
         return self._finish(x, _token_padding(tgt_key_padding_mask))
+
+
+__getattr__ = former_names(__name__)  # DecoderCache, now attnlab.attention.cache.ModelCache

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..attention.cache import ModelCache
 from ..attention.joined import KeepsJoinedWeights, bound_product, fused_linear, joined_weight
 from ..attention.registry import build_attention, list_attention, attention_entry
 from ..attention.rmsnorm import RMSNorm
@@ -50,12 +51,13 @@ from ..layers.mlp import GeluMlp, SwiGLU
 from ..layers.norms import build_norm
 from ..layers.pos_encoding import sinusoid_table
 from ..memory import available_memory, gib
+from ..moved import former_names
 from ..generation import search
 from .gpt_config import LAYER_TYPES, MLPS, POS_EMBEDS, GPTConfig  # noqa: F401  (GPTConfig's home is gpt_config)
 from .registry import build_config, register_model
 from .token_ids import check_token_ids
 
-__all__ = ["GPTConfig", "GPT", "SwiGLU", "GeluMlp", "LayerCaches", "document_positions"]
+__all__ = ["GPTConfig", "GPT", "SwiGLU", "GeluMlp", "document_positions"]
 
 
 
@@ -134,28 +136,6 @@ def _step_norm(norm: nn.Module | None, dtype: torch.dtype) -> Callable[[Tensor],
     return norm
 
 
-class LayerCaches(list):
-    """A decoder's cache: one per layer, each made by that layer's attention
-    (``attn.new_cache``), and ``scratch``, what the decoder keeps for one generation (its
-    MLPs' joined weights). ``seq_len``: the positions seen."""
-
-    def __init__(self, caches: Any) -> None:
-        super().__init__(caches)
-        self.scratch: dict[str, Any] = {}
-
-    @property
-    def seq_len(self) -> int:
-        return self[0].seq_len if self else 0
-
-    def nbytes(self) -> int:
-        return sum(c.nbytes() for c in self)
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows ``index`` names, in every layer (beam search)."""
-        for cache in self:
-            cache.reorder(index)
-
-
 def document_positions(doc_ids: Tensor) -> Tensor:
     """``(B, L)`` positions that restart at 0 where ``doc_ids`` ``(B, L)`` changes."""
     index = torch.arange(doc_ids.shape[1], device=doc_ids.device).expand_as(doc_ids)
@@ -206,7 +186,7 @@ class GPT(KeepsJoinedWeights, nn.Module):
         return all(attention_entry(k).capabilities.cache for k in kinds)
 
     def new_cache(self, batch: int, capacity: int, *, cache_window: int | None = None,
-                  sink_tokens: int = 0) -> LayerCaches:
+                  sink_tokens: int = 0) -> ModelCache:
         """Each layer's cache, made by its attention, for ``batch`` rows and at most ``capacity``
         positions. ``cache_window`` and ``sink_tokens``: a streaming cache in the layers whose attention
         keeps keys (``exact`` and the kinds built on it; a recurrent state is flat already): each
@@ -217,7 +197,7 @@ class GPT(KeepsJoinedWeights, nn.Module):
                              f"{', '.join(keeping)}")
         weight = self.tok_embed.weight
         policy = self._streaming_policy(cache_window, sink_tokens)
-        return LayerCaches(block.attn.new_cache(batch, capacity, dtype=weight.dtype, device=weight.device,
+        return ModelCache(block.attn.new_cache(batch, capacity, dtype=weight.dtype, device=weight.device,
                                                 **(policy if streams else {}))
                            for block, streams in zip(self.blocks, self._streaming_layers()))
 
@@ -282,7 +262,7 @@ class GPT(KeepsJoinedWeights, nn.Module):
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def forward(self, input_ids: Tensor, *, padding_mask: Tensor | None = None, doc_ids: Tensor | None = None,
-                positions: Tensor | None = None, cache: LayerCaches | None = None) -> Tensor:
+                positions: Tensor | None = None, cache: ModelCache | None = None) -> Tensor:
         cfg = self.config
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.long, torch.int32, torch.int64):
             raise InputError(f"input_ids must be (B, L) integer token ids; got {shape_str(input_ids)} "
@@ -327,7 +307,7 @@ class GPT(KeepsJoinedWeights, nn.Module):
         return self.keeps_cache and all(attention_entry(self.config.attention_of(i)).capabilities.decode_step
                                         for i in range(self.config.depth))
 
-    def decode_step(self, ids: Tensor, cache: LayerCaches, *, positions: Tensor | None = None,
+    def decode_step(self, ids: Tensor, cache: ModelCache, *, positions: Tensor | None = None,
                     padding_mask: Tensor | None = None) -> Tensor:
         """Logits ``(B, vocab)`` of one new token per row, ``ids`` ``(B, 1)``: :meth:`forward`
         with the cache, in eval mode, on a ``(B, E)`` hidden state through each layer's
@@ -402,3 +382,6 @@ def llama_tiny(**overrides: Any) -> GPT:
     return _gpt(dict(vocab_size=256, max_len=2048, embed_dim=256, depth=4, num_heads=8, num_kv_heads=2,
                      mlp="swiglu", mlp_hidden_dim=688, norm="rmsnorm", norm_eps=1e-6, pos_embed="rope",
                      bias=False, tie_embeddings=False), overrides)
+
+
+__getattr__ = former_names(__name__)  # LayerCaches, now attnlab.attention.cache.ModelCache

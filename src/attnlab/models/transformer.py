@@ -13,10 +13,10 @@ from ..attention.exact import GroupedQueryAttention
 from ..attention.registry import attention_entry
 from ..dropout import Dropout
 from ..errors import InputError
+from ..attention.cache import ModelCache
 from ..layers.norms import build_norm
 from ..layers.pos_encoding import ADDED, INNER, build_pos_encoding, inner_position_options
 from ..layers.transformer_layers import (
-    DecoderCache,
     TransformerDecoder,
     TransformerDecoderLayer,
     TransformerEncoder,
@@ -321,7 +321,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def decode(
         self, tgt: Tensor, memory: Tensor, memory_key_padding_mask: Tensor | None, *,
-        cache: DecoderCache | None = None, last_only: bool = False,
+        cache: ModelCache | None = None, last_only: bool = False,
     ) -> Tensor:
         """Logits ``(B, Lt, V)`` for decoder input ``tgt`` ``(B, Lt)``.
 
@@ -345,7 +345,7 @@ class Seq2SeqTransformer(nn.Module):
         )
         return self.generator(h[:, -1:] if last_only else h)
 
-    def new_cache(self, batch: int | None = None, capacity: int | None = None) -> DecoderCache:
+    def new_cache(self, batch: int | None = None, capacity: int | None = None) -> ModelCache:
         """The decoder's caches, each made by its attention module (the protocol of
         :mod:`attnlab.generation.search`)."""
         return self.transformer.decoder.new_cache(batch, capacity)
