@@ -76,3 +76,18 @@ def test_per_layer_options_are_checked_against_their_kind():
         GPTConfig(depth=2, **TINY, layers=["exact"], layer_types=["full", "full"])
     with pytest.raises(ValueError, match=r"layers\[0\]\.positions=false .* pos_embed is 'learned'"):
         GPTConfig(depth=2, **{**TINY, "pos_embed": "learned"}, layers=[{"positions": False}])
+
+
+def test_the_layer_plan_is_made_once_and_again_when_a_field_is_set(monkeypatch):
+    from attnlab.models.gpt_config import GPTConfig
+
+    cfg = GPTConfig(vocab_size=50, max_len=32, embed_dim=32, depth=3, num_heads=4, pos_embed="rope")
+    made = []
+    make = GPTConfig._make_plan
+    monkeypatch.setattr(GPTConfig, "_make_plan", lambda self: made.append(1) or make(self))
+    first = cfg.layer_plan()
+    assert cfg.layer_plan() == first and cfg.attention_of(2) == first[2].attention and len(made) == 1
+    cfg.layer_plan().clear()  # a copy: the kept plan is not the caller's to change
+    assert len(cfg.layer_plan()) == 3 and len(made) == 1
+    cfg.sliding_window = 8
+    assert all(layer.sliding for layer in cfg.layer_plan()) and len(made) == 2

@@ -236,10 +236,22 @@ class GPTConfig:
                 raise InputError(f"layers[{i}]: attention {kind!r} with pos_embed='rope' cannot take each row's "
                                  f"positions")
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        self.__dict__.pop("_plan", None)  # a field set anew: the plan is made again when next asked
+
     def layer_plan(self) -> list[LayerPlan]:
         """Each layer as it is built (:class:`LayerPlan`): from ``layers`` when given, else from
         ``attention`` with ``layer_types`` (its ``"linear"`` layers ``linear_attention``),
-        ``window_pattern`` and ``nope_layers``, the knobs the families' configs have."""
+        ``window_pattern`` and ``nope_layers``, the knobs the families' configs have. Made once
+        and kept until a field is set (a field's dict or list changed in place is not seen: set
+        the field); a copy of the list, whose entries are frozen."""
+        plan = self.__dict__.get("_plan")
+        if plan is None:
+            plan = self.__dict__["_plan"] = self._make_plan()
+        return list(plan)
+
+    def _make_plan(self) -> list[LayerPlan]:
         if self.layers is not None:
             plan = []
             for i, entry in enumerate(self._entries()):
