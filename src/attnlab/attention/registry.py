@@ -25,8 +25,8 @@ A decoder block and its attention
 A decoder (:class:`~attnlab.models.gpt.GPT`) never names a kind. It calls its layers'
 attention as above with ``is_causal=True``, and, when generating, asks each for a cache.
 What a kind can do is declared when it registers, once, as :class:`~attnlab.attention.contract.Capabilities`
-(read them with :func:`attention_capabilities`), and the options it takes as
-:class:`~attnlab.attention.contract.Options` (:func:`attention_options`): nothing outside this
+(read them as ``attention_entry(name).capabilities``), and the options it takes as
+:class:`~attnlab.attention.contract.Options` (``attention_entry(name).options``): nothing outside this
 module looks into a kind's signature or methods to find out. A kind registered with
 ``keeps_cache=True`` promises:
 
