@@ -85,8 +85,11 @@ def _loss(logits: torch.Tensor, ids: torch.Tensor) -> float:
     return torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:]).item()
 
 
-# Gemma 3 is the long one (transformers reads its GGUF file for about a minute): `make test-long` and CI.
-@pytest.mark.parametrize("which", ["smollm2", pytest.param("gemma3", marks=pytest.mark.long)])
+# Both read a real file through transformers too (SmolLM2 for most of a minute on the AVX2-only CPU, Gemma 3 for
+# more): `make test-long`, which CI runs after `make test`. The tiny random-weight folders of every family
+# (tests/formats/test_hf_families.py) check the same code in `make test`.
+@pytest.mark.parametrize("which", [pytest.param("smollm2", marks=pytest.mark.long),
+                                   pytest.param("gemma3", marks=pytest.mark.long)])
 def test_logits_greedy_tokens_and_loss_equal_transformers(request: pytest.FixtureRequest, which: str) -> None:
     ours, tok, theirs, their_tok, _ = request.getfixturevalue(which)
     ids = tok.encode_prompt(PARAGRAPH)
