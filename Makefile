@@ -71,8 +71,8 @@ test: $(STAMP) $(MODELS_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15
 
 # The tests of minutes that `make test` leaves out (marked `long`): the site built with every page's
-# example and notebook run, Gemma 3 against transformers, trainings under torchrun, the benchmarks'
-# studies. CI runs them after `make test`; nothing is dropped.
+# example and notebook run, the real SmolLM2 and Gemma 3 files against transformers, trainings under
+# torchrun, the benchmarks' studies. CI runs them after `make test`; nothing is dropped.
 test-long: $(STAMP) $(MODELS_STAMP)
 	$(BIN)/python -m compileall -q src
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15 -m long
