@@ -3,8 +3,9 @@
 ``FutureWarning`` that names the new one.
 
 A former path is the very module object of its new one (not a copy), so that what a program
-patches or reads through either name is the same. :data:`MOVED` is the one table; a test
-fails once the version that removes them is reached.
+patches or reads through either name is the same. Two tables say it all: :data:`MOVED` (modules)
+and :data:`MOVED_NAMES` (names that left a module that stays, served by :func:`former_names`); a
+test fails once the version that removes them is reached.
 """
 
 from __future__ import annotations

@@ -284,9 +284,8 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         # The definition: which keys each query sees as one dense mask (the window's band, ALiBi's bias, the
         # streaming sinks, the caller's masks), then softmax attention through the kernel chosen for it.
         if streaming:
-            q, k, key_padding_mask, mask = self._streaming_mask(q, k, key_padding_mask, attn_mask, cache, start,
-                                                                window)
-            is_causal = False
+            q, k, mask = self._streaming_mask(q, k, key_padding_mask, attn_mask, cache, start, window)
+            key_padding_mask, is_causal = None, False  # the sinks and the window are the whole mask
         else:
             mask = attn_mask
             if self.alibi_slopes is not None or window is not None:  # the slots of the queries and the keys
@@ -359,7 +358,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         return torch.cat(steps, dim=1)
 
     def _streaming_mask(self, q: Tensor, k: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None,
-                        cache: DecodingCache, start: int, window: int | None) -> tuple[Tensor, Tensor, None, Tensor]:
+                        cache: DecodingCache, start: int, window: int | None) -> tuple[Tensor, Tensor, Tensor]:
         """Under a streaming cache (sink tokens): queries and keys rotated by their slots in the
         cache, and the mask of the window plus the sinks, which every later query sees."""
         if key_padding_mask is not None and bool(key_padding_mask.any()):
@@ -375,7 +374,7 @@ class GroupedQueryAttention(KeepsJoinedWeights, UpgradesPackedProjections, nn.Mo
         # the first positions: behind the window once it has moved past them, else in their own places
         sinks = cache.sinks_in_last if start > 0 else min(cache.sinks, lk)
         band[:, :sinks] = q_slots[:, None] < k_slots[None, :sinks]  # the sinks: seen by every later query
-        return q, k, None, combine_masks(attn_mask, band)
+        return q, k, combine_masks(attn_mask, band)  # type: ignore[return-value]  # band is a tensor
 
     def _heads_mask(self, attn_mask: Tensor | None, batch: int) -> Tensor | None:
         """torch's 3-D mask ``(B*H, Lq, Lk)`` as ``(B, H, Lq, Lk)``; other masks as given."""
